@@ -1,0 +1,180 @@
+"""The device catalog: what each GPU type can do and what it costs.
+
+A :class:`DeviceType` holds the public figures the cost model needs (dense
+16-bit TFLOPS, memory, memory bandwidth, native link, achievable matmul
+efficiency) and the economics needs (rental and purchase price, power). The
+figures live in ``catalog.yaml`` beside this module, each entry with its
+sources; a cluster file can add custom types or override any field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from potluck.errors import ConfigError
+from potluck.units import parse_bandwidth_bytes_per_s, parse_size_bytes
+
+DEFAULT_MATMUL_EFFICIENCY = 0.8
+DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S = 1000e9
+DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S = 12.9e9
+
+
+class LinkKind(str, Enum):
+    """The native GPU<->GPU link of a device type."""
+
+    NONE = "none"
+    NVLINK_BRIDGE = "nvlink-bridge"
+    NVLINK = "nvlink"
+    INFINITY_FABRIC = "infinity-fabric"
+
+    @property
+    def joins_whole_node(self) -> bool:
+        return self in (LinkKind.NVLINK, LinkKind.INFINITY_FABRIC)
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """One accelerator model with the figures potluck plans with."""
+
+    name: str
+    tflops: float
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float = DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S
+    bf16: bool = True
+    link: LinkKind = LinkKind.NONE
+    link_bandwidth_bytes_per_s: float = 0.0
+    pcie_bandwidth_bytes_per_s: float = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
+    matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
+    price_per_hour_usd: float = 0.0
+    spot_price_per_hour_usd: float = 0.0
+    purchase_price_usd: float = 0.0
+    power_w: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+    @property
+    def achievable_flops(self) -> float:
+        """FLOP/s that large GEMMs reach on this device (peak x efficiency)."""
+        return self.tflops * 1e12 * self.matmul_efficiency
+
+    @property
+    def tflops_per_usd_hour(self) -> float:
+        """Raw compute per rental dollar (the 'RCC' of the seed talk)."""
+        if self.price_per_hour_usd <= 0:
+            return float("inf")
+        return self.tflops / self.price_per_hour_usd
+
+
+_FIELDS: dict[str, tuple[str, Any]] = {
+    "tflops": ("tflops", float),
+    "memory": ("memory_bytes", parse_size_bytes),
+    "memory_bandwidth": ("memory_bandwidth_bytes_per_s", parse_bandwidth_bytes_per_s),
+    "bf16": ("bf16", bool),
+    "link": ("link", LinkKind),
+    "link_bandwidth": ("link_bandwidth_bytes_per_s", parse_bandwidth_bytes_per_s),
+    "pcie_bandwidth": ("pcie_bandwidth_bytes_per_s", parse_bandwidth_bytes_per_s),
+    "matmul_efficiency": ("matmul_efficiency", float),
+    "price_per_hour": ("price_per_hour_usd", float),
+    "spot_price_per_hour": ("spot_price_per_hour_usd", float),
+    "purchase_price": ("purchase_price_usd", float),
+    "power_w": ("power_w", float),
+}
+_IGNORED = {"pcie_gen", "sources", "base"}
+DEVICE_FIELDS = tuple(_FIELDS)
+
+
+def device_fields_from_yaml(name: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """Convert one YAML device entry to :class:`DeviceType` keyword arguments."""
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _IGNORED:
+            continue
+        if key not in _FIELDS:
+            hint = difflib.get_close_matches(key, list(_FIELDS), n=1)
+            tip = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(_FIELDS)}"
+            raise ConfigError(f"device {name!r}: unknown field {key!r}{tip}")
+        attr, convert = _FIELDS[key]
+        kwargs[attr] = _convert(name, key, value, convert)
+    return kwargs
+
+
+def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
+    if convert is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"device {name!r}: {key} must be true or false, not {value!r}")
+        return value
+    if convert is LinkKind:
+        try:
+            return LinkKind(value)
+        except ValueError:
+            kinds = ", ".join(k.value for k in LinkKind)
+            raise ConfigError(f"device {name!r}: link must be one of {kinds}, not {value!r}") from None
+    if convert is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"device {name!r}: {key} must be a non-negative number, not {value!r}")
+        return float(value)
+    return convert(value, what=f"device {name!r} {key}")
+
+
+def make_device_type(name: str, raw: dict[str, Any], base: DeviceType | None = None) -> DeviceType:
+    """Build a device type from YAML fields, on top of ``base`` when given."""
+    kwargs = device_fields_from_yaml(name, raw)
+    if base is not None:
+        sources = dict(base.sources)
+        sources.update({k: "cluster file" for k in raw if k in _FIELDS})
+        return replace(base, name=name, sources=sources, **kwargs)
+    for required in ("tflops", "memory_bytes"):
+        if required not in kwargs:
+            yaml_key = "tflops" if required == "tflops" else "memory"
+            raise ConfigError(
+                f"device {name!r}: missing {yaml_key}; a custom device needs at least "
+                "tflops and memory (or `base: <catalog name>` to start from a known GPU)"
+            )
+    sources = {str(k): str(v) for k, v in (raw.get("sources") or {}).items()}
+    return DeviceType(name=name, sources=sources, **kwargs)
+
+
+@cache
+def catalog() -> dict[str, DeviceType]:
+    """All device types shipped with potluck, by name."""
+    text = resources.files("potluck.cluster").joinpath("catalog.yaml").read_text()
+    entries = yaml.safe_load(text)
+    return {name: make_device_type(name, raw) for name, raw in entries.items()}
+
+
+def normalize_name(name: str) -> str:
+    return str(name).strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def closest_names(name: str, known: list[str], n: int = 3) -> list[str]:
+    """Known names that look like ``name``, best first."""
+    wanted = normalize_name(name)
+    matches = difflib.get_close_matches(wanted, known, n=n, cutoff=0.4)
+    contains = [k for k in known if wanted and (wanted in k or k in wanted)]
+    return list(dict.fromkeys(contains + matches))[:n]
+
+
+def lookup(name: str, custom: dict[str, DeviceType] | None = None) -> DeviceType:
+    """Find a device type in the custom types or the catalog, or explain what is close."""
+    custom = custom or {}
+    if name in custom:
+        return custom[name]
+    key = normalize_name(name)
+    if key in catalog():
+        return catalog()[key]
+    known = sorted(set(catalog()) | set(custom))
+    close = closest_names(name, known)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known types: {', '.join(known)}"
+    raise ConfigError(
+        f"unknown GPU type {name!r}: {hint} (or define it under `devices:` in the cluster file)"
+    )

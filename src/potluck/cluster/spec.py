@@ -1,0 +1,266 @@
+"""Cluster description: node groups, their GPUs and the links between them.
+
+A cluster file (YAML) lists node groups (identical machines), optional custom
+device types and optional links between groups::
+
+    nodes:
+      - name: box3090
+        gpu: rtx3090
+        gpus_per_node: 4
+        count: 2
+        nvlink: pairs            # 3090s joined in pairs by NVLink bridges
+        inter_bandwidth: 10Gb/s
+    links:
+      - between: [box3090, boxa100]
+        bandwidth: 1Gb/s
+        latency: 20ms
+
+:func:`load_cluster` validates it (errors name the file and line) and returns
+a frozen, JSON-serializable :class:`ClusterSpec` that carries every device type
+it uses, so a plan made from it is self-contained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from potluck.cluster.catalog import DeviceType, LinkKind, lookup, make_device_type
+from potluck.errors import ConfigError
+from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
+from potluck.yamlio import Fields, LineList, load_yaml, non_empty_str, parse_yaml, positive_int
+
+DEFAULT_INTER_BANDWIDTH_BYTES_PER_S = 10e9 / 8  # 10 Gb/s Ethernet
+DEFAULT_INTRA_LATENCY_S = 5e-6
+DEFAULT_INTER_LATENCY_S = 30e-6
+
+
+class NvlinkTopology(str, Enum):
+    """Which GPUs of a node share the native link."""
+
+    NONE = "none"
+    PAIRS = "pairs"  # bridges join GPUs (0,1), (2,3), ...
+    ALL = "all"  # NVSwitch or a full mesh
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``count`` identical machines with ``gpus_per_node`` GPUs of one type each."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    count: int = 1
+    nvlink: NvlinkTopology = NvlinkTopology.NONE
+    nvlink_bandwidth_bytes_per_s: float | None = None
+    intra_bandwidth_bytes_per_s: float | None = None
+    inter_bandwidth_bytes_per_s: float = DEFAULT_INTER_BANDWIDTH_BYTES_PER_S
+    intra_latency_s: float = DEFAULT_INTRA_LATENCY_S
+    inter_latency_s: float = DEFAULT_INTER_LATENCY_S
+    price_per_hour_usd: float | None = None
+    purchase_price_usd: float | None = None
+    power_w: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.count
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link between two node groups that differs from their own network."""
+
+    between: tuple[str, str]
+    bandwidth_bytes_per_s: float
+    latency_s: float = DEFAULT_INTER_LATENCY_S
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The whole cluster as the user described it, with device types resolved."""
+
+    nodes: tuple[NodeGroup, ...]
+    device_types: tuple[DeviceType, ...]
+    links: tuple[LinkSpec, ...] = ()
+    name: str = "cluster"
+
+    def device_type(self, name: str) -> DeviceType:
+        for device_type in self.device_types:
+            if device_type.name == name:
+                return device_type
+        raise ConfigError(f"cluster {self.name!r} has no device type {name!r}")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(group.num_gpus for group in self.nodes)
+
+
+_NODE_KEYS = (
+    "name", "gpu", "gpus_per_node", "count", "nvlink", "nvlink_bandwidth", "intra_bandwidth",
+    "inter_bandwidth", "intra_latency", "inter_latency", "price_per_hour", "purchase_price",
+    "power_w",
+)
+_TOP_KEYS = ("name", "nodes", "devices", "links", "calibration")
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster YAML file."""
+    path = Path(path)
+    data = load_yaml(path, "cluster file")
+    return cluster_from_data(data, str(path), default_name=path.stem)
+
+
+def parse_cluster(text: str, label: str = "cluster.yaml") -> ClusterSpec:
+    """Validate a cluster given as YAML text (used by tests and the demo)."""
+    return cluster_from_data(parse_yaml(text, label), label, default_name=Path(label).stem)
+
+
+def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> ClusterSpec:
+    top = Fields(data, label, "cluster")
+    top.check_keys(_TOP_KEYS)
+    custom = _custom_devices(top)
+    raw_nodes = top.get("nodes", _non_empty_list)
+    groups = tuple(
+        _node_group(Fields(item, label, f"nodes[{i}]", _item_line(raw_nodes, i)), custom)
+        for i, item in enumerate(raw_nodes)
+    )
+    _check_unique_names(groups, top)
+    links = _links(top, {group.name for group in groups})
+    used = dict.fromkeys(group.gpu for group in groups)
+    device_types = tuple(lookup(name, custom) for name in used)
+    name = top.get("name", non_empty_str, default_name)
+    return ClusterSpec(nodes=groups, device_types=device_types, links=links, name=name)
+
+
+def _item_line(items: Any, index: int) -> int:
+    lines = getattr(items, "item_lines", None)
+    return lines[index] if lines else 0
+
+
+def _non_empty_list(value: Any) -> list:
+    if not isinstance(value, list) or not value:
+        raise ConfigError("must be a non-empty list")
+    return value
+
+
+def _custom_devices(top: Fields) -> dict[str, DeviceType]:
+    if not top.has("devices"):
+        return {}
+    devices = Fields(top.data["devices"], top.label, "devices", top.line_of("devices"))
+    custom: dict[str, DeviceType] = {}
+    for name, raw in devices.data.items():
+        entry = Fields(raw, top.label, f"devices.{name}", devices.line_of(name))
+        base_name = entry.data.get("base", name if _in_catalog(name) else None)
+        try:
+            base = lookup(base_name) if base_name is not None else None
+            custom[str(name)] = make_device_type(str(name), dict(entry.data), base)
+        except ConfigError as err:
+            raise entry.error(None, str(err)) from None
+    return custom
+
+
+def _in_catalog(name: str) -> bool:
+    try:
+        lookup(name)
+    except ConfigError:
+        return False
+    return True
+
+
+def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
+    node.check_keys(_NODE_KEYS)
+    gpu_name = node.get("gpu", non_empty_str)
+    try:
+        device_type = lookup(gpu_name, custom)
+    except ConfigError as err:
+        raise node.error("gpu", str(err)) from None
+    nvlink = node.get("nvlink", _nvlink_topology, _default_nvlink(device_type))
+    group = NodeGroup(
+        name=node.get("name", non_empty_str),
+        gpu=device_type.name,
+        gpus_per_node=node.get("gpus_per_node", positive_int),
+        count=node.get("count", positive_int, 1),
+        nvlink=nvlink,
+        nvlink_bandwidth_bytes_per_s=node.optional("nvlink_bandwidth", parse_bandwidth_bytes_per_s),
+        intra_bandwidth_bytes_per_s=node.optional("intra_bandwidth", parse_bandwidth_bytes_per_s),
+        inter_bandwidth_bytes_per_s=node.get(
+            "inter_bandwidth", parse_bandwidth_bytes_per_s, DEFAULT_INTER_BANDWIDTH_BYTES_PER_S
+        ),
+        intra_latency_s=node.get("intra_latency", parse_duration_s, DEFAULT_INTRA_LATENCY_S),
+        inter_latency_s=node.get("inter_latency", parse_duration_s, DEFAULT_INTER_LATENCY_S),
+        price_per_hour_usd=node.optional("price_per_hour", _non_negative_float),
+        purchase_price_usd=node.optional("purchase_price", _non_negative_float),
+        power_w=node.optional("power_w", _non_negative_float),
+    )
+    _check_nvlink(node, group, device_type)
+    return group
+
+
+def _default_nvlink(device_type: DeviceType) -> NvlinkTopology:
+    return NvlinkTopology.ALL if device_type.link.joins_whole_node else NvlinkTopology.NONE
+
+
+def _nvlink_topology(value: Any) -> NvlinkTopology:
+    if value is False:
+        return NvlinkTopology.NONE
+    try:
+        return NvlinkTopology(str(value).lower())
+    except ValueError:
+        raise ConfigError(f"must be none, pairs or all, not {value!r}") from None
+
+
+def _check_nvlink(node: Fields, group: NodeGroup, device_type: DeviceType) -> None:
+    if group.nvlink is NvlinkTopology.NONE or group.nvlink_bandwidth_bytes_per_s:
+        return
+    if device_type.link is LinkKind.NONE:
+        raise node.error(
+            "nvlink",
+            f"{device_type.name} has no NVLink; remove `nvlink` or give nvlink_bandwidth",
+        )
+    if group.nvlink is NvlinkTopology.PAIRS and group.gpus_per_node % 2:
+        raise node.error("nvlink", "pairs needs an even gpus_per_node")
+
+
+def _non_negative_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"must be a non-negative number, not {value!r}")
+    return float(value)
+
+
+def _check_unique_names(groups: tuple[NodeGroup, ...], top: Fields) -> None:
+    seen: set[str] = set()
+    for group in groups:
+        if group.name in seen:
+            raise top.error("nodes", f"two node groups are named {group.name!r}; names must differ")
+        seen.add(group.name)
+
+
+def _links(top: Fields, group_names: set[str]) -> tuple[LinkSpec, ...]:
+    if not top.has("links"):
+        return ()
+    raw_links = top.get("links", _non_empty_list)
+    links = []
+    for i, item in enumerate(raw_links):
+        link = Fields(item, top.label, f"links[{i}]", _item_line(raw_links, i))
+        link.check_keys(("between", "bandwidth", "latency"))
+        between = link.get("between", _pair)
+        for name in between:
+            if name not in group_names:
+                known = ", ".join(sorted(group_names))
+                raise link.error("between", f"no node group named {name!r} (groups: {known})")
+        links.append(
+            LinkSpec(
+                between=between,
+                bandwidth_bytes_per_s=link.get("bandwidth", parse_bandwidth_bytes_per_s),
+                latency_s=link.get("latency", parse_duration_s, DEFAULT_INTER_LATENCY_S),
+            )
+        )
+    return tuple(links)
+
+
+def _pair(value: Any) -> tuple[str, str]:
+    if not isinstance(value, LineList | list) or len(value) != 2:
+        raise ConfigError("must name two node groups, e.g. [box3090, boxa100]")
+    return (str(value[0]), str(value[1]))

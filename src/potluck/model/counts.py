@@ -1,0 +1,170 @@
+"""Per-layer parameters, FLOPs and activation bytes of a :class:`ModelSpec`.
+
+The model is a list of layers: the embedding, ``num_layers`` identical blocks
+and the head (final norm + output projection + loss). Counts follow
+
+- parameters: count the matrices (Narayanan et al., SC'21, Eq. 2 for GPT;
+  attention ``2h^2 + 2h*(h*k/a)`` and SwiGLU ``3*h*f`` for LLaMA-style blocks);
+- FLOPs: 2 per multiply-add of every matmul plus ``4*b*s^2*h`` for attention
+  scores and values per block, backward = 2 x forward (SC'21, Eq. 3). With
+  ``ffn = 4h`` and no GQA this is exactly ``72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))``;
+- activations: Korthikanti et al. 2022, Table 2, generalized to GQA, SwiGLU,
+  models without dropout, and sequence parallelism (every term divided by t).
+
+``b`` is the micro-batch size in sequences, ``s`` the sequence length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from potluck.model.spec import MlpKind, ModelSpec, NormKind
+
+
+class Recompute(str, Enum):
+    """Activation recomputation (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute the attention core (softmax(QK^T)V)
+    FULL = "full"  # keep only each block's input; redo the block's forward in backward
+
+
+def attention_params(m: ModelSpec) -> int:
+    h, kv = m.hidden_size, m.kv_hidden_size
+    weights = 2 * h * h + 2 * h * kv
+    bias = (h + 2 * kv if m.qkv_bias else 0) + (h if m.linear_bias else 0)
+    return weights + bias
+
+
+def mlp_params(m: ModelSpec) -> int:
+    h, f = m.hidden_size, m.ffn_hidden_size
+    if m.mlp is MlpKind.SWIGLU:
+        return 3 * h * f + ((2 * f + h) if m.linear_bias else 0)
+    return 2 * h * f + ((f + h) if m.linear_bias else 0)
+
+
+def norm_params(m: ModelSpec) -> int:
+    return 2 * m.hidden_size if m.norm is NormKind.LAYERNORM else m.hidden_size
+
+
+def block_params(m: ModelSpec) -> int:
+    return attention_params(m) + mlp_params(m) + 2 * norm_params(m)
+
+
+def embedding_params(m: ModelSpec) -> int:
+    positions = m.max_seq_len * m.hidden_size if m.learned_positions else 0
+    return m.vocab_size * m.hidden_size + positions
+
+
+def head_params(m: ModelSpec, separate_from_embedding: bool = False) -> int:
+    """Final norm and output projection; a tied projection counts only when it
+    lives on another device than the embedding (pipeline parallel keeps a copy)."""
+    projection = m.vocab_size * m.hidden_size
+    own = projection if (not m.tied_embeddings or separate_from_embedding) else 0
+    return norm_params(m) + own
+
+
+def total_params(m: ModelSpec) -> int:
+    return embedding_params(m) + m.num_layers * block_params(m) + head_params(m)
+
+
+def block_matmul_params(m: ModelSpec) -> int:
+    """Weights that take part in matmuls (biases and norms excluded)."""
+    h, kv, f = m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
+    mlp = (3 if m.mlp is MlpKind.SWIGLU else 2) * h * f
+    return 2 * h * h + 2 * h * kv + mlp
+
+
+def block_forward_flops(m: ModelSpec, b: int, s: int) -> float:
+    """Model FLOPs of one block's forward for ``b`` sequences of ``s`` tokens."""
+    return 2.0 * b * s * block_matmul_params(m) + attention_core_forward_flops(m, b, s)
+
+
+def attention_core_forward_flops(m: ModelSpec, b: int, s: int) -> float:
+    """``QK^T`` and attention-times-values: ``2*b*s^2*h`` each (SC'21 counts the full square)."""
+    return 4.0 * b * s * s * m.hidden_size
+
+
+def head_forward_flops(m: ModelSpec, b: int, s: int) -> float:
+    return 2.0 * b * s * m.hidden_size * m.vocab_size
+
+
+def model_flops_per_token(m: ModelSpec, s: int) -> float:
+    """Training FLOPs (forward + backward, no recomputation) per token."""
+    forward = m.num_layers * block_forward_flops(m, 1, s) + head_forward_flops(m, 1, s)
+    return 3.0 * forward / s
+
+
+def recompute_forward_flops(m: ModelSpec, b: int, s: int, recompute: Recompute) -> float:
+    """Extra forward FLOPs per block that recomputation adds in the backward pass."""
+    if recompute is Recompute.FULL:
+        return block_forward_flops(m, b, s)
+    if recompute is Recompute.SELECTIVE:
+        return attention_core_forward_flops(m, b, s)
+    return 0.0
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Activation bytes of one block as ``sbh`` and ``as^2b`` coefficients (16-bit)."""
+
+    per_sbh: float
+    per_as2b: float
+
+
+def block_activation_terms(m: ModelSpec) -> ActivationTerms:
+    """Korthikanti et al. 2022, Table 2, counted per tensor so GQA/SwiGLU/no-dropout fit.
+
+    GPT with dropout and ffn = 4h gives the paper's 34 sbh + 5 as^2b exactly.
+    """
+    kv_ratio = m.kv_hidden_size / m.hidden_size
+    ffn_ratio = m.ffn_hidden_size / m.hidden_size
+    mask = 1.0 if m.dropout else 0.0
+    # QKV input 2, Q 2, K and V 2 each scaled by kv/h, attention output-projection input 2,
+    # dropout mask 1.
+    attention = 2 + 2 + 4 * kv_ratio + 2 + mask
+    # softmax output 2 (+ dropout mask 1 and dropout output 2 with dropout)
+    scores = 2 + 3 * mask
+    if m.mlp is MlpKind.SWIGLU:
+        # input 2, gate output 2f, up output 2f, SiLU output 2f, down input 2f
+        mlp = 2 + 8 * ffn_ratio + mask
+    else:
+        # fc1 input 2, GeLU input 2f, fc2 input 2f, dropout mask 1
+        mlp = 2 + 4 * ffn_ratio + mask
+    norms = 4.0
+    return ActivationTerms(per_sbh=attention + mlp + norms, per_as2b=scores)
+
+
+def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute) -> float:
+    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1)."""
+    h, a = m.hidden_size, m.num_heads
+    if recompute is Recompute.FULL:
+        return 2.0 * s * b * h / tp
+    terms = block_activation_terms(m)
+    scores = 0.0 if recompute is Recompute.SELECTIVE else terms.per_as2b * a * s * s * b
+    return (terms.per_sbh * s * b * h + scores) / tp
+
+
+def embedding_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
+    """The embedding output (and its dropout mask) kept for the first block."""
+    return (2.0 + (1.0 if m.dropout else 0.0)) * s * b * m.hidden_size / tp
+
+
+def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
+    """Final-norm input, projection input, and FP32 logits for the loss (vocab-parallel)."""
+    return 4.0 * s * b * m.hidden_size / tp + 4.0 * s * b * m.vocab_size / tp
+
+
+def block_elementwise_bytes(m: ModelSpec, b: int, s: int) -> float:
+    """Memory traffic of one block's non-matmul forward ops (norms, residual adds,
+    activation function, rotary or dropout), in bytes of 16-bit reads and writes.
+
+    Each op reads its inputs and writes its output once: two norms (r+w 4sbh each), two
+    residual adds (r 4sbh, w 2sbh each), the activation (GeLU: r+w 4sbf; SwiGLU: SiLU r+w
+    4sbf and the product r 4sbf w 2sbf), rotary on Q and K or dropout (r+w ~4sbh).
+    """
+    sbh = s * b * m.hidden_size
+    sbf = s * b * m.ffn_hidden_size
+    activation = 10.0 * sbf if m.mlp is MlpKind.SWIGLU else 4.0 * sbf
+    return 8.0 * sbh + 12.0 * sbh + activation + 4.0 * sbh

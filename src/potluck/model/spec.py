@@ -1,0 +1,239 @@
+"""Model description: the shape of a decoder-only transformer.
+
+A :class:`ModelSpec` holds what the cost model and the runtime need (hidden
+size, layers, heads, key/value heads, MLP kind and width, vocabulary, tied
+embeddings). It comes from a preset name (``gpt3-1.3b``, ``llama2-7b``,
+``qwen2.5-7b``, ...), from a Hugging Face ``config.json`` (LLaMA, Mistral,
+Qwen2 and GPT-2 keys) or from a local Hugging Face model directory. The
+original HF config travels with the spec so the runtime can build the exact
+model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from potluck.errors import ConfigError
+
+
+class MlpKind(str, Enum):
+    GELU = "gelu"  # fc1 -> GeLU -> fc2 (GPT-2/3)
+    SWIGLU = "swiglu"  # gate, up -> SiLU(gate) * up -> down (LLaMA, Mistral, Qwen2)
+
+
+class NormKind(str, Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as planning and building it need."""
+
+    name: str
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_seq_len: int
+    mlp: MlpKind = MlpKind.SWIGLU
+    norm: NormKind = NormKind.RMSNORM
+    tied_embeddings: bool = False
+    learned_positions: bool = False
+    linear_bias: bool = False
+    qkv_bias: bool = False
+    dropout: bool = False
+    hf_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "ffn_hidden_size", "vocab_size", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model {self.name!r}: {name} must be at least 1")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_heads {self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        return self.head_dim * self.num_kv_heads
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, family="gpt2", hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=50257, max_seq_len=2048,
+        mlp=MlpKind.GELU, norm=NormKind.LAYERNORM, tied_embeddings=True,
+        learned_positions=True, linear_bias=True, qkv_bias=True, dropout=True,
+    )
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+           vocab: int, seq: int, family: str = "llama", tied: bool = False,
+           qkv_bias: bool = False) -> ModelSpec:
+    return ModelSpec(
+        name=name, family=family, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, ffn_hidden_size=ffn, vocab_size=vocab, max_seq_len=seq,
+        tied_embeddings=tied, qkv_bias=qkv_bias,
+    )
+
+
+def _qwen(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+          vocab: int, tied: bool) -> ModelSpec:
+    return _llama(name, layers, hidden, heads, kv_heads, ffn, vocab, 32768, "qwen2", tied, True)
+
+
+# Shapes from the papers and the released config.json files: GPT-3 (Brown et al. 2020,
+# Table 2.1; 1.3B with 16 heads of 128 as in Megatron-LM), LLaMA-2 (Touvron et al. 2023),
+# LLaMA-3 (Meta 2024), Qwen2.5 (Qwen team 2024).
+PRESETS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        _gpt3("gpt3-125m", 12, 768, 12),
+        _gpt3("gpt3-350m", 24, 1024, 16),
+        _gpt3("gpt3-760m", 24, 1536, 16),
+        _gpt3("gpt3-1.3b", 24, 2048, 16),
+        _gpt3("gpt3-2.7b", 32, 2560, 32),
+        _gpt3("gpt3-6.7b", 32, 4096, 32),
+        _gpt3("gpt3-13b", 40, 5120, 40),
+        _gpt3("gpt3-175b", 96, 12288, 96),
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _qwen("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True),
+        _qwen("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True),
+        _qwen("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True),
+        _qwen("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False),
+        _qwen("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, False),
+        _qwen("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, False),
+        _qwen("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, False),
+        # Tiny models for the demo and tests: byte-level vocabulary (256 bytes + 4 specials).
+        _llama("tiny-llama", 4, 64, 4, 2, 172, 260, 256),
+        replace(_gpt3("tiny-gpt2", 4, 64, 4), vocab_size=260, max_seq_len=256, ffn_hidden_size=256),
+    )
+}
+ALIASES = {
+    "llama3-7b": "llama3-8b", "gpt3-xl": "gpt3-1.3b", "gpt3": "gpt3-175b",
+    "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b", "llama-2-70b": "llama2-70b",
+    "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b",
+}
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name, a ``config.json`` path or a Hugging Face model directory."""
+    key = str(name_or_path).strip().lower()
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return model_from_hf_config(_read_json(path), name=_model_name(path))
+    from potluck.cluster.catalog import closest_names
+
+    close = closest_names(str(name_or_path), sorted(PRESETS))
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ConfigError(
+        f"unknown model {name_or_path!r}: {hint}give a preset ({', '.join(sorted(PRESETS))}), "
+        "a config.json or a Hugging Face model directory"
+    )
+
+
+def _model_name(config_path: Path) -> str:
+    return config_path.parent.name if config_path.name == "config.json" else config_path.stem
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a model config must be a JSON object")
+    return data
+
+
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense"}
+
+
+def model_from_hf_config(config: dict[str, Any], name: str = "model") -> ModelSpec:
+    """Read LLaMA/Mistral/Qwen2-style or GPT-2-style ``config.json`` keys."""
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type == "gpt2" or "n_embd" in config:
+        return _from_gpt2_config(config, name)
+    if model_type in _LLAMA_LIKE or "intermediate_size" in config:
+        return _from_llama_config(config, name, model_type or "llama")
+    raise ConfigError(
+        f"model config {name!r}: model_type {model_type!r} is not supported; "
+        "potluck reads LLaMA, Mistral, Qwen2 and GPT-2 configs"
+    )
+
+
+def _need(config: dict[str, Any], key: str, name: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"model config {name!r}: missing or non-integer {key!r}")
+    return value
+
+
+def _from_llama_config(config: dict[str, Any], name: str, family: str) -> ModelSpec:
+    heads = _need(config, "num_attention_heads", name)
+    hidden = _need(config, "hidden_size", name)
+    head_dim = config.get("head_dim") or hidden // heads
+    if head_dim * heads != hidden:
+        raise ConfigError(
+            f"model config {name!r}: head_dim x num_attention_heads != hidden_size is not supported"
+        )
+    return ModelSpec(
+        name=name,
+        family=family if family in _LLAMA_LIKE else "llama",
+        hidden_size=hidden,
+        num_layers=_need(config, "num_hidden_layers", name),
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        ffn_hidden_size=_need(config, "intermediate_size", name),
+        vocab_size=_need(config, "vocab_size", name),
+        max_seq_len=config.get("max_position_embeddings") or 2048,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=bool(config.get("attention_bias", family == "qwen2")),
+        hf_config=dict(config),
+    )
+
+
+def _from_gpt2_config(config: dict[str, Any], name: str) -> ModelSpec:
+    hidden = _need(config, "n_embd", name)
+    dropout = any(float(config.get(k, 0.1) or 0) > 0 for k in ("resid_pdrop", "attn_pdrop"))
+    return ModelSpec(
+        name=name, family="gpt2", hidden_size=hidden,
+        num_layers=_need(config, "n_layer", name),
+        num_heads=_need(config, "n_head", name),
+        num_kv_heads=_need(config, "n_head", name),
+        ffn_hidden_size=config.get("n_inner") or 4 * hidden,
+        vocab_size=_need(config, "vocab_size", name),
+        max_seq_len=config.get("n_positions") or 1024,
+        mlp=MlpKind.GELU, norm=NormKind.LAYERNORM,
+        tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+        learned_positions=True, linear_bias=True, qkv_bias=True, dropout=dropout,
+        hf_config=dict(config),
+    )

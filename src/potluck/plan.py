@@ -1,0 +1,303 @@
+"""The Plan: the contract between the planner, the simulator and the runtime.
+
+A plan is frozen, versioned data. It says which devices form which pipeline
+(one per data-parallel replica), which tensor-parallel group runs which
+layers in each stage, how the global batch is split between replicas (shares
+may differ: faster replicas take more), the micro-batch size and count, the
+schedule and the recomputation. It carries the cluster, the model and the
+training shape it was made for, so a plan file alone says everything the
+runtime and the simulator need. An uneven, heterogeneous plan is just
+different data; nothing downstream re-decides strategy.
+
+Layers are numbered over the transformer blocks, ``[start, end)``; the first
+stage of every pipeline also holds the embedding and the last one the final
+norm, the output projection and the loss.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from potluck.cluster.spec import ClusterSpec
+from potluck.errors import ConfigError
+from potluck.model.counts import Recompute
+from potluck.model.spec import ModelSpec
+
+PLAN_VERSION = 1
+
+
+class DType(str, Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+
+class Schedule(str, Enum):
+    """Pipeline schedules, as in ``torch.distributed.pipelining``."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"  # interleaved 1F1B with virtual stages
+    ZERO_BUBBLE = "zb"  # interleaved zero bubble (backward split into input and weight)
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """What one iteration trains on."""
+
+    global_batch: int  # sequences per iteration, all replicas together
+    seq_len: int
+    dtype: DType = DType.BF16
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: a tensor-parallel group and the blocks it runs.
+
+    ``layer_ranges`` has one ``(start, end)`` per virtual stage (one for
+    non-interleaved schedules); with ``v`` virtual stages, chunk ``c`` of stage
+    ``i`` is virtual stage ``c * p + i`` of the pipeline.
+    """
+
+    devices: tuple[str, ...]
+    layer_ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def tp(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(end - start for start, end in self.layer_ranges)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One data-parallel replica: its stages and its share of the global batch."""
+
+    stages: tuple[Stage, ...]
+    micro_batch_size: int
+    num_micro_batches: int
+
+    @property
+    def batch_share(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for stage in self.stages for d in stage.devices)
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Where one iteration's time goes on the critical path, in seconds."""
+
+    compute_s: float = 0.0
+    bubble_s: float = 0.0
+    tp_s: float = 0.0
+    pp_s: float = 0.0
+    dp_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Predicted peak memory of one device, in bytes."""
+
+    device: str
+    pipeline: int
+    stage: int
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    total_bytes: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model predicts for a plan."""
+
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    peak_memory_bytes: float
+    breakdown: TimeBreakdown
+    memory: tuple[DeviceMemory, ...] = ()
+    stage_times_s: tuple[tuple[float, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to run (or simulate) one training layout."""
+
+    cluster: ClusterSpec
+    model: ModelSpec
+    training: TrainingShape
+    pipelines: tuple[Pipeline, ...]
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    recompute: Recompute = Recompute.NONE
+    zero1: bool = False
+    unused_devices: tuple[str, ...] = ()
+    prediction: Prediction | None = None
+    notes: tuple[str, ...] = ()
+    version: int = PLAN_VERSION
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def dp(self) -> int:
+        return len(self.pipelines)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for pipeline in self.pipelines for d in pipeline.devices)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.devices)
+
+    def layout(self) -> str:
+        """A short human description, e.g. ``dp=2 pp=4 tp=2`` or ``dp=2 pp=[3,2] tp=[1,2]``."""
+        pps = sorted({p.pp for p in self.pipelines})
+        tps = sorted({s.tp for p in self.pipelines for s in p.stages})
+        pp = str(pps[0]) if len(pps) == 1 else str(pps).replace(" ", "")
+        tp = str(tps[0]) if len(tps) == 1 else str(tps).replace(" ", "")
+        return f"dp={self.dp} pp={pp} tp={tp}"
+
+
+@cache
+def _adapter() -> TypeAdapter:
+    return TypeAdapter(Plan)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return _adapter().dump_python(plan, mode="json")
+
+
+def plan_to_json(plan: Plan, indent: int | None = 2) -> str:
+    return json.dumps(plan_to_dict(plan), indent=indent)
+
+
+def plan_from_dict(data: Any, label: str = "plan") -> Plan:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label}: a plan must be a JSON object")
+    version = data.get("version", PLAN_VERSION)
+    if version != PLAN_VERSION:
+        raise ConfigError(
+            f"{label}: plan version {version} is not supported (this potluck reads "
+            f"version {PLAN_VERSION}); make the plan again with `potluck plan`"
+        )
+    try:
+        return _adapter().validate_python(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{label}: {where}: {first['msg']}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"plan file {str(path)!r} not found; make one with `potluck plan -o`")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    return plan_from_dict(data, str(path))
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    Path(path).write_text(plan_to_json(plan) + "\n")
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The JSON schema of a plan file (documented in the README)."""
+    return _adapter().json_schema()
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise a one-line ConfigError if the plan is inconsistent with itself or its cluster."""
+    from potluck.cluster.topology import Cluster
+
+    cluster = Cluster(plan.cluster)
+    seen: set[str] = set()
+    for device_id in plan.devices:
+        cluster.device(device_id)
+        if device_id in seen:
+            raise ConfigError(f"plan uses device {device_id!r} twice")
+        seen.add(device_id)
+    if not plan.pipelines:
+        raise ConfigError("plan has no pipelines")
+    total = sum(p.batch_share for p in plan.pipelines)
+    if total != plan.training.global_batch:
+        raise ConfigError(
+            f"plan batch shares add up to {total}, not the global batch {plan.training.global_batch}"
+        )
+    for index, pipeline in enumerate(plan.pipelines):
+        _check_pipeline(plan, index, pipeline, cluster)
+
+
+def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) -> None:
+    model = plan.model
+    if pipeline.micro_batch_size < 1 or pipeline.num_micro_batches < 1:
+        raise ConfigError(f"pipeline {index}: micro-batch size and count must be at least 1")
+    chunks = _virtual_chunks(pipeline, plan.virtual_stages, index)
+    expected_start = 0
+    for start, end in chunks:
+        if start != expected_start or end <= start:
+            raise ConfigError(
+                f"pipeline {index}: layer ranges must cover blocks 0..{model.num_layers} in order "
+                f"without gaps or empty chunks (found [{start}, {end}) after {expected_start})"
+            )
+        expected_start = end
+    if expected_start != model.num_layers:
+        raise ConfigError(
+            f"pipeline {index}: layers end at {expected_start}, model has {model.num_layers}"
+        )
+    for stage in pipeline.stages:
+        _check_tp(stage, model, index, cluster)
+
+
+def _virtual_chunks(pipeline: Pipeline, virtual_stages: int, index: int) -> list[tuple[int, int]]:
+    for stage in pipeline.stages:
+        if len(stage.layer_ranges) != virtual_stages:
+            raise ConfigError(
+                f"pipeline {index}: every stage needs {virtual_stages} layer range(s), "
+                f"one per virtual stage"
+            )
+    return [
+        stage.layer_ranges[chunk]
+        for chunk in range(virtual_stages)
+        for stage in pipeline.stages
+    ]
+
+
+def _check_tp(stage: Stage, model: ModelSpec, index: int, cluster: Any) -> None:
+    tp = stage.tp
+    if tp < 1:
+        raise ConfigError(f"pipeline {index}: a stage has no devices")
+    if model.num_heads % tp or model.num_kv_heads % tp:
+        raise ConfigError(
+            f"pipeline {index}: tensor parallel {tp} does not divide the model's "
+            f"{model.num_heads} heads and {model.num_kv_heads} key/value heads"
+        )
+    nodes = {cluster.device(d).node for d in stage.devices}
+    if len(nodes) > 1:
+        raise ConfigError(f"pipeline {index}: a tensor-parallel group spans machines {sorted(nodes)}")

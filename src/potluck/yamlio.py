@@ -1,0 +1,143 @@
+"""YAML reading that remembers line numbers, so errors can point at the bad line.
+
+``load_yaml`` returns plain ``dict``/``list`` subclasses that carry the line of
+each key and item. :class:`Fields` reads one mapping with typed getters and
+prefixes every error with ``file:line``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from potluck.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class LineDict(dict):
+    """A mapping from YAML with the 1-based line of itself and of each key."""
+
+    line: int = 0
+    key_lines: dict[Any, int]
+
+
+class LineList(list):
+    """A sequence from YAML with the 1-based line of itself and of each item."""
+
+    line: int = 0
+    item_lines: list[int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    loader.flatten_mapping(node)
+    result = LineDict()
+    result.line = node.start_mark.line + 1
+    result.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.key_lines[key] = key_node.start_mark.line + 1
+    return result
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:
+    result = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    result.line = node.start_mark.line + 1
+    result.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return result
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def load_yaml(path: str | Path, what: str) -> Any:
+    """Parse a YAML file; a missing or malformed file is one clear ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} not found; check the path")
+    return parse_yaml(path.read_text(), str(path))
+
+
+def parse_yaml(text: str, label: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{label}{line}: malformed YAML: {err.problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{label}: malformed YAML: {err}") from None
+
+
+class Fields:
+    """Typed access to one YAML mapping; errors carry ``file:line``."""
+
+    def __init__(self, data: Any, label: str, where: str, line: int = 0) -> None:
+        self.label = label
+        self.where = where
+        self.line = getattr(data, "line", line)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self._at(self.line)}{where} must be a mapping (key: value)")
+        self.data = data
+        self.key_lines: dict[Any, int] = getattr(data, "key_lines", {})
+
+    def _at(self, line: int) -> str:
+        return f"{self.label}:{line}: " if line else f"{self.label}: "
+
+    def line_of(self, key: str) -> int:
+        return self.key_lines.get(key, self.line)
+
+    def error(self, key: str | None, message: str) -> ConfigError:
+        line = self.line_of(key) if key is not None else self.line
+        field_name = f"{self.where}.{key}" if key is not None else self.where
+        return ConfigError(f"{self._at(line)}{field_name}: {message}")
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        allowed = list(allowed)
+        for key in self.data:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                tip = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+                raise self.error(str(key), f"unknown key; {tip}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def get(self, key: str, convert: Callable[[Any], T], default: T | None = None) -> T:
+        if not self.has(key):
+            if default is None:
+                raise self.error(key, "is required")
+            return default
+        try:
+            return convert(self.data[key])
+        except ConfigError as err:
+            raise self.error(key, str(err).split(": ", 1)[-1]) from None
+        except (TypeError, ValueError) as err:
+            raise self.error(key, f"bad value {self.data[key]!r} ({err})") from None
+
+    def optional(self, key: str, convert: Callable[[Any], T]) -> T | None:
+        if not self.has(key):
+            return None
+        return self.get(key, convert)
+
+
+def positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def non_empty_str(value: Any) -> str:
+    if not isinstance(value, str | int) or not str(value).strip():
+        raise ConfigError(f"must be a name, not {value!r}")
+    return str(value).strip()
