@@ -1,0 +1,191 @@
+"""Building models without memory, and initializing them the same way in every layout.
+
+- :func:`meta_init` creates parameters on the meta device (no memory, no
+  init work) while buffers such as rotary tables stay real, so a model larger
+  than one device can be built and only the local stage is materialized.
+- :func:`build_model` makes an unmodified Hugging Face causal LM for a
+  :class:`ModelSpec` (from its original ``config.json`` when it has one).
+- :func:`materialize` gives every meta parameter of a (possibly sharded,
+  possibly partial) module real storage and its deterministic initial value.
+
+Initial values depend only on ``(seed, parameter name)``: each parameter is
+drawn in full from its own generator and then sliced to the local shard, so a
+single-process run and any pipeline/tensor-parallel layout start from
+identical weights. Rules: norm weights 1, biases 0, every other parameter
+``N(0, initializer_range)`` (0.02 unless the config says otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from potluck.errors import ConfigError
+from potluck.model.spec import MlpKind, ModelSpec
+
+DEFAULT_INIT_STD = 0.02
+
+
+@contextmanager
+def meta_init() -> Iterator[None]:
+    """Inside, new parameters live on the meta device; buffers stay where they are made."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"),
+                                                    requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa") -> Any:
+    """The Hugging Face config of ``spec``: its own config.json, or one made from its shape."""
+    from transformers import AutoConfig
+
+    if spec.hf_config:
+        fields = dict(spec.hf_config)
+        model_type = fields.pop("model_type", "gpt2" if "n_embd" in fields else "llama")
+        config = AutoConfig.for_model(model_type, **fields)
+    else:
+        config = _config_from_shape(spec)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def _config_from_shape(spec: ModelSpec) -> Any:
+    from transformers import AutoConfig
+
+    if spec.mlp is MlpKind.GELU:
+        dropout = 0.1 if spec.dropout else 0.0
+        return AutoConfig.for_model(
+            "gpt2", n_embd=spec.hidden_size, n_layer=spec.num_layers, n_head=spec.num_heads,
+            n_inner=spec.ffn_hidden_size, vocab_size=spec.vocab_size, n_positions=spec.max_seq_len,
+            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+            tie_word_embeddings=spec.tied_embeddings, bos_token_id=None, eos_token_id=None,
+        )
+    model_type = spec.family if spec.family in ("llama", "mistral", "qwen2", "qwen3") else "llama"
+    extra = {} if model_type == "qwen2" else {"attention_bias": spec.qkv_bias}
+    return AutoConfig.for_model(
+        model_type, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.ffn_hidden_size, vocab_size=spec.vocab_size,
+        max_position_embeddings=spec.max_seq_len, tie_word_embeddings=spec.tied_embeddings,
+        **extra,
+    )
+
+
+def build_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> nn.Module:
+    """An unmodified ``*ForCausalLM`` for ``spec`` with its parameters on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(spec, attn_implementation)
+    with meta_init():
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed from the run seed and a parameter's name (stable across runs)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def initial_value(name: str, owner: nn.Module, shape: torch.Size, seed: int,
+                  std: float = DEFAULT_INIT_STD) -> torch.Tensor:
+    """The full, float32 initial value of parameter ``name`` held by module ``owner``."""
+    leaf = name.rsplit(".", 1)[-1]
+    if "norm" in type(owner).__name__.lower():
+        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    if leaf == "bias":
+        return torch.zeros(shape)
+    generator = torch.Generator().manual_seed(param_seed(seed, name))
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
+def _owners(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Parameter]]:
+    for owner_name, owner in module.named_modules(remove_duplicate=False):
+        for leaf, param in owner._parameters.items():
+            if param is not None:
+                full = f"{owner_name}.{leaf}" if owner_name else leaf
+                yield full, owner, leaf, param
+
+
+def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
+                aliases: dict[str, str] | None = None, std: float | None = None) -> None:
+    """Give every meta parameter of ``modules`` storage on ``device`` and its initial value.
+
+    Parameter names are taken relative to each module (pipeline stages carry the
+    model's own names). ``aliases`` maps a name to the name whose value it takes
+    (a tied head takes the embedding's). Real parameters are moved, not
+    re-initialized. Parameters shared between or within modules stay shared.
+    """
+    aliases = aliases or {}
+    std = std if std is not None else _init_std(modules)
+    done: dict[int, nn.Parameter] = {}
+    for module in modules:
+        for name, owner, leaf, param in _owners(module):
+            if id(param) not in done:
+                value_name = aliases.get(name, name)
+                done[id(param)] = _materialized(param, value_name, owner, device, seed, std)
+            owner._parameters[leaf] = done[id(param)]
+        _materialize_buffers(module, device)
+
+
+def _materialized(param: nn.Parameter, name: str, owner: nn.Module, device: torch.device,
+                  seed: int, std: float) -> nn.Parameter:
+    local = param.to_local() if isinstance(param, DTensor) else param
+    if local.device.type != "meta":
+        return param if local.device == device else nn.Parameter(param.to(device))
+    full = initial_value(name, owner, param.shape, seed, std)
+    if isinstance(param, DTensor):
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        value = DTensor.from_local(shard.to_local().to(device), param.device_mesh,
+                                   param.placements, run_check=False, shape=param.shape,
+                                   stride=param.stride())
+    else:
+        value = full.to(device)
+    return nn.Parameter(value, requires_grad=param.requires_grad)
+
+
+def _init_std(modules: Sequence[nn.Module]) -> float:
+    for sub in (sub for module in modules for sub in module.modules()):
+        config = getattr(sub, "config", None)
+        std = getattr(config, "initializer_range", None)
+        if isinstance(std, float):
+            return std
+    return DEFAULT_INIT_STD
+
+
+def _materialize_buffers(module: nn.Module, device: torch.device) -> None:
+    for owner_name, owner in module.named_modules():
+        meta = [name for name, buf in owner._buffers.items() if buf is not None and buf.is_meta]
+        if meta:
+            _rebuild_buffers(owner, owner_name, meta)
+        for name, buf in owner._buffers.items():
+            if buf is not None and buf.device != device:
+                owner._buffers[name] = buf.to(device)
+
+
+def _rebuild_buffers(owner: nn.Module, owner_name: str, names: list[str]) -> None:
+    """Buffers made on the meta device: rebuild them by constructing the module again."""
+    config = getattr(owner, "config", None)
+    if config is None:
+        raise ConfigError(
+            f"buffer {owner_name}.{names[0]} is on the meta device and cannot be rebuilt; build "
+            "the model inside `potluck.runtime.meta_init()` instead of `torch.device('meta')`"
+        )
+    with torch.device("cpu"):
+        fresh = type(owner)(config)
+    for name in names:
+        owner._buffers[name] = fresh._buffers[name]

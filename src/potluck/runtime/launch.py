@@ -1,0 +1,215 @@
+"""Starting the ranks: on this machine, or with one torchrun command per machine.
+
+:func:`run_local` starts one process per rank of a plan on this machine (as
+torchrun would, with ``RANK``/``WORLD_SIZE``/``MASTER_*`` and
+``POTLUCK_DEVICE`` set), returns every rank's result, and watches them: when
+a rank fails or dies, the others get a short grace period to stop on their
+own (their collectives fail and name the culprit), then are terminated; the
+error raised names the rank that failed first and why. A run that exceeds
+``timeout_s`` is stopped the same way.
+
+:func:`torchrun_commands` gives the command for each machine of a plan that
+spans several; machines with different GPU counts get different
+``--nproc-per-node`` (torchrun numbers ranks per node, potluck maps them to
+devices through ``POTLUCK_NODE`` and ``LOCAL_RANK``).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shlex
+import socket
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from potluck.cluster.topology import Cluster
+from potluck.errors import PotluckError
+from potluck.plans import Plan
+from potluck.runtime.failure import RankFailure, one_line
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+GRACE_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class _Report:
+    rank: int
+    ok: bool
+    value: Any = None
+    error_type: str = ""
+    message: str = ""
+    details: str = ""
+
+
+def _rank_main(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
+               threads: int, reports: Any) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    try:
+        reports.put(_Report(rank, True, fn(*args)))
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent
+        message = str(err) if isinstance(err, PotluckError) else one_line(err)
+        reports.put(_Report(rank, False, error_type=type(err).__name__, message=message,
+                            details=traceback.format_exc()))
+        raise SystemExit(getattr(err, "exit_code", 1)) from None
+
+
+def rank_env(rank: int, world_size: int, device: str, port: int,
+             extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+           "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE":
+           str(world_size), "POTLUCK_DEVICE": device}
+    env.update(extra or {})
+    return env
+
+
+def _start_method() -> str:
+    if os.name == "posix" and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
+              timeout_s: float = 3600.0, env: dict[str, str] | None = None,
+              threads_per_rank: int | None = None) -> list[T]:
+    """Run ``fn(*args)`` on one process per device; their results, by rank."""
+    world = len(devices)
+    port = free_port()
+    context = mp.get_context(_start_method())
+    reports = context.Queue()
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
+    processes = []
+    for rank, device in enumerate(devices):
+        rank_environment = rank_env(rank, world, device, port, env)
+        process = context.Process(target=_rank_main, name=f"potluck-rank{rank}",
+                                  args=(fn, args, rank, rank_environment, threads, reports))
+        process.start()
+        processes.append(process)
+    try:
+        return _collect(processes, reports, devices, timeout_s)
+    finally:
+        _stop(processes)
+
+
+def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float) -> list:
+    results: dict[int, Any] = {}
+    failures: dict[int, _Report] = {}
+    deadline = time.monotonic() + timeout_s
+    first_failure_at: float | None = None
+    while len(results) + len(failures) < len(processes):
+        _drain(reports, results, failures)
+        _note_deaths(processes, results, failures)
+        now = time.monotonic()
+        if failures and first_failure_at is None:
+            first_failure_at = now
+        if first_failure_at is not None and now - first_failure_at > GRACE_S:
+            break
+        if now > deadline:
+            raise RankFailure(f"the run did not finish within {timeout_s:.0f} s; stopped all ranks")
+    if failures:
+        raise _root_cause(failures, devices)
+    return [results[rank] for rank in range(len(processes))]
+
+
+def _drain(reports: Any, results: dict, failures: dict) -> None:
+    try:
+        report: _Report = reports.get(timeout=0.1)
+    except queue.Empty:
+        return
+    if report.ok:
+        results[report.rank] = report.value
+    else:
+        failures[report.rank] = report
+        log.debug("rank %d failed:\n%s", report.rank, report.details)
+
+
+def _note_deaths(processes: list, results: dict, failures: dict) -> None:
+    for rank, process in enumerate(processes):
+        code = process.exitcode
+        if code is None or rank in results or rank in failures:
+            continue
+        if code == 0:
+            continue  # its report is still in the queue
+        time.sleep(0.2)  # a failing rank reports before it exits; give the queue a moment
+        if rank not in failures:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            failures[rank] = _Report(rank, False, error_type="Exit", message=how)
+
+
+def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> PotluckError:
+    """The first failure that is not just another rank noticing it."""
+    primary = [r for r in failures.values() if r.error_type != "RankFailure"]
+    report = min(primary or failures.values(), key=lambda r: r.rank)
+    if report.error_type == "RankFailure":
+        return RankFailure(report.message)
+    if report.error_type in ("ConfigError", "InfeasibleError"):
+        from potluck import errors
+
+        return getattr(errors, report.error_type)(report.message)
+    name = f"rank {report.rank} ({devices[report.rank]})"
+    detail = report.message if report.error_type == "Exit" else \
+        f"failed: {report.message}"
+    return RankFailure(f"{name} {detail}")
+
+
+def _stop(processes: list) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What to run on one machine of a multi-machine plan."""
+
+    node: str
+    node_rank: int
+    nproc: int
+    command: str
+
+
+def plan_nodes(plan: Plan) -> list[tuple[str, int]]:
+    """``(machine id, ranks on it)`` for every machine the plan uses, in plan order."""
+    cluster = Cluster(plan.cluster)
+    counts: dict[str, int] = {}
+    for device_id in plan.devices:
+        node = cluster.device(device_id).node
+        counts[node] = counts.get(node, 0) + 1
+    return list(counts.items())
+
+
+def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port: int = 29500,
+                      worker_args: Sequence[str] = ()) -> list[NodeCommand]:
+    """One ``torchrun`` command per machine; run them all (any order) to start the job."""
+    nodes = plan_nodes(plan)
+    commands = []
+    for node_rank, (node, nproc) in enumerate(nodes):
+        parts = [
+            f"POTLUCK_NODE={node}", "torchrun", f"--nnodes={len(nodes)}",
+            f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
+            f"--master-addr={master_addr}", f"--master-port={master_port}",
+            "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
+        ]
+        command = " ".join([parts[0], *(shlex.quote(part) for part in parts[1:])])
+        commands.append(NodeCommand(node, node_rank, nproc, command))
+    return commands

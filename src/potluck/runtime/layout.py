@@ -1,0 +1,285 @@
+"""Which rank does what, and the process groups that follow from a Plan.
+
+:class:`Layout` is the one owner of the rank-to-device mapping and of every
+process group the runtime uses. It is built from the plan and the device id
+of each rank (gathered at start-up, so launchers may number ranks as they
+like), and answers for this rank:
+
+- its :class:`Role`: pipeline, stage, position in the stage's tensor-parallel
+  group, the layer ranges of its virtual stages;
+- the tensor-parallel mesh of its stage;
+- its pipeline lane: the ranks with the same tensor-parallel index in each
+  stage of its pipeline (stages of one pipeline share one TP degree, so lane
+  ``r`` of a pipeline passes the ``r``-th sequence shard from stage to stage);
+- for every parameter unit (the embedding, each block, the head) the group
+  that sums its gradients: the ranks that hold that unit in every pipeline.
+  When all holders use the same TP degree, the group is aligned (ranks with
+  the same TP index, local shards are summed as they are); otherwise it is a
+  full-layout group (every holder rank; shards are summed in the full
+  tensor's layout). Heterogeneous plans are just different groups.
+
+Groups are created collectively in one fixed order on every rank, then
+reused. Building a Layout without ``create_groups`` is pure and cheap (used
+to validate a plan against a world size before anything starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from potluck.cluster.topology import Cluster
+from potluck.errors import ConfigError
+from potluck.plans import Plan, Stage, check_plan
+
+EMBED = "embed"
+HEAD = "head"
+TIED = "embed+head"
+
+
+def block_unit(index: int) -> str:
+    return f"block.{index}"
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one rank runs."""
+
+    rank: int
+    device: str
+    pipeline: int
+    stage: int
+    tp_rank: int
+    tp: int
+    pp: int
+    layer_ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def virtual_stage_ids(self) -> tuple[int, ...]:
+        """Chunk ``c`` of stage ``i`` is virtual stage ``c * pp + i``."""
+        return tuple(chunk * self.pp + self.stage for chunk in range(len(self.layer_ranges)))
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * len(self.layer_ranges)
+
+    @property
+    def holds_embedding(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def holds_head(self) -> bool:
+        return self.stage == self.pp - 1
+
+
+@dataclass(frozen=True)
+class SyncGroup:
+    """The ranks that sum one unit's gradients, and how."""
+
+    ranks: tuple[int, ...]
+    aligned: bool  # True: same TP layout on every member; False: sum in the full layout
+
+    @property
+    def trivial(self) -> bool:
+        return len(self.ranks) == 1
+
+
+class Layout:
+    """Rank roles and process groups of one plan on one world."""
+
+    def __init__(self, plan: Plan, rank: int, device_of_rank: tuple[str, ...]) -> None:
+        check_plan(plan)
+        self.plan = plan
+        self.rank = rank
+        self.world_size = len(device_of_rank)
+        _check_world(plan, device_of_rank)
+        self.device_of_rank = device_of_rank
+        self._rank_of_device = {device: r for r, device in enumerate(device_of_rank)}
+        for index, pipeline in enumerate(plan.pipelines):
+            if pipeline.pp > 1 and len({stage.tp for stage in pipeline.stages}) > 1:
+                raise ConfigError(
+                    f"pipeline {index}: stages of one pipeline with different tensor-parallel "
+                    f"degrees {[s.tp for s in pipeline.stages]} are not supported by the runtime; "
+                    "give every stage of a pipeline the same TP degree"
+                )
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._tp_mesh: DeviceMesh | None = None
+        self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
+
+    @classmethod
+    def for_local_ranks(cls, plan: Plan, rank: int) -> Layout:
+        """Rank ``i`` runs the plan's ``i``-th device (the local launcher's numbering)."""
+        return cls(plan, rank, plan.devices)
+
+    # --- roles -----------------------------------------------------------------------------
+
+    @cached_property
+    def roles(self) -> tuple[Role, ...]:
+        roles: dict[int, Role] = {}
+        for p, pipeline in enumerate(self.plan.pipelines):
+            for s, stage in enumerate(pipeline.stages):
+                for t, device in enumerate(stage.devices):
+                    rank = self._rank_of_device[device]
+                    roles[rank] = Role(rank, device, p, s, t, stage.tp, pipeline.pp,
+                                       stage.layer_ranges)
+        return tuple(roles[r] for r in range(self.world_size))
+
+    @property
+    def role(self) -> Role:
+        return self.roles[self.rank]
+
+    def stage_ranks(self, pipeline: int, stage: int) -> tuple[int, ...]:
+        devices = self.plan.pipelines[pipeline].stages[stage].devices
+        return tuple(self._rank_of_device[d] for d in devices)
+
+    def lane_ranks(self, pipeline: int, tp_rank: int) -> tuple[int, ...]:
+        stages = self.plan.pipelines[pipeline].stages
+        return tuple(self._rank_of_device[stage.devices[tp_rank]] for stage in stages)
+
+    @cached_property
+    def batch_offsets(self) -> tuple[int, ...]:
+        """First row of each pipeline's share of the global batch."""
+        offsets, start = [], 0
+        for pipeline in self.plan.pipelines:
+            offsets.append(start)
+            start += pipeline.batch_share
+        return tuple(offsets)
+
+    @property
+    def batch_rows(self) -> tuple[int, int]:
+        """``(start, count)``: this rank's replica's rows of each global batch."""
+        p = self.role.pipeline
+        return self.batch_offsets[p], self.plan.pipelines[p].batch_share
+
+    @property
+    def is_replica_leader(self) -> bool:
+        """One rank per pipeline (TP rank 0 of its first stage) speaks for the replica."""
+        return self.role.stage == 0 and self.role.tp_rank == 0
+
+    @property
+    def is_loss_reporter(self) -> bool:
+        """TP rank 0 of each pipeline's last stage reports that replica's loss."""
+        return self.role.holds_head and self.role.tp_rank == 0
+
+    # --- parameter units ---------------------------------------------------------------------
+
+    def units(self) -> tuple[str, ...]:
+        layers = self.plan.model.num_layers
+        tied = (TIED,) if self.plan.model.tied_embeddings else ()
+        return (EMBED, *(block_unit(i) for i in range(layers)), HEAD, *tied)
+
+    def holders(self, unit: str) -> tuple[tuple[int, int], ...]:
+        """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order."""
+        if unit not in self._holders:
+            self._holders[unit] = self._find_holders(unit)
+        return self._holders[unit]
+
+    def _find_holders(self, unit: str) -> tuple[tuple[int, int], ...]:
+        found = []
+        for p, pipeline in enumerate(self.plan.pipelines):
+            for s, stage in enumerate(pipeline.stages):
+                if _stage_holds(stage, s, pipeline.pp, unit):
+                    found.append((p, s))
+        return tuple(found)
+
+    def sync_group(self, unit: str, tp_rank: int | None = None) -> SyncGroup:
+        """The group in which this rank (or TP index ``tp_rank``) sums ``unit``'s gradients."""
+        holders = self.holders(unit)
+        tps = {self.plan.pipelines[p].stages[s].tp for p, s in holders}
+        if len(tps) == 1:
+            index = self.role.tp_rank if tp_rank is None else tp_rank
+            ranks = tuple(self.stage_ranks(p, s)[index] for p, s in holders)
+            return SyncGroup(tuple(dict.fromkeys(ranks)), aligned=True)
+        ranks = tuple(r for p, s in holders for r in self.stage_ranks(p, s))
+        return SyncGroup(tuple(dict.fromkeys(ranks)), aligned=False)
+
+    def norm_owner(self, unit: str) -> tuple[int, int]:
+        """The stage whose copy of ``unit`` counts in the global gradient norm."""
+        return self.holders(unit)[0]
+
+    # --- process groups ----------------------------------------------------------------------
+
+    def _all_group_ranks(self) -> list[tuple[int, ...]]:
+        wanted: list[tuple[int, ...]] = []
+        for p, pipeline in enumerate(self.plan.pipelines):
+            for s in range(pipeline.pp):
+                wanted.append(self.stage_ranks(p, s))
+            for t in range(pipeline.stages[0].tp):
+                wanted.append(self.lane_ranks(p, t))
+        for unit in self.units():
+            max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in self.holders(unit))
+            for t in range(max_tp):
+                wanted.append(self.sync_group(unit, tp_rank=t).ranks)
+        unique = dict.fromkeys(ranks for ranks in wanted if len(ranks) > 1)
+        return list(unique)
+
+    def create_groups(self) -> None:
+        """Create every process group (collective: all ranks call this, same order)."""
+        if self._groups:
+            return
+        for ranks in self._all_group_ranks():
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._groups[ranks] = group
+
+    def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+        """The process group of exactly these ranks (None for a single rank)."""
+        if len(ranks) == 1:
+            return None
+        try:
+            return self._groups[ranks]
+        except KeyError:
+            message = f"no process group for ranks {ranks}; create_groups() first"
+            raise RuntimeError(message) from None
+
+    @property
+    def lane_group(self) -> dist.ProcessGroup | None:
+        role = self.role
+        return self.group(self.lane_ranks(role.pipeline, role.tp_rank))
+
+    def tp_mesh(self, device_type: str) -> DeviceMesh | None:
+        """The 1-D device mesh of this rank's tensor-parallel group (None without TP)."""
+        role = self.role
+        if role.tp == 1:
+            return None
+        if self._tp_mesh is None:
+            group = self.group(self.stage_ranks(role.pipeline, role.stage))
+            self._tp_mesh = DeviceMesh.from_group(group, device_type)
+        return self._tp_mesh
+
+    def torch_device(self, use_gpu: bool) -> torch.device:
+        """``cuda:<local index>`` for a GPU rank, else ``cpu``."""
+        if not use_gpu:
+            return torch.device("cpu")
+        return torch.device("cuda", Cluster(self.plan.cluster).device(self.role.device).local_index)
+
+
+def _stage_holds(stage: Stage, index: int, pp: int, unit: str) -> bool:
+    if unit == EMBED:
+        return index == 0
+    if unit == HEAD:
+        return index == pp - 1
+    if unit == TIED:
+        return index in (0, pp - 1)
+    layer = int(unit.split(".", 1)[1])
+    return any(start <= layer < end for start, end in stage.layer_ranges)
+
+
+def _check_world(plan: Plan, device_of_rank: tuple[str, ...]) -> None:
+    if len(device_of_rank) != plan.num_gpus:
+        raise ConfigError(
+            f"the plan uses {plan.num_gpus} devices ({plan.layout()}) but {len(device_of_rank)} "
+            f"ranks were started; start exactly {plan.num_gpus} ranks or make a plan for this world"
+        )
+    missing = sorted(set(plan.devices) - set(device_of_rank))
+    if missing:
+        raise ConfigError(
+            f"no rank runs plan device(s) {', '.join(missing)}; ranks run "
+            f"{', '.join(device_of_rank)}"
+        )
+    if len(set(device_of_rank)) != len(device_of_rank):
+        raise ConfigError(f"two ranks claim the same device: {', '.join(device_of_rank)}")

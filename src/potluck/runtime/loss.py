@@ -1,0 +1,48 @@
+"""The training loss: a token-weighted share of the global batch's mean.
+
+Each micro-batch's loss is the *sum* of its token cross-entropies divided by
+the number of target tokens in the whole global batch (all replicas, all
+micro-batches). Summing these over micro-batches and replicas gives exactly
+the mean over the global batch, whatever the replicas' shares, so gradients
+are plain sums: no average of unequal averages. Targets equal to
+``IGNORE_INDEX`` (padding) count for nothing.
+
+Works on plain logits and on vocabulary-sharded DTensor logits (inside
+``loss_parallel``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """Logits from what a model returns: a tensor, a tuple, or an object with ``.logits``."""
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, tuple | list):
+        return output[0]
+    return output
+
+
+class TokenLoss:
+    """``loss_fn(output, targets)`` for the pipeline schedules; ``scale`` is 1 / global tokens."""
+
+    def __init__(self) -> None:
+        self.scale = 1.0
+
+    def __call__(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(output)
+        flat = logits.flatten(0, 1).float()
+        total = F.cross_entropy(flat, targets.flatten(), reduction="sum",
+                                ignore_index=IGNORE_INDEX)
+        return total * self.scale
+
+
+def count_tokens(targets: torch.Tensor) -> int:
+    return int((targets != IGNORE_INDEX).sum())

@@ -1,0 +1,245 @@
+"""Turn a plain model into this rank's part of a plan, and run one training step.
+
+:func:`parallelize` applies parallelism to an unmodified model in a fixed
+order:
+
+1. ``apply_tp``: shard the blocks (and embedding/head) this rank holds over
+   its stage's tensor-parallel mesh (on the meta device: no memory yet);
+2. ``apply_pp``: keep this rank's virtual stages (family adapter, or the
+   tracing split for other models); everything else is dropped;
+3. materialize the local parameters with their layout-independent initial
+   values, then recomputation (``apply_recompute``);
+4. ``apply_dp``: the gradient groups of every local parameter.
+
+The result, :class:`ParallelModel`, owns the stage modules, the schedule and
+the gradient sync. :meth:`ParallelModel.forward_backward` takes this
+replica's rows of a global batch (``[rows, seq_len + 1]`` token ids), runs
+the schedule with the token-weighted loss, sums gradients across replicas and
+returns the global loss and gradient norm. The optimizer step is the
+caller's (:class:`potluck.runtime.trainer.Trainer` does it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor.parallel import loss_parallel
+
+from potluck.errors import ConfigError
+from potluck.runtime.build import materialize
+from potluck.runtime.data_parallel import GradSync, SyncedParam
+from potluck.runtime.families import Family, blocks_of, check_sequence, detect_family, is_tied
+from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
+from potluck.runtime.loss import IGNORE_INDEX, TokenLoss
+from potluck.runtime.pipeline import build_schedule, split_stages
+from potluck.runtime.recompute import apply_recompute
+from potluck.runtime.session import Session
+from potluck.runtime.tensor_parallel import apply_tp, check_tp
+from potluck.runtime.tracing import find_blocks, trace_stages
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one forward/backward over the global batch gives back (same on every rank)."""
+
+    loss: float  # token-weighted mean over the global batch
+    tokens: int  # target tokens in the global batch
+    grad_norm: float  # global L2 norm of the summed gradients
+
+
+def _check_model(model: nn.Module, layout: Layout, blocks: nn.ModuleList) -> None:
+    spec = layout.plan.model
+    if len(blocks) != spec.num_layers:
+        raise ConfigError(
+            f"the model has {len(blocks)} blocks but the plan was made for {spec.name} with "
+            f"{spec.num_layers}; make the plan for this model"
+        )
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(hidden, int) and hidden != spec.hidden_size:
+        raise ConfigError(
+            f"the model's hidden size is {hidden} but the plan was made for {spec.hidden_size}"
+        )
+
+
+def _family_units(names: Iterator[str], family: Family, tied: bool) -> dict[str, str]:
+    units = {}
+    prefix = f"{family.blocks_path}."
+    tied_names = {family.embedding_weight, family.head_weight} if tied else set()
+    for name in names:
+        if name in tied_names:
+            units[name] = TIED
+        elif name.startswith(prefix):
+            units[name] = block_unit(int(name[len(prefix):].split(".", 1)[0]))
+        elif any(name.startswith(f"{path}.") for path in family.embed_paths):
+            units[name] = EMBED
+        else:
+            units[name] = HEAD
+    return units
+
+
+def _stages_of_family(model: nn.Module, family: Family, session: Session
+                      ) -> tuple[list[nn.Module], dict[str, str], dict[str, str]]:
+    layout, role = session.layout, session.layout.role
+    plan = layout.plan
+    _check_model(model, layout, blocks_of(model, family))
+    check_sequence(model, plan.training.seq_len)
+    tied = is_tied(model, family)
+    mesh = layout.tp_mesh(session.device.type)
+    if mesh is not None:
+        layers = [i for start, end in role.layer_ranges for i in range(start, end)]
+        apply_tp(model, family, mesh, layers, embed=role.holds_embedding, head=role.holds_head)
+    stages: list[nn.Module] = list(split_stages(model, family, layout))
+    names = (name for stage in stages for name, _ in stage.named_parameters())
+    aliases = {family.head_weight: family.embedding_weight} if tied else {}
+    return stages, _family_units(names, family, tied), aliases
+
+
+def _stages_of_any(model: nn.Module, session: Session
+                   ) -> tuple[list[nn.Module], dict[str, str], dict[str, str]]:
+    layout = session.layout
+    blocks_path = find_blocks(model, layout.plan.model.num_layers)
+    _check_model(model, layout, model.get_submodule(blocks_path))
+    stages, units = trace_stages(model, layout, blocks_path)
+    return stages, units, {}
+
+
+def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> ParallelModel:
+    """This rank's part of ``model`` under the session's plan (see the module docstring).
+
+    Parameters still on the meta device get potluck's deterministic initial
+    values for ``seed``; real parameters (a loaded checkpoint) keep theirs.
+    """
+    layout = session.layout
+    family = detect_family(model)
+    check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
+    if family is not None:
+        stages, units, aliases = _stages_of_family(model, family, session)
+    else:
+        stages, units, aliases = _stages_of_any(model, session)
+    materialize(stages, session.device, seed, aliases)
+    apply_recompute(stages, layout.plan.recompute)
+    for stage in stages:
+        stage.autocast_dtype = session.autocast_dtype
+    return ParallelModel(session, stages, units)
+
+
+def _merge_into(root: nn.Module, module: nn.Module) -> None:
+    """Mount ``module``'s submodules under ``root`` by name, sharing leaves, copying
+    containers, so several stages form one tree with the model's parameter names."""
+    for name, child in module.named_children():
+        existing = root._modules.get(name)
+        if child._parameters or child._buffers or not child._modules:
+            if existing is None:
+                root.add_module(name, child)
+            elif existing is not child:
+                raise RuntimeError(f"two stages both hold module {name!r}")
+            continue
+        if existing is None:
+            existing = nn.Module()
+            root.add_module(name, existing)
+        _merge_into(existing, child)
+
+
+class ParallelModel:
+    """This rank's stages of a model, their schedule and gradient sync."""
+
+    def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str]) -> None:
+        self.session = session
+        self.layout = session.layout
+        self.stages = stages
+        self.loss_fn = TokenLoss()
+        self.clock: Any = None
+        self.module = nn.Module()
+        for stage in stages:
+            _merge_into(self.module, stage)
+        params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
+                  for name, param in self.module.named_parameters()]
+        self.grad_sync = GradSync(self.layout, params)
+        self.schedule = build_schedule(stages, self.layout, self.loss_fn, session.device)
+
+    def set_clock(self, clock: Any) -> None:
+        """Route compute through an emulation clock (rebuilds the schedule)."""
+        self.clock = clock
+        self.schedule = build_schedule(self.stages, self.layout, self.loss_fn,
+                                       self.session.device, clock)
+
+    # --- what users and checkpointing see --------------------------------------------------
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.module.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Local parameters under the model's own names (DTensors where TP shards them)."""
+        return self.module.named_parameters()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def train(self, mode: bool = True) -> None:
+        for stage in self.stages:
+            stage.train(mode)
+
+    # --- one step ----------------------------------------------------------------------------
+
+    def forward_backward(self, rows: torch.Tensor) -> StepOutput:
+        """Forward and backward of this replica's ``rows``; gradients summed over replicas."""
+        rows = rows.to(self.session.device)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        tokens = self._global_tokens(targets)
+        self.loss_fn.scale = 1.0 / max(tokens, 1)
+        losses: list[torch.Tensor] = []
+        with self._loss_context():
+            self._run_schedule(inputs, targets, losses)
+        self._timed("dp_sync", self.grad_sync.sync)
+        return self._reduce(losses, tokens)
+
+    def _loss_context(self) -> Any:
+        return loss_parallel() if self.layout.role.tp > 1 else nullcontext()
+
+    def _run_schedule(self, inputs: torch.Tensor, targets: torch.Tensor,
+                      losses: list[torch.Tensor]) -> None:
+        role = self.layout.role
+        args = (inputs,) if role.holds_embedding else ()
+        kwargs: dict[str, Any] = {"return_outputs": False}
+        if role.holds_head:
+            kwargs.update(target=targets, losses=losses)
+        self.schedule.step(*args, **kwargs)
+
+    def _global_tokens(self, targets: torch.Tensor) -> int:
+        count = (targets != IGNORE_INDEX).sum() if self.layout.is_replica_leader else 0
+        total = torch.tensor([float(count)], dtype=torch.float64)
+        dist.all_reduce(total)
+        return int(total.item())
+
+    def _reduce(self, losses: list[torch.Tensor], tokens: int) -> StepOutput:
+        loss_sum = 0.0
+        if self.layout.is_loss_reporter:
+            loss_sum = float(sum(_scalar(loss) for loss in losses))
+        totals = torch.tensor([loss_sum, 0.0], dtype=torch.float64)
+        totals[1] = self.grad_sync.norm_squared()
+        dist.all_reduce(totals)
+        return StepOutput(loss=float(totals[0]), tokens=tokens,
+                          grad_norm=float(totals[1].sqrt()))
+
+    def _timed(self, kind: str, fn: Any) -> Any:
+        return fn() if self.clock is None else self.clock.run(kind, -1, fn)
+
+    def clip_gradients(self, max_norm: float, grad_norm: float) -> None:
+        """Scale gradients so the global norm is at most ``max_norm`` (as clip_grad_norm_)."""
+        coef = max_norm / (grad_norm + 1e-6)
+        if coef >= 1.0:
+            return
+        for param in self.parameters():
+            if param.grad is not None:
+                param.grad.mul_(coef)
+
+
+def _scalar(loss: torch.Tensor) -> float:
+    value = loss.to_local() if hasattr(loss, "to_local") else loss  # replicated: local is full
+    return float(value.detach())

@@ -1,0 +1,166 @@
+"""Joining the job: process group, this rank's device, the layout, the watchdog.
+
+:func:`start` reads the launcher's environment (torchrun's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, plus
+potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
+the plan before anything can hang, initializes torch.distributed (nccl on
+GPUs, gloo on CPU), gathers every rank's device id and creates the layout's
+process groups. A script run without a launcher is a world of one rank.
+
+Which device a rank runs: ``POTLUCK_DEVICE`` if set; else, with
+``POTLUCK_NODE=<group>.<index>``, the ``LOCAL_RANK``-th device the plan uses on
+that machine (what the per-node torchrun commands set); else the plan's
+``RANK``-th device (the local launcher's numbering).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from potluck.cluster.topology import Cluster
+from potluck.errors import ConfigError, PotluckError
+from potluck.plans import DType, Plan
+from potluck.runtime.failure import RankFailure, Watchdog
+from potluck.runtime.layout import Layout
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Session:
+    """This rank's place in a running plan."""
+
+    plan: Plan
+    layout: Layout
+    device: torch.device
+    watchdog: Watchdog | None
+
+    @property
+    def rank(self) -> int:
+        return self.layout.rank
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """bf16/fp16 autocast on GPUs; CPUs compute in fp32."""
+        if not self.use_gpu or self.plan.training.dtype is DType.FP32:
+            return None
+        return torch.bfloat16 if self.plan.training.dtype is DType.BF16 else torch.float16
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn a failed collective into a RankFailure that names the culprit; leave a
+        note for the other ranks when this one fails."""
+        try:
+            yield
+        except PotluckError as err:
+            if self.watchdog is not None and not isinstance(err, RankFailure):
+                self.watchdog.mark_failed(err)
+            raise
+        except Exception as err:
+            if self.watchdog is None:
+                raise
+            if _is_collective_error(err):
+                raise self.watchdog.diagnose(err) from err
+            self.watchdog.mark_failed(err)
+            raise
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _is_collective_error(err: BaseException) -> bool:
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err).lower()
+    return any(word in text for word in ("gloo", "nccl", "connection", "timed out", "timeout"))
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def local_device_id(plan: Plan, rank: int, local_rank: int) -> str:
+    """The device this rank runs, from the environment (see the module docstring)."""
+    explicit = os.environ.get("POTLUCK_DEVICE")
+    if explicit:
+        return explicit
+    node = os.environ.get("POTLUCK_NODE")
+    if node:
+        cluster = Cluster(plan.cluster)
+        used = (cluster.device(d) for d in plan.devices)
+        on_node = sorted((d for d in used if d.node == node), key=lambda d: d.local_index)
+        if local_rank >= len(on_node):
+            raise ConfigError(f"node {node} runs {len(on_node)} ranks of the plan, "
+                              f"not {local_rank + 1}; check --nproc-per-node")
+        return on_node[local_rank].id
+    return plan.devices[rank]
+
+
+def _wants_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
+    device_type = Cluster(plan.cluster).device(device_id).type
+    if emulate or device_type.is_cpu:
+        return False
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"the plan runs {device_id} ({device_type.name}) but this machine has no CUDA GPU; "
+            "dry-run it on CPU with --emulate"
+        )
+    return True
+
+
+def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
+    """Join (or, alone, create) the job that runs ``plan``; returns this rank's session."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world != plan.num_gpus:
+        raise ConfigError(
+            f"the plan uses {plan.num_gpus} devices ({plan.layout()}) but {world} rank(s) were "
+            f"started; start exactly {plan.num_gpus} or make a plan for this world"
+        )
+    device_id = local_device_id(plan, rank, local_rank)
+    use_gpu = _wants_gpu(plan, device_id, emulate)
+    device = torch.device("cpu")
+    if use_gpu:
+        device = torch.device("cuda", Cluster(plan.cluster).device(device_id).local_index)
+        torch.cuda.set_device(device)
+    _init_process_group(rank, world, "nccl" if use_gpu else "gloo", timeout_s)
+    devices: list[str | None] = [None] * world
+    dist.all_gather_object(devices, device_id)
+    layout = Layout(plan, rank, tuple(str(d) for d in devices))
+    layout.create_groups()
+    watchdog = Watchdog(dist.distributed_c10d._get_default_store(), rank, layout.device_of_rank)
+    watchdog.start()
+    return Session(plan, layout, device, watchdog)
+
+
+def _init_process_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
+    if dist.is_initialized():
+        return
+    if world == 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

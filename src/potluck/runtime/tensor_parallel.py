@@ -1,0 +1,200 @@
+"""Tensor parallelism with DTensor: ``apply_tp`` per model family.
+
+Megatron-style sharding with sequence parallelism (Korthikanti et al. 2022),
+expressed with torch's parallel styles, as torchtitan does:
+
+- between blocks, hidden states are sequence shards ``[b, s/t, h]``; norms run
+  on the shards (``SequenceParallel``);
+- attention and MLP all-gather their input, run column-wise (QKV, gate/up,
+  fc) and row-wise (output projections) sharded matmuls, and reduce-scatter
+  back to sequence shards;
+- the embedding is vocabulary-parallel (row-wise), the head column-wise with
+  logits left sharded over the vocabulary for ``loss_parallel``.
+
+GPT-2's ``Conv1D`` (a transposed Linear, QKV fused in one matrix) gets two
+small styles here: the fused QKV weight is a ``_StridedShard`` so each rank
+holds the q, k and v columns of its own heads and ``full_tensor()`` is still
+the original matrix.
+
+Parameters are distributed without communication (``src_data_rank=None``):
+every rank of a TP group builds the same full values (meta or deterministic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from potluck.errors import ConfigError
+from potluck.runtime.families import Family, get_path, is_tied
+
+
+def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement: Placement) -> None:
+    param = getattr(module, name)
+    dtensor = distribute_tensor(param.data, mesh, [placement], src_data_rank=None)
+    module.register_parameter(name, nn.Parameter(dtensor, requires_grad=param.requires_grad))
+
+
+class Conv1DColwise(ParallelStyle):
+    """Output features of a GPT-2 ``Conv1D`` split over ranks; input replicated, output local.
+
+    ``split_factor`` > 1 treats the output as that many concatenated matrices
+    (QKV) and gives each rank its slice of every one of them.
+    """
+
+    def __init__(self, split_factor: int = 1) -> None:
+        super().__init__()
+        self.split_factor = split_factor
+
+    def _placement(self, dim: int) -> Placement:
+        if self.split_factor == 1:
+            return Shard(dim)
+        return _StridedShard(dim, split_factor=self.split_factor)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _distribute(module, "weight", device_mesh, self._placement(1))
+        _distribute(module, "bias", device_mesh, self._placement(0))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            weight, bias = module.weight.to_local(), module.bias.to_local()
+            out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)
+            return out.view(*x.shape[:-1], weight.shape[1])
+
+        module.forward = forward
+        return module
+
+
+class Conv1DRowwise(ParallelStyle):
+    """Input features of a GPT-2 ``Conv1D`` split over ranks; output reduce-scattered
+    to sequence shards, the (replicated) bias added after the reduction."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _distribute(module, "weight", device_mesh, Shard(0))
+        _distribute(module, "bias", device_mesh, Replicate())
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            weight = module.weight.to_local()
+            partial = (x.reshape(-1, x.shape[-1]) @ weight).view(*x.shape[:-1], weight.shape[1])
+            out = DTensor.from_local(partial, device_mesh, [Partial()], run_check=False)
+            out = out.redistribute(device_mesh, [Shard(1)])
+            return (out + module.bias).to_local()
+
+        module.forward = forward
+        return module
+
+
+def _head_styles(family: Family) -> dict[str, ParallelStyle]:
+    norm, head = family.head_paths
+    return {
+        norm: SequenceParallel(),
+        head: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                              use_local_output=False),
+    }
+
+
+def _llama_block_styles() -> dict[str, ParallelStyle]:
+    to_full = {"input_kwarg_layouts": {"hidden_states": Shard(1)},
+               "desired_input_kwarg_layouts": {"hidden_states": Replicate()}}
+    return {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(**to_full),
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _gpt2_block_styles() -> dict[str, ParallelStyle]:
+    to_full = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+    return {
+        "ln_1": SequenceParallel(),
+        "attn": PrepareModuleInput(**to_full),
+        "attn.c_attn": Conv1DColwise(split_factor=3),
+        "attn.c_proj": Conv1DRowwise(),
+        "ln_2": SequenceParallel(),
+        "mlp": PrepareModuleInput(**to_full),
+        "mlp.c_fc": Conv1DColwise(),
+        "mlp.c_proj": Conv1DRowwise(),
+    }
+
+
+def _embed_styles(family: Family) -> dict[str, ParallelStyle]:
+    if family.name == "gpt2":
+        # Positions are added to the full embedding, then each rank keeps its sequence shard.
+        return {
+            "transformer.wte": RowwiseParallel(input_layouts=Replicate(),
+                                               output_layouts=Replicate()),
+            "transformer.drop": PrepareModuleOutput(output_layouts=Replicate(),
+                                                    desired_output_layouts=Shard(1)),
+        }
+    (embed,) = family.embed_paths
+    return {embed: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))}
+
+
+def _block_styles(family: Family) -> dict[str, ParallelStyle]:
+    return _gpt2_block_styles() if family.name == "gpt2" else _llama_block_styles()
+
+
+def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> None:
+    """One clear error when this model cannot be split ``tp`` ways."""
+    if tp == 1:
+        return
+    if family is None or not family.supports_tp:
+        name = type(model).__name__
+        raise ConfigError(
+            f"tensor parallelism is not supported for {name}; use a plan with tp=1 "
+            "(pipeline and data parallel work for any model)"
+        )
+    if seq_len % tp:
+        raise ConfigError(f"sequence length {seq_len} is not a multiple of tensor parallel {tp}")
+
+
+def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int],
+             embed: bool, head: bool) -> None:
+    """Shard, in place, the blocks ``layers`` (and the embedding / head when this
+    rank holds them) of ``model`` over ``mesh``; a tied head stays tied."""
+    tied = embed and head and is_tied(model, family)
+    tp = mesh.size()
+    blocks = get_path(model, family.blocks_path)
+    for index in layers:
+        block = blocks[index]
+        parallelize_module(block, mesh, _block_styles(family), src_data_rank=None)
+        if family.name == "gpt2":
+            block.attn.split_size = block.attn.embed_dim // tp
+    plan: dict[str, ParallelStyle] = {}
+    if embed:
+        plan.update(_embed_styles(family))
+    if head:
+        plan.update(_head_styles(family))
+    if plan:
+        parallelize_module(model, mesh, plan, src_data_rank=None)
+    if tied:
+        head_module = get_path(model, family.head_paths[-1])
+        head_module.weight = get_path(model, family.embed_paths[0]).weight

@@ -1,0 +1,148 @@
+"""The training loop: step, optimizer, metrics.
+
+:class:`Trainer` runs one step as: this replica's rows of global batch ``k``
+-> ``ParallelModel.forward_backward`` (schedule, token-weighted loss,
+gradient sum across replicas) -> gradient clipping by the global norm ->
+optimizer step. It measures each step and hands :class:`StepMetrics` to its
+callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
+computes the same metrics; only rank 0 reports them.
+
+Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
+one): ``replica_rows(step, start, count)``
+returns rows ``[start, start + count)`` of global batch ``step`` as token ids
+``[count, seq_len + 1]``. A replica asks only for its own share.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from potluck.runtime.parallelize import ParallelModel
+
+
+class BatchSource(Protocol):
+    """Deterministic global batches; each replica reads its own rows."""
+
+    def replica_rows(self, step: int, start: int, count: int) -> torch.Tensor: ...
+
+
+class Callback(Protocol):
+    def on_step(self, metrics: StepMetrics) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One line of metrics.jsonl."""
+
+    step: int
+    loss: float
+    tokens: int
+    tokens_per_s: float
+    step_time_s: float
+    predicted_step_time_s: float | None
+    peak_memory_gb: float
+    grad_norm: float
+    lr: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def peak_memory_bytes(device: torch.device) -> float:
+    """Peak allocated GPU memory, or on CPU the process's peak resident set."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+
+
+def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0,
+                      betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
+    """AdamW over this rank's parameters (DTensors where TP shards them)."""
+    return torch.optim.AdamW(list(model.parameters()), lr=lr, betas=betas,
+                             weight_decay=weight_decay, foreach=False)
+
+
+class Trainer:
+    """Steps a :class:`ParallelModel` with an optimizer; reports metrics on rank 0."""
+
+    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer | None = None, *,
+                 lr: float = 3e-4, max_grad_norm: float | None = 1.0,
+                 callbacks: Sequence[Callback] = (),
+                 predicted_step_time_s: float | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer or default_optimizer(model, lr)
+        self.max_grad_norm = max_grad_norm
+        self.callbacks = list(callbacks) if model.layout.rank == 0 else []
+        prediction = model.layout.plan.prediction
+        self.predicted_step_time_s = predicted_step_time_s or (
+            prediction.iteration_time_s if prediction else None)
+        self.step_index = 0
+
+    def step(self, rows: torch.Tensor) -> StepMetrics:
+        """One training step on this replica's ``rows`` of the current global batch."""
+        with self.model.session.guard():
+            start_s = time.perf_counter()
+            output = self.model.forward_backward(rows)
+            if self.max_grad_norm is not None:
+                self.model.clip_gradients(self.max_grad_norm, output.grad_norm)
+            self._timed("optimizer", self.optimizer.step)
+            self.optimizer.zero_grad(set_to_none=False)
+            self._synchronize()
+            step_time_s = time.perf_counter() - start_s
+            metrics = self._metrics(output, step_time_s)
+        for callback in self.callbacks:
+            callback.on_step(metrics)
+        self.step_index += 1
+        return metrics
+
+    def fit(self, source: BatchSource, steps: int,
+            on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+        """Train ``steps`` steps from the trainer's current step; returns every step's metrics."""
+        start, count = self.model.layout.batch_rows
+        history = []
+        try:
+            for _ in range(steps):
+                metrics = self.step(source.replica_rows(self.step_index, start, count))
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(metrics)
+        finally:
+            for callback in self.callbacks:
+                callback.close()
+        return history
+
+    def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
+        clock = self.model.clock
+        return fn() if clock is None else clock.run(kind, -1, fn)
+
+    def _synchronize(self) -> None:
+        if self.model.session.use_gpu:
+            torch.cuda.synchronize(self.model.session.device)
+
+    def _predicted_s(self) -> float | None:
+        if self.predicted_step_time_s is None:
+            return None
+        clock = self.model.clock
+        return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
+
+    def _metrics(self, output: Any, step_time_s: float) -> StepMetrics:
+        peak = torch.tensor([peak_memory_bytes(self.model.session.device)], dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return StepMetrics(
+            step=self.step_index, loss=output.loss, tokens=output.tokens,
+            tokens_per_s=output.tokens / step_time_s if step_time_s > 0 else 0.0,
+            step_time_s=step_time_s, predicted_step_time_s=self._predicted_s(),
+            peak_memory_gb=float(peak) / 1e9, grad_norm=output.grad_norm,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+        )
