@@ -33,6 +33,7 @@ from potluck.planner.formulas import PipelineTime, StageWork
 from potluck.plans import DeviceMemory, DType, Plan, Prediction, Stage, TimeBreakdown
 
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
+MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 backward recomputes scores: ~2.5x forward FLOPs
 CAUSAL_FRACTION = 0.5  # causal attention kernels skip the masked half of the scores
@@ -45,6 +46,11 @@ def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
     if requested is DType.BF16 and not device_type.bf16:
         return DType.FP16
     return requested
+
+
+def usable_memory_bytes(device_type: DeviceType) -> float:
+    """Device memory a plan may fill."""
+    return device_type.memory_bytes * MEMORY_HEADROOM
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel
+from potluck.planner.cost import CostModel, usable_memory_bytes
 from potluck.planner.formulas import StageWork
 from potluck.planner.partition import StageSlot, split_layers
 from potluck.planner.space import Unit, group_units
@@ -81,13 +81,38 @@ class FamilyEvaluator:
         return tuple(group_units(self.cluster, group, tp))
 
     def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                 setting: FamilySetting) -> FamilyOption | None:
-        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout)
+                 setting: FamilySetting, wrap: bool = False) -> FamilyOption | None:
+        """``dp`` identical pipelines over the units of ``order``'s groups. With ``wrap`` the
+        first group's units are split between both ends of each pipeline, so the
+        embedding and the head (tied or not) sit on the same kind of device and machine."""
+        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
         if layout_key not in self._layouts:
-            self._layouts[layout_key] = self._assemble(order, dp, layout)
-        pipelines, sharing = self._layouts[layout_key] or (None, None)
-        if pipelines is None:
+            self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
+        assembled = self._layouts[layout_key]
+        if assembled is None:
             return None
+        pipelines, sharing = assembled
+        groups = tuple((g.name, tp) for g, tp in order)
+        name = f"{layout}+wrap" if wrap else layout
+        return self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+
+    def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
+        """Pipeline transfers crossing each machine's network card at once."""
+        sharing: dict[str, int] = {}
+        for pipeline in pipelines:
+            for a, b in zip(pipeline, pipeline[1:], strict=False):
+                if a.node != b.node:
+                    flows = min(a.tp, b.tp)
+                    sharing[a.node] = sharing.get(a.node, 0) + flows
+                    sharing[b.node] = sharing.get(b.node, 0) + flows
+        return sharing
+
+    def evaluate_pipelines(self, pipelines: tuple[tuple[Unit, ...], ...], sharing: dict[str, int],
+                           dp: int, setting: FamilySetting,
+                           groups: tuple[tuple[str, int], ...] = (),
+                           layout: str = "explicit") -> FamilyOption | None:
+        """Split layers over pipelines that share one stage structure; ``dp`` is the size of
+        the data-parallel group their states are sharded over (ZeRO-1)."""
         pp = len(pipelines[0])
         num_layers = self.cost.model.num_layers
         if pp * setting.virtual_stages > num_layers:
@@ -103,11 +128,10 @@ class FamilyEvaluator:
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
-        groups = tuple((g.name, tp) for g, tp in order)
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick)
 
-    def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int,
-                  layout: str) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
+    def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
+                  wrap: bool) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
         """The family's pipelines and, per machine, the pipeline transfers crossing its
         network card at once (all boundaries are busy in the steady state)."""
         per_group = []
@@ -121,15 +145,14 @@ class FamilyEvaluator:
             else:
                 chunks = [units[j::dp][:per_pipeline] for j in range(dp)]
             per_group.append(chunks)
+        if wrap:
+            if len(per_group) < 2 or len(per_group[0][0]) < 2:
+                return None
+            front = [c[: (len(c) + 1) // 2] for c in per_group[0]]
+            back = [c[(len(c) + 1) // 2:] for c in per_group[0]]
+            per_group = [front, *per_group[1:], back]
         pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
-        sharing: dict[str, int] = {}
-        for pipeline in pipelines:
-            for a, b in zip(pipeline, pipeline[1:], strict=False):
-                if a.node != b.node:
-                    flows = min(a.tp, b.tp)
-                    sharing[a.node] = sharing.get(a.node, 0) + flows
-                    sharing[b.node] = sharing.get(b.node, 0) + flows
-        return pipelines, sharing
+        return pipelines, self.layout_sharing(pipelines)
 
     def _sends(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
                sharing: dict[str, int]) -> list[float]:
@@ -158,7 +181,7 @@ class FamilyEvaluator:
         per_layer_s, extra_s, fixed_bytes, per_layer_bytes, per_flight_bytes, act_bytes = coefficients
         in_flight = formulas.in_flight_micro_batches(
             setting.schedule.value, i, pp, setting.micro_batches, setting.virtual_stages)
-        capacity = unit.devices[0].type.memory_bytes - fixed_bytes - in_flight * per_flight_bytes
+        capacity = usable_memory_bytes(unit.devices[0].type) - fixed_bytes - in_flight * per_flight_bytes
         per_layer = per_layer_bytes + in_flight * act_bytes
         if capacity < per_layer * setting.virtual_stages:
             return None

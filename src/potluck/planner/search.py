@@ -187,8 +187,10 @@ class _Search:
                 continue
             if self.options.dp and dp > self.options.dp:
                 continue
-            for layout in ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",):
-                option = self.families.evaluate(order, dp, layout, setting)
+            layouts = ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",)
+            wraps = (False, True) if len(order) > 1 else (False,)
+            for layout, wrap in itertools.product(layouts, wraps):
+                option = self.families.evaluate(order, dp, layout, setting, wrap)
                 if option is not None:
                     found.append(option)
         return found
