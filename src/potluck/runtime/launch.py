@@ -78,10 +78,22 @@ def rank_env(rank: int, world_size: int, device: str, port: int,
     return env
 
 
-def _start_method() -> str:
-    if os.name == "posix" and not torch.cuda.is_initialized():
-        return "fork"
-    return "spawn"
+PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
+           "transformers.models.auto.modeling_auto", "transformers.models.auto.configuration_auto",
+           "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
+           "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
+           "transformers.masking_utils", "potluck.runtime.train")
+
+
+def _context(fn: Callable[..., Any]) -> Any:
+    """A fork server where there is one: ranks start in a fraction of a second from a clean
+    process that has imported torch and transformers but never run a kernel (a plain fork
+    of a process that has run torch ops can hang in its thread pool)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([*PRELOAD, fn.__module__])
+    return context
 
 
 def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
@@ -90,7 +102,7 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
     """Run ``fn(*args)`` on one process per device; their results, by rank."""
     world = len(devices)
     port = free_port()
-    context = mp.get_context(_start_method())
+    context = _context(fn)
     reports = context.Queue()
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
     processes = []

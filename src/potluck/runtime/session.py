@@ -111,7 +111,7 @@ def local_device_id(plan: Plan, rank: int, local_rank: int) -> str:
     return plan.devices[rank]
 
 
-def _wants_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
+def wants_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
     device_type = Cluster(plan.cluster).device(device_id).type
     if emulate or device_type.is_cpu:
         return False
@@ -133,7 +133,7 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
             f"started; start exactly {plan.num_gpus} or make a plan for this world"
         )
     device_id = local_device_id(plan, rank, local_rank)
-    use_gpu = _wants_gpu(plan, device_id, emulate)
+    use_gpu = wants_gpu(plan, device_id, emulate)
     device = torch.device("cpu")
     if use_gpu:
         device = torch.device("cuda", Cluster(plan.cluster).device(device_id).local_index)

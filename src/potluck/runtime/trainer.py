@@ -131,9 +131,9 @@ class Trainer:
             torch.cuda.synchronize(self.model.session.device)
 
     def _predicted_s(self) -> float | None:
-        if self.predicted_step_time_s is None:
-            return None
         clock = self.model.clock
+        if self.predicted_step_time_s is None or (clock is not None and not clock.dilation):
+            return None
         return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
 
     def _metrics(self, output: Any, step_time_s: float) -> StepMetrics:

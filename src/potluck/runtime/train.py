@@ -1,0 +1,130 @@
+"""``potluck train`` as Python: run a plan on this machine, or as one rank of a job.
+
+- :func:`train` starts one process per device of the plan on this machine
+  (all of them when emulating a cluster on CPU) and returns rank 0's metrics.
+- :func:`train_rank` is what each rank runs (also under torchrun, through
+  ``python -m potluck.runtime.worker``): join the job, build the plan's model
+  on the meta device, parallelize it, optionally put it on emulated time,
+  and train.
+
+A plan that cannot run here (wrong world size, GPUs missing, several
+machines without ``--emulate``) fails with one ConfigError before any rank
+starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from potluck.errors import ConfigError
+from potluck.plans import Plan, check_plan, load_plan
+from potluck.runtime.batches import RandomTokens
+from potluck.runtime.build import build_model
+from potluck.runtime.emulate import EmulationClock, emulate
+from potluck.runtime.launch import plan_nodes, run_local
+from potluck.runtime.metrics import MetricsLog, ProgressBar, TensorBoardLog
+from potluck.runtime.parallelize import parallelize
+from potluck.runtime.session import Session, start, wants_gpu
+from potluck.runtime.trainer import BatchSource, Callback, StepMetrics, Trainer
+
+CALIBRATION_STEPS = 2
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to train a plan; every field has a flag in ``potluck train``."""
+
+    steps: int = 20
+    lr: float = 3e-4
+    seed: int = 0
+    max_grad_norm: float | None = 1.0
+    out_dir: str | None = None  # metrics.jsonl (and tensorboard/) go here
+    data: str | None = None  # a .txt/.jsonl file or directory; None: random tokens
+    tokenizer: str | None = None  # a local HF tokenizer directory; None: bytes
+    emulate: bool = False  # run the plan's devices as CPU ranks, timed like them
+    dilation: float | None = None  # emulation time stretch; None: calibrate
+    timeout_s: float = 600.0  # how long a rank waits for the others
+    tensorboard: bool = False
+    progress: bool = True
+
+
+def batch_source(plan: Plan, options: TrainOptions) -> BatchSource:
+    """The run's data: the corpus at ``options.data`` or random tokens."""
+    shape = plan.training
+    if options.data is None:
+        return RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch, options.seed)
+    try:
+        from potluck.data.dataset import build_dataset
+        from potluck.data.tokenizer import load_tokenizer
+    except ImportError as err:
+        raise ConfigError(f"--data needs potluck.data, which is missing ({err})") from None
+    tokenizer = load_tokenizer(options.tokenizer)
+    return build_dataset(options.data, tokenizer, shape.seq_len, shape.global_batch, options.seed)
+
+
+def _callbacks(options: TrainOptions, session: Session) -> list[Callback]:
+    if session.rank != 0:
+        return []
+    callbacks: list[Callback] = []
+    if options.out_dir:
+        callbacks.append(MetricsLog(options.out_dir))
+        if options.tensorboard:
+            callbacks.append(TensorBoardLog(options.out_dir))
+    if options.progress:
+        callbacks.append(ProgressBar(options.steps))
+    return callbacks
+
+
+def _calibrate(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> None:
+    """Measure a few real steps (they train as usual), then fix the dilation."""
+    start_row, count = trainer.model.layout.batch_rows
+    for _ in range(CALIBRATION_STEPS):
+        trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+    clock.calibrate()
+
+
+def train_rank(plan: Plan, options: TrainOptions,
+               model_factory: Callable[[], nn.Module] | None = None,
+               source: BatchSource | None = None) -> list[StepMetrics]:
+    """Run this rank's part of ``plan`` (inside a launched process)."""
+    session = start(plan, emulate=options.emulate, timeout_s=options.timeout_s)
+    try:
+        with session.guard():
+            model = model_factory() if model_factory else build_model(plan.model)
+            parallel = parallelize(model, session, seed=options.seed)
+            source = source or batch_source(plan, options)
+            trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm)
+            if options.emulate:
+                clock = emulate(parallel, options.dilation)
+                if options.dilation is None:
+                    _calibrate(trainer, clock, source)
+            trainer.callbacks = _callbacks(options, session)
+        return trainer.fit(source, options.steps)
+    finally:
+        session.close()
+
+
+def check_local(plan: Plan, options: TrainOptions) -> None:
+    """One clear error when ``plan`` cannot run on this machine."""
+    check_plan(plan)
+    nodes = plan_nodes(plan)
+    if len(nodes) > 1 and not options.emulate:
+        raise ConfigError(
+            f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
+            "machine (potluck train --print-commands), or dry-run it here with --emulate"
+        )
+    wants_gpu(plan, plan.devices[0], options.emulate)
+
+
+def train(plan: Plan | str | Path, options: TrainOptions | None = None, **kwargs: Any
+          ) -> list[StepMetrics]:
+    """Train ``plan`` with one process per device on this machine; rank 0's metrics."""
+    options = options or TrainOptions(**kwargs)
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    check_local(plan, options)
+    return run_local(train_rank, plan.devices, (plan, options))[0]

@@ -1,0 +1,112 @@
+"""Shared pieces of the runtime tests: CPU clusters, small plans, the single-process reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from potluck.cluster.spec import parse_cluster
+from potluck.model.counts import Recompute
+from potluck.model.spec import PRESETS, ModelSpec
+from potluck.plans import DType, Pipeline, Plan, Schedule, Stage, TrainingShape
+from potluck.runtime.batches import RandomTokens
+from potluck.runtime.build import build_model, materialize
+from potluck.runtime.launch import run_local
+from potluck.runtime.train import TrainOptions, train_rank
+
+CPU_CLUSTER = parse_cluster(
+    "nodes:\n  - name: cpu\n    gpu: cpu\n    gpus_per_node: 8\n", "cpu.yaml"
+)
+SEQ_LEN = 16
+LR = 3e-3
+STEPS = 3
+
+# Tiny models: 4 blocks, hidden 32, no dropout, so every layout computes the same function.
+TINY_LLAMA = replace(PRESETS["tiny-llama"], hidden_size=32, ffn_hidden_size=64, num_heads=4,
+                     num_kv_heads=2, max_seq_len=64)
+TINY_GPT2 = replace(PRESETS["tiny-gpt2"], hidden_size=32, ffn_hidden_size=64, num_heads=4,
+                    num_kv_heads=4, max_seq_len=64, dropout=False)
+
+StageSpec = tuple[int, tuple[tuple[int, int], ...]]  # (tp degree, layer ranges)
+
+
+def pipe(stages: Sequence[tuple[int, tuple[int, int] | tuple[tuple[int, int], ...]]],
+         micro_batch: int, micro_batches: int) -> tuple[list[StageSpec], int, int]:
+    """A pipeline: ``[(tp, (start, end)), ...]`` (or several ranges per stage), mbs, count."""
+    normalized = []
+    for tp, ranges in stages:
+        ranges = (ranges,) if isinstance(ranges[0], int) else ranges
+        normalized.append((tp, tuple(ranges)))
+    return normalized, micro_batch, micro_batches
+
+
+def make_plan(model: ModelSpec, pipelines: Sequence[tuple[list[StageSpec], int, int]], *,
+              schedule: Schedule = Schedule.ONE_F_ONE_B, recompute: Recompute = Recompute.NONE,
+              seq_len: int = SEQ_LEN, cluster=CPU_CLUSTER, device_ids: Sequence[str] = ()) -> Plan:
+    """A plan that hands out the cluster's devices in order."""
+    ids = list(device_ids) or [f"cpu.0:{i}" for i in range(8)]
+    next_device = iter(ids)
+    built = []
+    for stages, micro_batch, count in pipelines:
+        plan_stages = tuple(
+            Stage(devices=tuple(next(next_device) for _ in range(tp)), layer_ranges=ranges)
+            for tp, ranges in stages
+        )
+        built.append(Pipeline(plan_stages, micro_batch, count))
+    virtual = len(built[0].stages[0].layer_ranges)
+    total = sum(p.batch_share for p in built)
+    return Plan(cluster=cluster, model=model,
+                training=TrainingShape(global_batch=total, seq_len=seq_len, dtype=DType.FP32),
+                pipelines=tuple(built), schedule=schedule, virtual_stages=virtual,
+                recompute=recompute)
+
+
+def reference_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    model = build_model(spec)
+    materialize([model], torch.device("cpu"), seed)
+    return model
+
+
+def reference_losses(spec: ModelSpec, global_batch: int, steps: int = STEPS, lr: float = LR,
+                     seed: int = 0, max_grad_norm: float | None = 1.0,
+                     model: nn.Module | None = None) -> list[float]:
+    """A plain single-process PyTorch loop over the same data and initial weights."""
+    model = model if model is not None else reference_model(spec, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0, foreach=False)
+    data = RandomTokens(spec.vocab_size, SEQ_LEN, global_batch, seed)
+    losses = []
+    for step in range(steps):
+        rows = data.global_batch(step)
+        output = model(rows[:, :-1])
+        logits = output.logits if hasattr(output, "logits") else output
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
+        loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _losses_of_rank(plan: Plan, options: TrainOptions,
+                    model_factory: Callable[[], nn.Module] | None) -> list[float]:
+    return [m.loss for m in train_rank(plan, options, model_factory)]
+
+
+def run_plan(plan: Plan, steps: int = STEPS, lr: float = LR, seed: int = 0,
+             model_factory: Callable[[], nn.Module] | None = None,
+             timeout_s: float = 60.0, **options) -> list[float]:
+    """Rank 0's loss curve of ``plan`` run on CPU ranks of this machine."""
+    train_options = TrainOptions(steps=steps, lr=lr, seed=seed, progress=False,
+                                 timeout_s=timeout_s, **options)
+    results = run_local(_losses_of_rank, plan.devices, (plan, train_options, model_factory),
+                        timeout_s=timeout_s * 2)
+    for losses in results[1:]:
+        assert losses == results[0], "all ranks must report the same global loss"
+    return results[0]
