@@ -110,3 +110,55 @@ def run_plan(plan: Plan, steps: int = STEPS, lr: float = LR, seed: int = 0,
     for losses in results[1:]:
         assert losses == results[0], "all ranks must report the same global loss"
     return results[0]
+
+
+class ToyBlock(nn.Module):
+    """A pre-norm block: causal self-attention and an MLP."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 2 * hidden)
+        self.down = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class ToyLM(nn.Module):
+    """Not a Hugging Face model: blocks in one ModuleList, a plain forward."""
+
+    def __init__(self, vocab: int = 260, hidden: int = 32, layers: int = 4, heads: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(ToyBlock(hidden, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(self.norm(x))
+
+
+def toy_on_meta() -> nn.Module:
+    from potluck.runtime.build import meta_init
+
+    with meta_init():
+        return ToyLM()
+
+
+def toy_reference(seed: int = 0) -> nn.Module:
+    model = toy_on_meta()
+    materialize([model], torch.device("cpu"), seed)
+    return model

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any
 
 import torch
@@ -101,13 +102,33 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def initial_value(name: str, owner: nn.Module, shape: torch.Size, seed: int,
+class InitKind(str, Enum):
+    ONES = "ones"
+    ZEROS = "zeros"
+    NORMAL = "normal"
+
+
+def init_kinds(model: nn.Module) -> dict[str, InitKind]:
+    """How each parameter of ``model`` starts: norm weights 1, biases 0, the rest normal.
+
+    Taken from the whole model before it is split (traced stage modules lose
+    the module types this looks at).
+    """
+    kinds = {}
+    for name, owner, leaf, _ in _owners(model):
+        if "norm" in type(owner).__name__.lower():
+            kinds[name] = InitKind.ONES if leaf == "weight" else InitKind.ZEROS
+        else:
+            kinds[name] = InitKind.ZEROS if leaf == "bias" else InitKind.NORMAL
+    return kinds
+
+
+def initial_value(name: str, kind: InitKind, shape: torch.Size, seed: int,
                   std: float = DEFAULT_INIT_STD) -> torch.Tensor:
-    """The full, float32 initial value of parameter ``name`` held by module ``owner``."""
-    leaf = name.rsplit(".", 1)[-1]
-    if "norm" in type(owner).__name__.lower():
-        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
-    if leaf == "bias":
+    """The full, float32 initial value of parameter ``name``."""
+    if kind is InitKind.ONES:
+        return torch.ones(shape)
+    if kind is InitKind.ZEROS:
         return torch.zeros(shape)
     generator = torch.Generator().manual_seed(param_seed(seed, name))
     return torch.empty(shape).normal_(0.0, std, generator=generator)
@@ -122,32 +143,36 @@ def _owners(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Paramet
 
 
 def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
-                aliases: dict[str, str] | None = None, std: float | None = None) -> None:
+                aliases: dict[str, str] | None = None,
+                kinds: dict[str, InitKind] | None = None, std: float | None = None) -> None:
     """Give every meta parameter of ``modules`` storage on ``device`` and its initial value.
 
     Parameter names are taken relative to each module (pipeline stages carry the
     model's own names). ``aliases`` maps a name to the name whose value it takes
-    (a tied head takes the embedding's). Real parameters are moved, not
+    (a tied head takes the embedding's); ``kinds`` says how each starts (default:
+    :func:`init_kinds` of each module). Real parameters are moved, not
     re-initialized. Parameters shared between or within modules stay shared.
     """
     aliases = aliases or {}
     std = std if std is not None else _init_std(modules)
     done: dict[int, nn.Parameter] = {}
     for module in modules:
+        module_kinds = kinds if kinds is not None else init_kinds(module)
         for name, owner, leaf, param in _owners(module):
             if id(param) not in done:
                 value_name = aliases.get(name, name)
-                done[id(param)] = _materialized(param, value_name, owner, device, seed, std)
+                kind = module_kinds.get(value_name, InitKind.NORMAL)
+                done[id(param)] = _materialized(param, value_name, kind, device, seed, std)
             owner._parameters[leaf] = done[id(param)]
         _materialize_buffers(module, device)
 
 
-def _materialized(param: nn.Parameter, name: str, owner: nn.Module, device: torch.device,
+def _materialized(param: nn.Parameter, name: str, kind: InitKind, device: torch.device,
                   seed: int, std: float) -> nn.Parameter:
     local = param.to_local() if isinstance(param, DTensor) else param
     if local.device.type != "meta":
         return param if local.device == device else nn.Parameter(param.to(device))
-    full = initial_value(name, owner, param.shape, seed, std)
+    full = initial_value(name, kind, param.shape, seed, std)
     if isinstance(param, DTensor):
         shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
         value = DTensor.from_local(shard.to_local().to(device), param.device_mesh,

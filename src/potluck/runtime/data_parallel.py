@@ -63,14 +63,17 @@ class GradSync:
         self.layout = layout
         self.params = params
         self._buckets: dict[tuple[tuple[int, ...], bool], list[SyncedParam]] = defaultdict(list)
-        for item in sorted(params, key=lambda item: item.name):
+        for item in sorted(params, key=lambda item: (item.unit, item.name)):
             if not item.group.trivial:
                 self._buckets[(item.group.ranks, item.group.aligned)].append(item)
         self._full_index: dict[str, torch.Tensor] = {}
 
     def sync(self) -> None:
         """Sum every gradient over its group (after the backward of all micro-batches)."""
-        for (ranks, aligned), items in self._buckets.items():
+        for item in self.params:
+            _match_grad_layout(item.param)
+        # Every rank walks its groups in one global order, so no two ranks wait on each other.
+        for (ranks, aligned), items in sorted(self._buckets.items(), key=lambda kv: kv[0]):
             group = self.layout.group(ranks)
             if aligned:
                 self._sync_aligned(items, group)
@@ -128,6 +131,14 @@ class GradSync:
             if grad is not None:
                 total += _local(grad).detach().double().pow(2).sum().cpu()
         return total
+
+
+def _match_grad_layout(param: nn.Parameter) -> None:
+    """Give a DTensor gradient its parameter's placements (DTensor may hand back, say, a
+    replicated gradient for a vocabulary-sharded embedding; slicing it costs nothing)."""
+    grad = param.grad
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
 
 
 def _grad(param: nn.Parameter) -> torch.Tensor:

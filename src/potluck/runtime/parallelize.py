@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.errors import ConfigError
-from potluck.runtime.build import materialize
+from potluck.runtime.build import init_kinds, materialize
 from potluck.runtime.data_parallel import GradSync, SyncedParam
 from potluck.runtime.families import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
@@ -118,11 +118,12 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> Paralle
     layout = session.layout
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
+    kinds = init_kinds(model)
     if family is not None:
         stages, units, aliases = _stages_of_family(model, family, session)
     else:
         stages, units, aliases = _stages_of_any(model, session)
-    materialize(stages, session.device, seed, aliases)
+    materialize(stages, session.device, seed, aliases, kinds)
     apply_recompute(stages, layout.plan.recompute)
     for stage in stages:
         stage.autocast_dtype = session.autocast_dtype

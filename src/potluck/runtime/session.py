@@ -151,16 +151,9 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
 def _init_process_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
     if dist.is_initialized():
         return
-    if world == 1 and "MASTER_ADDR" not in os.environ:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    timeout = timedelta(seconds=timeout_s)
+    if world == 1 and "MASTER_ADDR" not in os.environ:  # a plain script: an in-process store
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+        return
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)

@@ -56,6 +56,14 @@ def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement: Place
     module.register_parameter(name, nn.Parameter(dtensor, requires_grad=param.requires_grad))
 
 
+def _local_input(x: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor input as a local tensor whose gradient is partial (each rank
+    contributes the part that flows through its own output columns)."""
+    if isinstance(x, DTensor):
+        return x.to_local(grad_placements=[Partial()])
+    return x
+
+
 class Conv1DColwise(ParallelStyle):
     """Output features of a GPT-2 ``Conv1D`` split over ranks; input replicated, output local.
 
@@ -77,6 +85,7 @@ class Conv1DColwise(ParallelStyle):
         _distribute(module, "bias", device_mesh, self._placement(0))
 
         def forward(x: torch.Tensor) -> torch.Tensor:
+            x = _local_input(x)
             weight, bias = module.weight.to_local(), module.bias.to_local()
             out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)
             return out.view(*x.shape[:-1], weight.shape[1])

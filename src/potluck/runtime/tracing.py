@@ -16,6 +16,8 @@ Tensor parallelism needs a family adapter and is refused for traced models.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
@@ -82,9 +84,24 @@ def _restore(module: nn.Module, saved: dict[str, torch.Tensor]) -> None:
                     table[leaf] = saved[name]
 
 
+def _split(model: nn.Module, example: torch.Tensor, spec: dict[str, SplitPoint]) -> Any:
+    """torch's tracing split, undoing the forward wrappers it leaves on the split modules."""
+    saved = {name: model.get_submodule(name).__dict__.get("forward") for name in spec}
+    try:
+        return pipeline(model, mb_args=(example,), split_spec=spec)
+    finally:
+        for name, forward in saved.items():
+            module = model.get_submodule(name)
+            module.__dict__.pop("_orig_forward", None)
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
+
+
 def _units(model: nn.Module, blocks_path: str, example: torch.Tensor) -> dict[str, str]:
     last = len(model.get_submodule(blocks_path)) - 1
-    pipe = pipeline(model, mb_args=(example,), split_spec={
+    pipe = _split(model, example, {
         f"{blocks_path}.0": SplitPoint.BEGINNING, f"{blocks_path}.{last}": SplitPoint.END})
     units = {name: EMBED for name, _ in pipe.get_stage_module(0).named_parameters()}
     units.update({name: HEAD for name, _ in pipe.get_stage_module(2).named_parameters()})
@@ -109,7 +126,7 @@ def trace_stages(model: nn.Module, layout: Layout,
         else:
             ranges = virtual_stage_ranges(layout)
             spec = {f"{blocks_path}.{start}": SplitPoint.BEGINNING for start, _ in ranges[1:]}
-            pipe = pipeline(model, mb_args=(example,), split_spec=spec)
+            pipe = _split(model, example, spec)
             stages = [pipe.get_stage_module(index) for index in role.virtual_stage_ids]
     finally:
         _restore(model, saved)
