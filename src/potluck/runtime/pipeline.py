@@ -17,6 +17,7 @@ the same TP index) gets its own process group.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from potluck.plans import Schedule
 from potluck.runtime.families import Family, get_path
 from potluck.runtime.layout import Layout
 
+log = logging.getLogger(__name__)
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
@@ -152,7 +154,12 @@ class ClockedStage(PipelineStage):
         return self.clock.run("backward_weight", self.stage_index, lambda: run(*args, **kwargs))
 
 
-def _schedule_class(schedule: Schedule, virtual_stages: int) -> type:
+def _schedule_class(schedule: Schedule, virtual_stages: int, n_microbatches: int,
+                    pp: int) -> type:
+    if schedule is Schedule.ONE_F_ONE_B and virtual_stages == 1 and n_microbatches < pp:
+        log.warning("1F1B needs at least as many micro-batches (%d) as stages (%d); this "
+                    "pipeline runs GPipe, which computes the same gradients", n_microbatches, pp)
+        return ScheduleGPipe
     if schedule is Schedule.INTERLEAVED:
         return ScheduleInterleaved1F1B
     if schedule is Schedule.ZERO_BUBBLE:
@@ -179,7 +186,7 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
                             group=layout.lane_group)
         stage.clock = clock
         stages.append(stage)
-    schedule_class = _schedule_class(plan.schedule, len(modules))
+    schedule_class = _schedule_class(plan.schedule, len(modules), n_microbatches, role.pp)
     if schedule_class in (ScheduleGPipe, Schedule1F1B):
         return schedule_class(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
     return schedule_class(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
