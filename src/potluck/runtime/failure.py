@@ -27,9 +27,12 @@ class RankFailure(PotluckError):
 
 
 def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(error).__name__}: {first}"[:300]
+    """The error's type and first sentence, without torch's source-location prefix."""
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else ""
+    if first.startswith("[") and "] " in first:
+        first = first.split("] ", 1)[1]
+    return f"{type(error).__name__}: {first.split('. ')[0]}"[:300]
 
 
 class Watchdog:
@@ -75,6 +78,7 @@ class Watchdog:
             if reported:
                 return RankFailure(reported)
             silent = self._silent_ranks()
+            self.store.set(f"stopped/{self.rank}", "1")  # not silent: it noticed and stopped
         except Exception:  # noqa: BLE001 - the store lives on rank 0's machine
             return RankFailure(f"{self.name(0)} is unreachable (it hosts the rendezvous store); "
                                f"{self.name(self.rank)} stopped: {one_line(error)}")
@@ -92,7 +96,8 @@ class Watchdog:
         return None
 
     def _silent_ranks(self) -> list[int]:
-        ranks = [r for r in range(len(self.devices)) if r != self.rank]
+        ranks = [r for r in range(len(self.devices))
+                 if r != self.rank and not self.store.check([f"stopped/{r}"])]
         before = [self.store.add(f"alive/{r}", 0) for r in ranks]
         time.sleep(4 * self.interval_s)
         after = [self.store.add(f"alive/{r}", 0) for r in ranks]

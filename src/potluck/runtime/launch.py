@@ -6,7 +6,8 @@ torchrun would, with ``RANK``/``WORLD_SIZE``/``MASTER_*`` and
 a rank fails or dies, the others get a short grace period to stop on their
 own (their collectives fail and name the culprit), then are terminated; the
 error raised names the rank that failed first and why. A run that exceeds
-``timeout_s`` is stopped the same way.
+``timeout_s`` is stopped the same way. The launcher hosts the rendezvous store
+itself (as torchrun's agent does), so it outlives every rank.
 
 :func:`torchrun_commands` gives the command for each machine of a plan that
 spans several; machines with different GPU counts get different
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import PotluckError
@@ -101,7 +103,11 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
               threads_per_rank: int | None = None) -> list[T]:
     """Run ``fn(*args)`` on one process per device; their results, by rank."""
     world = len(devices)
-    port = free_port()
+    # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
+    # any rank and the survivors can still ask it who failed.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    port = store.port
     context = _context(fn)
     reports = context.Queue()
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)

@@ -1,0 +1,99 @@
+"""Failures are one clear line, and a dead rank never leaves the others hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from runtime_helpers import TINY_LLAMA, make_plan, pipe
+
+from potluck.errors import ConfigError
+from potluck.runtime.batches import RandomTokens
+from potluck.runtime.build import build_model
+from potluck.runtime.failure import RankFailure
+from potluck.runtime.launch import run_local
+from potluck.runtime.parallelize import parallelize
+from potluck.runtime.session import start
+from potluck.runtime.train import TrainOptions, check_local
+from potluck.runtime.trainer import Trainer
+
+BOUND_S = 30.0
+
+
+def _dies_at_step(plan, victim: int, step: int, notes: str, how: str) -> None:
+    session = start(plan, timeout_s=BOUND_S)
+    model = parallelize(build_model(plan.model), session)
+    trainer = Trainer(model, lr=1e-3)
+    data = RandomTokens(plan.model.vocab_size, plan.training.seq_len, plan.training.global_batch)
+    start_row, count = session.layout.batch_rows
+    try:
+        for k in range(4):
+            if k == step and session.rank == victim:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                with session.guard():
+                    raise ValueError("injected failure")
+            trainer.step(data.replica_rows(k, start_row, count))
+    except RankFailure as err:
+        Path(notes, f"rank{session.rank}.txt").write_text(str(err))
+        raise
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_dead_rank_stops_the_others_with_an_error_naming_it(tmp_path, how):
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2),
+                                  pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)])
+    began = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank 1 \(cpu\.0:1\)"):
+        run_local(_dies_at_step, plan.devices, (plan, 1, 1, str(tmp_path), how),
+                  timeout_s=4 * BOUND_S)
+    assert time.monotonic() - began < 2 * BOUND_S
+    notes = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert notes, "the surviving ranks should have stopped with a RankFailure"
+    for text in notes.values():
+        assert "rank 1 (cpu.0:1)" in text
+        assert ("injected failure" in text) == (how == "raise")
+
+
+def test_world_size_that_does_not_match_the_plan_is_one_clear_error(monkeypatch):
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)])
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError) as err:
+        start(plan)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "uses 2 devices" in message and "3 rank(s)" in message
+
+
+def test_plan_for_gpus_on_a_machine_without_them_is_one_clear_error():
+    from potluck.cluster.spec import parse_cluster
+
+    cluster = parse_cluster("nodes:\n  - name: box\n    gpu: rtx3090\n    gpus_per_node: 2\n")
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)], cluster=cluster,
+                     device_ids=["box.0:0", "box.0:1"])
+    if _has_cuda():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="no CUDA GPU; dry-run it on CPU with --emulate"):
+        check_local(plan, TrainOptions())
+    check_local(plan, TrainOptions(emulate=True))
+
+
+def test_plan_over_several_machines_asks_for_torchrun_or_emulation():
+    from potluck.cluster.spec import parse_cluster
+
+    cluster = parse_cluster("nodes:\n  - name: box\n    gpu: cpu\n    gpus_per_node: 1\n"
+                            "    count: 2\n")
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)], cluster=cluster,
+                     device_ids=["box.0:0", "box.1:0"])
+    with pytest.raises(ConfigError, match="spans 2 machines"):
+        check_local(plan, TrainOptions())
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
