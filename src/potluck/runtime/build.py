@@ -214,3 +214,14 @@ def _rebuild_buffers(owner: nn.Module, owner_name: str, names: list[str]) -> Non
         fresh = type(owner)(config)
     for name in names:
         owner._buffers[name] = fresh._buffers[name]
+
+
+def model_spec(model: nn.Module, name: str | None = None) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face model instance (to plan for it)."""
+    from potluck.model.spec import model_from_hf_config
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise ConfigError(f"{type(model).__name__} has no Hugging Face config; describe it "
+                          "with a ModelSpec to plan for it")
+    return model_from_hf_config(config.to_dict(), name=name or type(model).__name__)

@@ -1,0 +1,32 @@
+"""The runtime: train a model with exactly the layout a Plan gives, on torch.distributed.
+
+A few lines turn a single-device script into multi-device training::
+
+    with potluck.runtime.meta_init():             # parameters cost nothing yet
+        model = LlamaForCausalLM(config)
+    session = potluck.runtime.start(plan)          # process groups from the plan
+    model = potluck.runtime.parallelize(model, session)  # TP, PP, init, recompute, DP
+    trainer = potluck.runtime.Trainer(model, lr=3e-4)
+    for step in range(steps):
+        trainer.step(data.replica_rows(step, *session.layout.batch_rows))
+
+Run it under torchrun (one command per machine: :func:`torchrun_commands`),
+or let :func:`train` start the ranks of one machine.
+"""
+
+from potluck.runtime.build import build_model, materialize, meta_init, model_spec
+from potluck.runtime.emulate import EmulationClock, emulate
+from potluck.runtime.failure import RankFailure
+from potluck.runtime.launch import NodeCommand, run_local, torchrun_commands
+from potluck.runtime.layout import Layout, Role
+from potluck.runtime.parallelize import ParallelModel, StepOutput, parallelize
+from potluck.runtime.session import Session, start
+from potluck.runtime.train import TrainOptions, train, train_rank
+from potluck.runtime.trainer import BatchSource, StepMetrics, Trainer
+
+__all__ = [
+    "BatchSource", "EmulationClock", "Layout", "NodeCommand", "ParallelModel", "RankFailure",
+    "Role", "Session", "StepMetrics", "StepOutput", "TrainOptions", "Trainer", "build_model",
+    "emulate", "materialize", "meta_init", "model_spec", "parallelize", "run_local", "start",
+    "torchrun_commands", "train", "train_rank",
+]

@@ -1,0 +1,109 @@
+"""The Python API: a few added lines train unmodified Hugging Face models.
+
+These run one rank in this process (a world of one needs no launcher); the
+multi-rank layouts are in test_equivalence.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from runtime_helpers import LR, SEQ_LEN, TINY_LLAMA, make_plan, pipe, reference_losses
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from potluck.runtime import (
+    Trainer,
+    TrainOptions,
+    materialize,
+    meta_init,
+    model_spec,
+    parallelize,
+    start,
+    train_rank,
+)
+from potluck.runtime.batches import RandomTokens
+
+SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
+         "max_position_embeddings": 64}
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SHAPE)),
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(
+        n_embd=32, n_layer=3, n_head=4, vocab_size=260, n_positions=64, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)),
+}
+
+
+def _train_in_process(model: torch.nn.Module, steps: int = 3) -> list[float]:
+    spec = model_spec(model)
+    plan = make_plan(spec, [pipe([(1, (0, spec.num_layers))], 2, 2)])
+    session = start(plan)  # the added lines start here
+    try:
+        parallel = parallelize(model, session)
+        trainer = Trainer(parallel, lr=LR)
+        data = RandomTokens(spec.vocab_size, SEQ_LEN, plan.training.global_batch)
+        return [trainer.step(data.replica_rows(k, *session.layout.batch_rows)).loss
+                for k in range(steps)]
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_unmodified_hf_model_trains_like_a_plain_loop(family):
+    with meta_init():
+        model = FAMILIES[family]()
+    with meta_init():
+        reference = FAMILIES[family]()
+    materialize([reference], torch.device("cpu"), seed=0)
+    expected = reference_losses(model_spec(reference), 4, model=reference)
+    assert _train_in_process(model) == pytest.approx(expected, abs=2e-5)
+
+
+def test_meta_init_allocates_no_parameters_and_keeps_buffers():
+    with meta_init():
+        model = FAMILIES["llama"]()
+    assert all(p.is_meta for p in model.parameters())
+    assert not model.model.rotary_emb.inv_freq.is_meta
+
+
+def test_real_weights_are_kept_not_reinitialized():
+    torch.manual_seed(1)
+    model = FAMILIES["llama"]()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    spec = model_spec(model)
+    session = start(make_plan(spec, [pipe([(1, (0, 3))], 1, 1)]))
+    try:
+        parallel = parallelize(model, session)
+        for name, param in parallel.named_parameters():
+            assert torch.equal(param.detach(), before[name]), name
+    finally:
+        session.close()
+
+
+def test_metrics_jsonl_has_one_object_per_step(tmp_path):
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)])
+    options = TrainOptions(steps=3, lr=LR, out_dir=str(tmp_path), progress=False)
+    history = train_rank(plan, options)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    for step, line in enumerate(lines):
+        record = json.loads(line)
+        assert record["step"] == step
+        for key in ("loss", "tokens_per_s", "step_time_s", "predicted_step_time_s",
+                    "peak_memory_gb"):
+            assert key in record
+        assert record["tokens_per_s"] > 0 and record["peak_memory_gb"] > 0
+    assert [m.loss for m in history] == pytest.approx(reference_losses(TINY_LLAMA, 2), abs=2e-5)
