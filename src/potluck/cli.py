@@ -108,6 +108,43 @@ def catalog() -> None:
     console.print(table)
 
 
+@app.command()
+def train(
+    plan_file: Annotated[Path, typer.Argument(help="Plan JSON (potluck plan -o plan.json).")],
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 20,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
+    seed: Annotated[int, typer.Option(help="Seed of initial weights and data order.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write DIR/metrics.jsonl.")] = None,
+    data: Annotated[str | None, typer.Option(help="Text/jsonl corpus (default: random tokens).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Local HF tokenizer dir (default: bytes).")] = None,
+    emulate: Annotated[bool, typer.Option(help="Dry-run on CPU ranks timed like the devices.")] = False,
+    dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
+    tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
+    print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
+    master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
+    master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
+) -> None:
+    """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine."""
+    from potluck.plans import load_plan
+    from potluck.runtime.launch import plan_nodes, torchrun_commands
+    from potluck.runtime.train import TrainOptions, summarize
+    from potluck.runtime.train import train as run_train
+    from potluck.runtime.worker import worker_args
+
+    options = TrainOptions(steps=steps, lr=lr, seed=seed, out_dir=str(out) if out else None,
+                           data=data, tokenizer=tokenizer, emulate=emulate, dilation=dilation,
+                           timeout_s=timeout, tensorboard=tensorboard)
+    plan_obj = load_plan(plan_file)
+    if print_commands or (len(plan_nodes(plan_obj)) > 1 and not emulate):
+        for node in torchrun_commands(plan_obj, str(plan_file), master_addr, master_port,
+                                      worker_args(options)):
+            console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
+            console.print(node.command, highlight=False, markup=False, soft_wrap=True)
+        return
+    console.print(summarize(run_train(plan_obj, options)), highlight=False)
+
+
 def _check_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")

@@ -128,3 +128,19 @@ def train(plan: Plan | str | Path, options: TrainOptions | None = None, **kwargs
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     check_local(plan, options)
     return run_local(train_rank, plan.devices, (plan, options))[0]
+
+
+def summarize(history: list[StepMetrics]) -> str:
+    """One line about a finished run: loss, throughput, measured against predicted step time."""
+    if not history:
+        return "no steps run"
+    timed = history[len(history) // 2:] or history  # skip warm-up
+    step_s = sum(m.step_time_s for m in timed) / len(timed)
+    tokens_per_s = sum(m.tokens_per_s for m in timed) / len(timed)
+    line = (f"{len(history)} steps: loss {history[0].loss:.4f} -> {history[-1].loss:.4f}, "
+            f"{tokens_per_s:,.0f} tokens/s, step {step_s:.3g} s")
+    predicted = [m.predicted_step_time_s for m in timed if m.predicted_step_time_s]
+    if predicted:
+        mean_predicted = sum(predicted) / len(predicted)
+        line += f" (predicted {mean_predicted:.3g} s, measured/predicted {step_s / mean_predicted:.2f})"
+    return line

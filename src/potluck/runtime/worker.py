@@ -1,0 +1,80 @@
+"""One rank under torchrun: ``python -m potluck.runtime.worker --plan plan.json [flags]``.
+
+:func:`worker_args` turns :class:`TrainOptions` into these flags (used to
+write the per-machine torchrun commands) and :func:`parse_options` reads them
+back, so the two never drift apart. A user error ends the rank with one
+logged line and the error's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import fields
+
+from potluck.errors import PotluckError
+from potluck.plans import load_plan
+from potluck.runtime.train import TrainOptions, train_rank
+
+log = logging.getLogger("potluck.worker")
+_DEFAULTS = TrainOptions()
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def worker_args(options: TrainOptions) -> list[str]:
+    """The flags that reproduce ``options`` (only those that differ from the defaults)."""
+    args: list[str] = []
+    for field in fields(TrainOptions):
+        value = getattr(options, field.name)
+        if value == getattr(_DEFAULTS, field.name):
+            continue
+        if isinstance(value, bool):
+            args.append(_flag(field.name) if value else _flag(f"no_{field.name}"))
+        elif value is None:
+            args.append(_flag(f"no_{field.name}"))
+        else:
+            args.extend([_flag(field.name), str(value)])
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="potluck.runtime.worker")
+    parser.add_argument("--plan", required=True)
+    for field in fields(TrainOptions):
+        default = getattr(_DEFAULTS, field.name)
+        if isinstance(default, bool):
+            parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction,
+                                default=default)
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        if field.name in ("dilation", "max_grad_norm"):
+            kind = float
+        parser.add_argument(_flag(field.name), type=kind, default=default)
+        parser.add_argument(_flag(f"no_{field.name}"), dest=field.name, action="store_const",
+                            const=None)
+    return parser
+
+
+def parse_options(argv: list[str]) -> tuple[str, TrainOptions]:
+    namespace = vars(_parser().parse_args(argv))
+    plan_path = namespace.pop("plan")
+    return plan_path, TrainOptions(**namespace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    plan_path, options = parse_options(sys.argv[1:] if argv is None else argv)
+    try:
+        train_rank(load_plan(plan_path), options)
+    except PotluckError as err:
+        log.error("%s", err)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
