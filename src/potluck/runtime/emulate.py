@@ -145,8 +145,13 @@ class EmulationClock:
         return self.dilation
 
 
-def emulate(model: Any, dilation: float | None = None) -> EmulationClock:
-    """Put a :class:`ParallelModel` on emulated time; returns its clock."""
-    clock = EmulationClock.for_plan(model.layout.plan, model.layout, dilation)
+def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
+            ) -> EmulationClock:
+    """Put a :class:`ParallelModel` on emulated time; returns its clock.
+
+    ``timing`` is the plan whose devices and model set the targets (default: the
+    plan being run; differs when a stand-in model is computed).
+    """
+    clock = EmulationClock.for_plan(timing or model.layout.plan, model.layout, dilation)
     model.set_clock(clock)
     return clock

@@ -183,6 +183,12 @@ def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> 
         )
     if seq_len % tp:
         raise ConfigError(f"sequence length {seq_len} is not a multiple of tensor parallel {tp}")
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 0)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads % tp or kv_heads % tp:
+        raise ConfigError(f"tensor parallel {tp} does not divide the model's {heads} heads "
+                          f"and {kv_heads} key/value heads")
 
 
 def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int],

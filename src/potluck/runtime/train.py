@@ -15,17 +15,18 @@ starts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from potluck.errors import ConfigError
+from potluck.model.spec import MlpKind, ModelSpec, load_model
 from potluck.plans import Plan, check_plan, load_plan
 from potluck.runtime.batches import RandomTokens
 from potluck.runtime.build import build_model
-from potluck.runtime.emulate import EmulationClock, emulate
+from potluck.runtime.emulate import EmulationClock, emulate, predict
 from potluck.runtime.launch import plan_nodes, run_local
 from potluck.runtime.metrics import MetricsLog, ProgressBar, TensorBoardLog
 from potluck.runtime.parallelize import parallelize
@@ -33,6 +34,8 @@ from potluck.runtime.session import Session, start, wants_gpu
 from potluck.runtime.trainer import BatchSource, Callback, StepMetrics, Trainer
 
 CALIBRATION_STEPS = 2
+TINY = "tiny"
+TINY_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class TrainOptions:
     tokenizer: str | None = None  # a local HF tokenizer directory; None: bytes
     emulate: bool = False  # run the plan's devices as CPU ranks, timed like them
     dilation: float | None = None  # emulation time stretch; None: calibrate
+    stand_in: str | None = None  # compute with this model (same layer count), or "tiny"
+    seq_len: int | None = None  # compute with this sequence length (default: the plan's)
     timeout_s: float = 600.0  # how long a rank waits for the others
     tensorboard: bool = False
     progress: bool = True
@@ -88,19 +93,56 @@ def _calibrate(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> 
     clock.calibrate()
 
 
+def compute_plan(plan: Plan, options: TrainOptions) -> Plan:
+    """The plan's layout with the model and sequence length that are actually computed.
+
+    A stand-in lets a laptop dry-run (``--emulate``) a plan for a model it could
+    never hold: the layout and the timing are the plan's, the numbers computed
+    are the stand-in's.
+    """
+    if options.stand_in is None and options.seq_len is None:
+        return plan
+    if options.stand_in == TINY:
+        model = tiny_stand_in(plan)
+    else:
+        model = load_model(options.stand_in) if options.stand_in else plan.model
+    if model.num_layers != plan.model.num_layers:
+        raise ConfigError(
+            f"stand-in {model.name} has {model.num_layers} blocks; the plan's {plan.model.name} "
+            f"has {plan.model.num_layers}; a stand-in must have the same number of blocks"
+        )
+    seq_len = options.seq_len or min(plan.training.seq_len, model.max_seq_len)
+    return replace(plan, model=model, training=replace(plan.training, seq_len=seq_len))
+
+
+def tiny_stand_in(plan: Plan) -> ModelSpec:
+    """The plan's model shrunk to hidden size 64 and a byte vocabulary, same blocks and
+    family, heads divisible by every TP degree of the plan."""
+    max_tp = max(stage.tp for pipeline in plan.pipelines for stage in pipeline.stages)
+    heads = max(4, max_tp)
+    model = plan.model
+    return replace(model, name=f"{model.name}-tiny", hidden_size=64, num_heads=heads,
+                   num_kv_heads=heads, ffn_hidden_size=172 if model.mlp is MlpKind.SWIGLU
+                   else 256, vocab_size=260, max_seq_len=TINY_SEQ_LEN, dropout=False,
+                   hf_config=None)
+
+
 def train_rank(plan: Plan, options: TrainOptions,
                model_factory: Callable[[], nn.Module] | None = None,
                source: BatchSource | None = None) -> list[StepMetrics]:
     """Run this rank's part of ``plan`` (inside a launched process)."""
-    session = start(plan, emulate=options.emulate, timeout_s=options.timeout_s)
+    computed = compute_plan(plan, options)
+    session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
     try:
         with session.guard():
-            model = model_factory() if model_factory else build_model(plan.model)
+            model = model_factory() if model_factory else build_model(computed.model)
             parallel = parallelize(model, session, seed=options.seed)
-            source = source or batch_source(plan, options)
-            trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm)
+            source = source or batch_source(computed, options)
+            trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
+                              predicted_step_time_s=predict(plan).iteration_time_s
+                              if options.emulate else None)
             if options.emulate:
-                clock = emulate(parallel, options.dilation)
+                clock = emulate(parallel, options.dilation, timing=plan)
                 if options.dilation is None:
                     _calibrate(trainer, clock, source)
             trainer.callbacks = _callbacks(options, session)
@@ -112,6 +154,7 @@ def train_rank(plan: Plan, options: TrainOptions,
 def check_local(plan: Plan, options: TrainOptions) -> None:
     """One clear error when ``plan`` cannot run on this machine."""
     check_plan(plan)
+    check_plan(compute_plan(plan, options))
     nodes = plan_nodes(plan)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
