@@ -1,0 +1,82 @@
+"""Emulation: a plan for GPUs runs on CPU ranks, timed like the GPUs, computing the same numbers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
+
+from potluck.cluster.spec import parse_cluster
+from potluck.runtime.emulate import EmulationClock, OpTargets, predict, stage_targets
+from potluck.runtime.launch import run_local
+from potluck.runtime.layout import Layout
+from potluck.runtime.train import TrainOptions, compute_plan, train_rank
+
+FAST_AND_SLOW = parse_cluster(
+    "nodes:\n"
+    "  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 1}\n"
+    "  - {name: slow, gpu: rtx3090, gpus_per_node: 1}\n",
+    "fast-and-slow.yaml",
+)
+
+
+def gpu_plan():
+    return make_plan(TINY_LLAMA, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 4)],
+                     cluster=FAST_AND_SLOW, device_ids=["fast.0:0", "slow.0:0"])
+
+
+def test_clock_pads_each_op_to_dilated_prediction():
+    clock = EmulationClock({0: OpTargets(forward_s=0.01, backward_s=0.02)}, dp_sync_s=0.0,
+                           optimizer_s=0.0, dilation=3.0)
+    began = time.perf_counter()
+    assert clock.run("forward", 0, lambda: 7) == 7
+    assert time.perf_counter() - began == pytest.approx(0.03, abs=0.01)
+    clock.run("backward", 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
+    assert clock.overruns == 1
+
+
+def test_targets_follow_the_cost_model_and_the_device():
+    plan = gpu_plan()
+    fast = stage_targets(plan, Layout.for_local_ranks(plan, 0))[0]
+    slow = stage_targets(plan, Layout.for_local_ranks(plan, 1))[1]
+    assert fast.forward_s > 0 and slow.forward_s > 0
+    # three blocks on the A100 are still quicker than one block and the head on the 3090
+    assert fast.backward_s < 3 * slow.backward_s
+
+
+def test_calibration_makes_the_dilation_cover_the_slowest_op():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        clock = EmulationClock({0: OpTargets(1e-4, 2e-4)}, 0.0, 0.0)
+        clock.run("forward", 0, lambda: time.sleep(0.01))
+        assert clock.calibrate(margin=1.5) == pytest.approx(150, rel=0.3)
+    finally:
+        dist.destroy_process_group()
+
+
+def _emulated(plan, options):
+    return [(m.loss, m.step_time_s, m.predicted_step_time_s) for m in train_rank(plan, options)]
+
+
+def test_emulation_changes_timing_never_numerics():
+    plan = gpu_plan()
+    dilation = 0.4 / predict(plan).iteration_time_s  # a 0.4 s emulated step
+    options = TrainOptions(steps=4, lr=3e-3, emulate=True, dilation=dilation, progress=False,
+                           timeout_s=60)
+    results = run_local(_emulated, plan.devices, (plan, options), timeout_s=120)[0]
+    losses = [loss for loss, _, _ in results]
+    plain = run_plan(make_plan(TINY_LLAMA, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 4)]), steps=4)
+    assert losses == plain
+    for _, measured_s, predicted_s in results[1:]:
+        assert predicted_s == pytest.approx(0.4)
+        assert measured_s == pytest.approx(predicted_s, rel=0.25)
+
+
+def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 3)), (2, (3, 4))], 1, 4)])
+    computed = compute_plan(plan, TrainOptions(stand_in="tiny"))
+    assert computed.pipelines == plan.pipelines
+    assert computed.model.num_layers == plan.model.num_layers
+    assert computed.model.hidden_size == 64 and computed.model.num_heads % 2 == 0
