@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from potluck.errors import ConfigError
 from potluck.runtime.trainer import StepMetrics
 
 
@@ -36,8 +37,11 @@ class TensorBoardLog:
     """Scalars per step under ``DIR/tensorboard`` (needs the ``tensorboard`` extra)."""
 
     def __init__(self, out_dir: str | Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("--tensorboard needs the tensorboard package: "
+                              "pip install 'potluck[tensorboard]'") from None
         self._writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def on_step(self, metrics: StepMetrics) -> None:

@@ -120,8 +120,6 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> Paralle
         stages, units, aliases = _stages_of_any(model, session)
     materialize(stages, session.device, seed, aliases, kinds)
     apply_recompute(stages, layout.plan.recompute)
-    for stage in stages:
-        stage.autocast_dtype = session.autocast_dtype
     return ParallelModel(session, stages, units)
 
 
@@ -190,13 +188,20 @@ class ParallelModel:
         tokens = self._global_tokens(targets)
         self.loss_fn.scale = 1.0 / max(tokens, 1)
         losses: list[torch.Tensor] = []
-        with self._loss_context():
+        with self._loss_context(), self._autocast():
             self._run_schedule(inputs, targets, losses)
         self._timed("dp_sync", self.grad_sync.sync)
         return self._reduce(losses, tokens)
 
     def _loss_context(self) -> Any:
         return loss_parallel() if self.layout.role.tp > 1 else nullcontext()
+
+    def _autocast(self) -> Any:
+        """bf16/fp16 autocast on GPUs for the whole schedule (any stage module), else nothing."""
+        dtype = self.session.autocast_dtype
+        if dtype is None:
+            return nullcontext()
+        return torch.autocast(self.session.device.type, dtype=dtype)
 
     def _run_schedule(self, inputs: torch.Tensor, targets: torch.Tensor,
                       losses: list[torch.Tensor]) -> None:

@@ -64,7 +64,6 @@ class StageModule(nn.Module):
         self.layer_range = layers
         self.seq_shards = seq_shards
         self.recompute = Recompute.NONE
-        self.autocast_dtype: torch.dtype | None = None
         self.config = getattr(model, "config", None)
         paths = [*(family.embed_paths if first else ()), *family.shared_paths,
                  *(family.head_paths if last else ())]
@@ -79,12 +78,6 @@ class StageModule(nn.Module):
         return get_path(self, self.family.blocks_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device_type = x.device.type
-        enabled = self.autocast_dtype is not None
-        with torch.autocast(device_type, dtype=self.autocast_dtype, enabled=enabled):
-            return self._forward(x)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         family = self.family
         if self.first:
             hidden, seq_len = family.embed(self, x), x.shape[1]

@@ -1,0 +1,33 @@
+"""GPU paths (nccl, bf16 autocast); skipped on machines without CUDA."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
+
+from potluck.cluster.spec import parse_cluster
+from potluck.plans import DType
+from potluck.runtime.launch import run_local
+from potluck.runtime.train import TrainOptions, train_rank
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _losses(plan, options):
+    return [m.loss for m in train_rank(plan, options)]
+
+
+def test_one_gpu_bf16_trains_close_to_fp32_reference():
+    cluster = parse_cluster("nodes:\n  - {name: box, gpu: a100-80g-sxm, gpus_per_node: 1}\n")
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], cluster=cluster,
+                     device_ids=["box.0:0"])
+    plan = replace(plan, training=replace(plan.training, dtype=DType.BF16))
+    options = TrainOptions(steps=3, lr=LR, progress=False)
+    losses = run_local(_losses, plan.devices, (plan, options), timeout_s=300)[0]
+    assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-2)
