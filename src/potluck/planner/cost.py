@@ -83,6 +83,7 @@ class CostModel:
         self.dtype = dtype
         self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
         self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
+        self._tp_cache: dict[tuple, float] = {}
 
     # ---- compute -------------------------------------------------------------------------
 
@@ -181,6 +182,14 @@ class CostModel:
         """Forward TP traffic of one block: two all-reduce-equivalents of ``s*b*h`` (SC'21)."""
         if len(devices) <= 1:
             return 0.0
+        # links inside a machine depend only on the group and the GPUs' positions
+        key = (devices[0].group, tuple(d.local_index for d in devices), micro_batch)
+        cached = self._tp_cache.get(key)
+        if cached is None:
+            cached = self._tp_cache[key] = self._tp_block_comm_s(devices, micro_batch)
+        return cached
+
+    def _tp_block_comm_s(self, devices: tuple[Device, ...], micro_batch: int) -> float:
         activation = self.seq_len * micro_batch * self.model.hidden_size
         num_bytes = activation * self.element_bytes(devices[0].type)
         return 2.0 * self.allreduce_s(num_bytes, list(devices))

@@ -73,9 +73,11 @@ class FamilyEvaluator:
         self.cluster = cluster
         self.cost = cost
         self.units = lru_cache(maxsize=None)(self._units)
-        self._coefficients = lru_cache(maxsize=None)(self._slot_coefficients)
+        self._coefficient_cache: dict[tuple, tuple] = {}
         self._send_cache: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple | None] = {}
+        self._sends_by_layout: dict[tuple, tuple] = {}
+        self._works: dict[tuple, StageWork] = {}
 
     def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
         return tuple(group_units(self.cluster, group, tp))
@@ -117,13 +119,16 @@ class FamilyEvaluator:
         num_layers = self.cost.model.num_layers
         if pp * setting.virtual_stages > num_layers:
             return None
-        sends = self._sends(pipelines, setting.micro_batch, sharing)
-        slots = [self._slot(pipelines[0][i], i, pp, dp, setting) for i in range(pp)]
-        if any(slot is None for slot in slots):
-            return None
+        slots = []
+        for i in range(pp):
+            slot = self._slot(pipelines[0][i], i, pp, dp, setting)
+            if slot is None:
+                return None
+            slots.append(slot)
         layers = split_layers(slots, num_layers, setting.uniform, setting.virtual_stages)
         if layers is None:
             return None
+        sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting)
@@ -154,6 +159,15 @@ class FamilyEvaluator:
         pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
         return pipelines, self.layout_sharing(pipelines)
 
+    def _sends_cached(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
+                      sharing: dict[str, int]) -> list[float]:
+        key = (id(pipelines), micro_batch)
+        cached = self._sends_by_layout.get(key)
+        if cached is None or cached[0] is not pipelines:
+            cached = (pipelines, self._sends(pipelines, micro_batch, sharing))
+            self._sends_by_layout[key] = cached
+        return cached[1]
+
     def _sends(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
                sharing: dict[str, int]) -> list[float]:
         """Worst transfer time after each stage over the sampled pipelines."""
@@ -175,18 +189,21 @@ class FamilyEvaluator:
 
     def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
         first, last = i == 0, i == pp - 1
-        coefficients = self._coefficients(unit.devices[0].type, unit.devices, first, last, pp,
-                                          setting.micro_batch, setting.recompute, dp,
-                                          setting.zero1)
-        per_layer_s, extra_s, fixed_bytes, per_layer_bytes, per_flight_bytes, act_bytes = coefficients
+        key = (unit.group, unit.tp, first, last, pp, dp, setting)
+        coefficients = self._coefficient_cache.get(key)
+        if coefficients is None:
+            coefficients = self._slot_coefficients(unit.devices[0].type, unit.devices, first, last,
+                                                   pp, setting.micro_batch, setting.recompute, dp,
+                                                   setting.zero1)
+            self._coefficient_cache[key] = coefficients
+        per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
         in_flight = formulas.in_flight_micro_batches(
             setting.schedule.value, i, pp, setting.micro_batches, setting.virtual_stages)
-        capacity = usable_memory_bytes(unit.devices[0].type) - fixed_bytes - in_flight * per_flight_bytes
-        per_layer = per_layer_bytes + in_flight * act_bytes
+        capacity = usable_memory_bytes(unit.devices[0].type) - fixed - in_flight * per_flight
+        per_layer = per_layer_states + in_flight * per_layer_act
         if capacity < per_layer * setting.virtual_stages:
             return None
-        max_layers = int(math.floor(capacity / per_layer))
-        return StageSlot(per_layer_s, extra_s, max_layers)
+        return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))
 
     def _slot_coefficients(self, device_type, devices: tuple[Device, ...], first: bool,
                            last: bool, pp: int, b: int, recompute: Recompute, dp: int,
@@ -209,8 +226,13 @@ class FamilyEvaluator:
 
     def _work(self, unit: Unit, layers: int, i: int, pp: int, send_s: float,
               setting: FamilySetting) -> StageWork:
-        work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
-                                       setting.micro_batch, setting.recompute, send_s)
+        key = (unit.group, unit.devices[0].local_index, unit.tp, layers, i == 0, i == pp - 1,
+               setting.micro_batch, setting.recompute, send_s)
+        work = self._works.get(key)
+        if work is None:
+            work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
+                                           setting.micro_batch, setting.recompute, send_s)
+            self._works[key] = work
         return work
 
     def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],

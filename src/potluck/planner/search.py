@@ -44,6 +44,8 @@ from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
 
 log = logging.getLogger(__name__)
 
+TP_CHOICES_IN_PAIRS = 2  # TP degrees per group tried in two-group families (one beyond)
+
 
 class Partition(str, Enum):
     BALANCED = "balanced"  # layers and batch in proportion to speed (default)
@@ -127,28 +129,43 @@ class _Search:
             g for g in cluster.spec.nodes if options.groups is None or g.name in options.groups
         )
         self.candidates = 0
+        self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
 
     def run(self, zero1: bool) -> list[Plan]:
-        settings = list(self._settings(zero1))
         heap: list[tuple[float, int, _Combo]] = []
-        for index, setting in enumerate(settings):
-            for combo in self._combos(setting):
-                self.candidates += 1
-                item = (-combo.quick_s, self.candidates, combo)
-                if len(heap) < self.options.exact_beam:
-                    heapq.heappush(heap, item)
-                elif combo.quick_s < -heap[0][0]:
-                    heapq.heapreplace(heap, item)
+        recomputes = self._recomputes()
+        for index, recompute in enumerate(recomputes):
+            previous = float("inf")
+            for setting in self._settings(zero1, recompute):
+                best = self._collect(setting, heap)
+                if best > previous:
+                    break  # larger micro-batches only add bubble and memory from here on
+                previous = best
             if self.progress:
-                self.progress((index + 1) / len(settings))
+                self.progress((index + 1) / len(recomputes))
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
         plans.sort(key=lambda p: p.prediction.iteration_time_s)
         return _distinct(plans, self.options.top_k)
 
-    def _settings(self, zero1: bool):
+    def _collect(self, setting: FamilySetting, heap: list) -> float:
+        """Score every combination of one setting into the heap; the best quick time."""
+        best = float("inf")
+        for combo in self._combos(setting):
+            self.candidates += 1
+            best = min(best, combo.quick_s)
+            item = (-combo.quick_s, self.candidates, combo)
+            if len(heap) < self.options.exact_beam:
+                heapq.heappush(heap, item)
+            elif combo.quick_s < -heap[0][0]:
+                heapq.heapreplace(heap, item)
+        return best
+
+    def _recomputes(self) -> list[Recompute]:
+        return [self.options.recompute] if self.options.recompute else list(Recompute)
+
+    def _settings(self, zero1: bool, recompute: Recompute):
         options, batch = self.options, self.training.global_batch
-        recomputes = [options.recompute] if options.recompute else list(Recompute)
         if options.micro_batch_size:
             sizes = [options.micro_batch_size]
         else:
@@ -157,25 +174,36 @@ class _Search:
         interleaved = options.schedule in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
         virtual = options.virtual_stages if interleaved else 1
         uniform = options.partition is Partition.UNIFORM
-        for recompute, b in itertools.product(recomputes, sizes):
-            yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform,
-                                batch // b)
+        for b in sizes:
+            yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform, batch // b)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:
-        options, model = self.options, self.cost.model
+        options = self.options
         memory = {g.name: self.cost.cluster.spec.device_type(g.gpu).memory_bytes for g in family}
         speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
                  for g in family}
         found: list[FamilyOption] = []
         for order in stage_orders(family, memory, speed):
-            tps = [tp_options(g, model, options.tp) for g in order]
+            tps = [self._tp_choices(g, setting, len(family)) for g in order]
             for tp_choice in itertools.product(*tps):
                 found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
                                                   setting))
         found.sort(key=lambda f: f.fill_s + -(-setting.micro_batches // f.dp) * f.period_s
                    + f.dp_quick_s)
+        if len(family) == 1:
+            self._best_tps[(family[0].name, setting)] = list(
+                dict.fromkeys(tp for f in found for _, tp in f.groups))
         return found[: options.family_beam]
+
+    def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
+        """TP degrees to try for a group: in mixed families, those that served the group
+        best on its own (all of them when it cannot train alone)."""
+        allowed = tp_options(group, self.cost.model, self.options.tp)
+        alone = self._best_tps.get((group.name, setting))
+        if family_size == 1 or not alone:
+            return allowed
+        return alone[:TP_CHOICES_IN_PAIRS if family_size <= 3 else 1]
 
     def _family_layouts(self, order: tuple[tuple[NodeGroup, int], ...],
                         setting: FamilySetting) -> list[FamilyOption]:
@@ -183,16 +211,18 @@ class _Search:
         found = []
         for dp in dp_candidates(counts, setting.micro_batches):
             pp = sum(count // dp for count in counts)
-            if self.options.pp and pp != self.options.pp:
+            if pp * setting.virtual_stages > self.cost.model.num_layers:
                 continue
-            if self.options.dp and dp > self.options.dp:
+            if (self.options.pp and pp != self.options.pp) or (self.options.dp and dp > self.options.dp):
                 continue
             layouts = ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",)
             wraps = (False, True) if len(order) > 1 else (False,)
-            for layout, wrap in itertools.product(layouts, wraps):
-                option = self.families.evaluate(order, dp, layout, setting, wrap)
-                if option is not None:
-                    found.append(option)
+            options = [self.families.evaluate(order, dp, layout, setting, wrap)
+                       for layout, wrap in itertools.product(layouts, wraps)]
+            feasible = [o for o in options if o is not None]
+            if not feasible and not self.options.pp:
+                break  # fewer, fuller stages only need more memory
+            found.extend(feasible)
         return found
 
     def _combos(self, setting: FamilySetting):
