@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from potluck.errors import ConfigError
 from potluck.model.counts import total_params
 from potluck.model.hf import hf_config_for
-from potluck.model.spec import PRESETS, model_from_hf_config
+from potluck.model.spec import PRESETS, ModelSpec, model_from_hf_config
 
 
 def _meta_model(config):
@@ -19,13 +19,17 @@ def _meta_model(config):
         return AutoModelForCausalLM.from_config(config)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "qwen2.5-0.5b", "llama2-7b",
-                                  "gpt3-125m"])
-def test_built_model_has_the_parameters_the_cost_model_counts(name: str):
-    spec = PRESETS[name]
+TINY_MISTRAL = replace(PRESETS["tiny-llama"], name="tiny-mistral", family="mistral")
+SPECS = [PRESETS[name] for name in ("tiny-llama", "tiny-gpt2", "qwen2.5-0.5b", "llama2-7b",
+                                    "gpt3-125m")] + [TINY_MISTRAL]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_built_model_has_the_parameters_the_cost_model_counts(spec: ModelSpec):
     model = _meta_model(hf_config_for(spec))
     assert sum(p.numel() for p in model.parameters()) == total_params(spec)
     assert model.config.num_hidden_layers == spec.num_layers
+    assert model.config.model_type == spec.family
 
 
 def test_tiny_presets_use_the_byte_tokenizer_specials():
@@ -55,6 +59,8 @@ def test_a_spec_from_a_config_json_rebuilds_that_exact_config():
     assert config.rope_parameters["rope_theta"] == 5000.0
 
 
-def test_unknown_family_is_a_config_error():
+def test_unknown_family_or_model_type_is_a_config_error():
     with pytest.raises(ConfigError, match="no Hugging Face config"):
         hf_config_for(replace(PRESETS["tiny-llama"], family="rwkv"))
+    with pytest.raises(ConfigError, match="does not know model_type 'mixtral_dense'"):
+        hf_config_for(replace(PRESETS["tiny-llama"], hf_config={"model_type": "mixtral_dense"}))

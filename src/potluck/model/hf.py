@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import (
-    AutoConfig,
+    CONFIG_MAPPING,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -53,14 +53,12 @@ def _special_ids(spec: ModelSpec) -> dict[str, int]:
 def _from_original(spec: ModelSpec) -> PretrainedConfig:
     original: dict[str, Any] = dict(spec.hf_config or {})
     model_type = original.get("model_type") or spec.family
-    try:
-        config_class = AutoConfig.for_model(model_type).__class__
-    except ValueError:
+    if model_type not in CONFIG_MAPPING:
         raise ConfigError(
             f"model {spec.name!r}: this transformers does not know model_type {model_type!r}"
-        ) from None
+        )
     original.pop("model_type", None)
-    return config_class.from_dict(original)
+    return CONFIG_MAPPING[model_type].from_dict(original)
 
 
 def _llama_like_config(spec: ModelSpec) -> PretrainedConfig:

@@ -115,8 +115,8 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     _barrier(process_group)
     if coordinator:
         _commit(partial, final, step, trainer_state)
+        log.info("saved checkpoint %s", final)
     _barrier(process_group)
-    log.info("saved checkpoint %s", final)
     return final
 
 
@@ -157,7 +157,8 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     with _single_process_is_intended():
         dcp.load(state, checkpoint_id=str(path), process_group=process_group,
                  no_dist=not _distributed())
-    log.info("loaded checkpoint %s", path)
+    if not _distributed() or dist.get_rank(process_group) == 0:
+        log.info("loaded checkpoint %s", path)
     return read_trainer_state(path)
 
 
