@@ -1,7 +1,14 @@
 """Cluster layer: device catalog, cluster files, devices and links."""
 
 from potluck.cluster.catalog import DeviceType, LinkKind, catalog, lookup
-from potluck.cluster.spec import ClusterSpec, LinkSpec, NodeGroup, NvlinkTopology, load_cluster, parse_cluster
+from potluck.cluster.spec import (
+    ClusterSpec,
+    LinkSpec,
+    NodeGroup,
+    NvlinkTopology,
+    load_cluster,
+    parse_cluster,
+)
 from potluck.cluster.topology import Cluster, Device, Link
 
 __all__ = [

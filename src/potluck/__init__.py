@@ -1,0 +1,19 @@
+"""potluck: plan, predict and run hybrid-parallel transformer training on mixed GPUs.
+
+The Python API mirrors the CLI: ``potluck.plan(cluster, model, ...)`` returns the
+best plans for a cluster file (or :class:`ClusterSpec`) and a model preset,
+``config.json`` or Hugging Face directory.
+"""
+
+from potluck.api import plan
+from potluck.cluster import ClusterSpec, load_cluster
+from potluck.errors import ConfigError, InfeasibleError, PotluckError
+from potluck.model import ModelSpec, load_model
+from potluck.plans import Plan, load_plan, save_plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterSpec", "ConfigError", "InfeasibleError", "ModelSpec", "Plan", "PotluckError",
+    "load_cluster", "load_model", "load_plan", "plan", "save_plan",
+]

@@ -1,0 +1,5 @@
+"""``python -m potluck`` runs the CLI."""
+
+from potluck.cli import main
+
+main()

@@ -1,0 +1,125 @@
+"""Input checks and explanations for requests the search cannot satisfy.
+
+Every message is one line that says what is wrong and what would help.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from potluck.cluster.topology import Cluster
+from potluck.errors import ConfigError
+from potluck.model import counts
+from potluck.model.spec import ModelSpec
+from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES
+from potluck.planner.formulas import MODEL_STATE_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from potluck.plans import TrainingShape
+
+if TYPE_CHECKING:
+    from potluck.planner.search import SearchOptions
+
+GB = 1e9
+
+
+def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
+                  options: SearchOptions) -> None:
+    """Reject requests that no plan could satisfy, before searching."""
+    from potluck.planner.search import Partition
+
+    batch = training.global_batch
+    if batch < 1 or training.seq_len < 1:
+        raise ConfigError("global batch and sequence length must be at least 1")
+    if training.seq_len > model.max_seq_len and model.learned_positions:
+        raise ConfigError(
+            f"--seq-len {training.seq_len} exceeds {model.name}'s {model.max_seq_len} learned "
+            "positions; use a shorter sequence"
+        )
+    _check_tp(cluster, model, options.tp)
+    if options.pp is not None and options.pp > model.num_layers:
+        raise ConfigError(
+            f"--pp {options.pp} is more stages than {model.name}'s {model.num_layers} layers"
+        )
+    if options.micro_batch_size and batch % options.micro_batch_size:
+        raise ConfigError(
+            f"global batch {batch} is not a multiple of --micro-batch-size "
+            f"{options.micro_batch_size}; use a multiple of it"
+        )
+    if options.dp is not None:
+        per_replica = batch // (options.micro_batch_size or 1)
+        if options.dp > per_replica:
+            raise ConfigError(
+                f"global batch {batch} cannot be split over --dp {options.dp} replicas; "
+                f"use a global batch of at least {options.dp * (options.micro_batch_size or 1)}"
+            )
+        if options.partition is Partition.UNIFORM and batch % options.dp:
+            raise ConfigError(
+                f"global batch {batch} cannot be split evenly over --dp {options.dp} replicas; "
+                f"use a multiple of {options.dp}"
+            )
+    if options.groups is not None and not options.groups:
+        raise ConfigError("no node groups left to plan on")
+
+
+def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
+    if tp is None:
+        return
+    if tp < 1:
+        raise ConfigError("--tp must be at least 1")
+    if model.num_heads % tp or model.num_kv_heads % tp:
+        raise ConfigError(
+            f"--tp {tp} does not divide {model.name}'s {model.num_heads} attention heads "
+            f"and {model.num_kv_heads} key/value heads; pick a divisor of "
+            f"{_gcd(model.num_heads, model.num_kv_heads)}"
+        )
+    if not any(g.gpus_per_node % tp == 0 for g in cluster.spec.nodes):
+        sizes = sorted({g.gpus_per_node for g in cluster.spec.nodes})
+        raise ConfigError(
+            f"--tp {tp} does not fit inside any machine (GPUs per machine: {sizes}); "
+            "tensor parallelism stays inside a machine"
+        )
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingShape,
+                       options: SearchOptions) -> str:
+    """Why no plan fits, with how much memory is missing and what would help."""
+    params = counts.total_params(model)
+    states = params * (MODEL_STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM)
+    states_unsharded = params * MODEL_STATE_BYTES_PER_PARAM
+    usable = sum(max(0.0, d.type.memory_bytes - _overhead(d)) for d in cluster.devices)
+    largest = max(cluster.devices, key=lambda d: d.type.memory_bytes).type
+    if states > usable:
+        missing = states_unsharded - usable
+        return (
+            f"{model.name} ({params / 1e9:.1f}B parameters) needs {states_unsharded / GB:.0f} GB "
+            f"for weights, gradients and Adam states, the cluster has {usable / GB:.0f} GB usable: "
+            f"add at least {missing / GB:.0f} GB of GPU memory "
+            f"(e.g. {max(1, int(-(-missing // largest.memory_bytes)))} more "
+            f"{largest.name}) or choose a smaller model"
+        )
+    pins = _pins(options)
+    hint = f"; drop the pins ({pins}) or" if pins else ";"
+    return (
+        f"no layout of {model.name} fits in memory with global batch {training.global_batch} "
+        f"and sequence length {training.seq_len} ({states_unsharded / GB:.0f} GB of model states "
+        f"over {usable / GB:.0f} GB usable){hint} try --recompute full, a shorter --seq-len, "
+        "--zero1, or more GPUs"
+    )
+
+
+def _overhead(device) -> float:
+    return 0.0 if device.type.is_cpu else GPU_RUNTIME_OVERHEAD_BYTES
+
+
+def _pins(options: SearchOptions) -> str:
+    pinned = []
+    for name in ("tp", "pp", "dp", "micro_batch_size", "recompute"):
+        value = getattr(options, name)
+        if value is not None:
+            pinned.append(f"--{name.replace('_', '-')} {getattr(value, 'value', value)}")
+    return ", ".join(pinned)

@@ -1,0 +1,106 @@
+"""Exhaustive plan enumeration for small clusters: the reference the search is judged by.
+
+Every way to pick tensor-parallel units (any TP degree per node group), leave
+any of them out, group the rest into any number of pipelines and order each
+pipeline's stages, for every micro-batch size and recomputation mode. The
+layer split of each pipeline and the micro-batch split over pipelines are
+solved exactly (min-max, :mod:`potluck.planner.partition`, itself tested
+against brute force); every resulting plan is scored by the full cost model.
+Pipelines here need not be identical, which the search's families assume:
+that is what this reference checks. The count grows like the ordered set
+partitions of the units, so keep to about eight units.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.topology import Cluster
+from potluck.model.counts import Recompute
+from potluck.model.spec import ModelSpec
+from potluck.planner.cost import CostModel
+from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.partition import PipelineSlot, split_micro_batches
+from potluck.planner.space import Unit, tp_options
+from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
+
+
+def arrangements(units: list[Unit]) -> Iterator[tuple[tuple[Unit, ...], ...]]:
+    """Every set of non-empty ordered pipelines over a subset of ``units``."""
+    def place(index: int, pipelines: list[list[Unit]]) -> Iterator[list[list[Unit]]]:
+        if index == len(units):
+            yield pipelines
+            return
+        unit = units[index]
+        yield from place(index + 1, pipelines)
+        yield from place(index + 1, [*pipelines, [unit]])
+        for k, pipeline in enumerate(pipelines):
+            for position in range(len(pipeline) + 1):
+                changed = [*pipeline[:position], unit, *pipeline[position:]]
+                yield from place(index + 1, [*pipelines[:k], changed, *pipelines[k + 1:]])
+
+    for pipelines in place(0, []):
+        if pipelines:
+            yield tuple(tuple(p) for p in pipelines)
+
+
+def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                    micro_batch_sizes: tuple[int, ...] = (1, 2, 4),
+                    recomputes: tuple[Recompute, ...] = tuple(Recompute)) -> Plan | None:
+    """The fastest plan over the whole enumerated space, or None if nothing fits."""
+    cluster = Cluster(spec)
+    cost = CostModel(cluster, model, training.seq_len, training.dtype)
+    families = FamilyEvaluator(cluster, cost)
+    best: Plan | None = None
+    for units in _unit_choices(cluster, families, model):
+        for arrangement in arrangements(units):
+            for b, recompute in itertools.product(micro_batch_sizes, recomputes):
+                if training.global_batch % b:
+                    continue
+                plan = _best_plan(cluster, cost, families, training, arrangement, b, recompute)
+                if plan and (best is None or plan.prediction.iteration_time_s
+                             < best.prediction.iteration_time_s):
+                    best = plan
+    return best
+
+
+def _unit_choices(cluster: Cluster, families: FamilyEvaluator,
+                  model: ModelSpec) -> Iterator[list[Unit]]:
+    groups = cluster.spec.nodes
+    for tps in itertools.product(*(tp_options(g, model, None) for g in groups)):
+        yield [u for g, tp in zip(groups, tps, strict=True) for u in families.units(g, tp)]
+
+
+def _best_plan(cluster: Cluster, cost: CostModel, families: FamilyEvaluator,
+               training: TrainingShape, arrangement: tuple[tuple[Unit, ...], ...], b: int,
+               recompute: Recompute) -> Plan | None:
+    setting = FamilySetting(b, recompute, Schedule.ONE_F_ONE_B, 1, False, False,
+                            training.global_batch // b)
+    sharing = families.layout_sharing(arrangement)
+    options: list[FamilyOption] = []
+    for pipeline in arrangement:
+        option = families.evaluate_pipelines((pipeline,), sharing, len(arrangement), setting)
+        if option is None:
+            return None
+        options.append(option)
+    slots = [PipelineSlot(o.fill_s, o.period_s) for o in options]
+    shares = split_micro_batches(slots, setting.micro_batches)
+    if shares is None or any(s[0] == 0 for s in shares):
+        return None
+    pipelines = tuple(
+        Pipeline(_stages(o), b, share[0]) for o, share in zip(options, shares, strict=True)
+    )
+    used = {d for p in pipelines for d in p.devices}
+    plan = Plan(cluster.spec, cost.model, training, pipelines, recompute=recompute,
+                unused_devices=tuple(d.id for d in cluster.devices if d.id not in used))
+    return Plan(**{**plan.__dict__, "prediction": cost.evaluate(plan)})
+
+
+def _stages(option: FamilyOption) -> tuple[Stage, ...]:
+    stages, start = [], 0
+    for unit, layers in zip(option.pipelines[0], option.layers, strict=True):
+        stages.append(Stage(tuple(d.id for d in unit.devices), ((start, start + layers),)))
+        start += layers
+    return tuple(stages)

@@ -1,0 +1,288 @@
+"""Families of identical pipelines: their stages, layer split and timing.
+
+:func:`evaluate_family` lays ``dp`` pipelines over the units of a family's
+node groups (pipeline-major: consecutive units of a machine form one
+pipeline; data-major: they belong to different replicas), splits the blocks
+over the stages in proportion to stage speed under each device's memory,
+and reports the family's pipeline time as ``fill + m * period`` for ``m``
+micro-batches, plus a quick estimate of its gradient all-reduce. All times
+come from :class:`~potluck.planner.cost.CostModel`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from potluck.cluster.spec import NodeGroup
+from potluck.cluster.topology import Cluster, Device
+from potluck.model.counts import Recompute
+from potluck.planner import formulas
+from potluck.planner.cost import CostModel, usable_memory_bytes
+from potluck.planner.formulas import StageWork
+from potluck.planner.partition import StageSlot, split_layers
+from potluck.planner.space import Unit, group_units
+from potluck.plans import Schedule
+
+PATTERN_SAMPLES = 8  # pipelines sampled for link patterns (layouts repeat within a machine)
+
+
+@dataclass(frozen=True)
+class FamilySetting:
+    """The knobs shared by every family of one candidate plan."""
+
+    micro_batch: int
+    recompute: Recompute
+    schedule: Schedule
+    virtual_stages: int
+    zero1: bool
+    uniform: bool
+    micro_batches: int  # of the whole batch: an upper bound on what one pipeline holds
+
+
+@dataclass(frozen=True)
+class FamilyOption:
+    """``dp`` identical pipelines over a family's units, with their layer split and timing."""
+
+    groups: tuple[tuple[str, int], ...]  # (node group, tp) in stage order
+    layout: str
+    pipelines: tuple[tuple[Unit, ...], ...]
+    layers: tuple[int, ...]
+    works: tuple[StageWork, ...]
+    fill_s: float
+    period_s: float
+    dp_quick_s: float
+
+    @property
+    def dp(self) -> int:
+        return len(self.pipelines)
+
+    @property
+    def pp(self) -> int:
+        return len(self.layers)
+
+    def time_s(self, micro_batches: int) -> float:
+        return self.fill_s + micro_batches * self.period_s
+
+
+class FamilyEvaluator:
+    """Evaluates family layouts for one cluster and model, caching what repeats."""
+
+    def __init__(self, cluster: Cluster, cost: CostModel) -> None:
+        self.cluster = cluster
+        self.cost = cost
+        self.units = lru_cache(maxsize=None)(self._units)
+        self._coefficients = lru_cache(maxsize=None)(self._slot_coefficients)
+        self._send_cache: dict[tuple, float] = {}
+        self._layouts: dict[tuple, tuple | None] = {}
+
+    def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
+        return tuple(group_units(self.cluster, group, tp))
+
+    def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
+                 setting: FamilySetting, wrap: bool = False) -> FamilyOption | None:
+        """``dp`` identical pipelines over the units of ``order``'s groups. With ``wrap`` the
+        first group's units are split between both ends of each pipeline, so the
+        embedding and the head (tied or not) sit on the same kind of device and machine."""
+        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
+        if layout_key not in self._layouts:
+            self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
+        assembled = self._layouts[layout_key]
+        if assembled is None:
+            return None
+        pipelines, sharing = assembled
+        groups = tuple((g.name, tp) for g, tp in order)
+        name = f"{layout}+wrap" if wrap else layout
+        return self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+
+    def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
+        """Pipeline transfers crossing each machine's network card at once."""
+        sharing: dict[str, int] = {}
+        for pipeline in pipelines:
+            for a, b in zip(pipeline, pipeline[1:], strict=False):
+                if a.node != b.node:
+                    flows = min(a.tp, b.tp)
+                    sharing[a.node] = sharing.get(a.node, 0) + flows
+                    sharing[b.node] = sharing.get(b.node, 0) + flows
+        return sharing
+
+    def evaluate_pipelines(self, pipelines: tuple[tuple[Unit, ...], ...], sharing: dict[str, int],
+                           dp: int, setting: FamilySetting,
+                           groups: tuple[tuple[str, int], ...] = (),
+                           layout: str = "explicit") -> FamilyOption | None:
+        """Split layers over pipelines that share one stage structure; ``dp`` is the size of
+        the data-parallel group their states are sharded over (ZeRO-1)."""
+        pp = len(pipelines[0])
+        num_layers = self.cost.model.num_layers
+        if pp * setting.virtual_stages > num_layers:
+            return None
+        sends = self._sends(pipelines, setting.micro_batch, sharing)
+        slots = [self._slot(pipelines[0][i], i, pp, dp, setting) for i in range(pp)]
+        if any(slot is None for slot in slots):
+            return None
+        layers = split_layers(slots, num_layers, setting.uniform, setting.virtual_stages)
+        if layers is None:
+            return None
+        works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
+                      for i in range(pp))
+        fill, period = _fill_and_period(list(works), setting)
+        dp_quick = self._dp_quick_s(pipelines, layers, works)
+        return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick)
+
+    def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
+                  wrap: bool) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
+        """The family's pipelines and, per machine, the pipeline transfers crossing its
+        network card at once (all boundaries are busy in the steady state)."""
+        per_group = []
+        for group, tp in order:
+            units = self.units(group, tp)
+            per_pipeline = len(units) // dp
+            if per_pipeline == 0:
+                return None
+            if layout == "pipeline":
+                chunks = [units[j * per_pipeline:(j + 1) * per_pipeline] for j in range(dp)]
+            else:
+                chunks = [units[j::dp][:per_pipeline] for j in range(dp)]
+            per_group.append(chunks)
+        if wrap:
+            if len(per_group) < 2 or len(per_group[0][0]) < 2:
+                return None
+            front = [c[: (len(c) + 1) // 2] for c in per_group[0]]
+            back = [c[(len(c) + 1) // 2:] for c in per_group[0]]
+            per_group = [front, *per_group[1:], back]
+        pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
+        return pipelines, self.layout_sharing(pipelines)
+
+    def _sends(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
+               sharing: dict[str, int]) -> list[float]:
+        """Worst transfer time after each stage over the sampled pipelines."""
+        pp = len(pipelines[0])
+        sample = _sample(pipelines)
+        sends = []
+        for i in range(pp - 1):
+            sends.append(max(self._send(p[i], p[i + 1], micro_batch, sharing) for p in sample))
+        return sends + [0.0]
+
+    def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: dict[str, int]) -> float:
+        shares = (sharing.get(a.node, 1), sharing.get(b.node, 1)) if a.node != b.node else (1, 1)
+        key = (a.group, a.devices[0].local_index, b.group, b.devices[0].local_index,
+               a.node == b.node, a.tp, b.tp, micro_batch, shares)
+        if key not in self._send_cache:
+            self._send_cache[key] = self.cost.send_s(
+                a.devices, b.devices, micro_batch, {a.node: shares[0], b.node: shares[1]})
+        return self._send_cache[key]
+
+    def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
+        first, last = i == 0, i == pp - 1
+        coefficients = self._coefficients(unit.devices[0].type, unit.devices, first, last, pp,
+                                          setting.micro_batch, setting.recompute, dp,
+                                          setting.zero1)
+        per_layer_s, extra_s, fixed_bytes, per_layer_bytes, per_flight_bytes, act_bytes = coefficients
+        in_flight = formulas.in_flight_micro_batches(
+            setting.schedule.value, i, pp, setting.micro_batches, setting.virtual_stages)
+        capacity = usable_memory_bytes(unit.devices[0].type) - fixed_bytes - in_flight * per_flight_bytes
+        per_layer = per_layer_bytes + in_flight * act_bytes
+        if capacity < per_layer * setting.virtual_stages:
+            return None
+        max_layers = int(math.floor(capacity / per_layer))
+        return StageSlot(per_layer_s, extra_s, max_layers)
+
+    def _slot_coefficients(self, device_type, devices: tuple[Device, ...], first: bool,
+                           last: bool, pp: int, b: int, recompute: Recompute, dp: int,
+                           zero1: bool) -> tuple[float, float, float, float, float, float]:
+        """Linear coefficients of a stage's time and memory in its block count."""
+        cost, tp = self.cost, len(devices)
+        w0, _ = cost.stage_work(devices, 0, first, last, b, recompute, 0.0)
+        w1, _ = cost.stage_work(devices, 1, first, last, b, recompute, 0.0)
+
+        def memory(layers: int, in_flight: float) -> float:
+            return cost.stage_memory_bytes(device_type, layers, first, last, pp, tp, b,
+                                           recompute, in_flight, dp, zero1)
+
+        fixed = memory(0, 0.0)
+        per_flight = memory(0, 1.0) - fixed
+        per_layer_states = memory(1, 0.0) - fixed
+        per_layer_activations = memory(1, 1.0) - memory(1, 0.0) - per_flight
+        return (w1.total_s - w0.total_s, w0.total_s, fixed, per_layer_states, per_flight,
+                per_layer_activations)
+
+    def _work(self, unit: Unit, layers: int, i: int, pp: int, send_s: float,
+              setting: FamilySetting) -> StageWork:
+        work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
+                                       setting.micro_batch, setting.recompute, send_s)
+        return work
+
+    def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],
+                    works: tuple[StageWork, ...]) -> float:
+        """Exposed gradient all-reduce inside the family, rings sampled, NICs shared by
+        every device of a machine that crosses it."""
+        dp = len(pipelines)
+        pp = len(layers)
+        embedding = self._tied_embedding_s(pipelines)
+        if dp <= 1:
+            return embedding
+        exposed, behind = embedding, 0.0
+        for i in range(pp):
+            unit = pipelines[0][i]
+            ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
+            bandwidth, latency = self.cost.ring_bandwidth(ring)
+            crosses = len({d.node for d in ring}) > 1
+            if crosses:
+                bandwidth /= self._devices_per_node(unit)
+            params = self.cost.stage_params(layers[i], i == 0, i == pp - 1, pp, unit.tp)
+            num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+            allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, bandwidth, latency)
+            behind += works[i].backward_s
+            exposed = max(exposed, allreduce - behind)
+        return exposed
+
+    def _tied_embedding_s(self, pipelines: tuple[tuple[Unit, ...], ...]) -> float:
+        """A tied embedding's gradient summed between the first and last stage (pp > 1)."""
+        model = self.cost.model
+        first, last = pipelines[0][0], pipelines[0][-1]
+        if not model.tied_embeddings or len(pipelines[0]) == 1:
+            return 0.0
+        num_bytes = (model.vocab_size * model.hidden_size / first.tp
+                     * self.cost.element_bytes(first.devices[0].type))
+        return self.cost.allreduce_s(num_bytes, [first.devices[0], last.devices[0]])
+
+    def cross_family_dp_s(self, families: tuple[FamilyOption, ...]) -> float:
+        """Quick estimate of the exposed gradient all-reduce between families: the
+        largest stage's gradients over a ring through every pipeline, at the bandwidth
+        of the slowest link between families, shared by every GPU of a machine."""
+        if len(families) <= 1:
+            return 0.0
+        firsts = [f.pipelines[0][0] for f in families]
+        bandwidth, latency = float("inf"), 0.0
+        for a, b in zip(firsts, firsts[1:] + firsts[:1], strict=True):
+            link = self.cluster.link(a.devices[0], b.devices[0])
+            share = 1 if a.node == b.node else self._devices_per_node(a)
+            bandwidth = min(bandwidth, link.bandwidth_bytes_per_s / share)
+            latency = max(latency, link.latency_s)
+        ranks = sum(f.dp for f in families)
+        worst = 0.0
+        for family in families:
+            pp = family.pp
+            for i, unit in enumerate(family.pipelines[0]):
+                params = self.cost.stage_params(family.layers[i], i == 0, i == pp - 1, pp, unit.tp)
+                num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+                allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+                worst = max(worst, allreduce - family.works[i].backward_s)
+        return max(0.0, worst)
+
+    def _devices_per_node(self, unit: Unit) -> int:
+        return self.cluster.groups[unit.group].gpus_per_node
+
+
+def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], ...]:
+    return pipelines[:PATTERN_SAMPLES]
+
+
+def _fill_and_period(works: list[StageWork], setting: FamilySetting) -> tuple[float, float]:
+    """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
+    schedule, v = setting.schedule.value, setting.virtual_stages
+    one = formulas.pipeline_time(works, 1, schedule, v).total_s
+    two = formulas.pipeline_time(works, 2, schedule, v).total_s
+    period = two - one
+    return one - period, period

@@ -1,0 +1,151 @@
+"""Closed-form costs of the pieces of a training step, each next to its source.
+
+These are the only places where time and memory are computed from physics;
+everything else (the cost model, the search, the simulator, the emulator)
+composes them. Inputs are device and link figures that calibration may
+change; the shape of each formula stays.
+
+Sources (see ``shared/reference/formulas.md`` of the design notes):
+- ring all-reduce: ``2(g-1)/g * n/W + 2(g-1)*alpha`` (Patarasuk & Yuan 2009;
+  NCCL's bus-bandwidth convention);
+- roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
+  (Williams et al. 2009);
+- pipeline schedules (GPipe, 1F1B): ``T = sum_i (f_i + b_i) + (m - 1) * max_i (f_i + b_i)``
+  for unequal stages; interleaving divides the bubble by ``v`` (Narayanan et al.,
+  SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - w)`` per stage;
+- model states: 16 bytes per parameter for mixed-precision Adam, ``4 + 12/d``
+  with the optimizer sharded over ``d`` replicas (ZeRO-1; Rajbhandari et al. 2020);
+- Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
+  master, both moments and the gradient, write them back and the 16-bit copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
+ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
+MODEL_STATE_BYTES_PER_PARAM = 16.0
+OPTIMIZER_BYTES_PER_PARAM = 12.0
+KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
+
+
+def ring_allreduce_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                          latency_s: float) -> float:
+    """Ring all-reduce of ``num_bytes`` over ``ranks`` ranks on links of the given bandwidth."""
+    if ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    steps = ranks - 1
+    return 2.0 * steps / ranks * num_bytes / bandwidth_bytes_per_s + 2.0 * steps * latency_s
+
+
+def ring_allgather_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                          latency_s: float) -> float:
+    """All-gather (or reduce-scatter) of a ``num_bytes`` result: half a ring all-reduce."""
+    return 0.5 * ring_allreduce_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s)
+
+
+def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
+                    memory_bandwidth_bytes_per_s: float) -> float:
+    """An op is bound by whichever of compute and memory traffic takes longer."""
+    compute = flops / achievable_flops
+    memory = memory_bytes / (memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
+    return max(compute, memory)
+
+
+def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
+                memory_bandwidth_bytes_per_s: float, element_bytes: int) -> float:
+    """``[rows, inner] @ [inner, cols]`` under the roofline."""
+    flops = 2.0 * rows * inner * cols
+    traffic = element_bytes * (rows * inner + inner * cols + rows * cols)
+    return roofline_time_s(flops, traffic, achievable_flops, memory_bandwidth_bytes_per_s)
+
+
+def model_state_bytes(params: float, dp: int, zero1: bool) -> float:
+    """Weights, gradients and Adam states of ``params`` parameters on one device."""
+    if zero1 and dp > 1:
+        return params * (MODEL_STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM
+                         + OPTIMIZER_BYTES_PER_PARAM / dp)
+    return params * MODEL_STATE_BYTES_PER_PARAM
+
+
+def adam_step_time_s(params: float, memory_bandwidth_bytes_per_s: float) -> float:
+    return params * ADAM_TRAFFIC_BYTES_PER_PARAM / (
+        memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY
+    )
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One pipeline stage's time per micro-batch, in seconds.
+
+    ``forward_s``/``backward_s`` include the stage's tensor-parallel
+    communication; ``weight_grad_s`` is the part of the backward that a
+    zero-bubble schedule can defer; ``send_s`` is the transfer of one
+    micro-batch's activations to the next stage (and of gradients back).
+    """
+
+    forward_s: float
+    backward_s: float
+    weight_grad_s: float = 0.0
+    send_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """The time of one pipeline's forward and backward passes over m micro-batches."""
+
+    total_s: float
+    period_s: float  # steady-state time per micro-batch (the slowest stage or link)
+    fill_s: float  # warm-up and cool-down on top of m periods
+    fill_transfer_s: float  # the part of the fill spent in transfers
+    bottleneck_stage: int
+    finish_s: tuple[float, ...]  # when each stage's last backward ends
+
+
+def pipeline_time(stages: list[StageWork], micro_batches: int, schedule: str,
+                  virtual_stages: int = 1) -> PipelineTime:
+    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above)."""
+    v = max(1, virtual_stages) if schedule in ("interleaved", "zb") else 1
+    busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
+    link_period = max((s.send_s * v for s in stages), default=0.0)
+    period = max(stages[busiest].total_s, link_period)
+    work = sum(s.total_s for s in stages)
+    if schedule == "zb":
+        work = sum(s.total_s - s.weight_grad_s for s in stages)
+        fill = max(0.0, work - (period - stages[busiest].weight_grad_s)) / v
+    else:
+        fill = max(0.0, work - period) / v
+    fill_transfer = 2.0 * sum(s.send_s for s in stages[:-1])
+    total = micro_batches * period + fill + fill_transfer
+    finish = _stage_finish_times(stages, total)
+    return PipelineTime(total, period, fill + fill_transfer, fill_transfer, busiest, finish)
+
+
+def _stage_finish_times(stages: list[StageWork], total_s: float) -> tuple[float, ...]:
+    """Stage i's last backward ends before stage 0's by the backwards of stages < i."""
+    finish = []
+    earlier = 0.0
+    for stage in stages:
+        finish.append(total_s - earlier)
+        earlier += stage.backward_s + stage.send_s
+    return tuple(finish)
+
+
+def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int,
+                            virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak.
+
+    GPipe keeps all m; 1F1B and zero bubble (ZB-H1) keep ``p - i`` on stage i; interleaved
+    1F1B keeps ``(p - i) * (1 + (p - 1)/(p * v))`` (Korthikanti et al. 2022, Sec. 4.2.3).
+    """
+    if schedule == "gpipe":
+        return float(micro_batches)
+    in_flight = float(min(micro_batches, stages - stage))
+    if schedule in ("interleaved", "zb") and virtual_stages > 1:
+        in_flight *= 1.0 + (stages - 1) / (stages * virtual_stages)
+    return min(in_flight, float(micro_batches * max(1, virtual_stages)))

@@ -1,0 +1,151 @@
+"""Uneven splits: layers over the stages of a pipeline, micro-batches over pipelines.
+
+Both are min-max problems with identical items (blocks are identical; so are
+micro-batches), solved exactly by searching over the bottleneck value:
+
+- layers: stage ``i`` costs ``extra_i + n_i * per_layer_i`` per micro-batch and
+  holds at most ``max_i`` blocks in memory; the smallest period ``P`` such that
+  ``sum_i min(max_i, floor((P - extra_i) / per_layer_i)) >= L`` is optimal, and
+  the surplus is taken back from the stages closest to ``P``;
+- micro-batches: pipeline ``k`` takes ``fill_k + m_k * period_k``; the
+  smallest ``T`` with ``sum_k floor((T - fill_k) / period_k) >= M`` is optimal.
+
+``uniform`` gives the classic even split (Megatron-style baseline).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageSlot:
+    """What one stage of a pipeline costs per block, with fixed extras and a memory cap."""
+
+    per_layer_s: float
+    extra_s: float
+    max_layers: int
+
+
+def _layers_within(slot: StageSlot, period_s: float) -> int:
+    if period_s < slot.extra_s:
+        return 0
+    if slot.per_layer_s <= 0:
+        return slot.max_layers
+    return min(slot.max_layers, int((period_s - slot.extra_s) / slot.per_layer_s + 1e-9))
+
+
+def split_layers(slots: list[StageSlot], num_layers: int, uniform: bool = False,
+                 min_layers: int = 1) -> list[int] | None:
+    """Blocks per stage minimizing the slowest stage, or None if memory cannot hold them."""
+    if len(slots) * min_layers > num_layers:
+        return None
+    if uniform:
+        return _even_layers(slots, num_layers)
+    if sum(s.max_layers for s in slots) < num_layers or any(s.max_layers < min_layers for s in slots):
+        return None
+    candidates = sorted({s.extra_s + n * s.per_layer_s
+                         for s in slots for n in range(min_layers, min(s.max_layers, num_layers) + 1)})
+
+    def enough(period_s: float) -> bool:
+        counts = [_layers_within(s, period_s) for s in slots]
+        return min(counts) >= min_layers and sum(counts) >= num_layers
+
+    index = bisect.bisect_left(candidates, True, key=enough)
+    if index == len(candidates):
+        return None
+    return _trim(slots, candidates[index], num_layers, min_layers)
+
+
+def _trim(slots: list[StageSlot], period_s: float, num_layers: int, min_layers: int) -> list[int]:
+    """Take the surplus back one block at a time from the currently slowest stage."""
+    layers = [_layers_within(s, period_s) for s in slots]
+    surplus = sum(layers) - num_layers
+    while surplus > 0:
+        slowest = max(
+            (i for i in range(len(slots)) if layers[i] > min_layers),
+            key=lambda i: slots[i].extra_s + layers[i] * slots[i].per_layer_s,
+        )
+        layers[slowest] -= 1
+        surplus -= 1
+    return layers
+
+
+def _even_layers(slots: list[StageSlot], num_layers: int) -> list[int] | None:
+    base, remainder = divmod(num_layers, len(slots))
+    layers = [base + (1 if i < remainder else 0) for i in range(len(slots))]
+    if any(n > s.max_layers for n, s in zip(layers, slots, strict=True)):
+        return None
+    return layers
+
+
+@dataclass(frozen=True)
+class PipelineSlot:
+    """``replicas`` identical pipelines, each taking ``fill + m * period`` for m micro-batches."""
+
+    fill_s: float
+    period_s: float
+    replicas: int = 1
+
+
+def split_micro_batches(slots: list[PipelineSlot], total: int,
+                        uniform: bool = False) -> list[list[int]] | None:
+    """Micro-batches for every pipeline (grouped as in ``slots``) minimizing the slowest one.
+
+    Replicas of one slot differ by at most one micro-batch; a pipeline may get none,
+    which leaves its devices out. ``uniform`` gives every pipeline the same count.
+    """
+    pipelines = sum(slot.replicas for slot in slots)
+    if uniform:
+        if total % pipelines:
+            return None
+        return [[total // pipelines] * slot.replicas for slot in slots]
+    low = min(s.fill_s + s.period_s for s in slots)
+    high = max(s.fill_s + math.ceil(total / s.replicas) * s.period_s for s in slots)
+    for _ in range(200):
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+        mid = 0.5 * (low + high)
+        if sum(_count_within(s, mid) for s in slots) >= total:
+            high = mid
+        else:
+            low = mid
+    totals = [_count_within(s, high) for s in slots]
+    totals = _trim_totals(slots, totals, total)
+    return [_spread(count, slot.replicas) for count, slot in zip(totals, slots, strict=True)]
+
+
+def _count_within(slot: PipelineSlot, time_s: float) -> int:
+    if time_s < slot.fill_s + slot.period_s:
+        return 0
+    return slot.replicas * math.floor((time_s - slot.fill_s) / slot.period_s + 1e-9)
+
+
+def _slot_time(slot: PipelineSlot, count: int) -> float:
+    if count == 0:
+        return 0.0
+    return slot.fill_s + math.ceil(count / slot.replicas) * slot.period_s
+
+
+def _trim_totals(slots: list[PipelineSlot], totals: list[int], total: int) -> list[int]:
+    surplus = sum(totals) - total
+    while surplus > 0:
+        slowest = max((k for k in range(len(totals)) if totals[k] > 0),
+                      key=lambda k: (_slot_time(slots[k], totals[k]), totals[k] % slots[k].replicas))
+        remove = min(surplus, _excess_over_lower_level(slots[slowest], totals[slowest]))
+        totals[slowest] -= remove
+        surplus -= remove
+    return totals
+
+
+def _excess_over_lower_level(slot: PipelineSlot, count: int) -> int:
+    """Micro-batches to remove before the slot's slowest pipeline gets one fewer."""
+    remainder = count % slot.replicas
+    return remainder if remainder else slot.replicas
+
+
+def _spread(count: int, replicas: int) -> list[int]:
+    base, extra = divmod(count, replicas)
+    return [base + (1 if j < extra else 0) for j in range(replicas)]

@@ -1,0 +1,304 @@
+"""Heterogeneity-aware plan search.
+
+The search walks a structured space and scores every candidate with the one
+cost model:
+
+1. for each recomputation mode and micro-batch size,
+2. for each subset of node groups forming a *family* of identical pipelines
+   (a family may mix GPU types along its pipelines), each stage order, TP
+   degree per group, replica count and unit layout, split the blocks over the
+   stages in proportion to stage speed under memory limits
+   (:mod:`potluck.planner.families`) and keep the best few;
+3. for each way to use a subset of the groups as one or more families side by
+   side, split the micro-batches over all pipelines in proportion to their
+   speed (:mod:`potluck.planner.partition`) and rank by a quick estimate;
+4. build the best candidates as Plans and rank them with the full cost model
+   (network cards shared, every gradient ring priced).
+
+Groups left out of every family, and pipelines that get no micro-batch, are
+devices the plan does not use: the search leaves a device out when that is
+faster. Any dimension can be pinned; ``partition=uniform`` forces the even
+split of layers and batch (the Megatron-style baseline).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from potluck.cluster.spec import ClusterSpec, NodeGroup
+from potluck.cluster.topology import Cluster
+from potluck.errors import InfeasibleError
+from potluck.model.counts import Recompute
+from potluck.model.spec import ModelSpec
+from potluck.planner.cost import CostModel
+from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.partition import PipelineSlot, split_micro_batches
+from potluck.planner.space import dp_candidates, set_partitions, stage_orders, tp_options
+from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
+
+log = logging.getLogger(__name__)
+
+
+class Partition(str, Enum):
+    BALANCED = "balanced"  # layers and batch in proportion to speed (default)
+    UNIFORM = "uniform"  # even split of layers and batch (Megatron-style baseline)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Pins and knobs of the search; ``None`` means 'let the search choose'."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch_size: int | None = None
+    recompute: Recompute | None = None
+    partition: Partition = Partition.BALANCED
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 2
+    zero1: bool | None = None
+    top_k: int = 5
+    groups: tuple[str, ...] | None = None  # only these node groups may be used
+    family_beam: int = 3
+    exact_beam: int = 32
+    max_micro_batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best plans, best first, each with its prediction."""
+
+    plans: tuple[Plan, ...]
+    candidates: int
+    search_time_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+
+@dataclass(frozen=True)
+class _Combo:
+    """One candidate: families side by side with their micro-batches per pipeline."""
+
+    quick_s: float
+    setting: FamilySetting
+    families: tuple[FamilyOption, ...]
+    shares: tuple[tuple[int, ...], ...]
+
+
+def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+           options: SearchOptions | None = None,
+           progress: Callable[[float], None] | None = None) -> SearchResult:
+    """Find the fastest plans for training ``model`` on ``spec`` with ``training``."""
+    from potluck.planner.checks import check_request, explain_infeasible
+
+    options = options or SearchOptions()
+    started = time.perf_counter()
+    cluster = Cluster(spec)
+    check_request(cluster, model, training, options)
+    cost = CostModel(cluster, model, training.seq_len, training.dtype)
+    runner = _Search(cluster, cost, training, options, progress)
+    attempts = [options.zero1] if options.zero1 is not None else [False, True]
+    for zero1 in attempts:
+        plans = runner.run(zero1)
+        if plans:
+            return SearchResult(tuple(plans), runner.candidates, time.perf_counter() - started)
+    raise InfeasibleError(explain_infeasible(cluster, model, training, options))
+
+
+class _Search:
+    def __init__(self, cluster: Cluster, cost: CostModel, training: TrainingShape,
+                 options: SearchOptions, progress: Callable[[float], None] | None) -> None:
+        self.cluster = cluster
+        self.cost = cost
+        self.training = training
+        self.options = options
+        self.progress = progress
+        self.families = FamilyEvaluator(cluster, cost)
+        self.groups = tuple(
+            g for g in cluster.spec.nodes if options.groups is None or g.name in options.groups
+        )
+        self.candidates = 0
+
+    def run(self, zero1: bool) -> list[Plan]:
+        settings = list(self._settings(zero1))
+        heap: list[tuple[float, int, _Combo]] = []
+        for index, setting in enumerate(settings):
+            for combo in self._combos(setting):
+                self.candidates += 1
+                item = (-combo.quick_s, self.candidates, combo)
+                if len(heap) < self.options.exact_beam:
+                    heapq.heappush(heap, item)
+                elif combo.quick_s < -heap[0][0]:
+                    heapq.heapreplace(heap, item)
+            if self.progress:
+                self.progress((index + 1) / len(settings))
+        combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
+        plans = [self._evaluate(self._build(combo)) for combo in combos]
+        plans.sort(key=lambda p: p.prediction.iteration_time_s)
+        return _distinct(plans, self.options.top_k)
+
+    def _settings(self, zero1: bool):
+        options, batch = self.options, self.training.global_batch
+        recomputes = [options.recompute] if options.recompute else list(Recompute)
+        if options.micro_batch_size:
+            sizes = [options.micro_batch_size]
+        else:
+            sizes = [b for b in (1, 2, 4, 8, 16, 32, 64)
+                     if b <= min(batch, options.max_micro_batch_size) and batch % b == 0]
+        interleaved = options.schedule in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
+        virtual = options.virtual_stages if interleaved else 1
+        uniform = options.partition is Partition.UNIFORM
+        for recompute, b in itertools.product(recomputes, sizes):
+            yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform,
+                                batch // b)
+
+    def _family_options(self, family: tuple[NodeGroup, ...],
+                        setting: FamilySetting) -> list[FamilyOption]:
+        options, model = self.options, self.cost.model
+        memory = {g.name: self.cost.cluster.spec.device_type(g.gpu).memory_bytes for g in family}
+        speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
+                 for g in family}
+        found: list[FamilyOption] = []
+        for order in stage_orders(family, memory, speed):
+            tps = [tp_options(g, model, options.tp) for g in order]
+            for tp_choice in itertools.product(*tps):
+                found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
+                                                  setting))
+        found.sort(key=lambda f: f.fill_s + -(-setting.micro_batches // f.dp) * f.period_s
+                   + f.dp_quick_s)
+        return found[: options.family_beam]
+
+    def _family_layouts(self, order: tuple[tuple[NodeGroup, int], ...],
+                        setting: FamilySetting) -> list[FamilyOption]:
+        counts = [len(self.families.units(g, tp)) for g, tp in order]
+        found = []
+        for dp in dp_candidates(counts, setting.micro_batches):
+            pp = sum(count // dp for count in counts)
+            if self.options.pp and pp != self.options.pp:
+                continue
+            if self.options.dp and dp > self.options.dp:
+                continue
+            layouts = ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",)
+            wraps = (False, True) if len(order) > 1 else (False,)
+            for layout, wrap in itertools.product(layouts, wraps):
+                option = self.families.evaluate(order, dp, layout, setting, wrap)
+                if option is not None:
+                    found.append(option)
+        return found
+
+    def _combos(self, setting: FamilySetting):
+        by_family: dict[tuple[str, ...], list[FamilyOption]] = {}
+        names = tuple(g.name for g in self.groups)
+        groups = {g.name: g for g in self.groups}
+        for size in range(1, len(names) + 1):
+            for used in itertools.combinations(names, size):
+                for partition in _partitions(used):
+                    lists = []
+                    for family in partition:
+                        if family not in by_family:
+                            members = tuple(groups[n] for n in family)
+                            by_family[family] = self._family_options(members, setting)
+                        lists.append(by_family[family])
+                    for chosen in itertools.product(*lists):
+                        combo = self._combine(setting, chosen)
+                        if combo is not None:
+                            yield combo
+
+    def _combine(self, setting: FamilySetting,
+                 families: tuple[FamilyOption, ...]) -> _Combo | None:
+        pipelines = sum(f.dp for f in families)
+        if self.options.dp and pipelines != self.options.dp:
+            return None
+        slots = [PipelineSlot(f.fill_s, f.period_s, f.dp) for f in families]
+        shares = split_micro_batches(slots, setting.micro_batches, setting.uniform)
+        if shares is None:
+            return None
+        if self.options.dp and any(m == 0 for share in shares for m in share):
+            return None
+        busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
+        if not busy:
+            return None
+        used = tuple(f for f, _ in busy)
+        quick = (max(f.time_s(max(s)) for f, s in busy) + max(f.dp_quick_s for f in used)
+                 + self.families.cross_family_dp_s(used))
+        return _Combo(quick, setting, tuple(f for f, _ in busy), tuple(tuple(s) for _, s in busy))
+
+    def _build(self, combo: _Combo) -> Plan:
+        pipelines = []
+        setting = combo.setting
+        for family, shares in zip(combo.families, combo.shares, strict=True):
+            for units, count in zip(family.pipelines, shares, strict=True):
+                if count == 0:
+                    continue
+                ranges = _layer_ranges(family.layers, setting.virtual_stages)
+                stages = tuple(
+                    Stage(tuple(d.id for d in unit.devices), ranges[i])
+                    for i, unit in enumerate(units)
+                )
+                pipelines.append(Pipeline(stages, setting.micro_batch, count))
+        used = {d for p in pipelines for d in p.devices}
+        unused = tuple(d.id for d in self.cluster.devices if d.id not in used)
+        return Plan(
+            cluster=self.cluster.spec, model=self.cost.model, training=self.training,
+            pipelines=tuple(pipelines), schedule=setting.schedule,
+            virtual_stages=setting.virtual_stages, recompute=setting.recompute,
+            zero1=setting.zero1 and len(pipelines) > 1, unused_devices=unused,
+            notes=_unused_notes(self.cluster, unused),
+        )
+
+    def _evaluate(self, plan: Plan) -> Plan:
+        return replace(plan, prediction=self.cost.evaluate(plan))
+
+
+def _partitions(names: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
+    return [[tuple(sorted(block)) for block in p] for p in set_partitions(names)]
+
+
+def _layer_ranges(layers: tuple[int, ...], virtual: int) -> list[tuple[tuple[int, int], ...]]:
+    """Blocks per stage, cut into ``virtual`` chunks laid out in virtual-stage order."""
+    chunks = [[n // virtual + (1 if c < n % virtual else 0) for c in range(virtual)]
+              for n in layers]
+    ranges: list[list[tuple[int, int]]] = [[] for _ in layers]
+    start = 0
+    for c in range(virtual):
+        for i, sizes in enumerate(chunks):
+            ranges[i].append((start, start + sizes[c]))
+            start += sizes[c]
+    return [tuple(r) for r in ranges]
+
+
+def _unused_notes(cluster: Cluster, unused: tuple[str, ...]) -> tuple[str, ...]:
+    if not unused:
+        return ()
+    per_group: dict[str, int] = {}
+    for device_id in unused:
+        group = cluster.device(device_id).group
+        per_group[group] = per_group.get(group, 0) + 1
+    return tuple(
+        f"{count} of {cluster.groups[group].num_gpus} {cluster.groups[group].gpu} GPUs of "
+        f"{group} left out: the plan is faster without them"
+        for group, count in per_group.items()
+    )
+
+
+def _distinct(plans: list[Plan], top_k: int) -> list[Plan]:
+    seen, result = set(), []
+    for plan in plans:
+        key = (plan.layout(), plan.pipelines[0].micro_batch_size, plan.recompute,
+               len(plan.unused_devices),
+               tuple(s.num_layers for p in plan.pipelines for s in p.stages))
+        if key not in seen:
+            seen.add(key)
+            result.append(plan)
+        if len(result) == top_k:
+            break
+    return result

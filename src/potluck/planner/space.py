@@ -1,0 +1,104 @@
+"""The search space: tensor-parallel units, stage orders and data-parallel widths.
+
+A *unit* is one tensor-parallel group: ``tp`` GPUs of one machine, aligned so
+that NVLink-bridged pairs stay together. A *family* is a set of node groups
+whose units form identical pipelines: each of its ``dp`` pipelines takes
+``k_g`` units of every group ``g`` in the family, in a fixed group order.
+Families run side by side as data-parallel replicas with their own share of
+the batch; a group may also be left out entirely.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from potluck.cluster.spec import NodeGroup
+from potluck.cluster.topology import Cluster, Device
+from potluck.model.spec import ModelSpec
+
+MAX_TP = 8
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One tensor-parallel group: ``tp`` devices of one machine."""
+
+    group: str
+    node_index: int
+    devices: tuple[Device, ...]
+
+    @property
+    def node(self) -> str:
+        return self.devices[0].node
+
+    @property
+    def tp(self) -> int:
+        return len(self.devices)
+
+
+def group_units(cluster: Cluster, group: NodeGroup, tp: int) -> list[Unit]:
+    """All units of a node group in machine order, ``tp`` consecutive GPUs each."""
+    units = []
+    for node_index in range(group.count):
+        devices = cluster.node_devices(group.name, node_index)
+        for start in range(0, group.gpus_per_node - tp + 1, tp):
+            units.append(Unit(group.name, node_index, devices[start:start + tp]))
+    return units
+
+
+def tp_options(group: NodeGroup, model: ModelSpec, pinned: int | None) -> list[int]:
+    """TP degrees that fit inside one machine of the group and divide the heads."""
+    wanted = [pinned] if pinned else [t for t in (1, 2, 4, 8) if t <= MAX_TP]
+    return [
+        t for t in wanted
+        if group.gpus_per_node % t == 0 and model.num_heads % t == 0
+        and model.num_kv_heads % t == 0
+    ]
+
+
+def stage_orders(groups: tuple[NodeGroup, ...], memory_of: dict[str, float],
+                 speed_of: dict[str, float]) -> list[tuple[NodeGroup, ...]]:
+    """Orders of a family's groups along its pipelines.
+
+    Up to three groups, every order; beyond that the orders by memory (first
+    stages hold the most activations) and by speed, each way round.
+    """
+    if len(groups) <= 3:
+        return list(itertools.permutations(groups))
+    orders = []
+    for key in (memory_of, speed_of):
+        ranked = tuple(sorted(groups, key=lambda g, key=key: (-key[g.name], g.name)))
+        orders.extend([ranked, tuple(reversed(ranked))])
+    return list(dict.fromkeys(orders))
+
+
+def dp_candidates(unit_counts: list[int], max_pipelines: int) -> list[int]:
+    """Replica counts worth trying for a family: the divisors of each group's unit
+    count (no unit left idle in that group), capped by what the batch allows."""
+    limit = min(min(unit_counts), max_pipelines)
+    values = {d for count in unit_counts for d in range(1, count + 1) if count % d == 0}
+    return sorted(d for d in values if d <= limit)
+
+
+def family_subsets(groups: tuple[NodeGroup, ...]) -> list[tuple[NodeGroup, ...]]:
+    """Every non-empty subset of the node groups (a family's members)."""
+    subsets = []
+    for size in range(1, len(groups) + 1):
+        subsets.extend(itertools.combinations(groups, size))
+    return subsets
+
+
+def set_partitions(items: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
+    """All ways to split ``items`` into non-empty, unordered blocks."""
+    if not items:
+        return [[]]
+    first, rest = items[0], items[1:]
+    result = []
+    for partition in set_partitions(rest):
+        result.append([(first,), *partition])
+        for index in range(len(partition)):
+            merged = list(partition)
+            merged[index] = (first, *partition[index])
+            result.append(merged)
+    return result
