@@ -2,9 +2,11 @@
 
 A layout names how a 4-layer LLaMA is split over the ranks of a run:
 ``full`` (this rank holds everything), ``pp`` (rank r holds stage r of a
-pipeline over all ranks, with the model's ordinary FQNs kept), ``tp`` (every
-rank holds DTensor shards of the attention and MLP weights), ``dp`` (every
-rank holds a full replica). Each layout is "trained" for two optimizer steps
+pipeline over all ranks, uneven when the ranks do not divide the layers, with
+the model's ordinary FQNs kept), ``tp`` (every rank holds DTensor shards of the
+attention and MLP weights), ``dp`` (every rank holds a full replica) and
+``hetero`` (three ranks, two replicas: ranks 0-1 a tp=2 replica, rank 2 a
+plain one). Each layout is "trained" for two optimizer steps
 whose values depend on the seed, so a loader built with another seed starts
 from different numbers and only matches after loading.
 """
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from potluck.errors import ConfigError
@@ -40,8 +43,7 @@ def tiny_llama_config(hidden_size: int = 32) -> LlamaConfig:
 
 def keep_stage(model: LlamaForCausalLM, stage: int, num_stages: int) -> LlamaForCausalLM:
     """Drop everything outside ``stage`` of an even pipeline split; FQNs stay as they were."""
-    per_stage = NUM_LAYERS // num_stages
-    start, end = stage * per_stage, (stage + 1) * per_stage
+    start, end = (round(s * NUM_LAYERS / num_stages) for s in (stage, stage + 1))
     model.model.layers = nn.ModuleDict(
         {str(i): model.model.layers[i] for i in range(start, end)}
     )
@@ -53,15 +55,13 @@ def keep_stage(model: LlamaForCausalLM, stage: int, num_stages: int) -> LlamaFor
     return model
 
 
-def shard_tensor_parallel(model: LlamaForCausalLM, world_size: int) -> LlamaForCausalLM:
-    from torch.distributed.device_mesh import init_device_mesh
+def shard_tensor_parallel(model: LlamaForCausalLM, mesh: DeviceMesh) -> LlamaForCausalLM:
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (world_size,))
     plan: dict[str, Any] = {}
     for i in range(NUM_LAYERS):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -80,7 +80,11 @@ def build(layout: str, rank: int, world_size: int, seed: int, lr: float = SAVED_
     if layout == "pp":
         model = keep_stage(model, rank, world_size)
     elif layout == "tp":
-        model = shard_tensor_parallel(model, world_size)
+        model = shard_tensor_parallel(model, DeviceMesh("cpu", list(range(world_size))))
+    elif layout == "hetero":
+        mesh = DeviceMesh("cpu", [0, 1])  # every rank joins in making the group
+        if rank < 2:
+            model = shard_tensor_parallel(model, mesh)
     elif layout not in ("full", "dp"):
         raise ValueError(layout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
@@ -106,10 +110,12 @@ def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
 
 def save(layout: str, rank: int, world_size: int, out_dir: Path, seed: int = 0,
          step: int = 3) -> None:
+    """Save under ``layout``; under ``hetero`` only the first replica writes (rank 2 passes {})."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts, optimizers = build(layout, rank, world_size, seed)
     state = training_state(parts, optimizers)
-    save_checkpoint(out_dir, step, state, {"step": step, "layout": layout})
+    written = {} if layout == "hetero" and rank == 2 else state
+    save_checkpoint(out_dir, step, written, {"step": step, "layout": layout})
     torch.save(full_tensors(state), out_dir / f"saved_rank{rank}.pt")
 
 
@@ -142,6 +148,17 @@ def save_then_load(rank: int, world_size: int, save_layout: str, load_layout: st
     save(save_layout, rank, world_size, out_dir)
     dist.barrier()
     load(load_layout, rank, world_size, out_dir)
+
+
+def hetero_round_trip(rank: int, world_size: int, out_dir: Path) -> None:
+    """Worker: uneven pipeline -> heterogeneous replicas -> uneven pipeline."""
+    save("pp", rank, world_size, out_dir, step=3)
+    dist.barrier()
+    load("hetero", rank, world_size, out_dir)
+    dist.barrier()
+    save("hetero", rank, world_size, out_dir, seed=7, step=4)
+    dist.barrier()
+    load("pp", rank, world_size, out_dir)
 
 
 def save_worker(rank: int, world_size: int, layout: str, out_dir: Path) -> None:

@@ -77,6 +77,13 @@ def test_data_parallel_replicas_are_written_once_and_reload_as_stages(tmp_path: 
     assert _shard_bytes(tmp_path / "dp") < 1.1 * _shard_bytes(tmp_path / "single")
 
 
+def test_uneven_pipeline_and_heterogeneous_replicas_load_each_other(tmp_path: Path):
+    """pp=[1,1,2] <-> dp=2 with a tp=2 replica on ranks 0-1 and a plain one on rank 2."""
+    run_ranks(layouts.hetero_round_trip, 3, tmp_path)
+    assert _loaded_keys(tmp_path, "hetero") == _saved_keys(tmp_path)
+    assert _loaded_keys(tmp_path, "pp") == _saved_keys(tmp_path)
+
+
 def test_a_rank_asking_for_another_shape_fails_on_every_rank_without_hanging(tmp_path: Path):
     run_ranks(layouts.mismatch_worker, 2, tmp_path, timeout_s=60)
 

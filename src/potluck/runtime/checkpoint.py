@@ -7,11 +7,14 @@ and the ``COMPLETE`` marker. Tensors are keyed by the model's ordinary
 Hugging Face FQNs (``model.model.layers.5.mlp.up_proj.weight`` under the
 ``model`` section, flattened optimizer state such as
 ``optim.state.model.layers.5.mlp.up_proj.weight.exp_avg``), so a pipeline
-rank saves only its stage's keys, data-parallel replicas save duplicates that
-DCP writes once, and tensor-parallel DTensors save their shards with the
-global shape. Loading asks DCP for exactly the keys (and shards) the loading
-rank holds, so a checkpoint loads under any other plan: other pp, tp or dp,
-other world size.
+rank saves only its stage's keys and tensor-parallel DTensors save their
+shards with the global shape. Every replica holds the whole model, so one
+data-parallel replica writes and the others pass an empty state: identical
+replicas would only be deduplicated, but replicas of a heterogeneous plan may
+hold one tensor whole on one replica and as shards on another, which DCP
+cannot write together. Loading asks DCP for exactly the keys (and shards) the
+loading rank holds, so a checkpoint loads under any other plan: other pp, tp
+or dp, uneven stages, other world size.
 
 Writing is atomic. Every rank writes into ``step_000100.partial``; after a
 barrier the coordinator writes the trainer state and the marker, then
@@ -96,9 +99,11 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
                     process_group: dist.ProcessGroup | None = None) -> Path:
     """Save ``state`` (nested dicts of tensors, DTensors, numbers) as checkpoint ``step``.
 
-    Every rank of ``process_group`` must call this with its own part of the state;
-    ``trainer_state`` (JSON-safe) is taken from the coordinator (group rank 0).
-    Without an initialized process group it saves from this process alone.
+    Every rank of ``process_group`` must call this. Ranks of the writing replica pass
+    their part of the state, ranks of other data-parallel replicas pass ``{}``; every
+    rank's RNG is saved either way. ``trainer_state`` (JSON-safe) is taken from the
+    coordinator (group rank 0). Without an initialized process group it saves from
+    this process alone.
     """
     final = checkpoint_path(out_dir, step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
