@@ -21,6 +21,7 @@ from potluck.runtime.checkpoint import (
     load_checkpoint,
     prune_checkpoints,
     read_trainer_state,
+    resume_checkpoint,
     save_checkpoint,
 )
 
@@ -96,6 +97,8 @@ def test_loading_a_key_the_checkpoint_lacks_is_a_config_error(tmp_path: Path):
 
 def test_latest_checkpoint_skips_partial_and_unmarked_directories(tmp_path: Path):
     assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        resume_checkpoint(tmp_path)
     save_checkpoint(tmp_path, 2, {"x": torch.ones(3)}, {"step": 2})
     root = tmp_path / "checkpoints"
     (root / "step_000009.partial").mkdir()
@@ -103,6 +106,7 @@ def test_latest_checkpoint_skips_partial_and_unmarked_directories(tmp_path: Path
     (root / "step_000007").mkdir()
     (root / "notes").mkdir()
     assert latest_checkpoint(tmp_path) == root / "step_000002"
+    assert resume_checkpoint(tmp_path) == root / "step_000002"
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
         load_checkpoint(root / "step_000007", {"x": torch.zeros(3)})
 
@@ -114,6 +118,12 @@ def test_saving_the_same_step_again_replaces_it(tmp_path: Path):
     assert load_checkpoint(latest_checkpoint(tmp_path), state) == {"run": 2}
     assert state["x"].tolist() == [2.0, 2.0, 2.0]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000004"]
+
+
+def test_trainer_state_that_is_not_json_fails_before_anything_is_written(tmp_path: Path):
+    with pytest.raises(TypeError):
+        save_checkpoint(tmp_path, 1, {"x": torch.ones(1)}, {"when": object()})
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_prune_keeps_the_newest(tmp_path: Path):

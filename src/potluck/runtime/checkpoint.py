@@ -94,6 +94,16 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_checkpoint(out_dir: str | Path) -> Path:
+    """The checkpoint ``--resume`` continues from; a one-line ConfigError if there is none."""
+    latest = latest_checkpoint(out_dir)
+    if latest is None:
+        raise ConfigError(
+            f"nothing to resume: no complete checkpoint under {Path(out_dir) / CHECKPOINTS_DIR}"
+        )
+    return latest
+
+
 def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
                     trainer_state: Mapping[str, Any],
                     process_group: dist.ProcessGroup | None = None) -> Path:
@@ -105,6 +115,7 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     coordinator (group rank 0). Without an initialized process group it saves from
     this process alone.
     """
+    trainer_json = json.dumps(dict(trainer_state), indent=2)  # fails on every rank alike
     final = checkpoint_path(out_dir, step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     distributed = _distributed()
@@ -119,15 +130,15 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     _save_rng(partial / RNG_DIR)
     _barrier(process_group)
     if coordinator:
-        _commit(partial, final, step, trainer_state)
+        _commit(partial, final, step, trainer_json)
         log.info("saved checkpoint %s", final)
     _barrier(process_group)
     return final
 
 
-def _commit(partial: Path, final: Path, step: int, trainer_state: Mapping[str, Any]) -> None:
+def _commit(partial: Path, final: Path, step: int, trainer_json: str) -> None:
     """Write the trainer state and the marker, then give the directory its final name."""
-    _write_synced(partial / TRAINER_STATE, json.dumps(dict(trainer_state), indent=2))
+    _write_synced(partial / TRAINER_STATE, trainer_json)
     world_size = dist.get_world_size() if _distributed() else 1
     marker = {"step": step, "world_size": world_size,
               "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -191,7 +202,8 @@ def load_full_state_dict(path: str | Path, section: str = "model") -> dict[str, 
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` finished checkpoints; call on one rank only."""
+    """Delete all but the newest ``keep_last`` finished checkpoints (``keep_last < 1`` keeps
+    them all); call on one rank only."""
     doomed = complete_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []
     for path in doomed:
         shutil.rmtree(path)
