@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import ckpt_layouts as layouts
 import pytest
 import torch
+from dist_harness import run_ranks
 from transformers import AutoModelForCausalLM
 
 from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
-from potluck.model.spec import PRESETS, ModelSpec
+from potluck.model.spec import PRESETS, ModelSpec, model_from_hf_config
 from potluck.runtime.checkpoint import latest_checkpoint, save_checkpoint, training_state
 from potluck.runtime.export import export_checkpoint, export_hf, merge_state_dicts
 
@@ -84,3 +86,12 @@ def test_weights_of_another_model_are_refused_before_writing(tmp_path: Path):
 def test_merging_replicas_that_disagree_is_an_error():
     with pytest.raises(ValueError, match="differs"):
         merge_state_dicts([{"w": torch.zeros(2)}, {"w": torch.ones(2)}])
+
+
+def test_export_of_a_two_stage_pipeline_checkpoint_matches_the_whole_model(tmp_path: Path):
+    run_ranks(layouts.save_worker, 2, "pp", tmp_path)
+    spec = model_from_hf_config(layouts.tiny_llama_config().to_dict(), "tiny-test")
+    out = export_checkpoint(latest_checkpoint(tmp_path), spec, tmp_path / "hf")
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    [whole], _ = layouts.build("full", 0, 1, seed=0)  # same seed and steps as the stages
+    assert torch.equal(_logits(reloaded), _logits(whole.eval()))
