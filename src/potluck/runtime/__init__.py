@@ -1,0 +1,1 @@
+"""Runtime: run a Plan on torch.distributed (training, checkpoints, export)."""
