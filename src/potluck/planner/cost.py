@@ -84,6 +84,7 @@ class CostModel:
         self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
         self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
         self._tp_cache: dict[tuple, float] = {}
+        self._params_cache: dict[tuple, float] = {}
 
     # ---- compute -------------------------------------------------------------------------
 
@@ -213,6 +214,14 @@ class CostModel:
     # ---- stages ------------------------------------------------------------------------
 
     def stage_params(self, num_layers: int, first: bool, last: bool, pp: int, tp: int) -> float:
+        """Parameters each device of a stage holds."""
+        key = (num_layers, first, last, pp > 1, tp)
+        cached = self._params_cache.get(key)
+        if cached is None:
+            cached = self._params_cache[key] = self._stage_params(num_layers, first, last, pp, tp)
+        return cached
+
+    def _stage_params(self, num_layers: int, first: bool, last: bool, pp: int, tp: int) -> float:
         m = self.model
         params = num_layers * counts.block_params(m)
         if first:
