@@ -59,6 +59,7 @@ class TrainingShape:
     global_batch: int  # sequences per iteration, all replicas together
     seq_len: int
     dtype: DType = DType.BF16
+    fused_kernels: bool = False  # Megatron/TE-style fused norms, rotary and activations
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,19 @@ from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.planner.formulas import PipelineTime, StageWork
-from potluck.plans import DeviceMemory, DType, Plan, Prediction, Stage, TimeBreakdown
+from potluck.plans import DeviceMemory, DType, Plan, Prediction, Stage, TimeBreakdown, TrainingShape
 
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
 MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
-FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 backward recomputes scores: ~2.5x forward FLOPs
-CAUSAL_FRACTION = 0.5  # causal attention kernels skip the masked half of the scores
+# FlashAttention-2 (Dao 2023): the backward pass does ~2.5x the forward FLOPs (it recomputes
+# the scores); on A100 the forward reaches 73% and the backward 63% of peak where large GEMMs
+# reach 87% (stas00 MAMF), i.e. 0.84 and 0.72 of GEMM throughput. Causal kernels skip the
+# masked half of the scores.
+FLASH_BACKWARD_FACTOR = 2.5
+FLASH_FORWARD_OF_GEMM = 0.73 / 0.87
+FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87
+CAUSAL_FRACTION = 0.5
 
 
 def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
@@ -76,15 +82,24 @@ class CostModel:
     """Predicts time and memory for plans of one model on one cluster."""
 
     def __init__(self, cluster: Cluster, model: ModelSpec, seq_len: int,
-                 dtype: DType = DType.BF16) -> None:
+                 dtype: DType = DType.BF16, fused_kernels: bool = False) -> None:
         self.cluster = cluster
         self.model = model
         self.seq_len = seq_len
         self.dtype = dtype
+        self.fused_kernels = fused_kernels
         self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
         self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
         self._tp_cache: dict[tuple, float] = {}
         self._params_cache: dict[tuple, float] = {}
+
+    @classmethod
+    def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
+        return cls(cluster, model, training.seq_len, training.dtype, training.fused_kernels)
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> CostModel:
+        return cls.for_training(Cluster(plan.cluster), plan.model, plan.training)
 
     # ---- compute -------------------------------------------------------------------------
 
@@ -100,12 +115,15 @@ class CostModel:
         m, s = self.model, self.seq_len
         gemms = self._block_gemms_s(device, tp, b)
         attention = self._attention_core_s(device, tp, b)
-        elementwise = counts.block_elementwise_bytes(m, b, s) / tp * self._element_scale(device)
+        elementwise = (counts.block_elementwise_bytes(m, b, s, self.fused_kernels) / tp
+                       * self._element_scale(device))
         elementwise_s = formulas.roofline_time_s(
             0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s
         )
+        attention_backward = (attention * FLASH_BACKWARD_FACTOR
+                              * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM)
         forward = gemms + attention + elementwise_s
-        backward = 2.0 * gemms + FLASH_BACKWARD_FACTOR * attention + 2.0 * elementwise_s
+        backward = 2.0 * gemms + attention_backward + 2.0 * elementwise_s
         if recompute is Recompute.FULL:
             backward += forward
         elif recompute is Recompute.SELECTIVE:
@@ -129,14 +147,15 @@ class CostModel:
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
         return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), device.achievable_flops,
-                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device))
+                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
+                                    device.sm_count)
 
     def _attention_core_s(self, device: DeviceType, tp: int, b: int) -> float:
         m, s = self.model, self.seq_len
         flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self._element_scale(device)
-        return formulas.roofline_time_s(flops, traffic, device.achievable_flops,
+        return formulas.roofline_time_s(flops, traffic, device.achievable_flops * FLASH_FORWARD_OF_GEMM,
                                         device.memory_bandwidth_bytes_per_s)
 
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
@@ -502,7 +521,7 @@ class StageOpTimes:
 
 def stage_op_times(plan: Plan) -> tuple[tuple[StageOpTimes, ...], ...]:
     """Predicted forward/backward time of one micro-batch on every stage of ``plan``."""
-    cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len, plan.training.dtype)
+    cost = CostModel.for_plan(plan)
     result = []
     for pipeline in plan.pipelines:
         stages = []

@@ -67,6 +67,7 @@ class SearchOptions:
     zero1: bool | None = None
     top_k: int = 5
     groups: tuple[str, ...] | None = None  # only these node groups may be used
+    group_tp: tuple[tuple[str, int], ...] | None = None  # TP degree pinned per node group
     family_beam: int = 3
     structure_beam: int = 64
     exact_beam: int = 32
@@ -107,7 +108,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     started = time.perf_counter()
     cluster = Cluster(spec)
     check_request(cluster, model, training, options)
-    cost = CostModel(cluster, model, training.seq_len, training.dtype)
+    cost = CostModel.for_training(cluster, model, training)
     attempts = [options.zero1] if options.zero1 is not None else [False, True]
     candidates = 0
     for zero1 in attempts:
@@ -237,7 +238,7 @@ class _Search:
     def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
         """TP degrees to try for a group: in mixed families, those that served the group
         best on its own (all of them when it cannot train alone)."""
-        allowed = tp_options(group, self.cost.model, self.options.tp)
+        allowed = tp_options(group, self.cost.model, self._pinned_tp(group))
         alone = self._best_tps.get((group.name, setting))
         if family_size == 1 or not alone:
             return allowed
@@ -262,6 +263,9 @@ class _Search:
                 break  # fewer, fuller stages only need more memory
             found.extend(feasible)
         return found
+
+    def _pinned_tp(self, group: NodeGroup) -> int | None:
+        return dict(self.options.group_tp or ()).get(group.name, self.options.tp)
 
     def _wraps(self, groups: int) -> tuple[str, ...]:
         """Wrap-around orders worth trying: by group for mixed families; by machine only
