@@ -46,7 +46,7 @@ def test_memory_of_a_single_device_is_states_activations_and_overhead(small_mode
     memory = cost.evaluate(plan).memory[0]
     m, s, b = small_model, 1024, 2
     params = counts.total_params(m)
-    activations = (8 * counts.block_activation_bytes(m, b, s, 1, Recompute.NONE)
+    activations = (8 * counts.block_activation_bytes(m, b, s, 1, Recompute.NONE, flash_attention=True)
                    + counts.embedding_activation_bytes(m, b, s, 1)
                    + counts.head_activation_bytes(m, b, s, 1))
     assert memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes == pytest.approx(16 * params)
@@ -61,7 +61,7 @@ def test_first_stages_hold_more_activations_under_1f1b(small_model):
     plan = _plan(spec, small_model, [Pipeline(stages, 1, 8)])
     memory = CostModel(Cluster(spec), small_model, 1024).evaluate(plan).memory
     activations = [m.activations_bytes for m in memory]
-    per_micro_batch = 2 * counts.block_activation_bytes(small_model, 1, 1024, 1, Recompute.NONE)
+    per_micro_batch = 2 * counts.block_activation_bytes(small_model, 1, 1024, 1, Recompute.NONE, True)
     assert activations[1] - activations[2] == pytest.approx(per_micro_batch)
     assert activations[0] > activations[1] > activations[2]
 
@@ -152,3 +152,29 @@ def test_mfu_counts_model_flops_against_the_peak_of_the_devices_used():
     assert prediction.mfu == pytest.approx(flops / 312e12)
     assert prediction.tflops_per_gpu == pytest.approx(flops / 1e12)
     assert 0.3 < prediction.mfu < 0.87  # below the device's best GEMM efficiency
+
+
+def test_flash_attention_keeps_no_scores_and_materialized_attention_costs_memory_traffic(small_model):
+    from potluck.plans import Execution
+
+    spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 1}]")
+    flash = CostModel(Cluster(spec), small_model, 4096)
+    eager = CostModel(Cluster(spec), small_model, 4096, execution=Execution(flash_attention=False))
+    device = Cluster(spec).devices[0].type
+    s2_terms = counts.block_activation_bytes(small_model, 1, 4096, 1, Recompute.NONE)
+    assert counts.block_activation_bytes(small_model, 1, 4096, 1, Recompute.NONE, True) < s2_terms
+    assert (eager.block_times(device, 1, 1, Recompute.NONE).forward_s
+            > flash.block_times(device, 1, 1, Recompute.NONE).forward_s)
+
+
+def test_gradient_reduction_after_the_backward_pass_is_fully_exposed(small_model):
+    from potluck.plans import Execution
+
+    spec = parse_cluster(TWO_BOXES)
+    pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
+    plan = _plan(spec, small_model, pipelines)
+    blocking = Execution(overlap_grad_reduce=False, grad_reduce_bytes=4)
+    exposed = CostModel(Cluster(spec), small_model, 1024, execution=blocking).evaluate(plan)
+    grads = 4 * counts.total_params(small_model)
+    assert exposed.breakdown.dp_s == pytest.approx(
+        formulas.ring_allreduce_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)

@@ -136,13 +136,19 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
     return ActivationTerms(per_sbh=attention + mlp + norms, per_as2b=scores)
 
 
-def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute) -> float:
-    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1)."""
+def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute,
+                           flash_attention: bool = False) -> float:
+    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1).
+
+    FlashAttention keeps no ``s^2`` scores (only the output and a log-sum-exp per row),
+    which is what selective recomputation achieves for materialized attention.
+    """
     h, a = m.hidden_size, m.num_heads
     if recompute is Recompute.FULL:
         return 2.0 * s * b * h / tp
     terms = block_activation_terms(m)
-    scores = 0.0 if recompute is Recompute.SELECTIVE else terms.per_as2b * a * s * s * b
+    keeps_scores = recompute is Recompute.NONE and not flash_attention
+    scores = terms.per_as2b * a * s * s * b if keeps_scores else 0.0
     return (terms.per_sbh * s * b * h + scores) / tp
 
 

@@ -30,7 +30,16 @@ from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.planner.formulas import PipelineTime, StageWork
-from potluck.plans import DeviceMemory, DType, Plan, Prediction, Stage, TimeBreakdown, TrainingShape
+from potluck.plans import (
+    DeviceMemory,
+    DType,
+    Execution,
+    Plan,
+    Prediction,
+    Stage,
+    TimeBreakdown,
+    TrainingShape,
+)
 
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
 MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
@@ -82,12 +91,14 @@ class CostModel:
     """Predicts time and memory for plans of one model on one cluster."""
 
     def __init__(self, cluster: Cluster, model: ModelSpec, seq_len: int,
-                 dtype: DType = DType.BF16, fused_kernels: bool = False) -> None:
+                 dtype: DType = DType.BF16, execution: Execution = Execution()) -> None:
         self.cluster = cluster
         self.model = model
         self.seq_len = seq_len
         self.dtype = dtype
-        self.fused_kernels = fused_kernels
+        self.execution = execution
+        self.fused_kernels = execution.fused_kernels
+        self.flash_attention = execution.flash_attention
         self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
         self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
         self._tp_cache: dict[tuple, float] = {}
@@ -95,7 +106,7 @@ class CostModel:
 
     @classmethod
     def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
-        return cls(cluster, model, training.seq_len, training.dtype, training.fused_kernels)
+        return cls(cluster, model, training.seq_len, training.dtype, training.execution)
 
     @classmethod
     def for_plan(cls, plan: Plan) -> CostModel:
@@ -106,6 +117,10 @@ class CostModel:
     def element_bytes(self, device_type: DeviceType) -> int:
         return effective_dtype(device_type, self.dtype).bytes
 
+    def grad_bytes(self, device_type: DeviceType) -> int:
+        """Bytes per gradient element in the data-parallel all-reduce."""
+        return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
+
     def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
                     recompute: Recompute) -> BlockTimes:
         return self._block_times(device_type, tp, micro_batch, recompute)
@@ -114,24 +129,30 @@ class CostModel:
                              recompute: Recompute) -> BlockTimes:
         m, s = self.model, self.seq_len
         gemms = self._block_gemms_s(device, tp, b)
-        attention = self._attention_core_s(device, tp, b)
+        attention = self._attention_s(device, tp, b)
         elementwise = (counts.block_elementwise_bytes(m, b, s, self.fused_kernels) / tp
                        * self._element_scale(device))
         elementwise_s = formulas.roofline_time_s(
             0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s
         )
-        attention_backward = (attention * FLASH_BACKWARD_FACTOR
-                              * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM)
-        forward = gemms + attention + elementwise_s
-        backward = 2.0 * gemms + attention_backward + 2.0 * elementwise_s
+        forward = gemms + attention.forward_s + elementwise_s
+        backward = 2.0 * gemms + attention.backward_s + 2.0 * elementwise_s
         if recompute is Recompute.FULL:
             backward += forward
-        elif recompute is Recompute.SELECTIVE:
-            backward += attention
+        elif recompute is Recompute.SELECTIVE and not self.flash_attention:
+            backward += attention.forward_s  # flash kernels recompute the scores anyway
         dispatch = OPS_PER_BLOCK_FORWARD * formulas.KERNEL_DISPATCH_S
         forward_total = max(forward, dispatch)
         backward_total = max(backward, 2.0 * dispatch)
         return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)
+
+    def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
+        if self.flash_attention:
+            forward = self._flash_attention_s(device, tp, b)
+            backward = forward * FLASH_BACKWARD_FACTOR * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM
+            return BlockTimes(forward, backward, 0.0)
+        forward = self._materialized_attention_s(device, tp, b)
+        return BlockTimes(forward, 2.0 * forward, 0.0)
 
     def _element_scale(self, device: DeviceType) -> float:
         """Element-wise traffic is counted in 16-bit elements; FP32 doubles it."""
@@ -150,13 +171,28 @@ class CostModel:
                                     device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
                                     device.sm_count)
 
-    def _attention_core_s(self, device: DeviceType, tp: int, b: int) -> float:
+    def _flash_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """FlashAttention: causal scores never leave the chip; Q, K, V read, output written."""
         m, s = self.model, self.seq_len
         flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self._element_scale(device)
         return formulas.roofline_time_s(flops, traffic, device.achievable_flops * FLASH_FORWARD_OF_GEMM,
                                         device.memory_bandwidth_bytes_per_s)
+
+    def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """Scores in memory (Megatron before FlashAttention, eager attention): two batched
+        GEMMs over every head plus a fused scale-mask-softmax that reads and writes the
+        ``b*a*s^2`` scores, and a dropout on them when the model has one (5 bytes each)."""
+        m, s = self.model, self.seq_len
+        heads = b * m.num_heads // tp
+        scale = self._element_scale(device)
+        scores = self._gemm_s(device, heads * s, m.head_dim, s)
+        values = self._gemm_s(device, heads * s, s, m.head_dim)
+        softmax_bytes = (4.0 + (5.0 if m.dropout else 0.0)) * heads * s * s * scale
+        softmax = formulas.roofline_time_s(0.0, softmax_bytes, device.achievable_flops,
+                                           device.memory_bandwidth_bytes_per_s)
+        return scores + values + softmax
 
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
         return self._head_times(device_type, tp, micro_batch)
@@ -272,7 +308,7 @@ class CostModel:
                                          first: bool, tp: int, micro_batch: int,
                                          recompute: Recompute) -> float:
         m, s, b = self.model, self.seq_len, micro_batch
-        per_block = counts.block_activation_bytes(m, b, s, tp, recompute)
+        per_block = counts.block_activation_bytes(m, b, s, tp, recompute, self.flash_attention)
         total = num_layers * per_block
         if first:
             total += counts.embedding_activation_bytes(m, b, s, tp)
@@ -290,7 +326,8 @@ class CostModel:
         if last:
             held += counts.head_activation_bytes(m, b, s, tp) * scale
         if recompute is Recompute.FULL and num_layers:
-            held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE) * scale
+            held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE,
+                                                  self.flash_attention) * scale
         return held
 
     def overhead_bytes(self, device_type: DeviceType) -> float:
@@ -338,7 +375,8 @@ class _PlanEvaluation:
         costs = [self._pipeline_stage_costs(k, pp_sharing) for k in range(len(self.devices))]
         times = [
             formulas.pipeline_time([c.work for c in costs[k]], p.num_micro_batches,
-                                   self.plan.schedule.value, self.plan.virtual_stages)
+                                   self.plan.schedule.value, self.plan.virtual_stages,
+                                   self.cost.execution.overlap_p2p)
             for k, p in enumerate(self.plan.pipelines)
         ]
         groups = self._dp_groups(costs)
@@ -398,7 +436,7 @@ class _PlanEvaluation:
     def _group(self, members: list[tuple[int, int]], full_params: float) -> _DpGroup:
         tp = min(len(self.devices[k][j]) for k, j in members)
         rings = [[self.devices[k][j][r] for k, j in members] for r in range(tp)]
-        element = self.cost.element_bytes(self.devices[members[0][0]][members[0][1]][0].type)
+        element = self.cost.grad_bytes(self.devices[members[0][0]][members[0][1]][0].type)
         return _DpGroup(members, rings, element * full_params)
 
     def _embedding_groups(self) -> list[_DpGroup]:
@@ -426,6 +464,8 @@ class _PlanEvaluation:
                             for ring in group.rings)
             ready = max(times[k].finish_s[j] for k, j in group.members)
             window = min(costs[k][j].work.backward_s for k, j in group.members)
+            if not self.cost.execution.overlap_grad_reduce:
+                window = 0.0
             end = max(end, ready + max(0.0, allreduce - window))
         return end
 

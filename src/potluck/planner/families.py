@@ -136,7 +136,7 @@ class FamilyEvaluator:
         sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
                       for i in range(pp))
-        fill, period = _fill_and_period(list(works), setting)
+        fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
         optimizer = self._optimizer_s(pipelines[0], layers, dp if setting.zero1 else 1)
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
@@ -286,9 +286,9 @@ class FamilyEvaluator:
         for i, (bandwidth, latency) in enumerate(rings):
             unit = pipelines[0][i]
             params = self.cost.stage_params(layers[i], i == 0, i == pp - 1, pp, unit.tp)
-            num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+            num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
             allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, bandwidth, latency)
-            behind += works[i].backward_s
+            behind += works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
             exposed = max(exposed, allreduce - behind)
         return exposed
 
@@ -337,9 +337,10 @@ class FamilyEvaluator:
             pp = family.pp
             for i, unit in enumerate(family.pipelines[0]):
                 params = self.cost.stage_params(family.layers[i], i == 0, i == pp - 1, pp, unit.tp)
-                num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+                num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
                 allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, bandwidth, latency)
-                worst = max(worst, allreduce - family.works[i].backward_s)
+                overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
+                worst = max(worst, allreduce - overlap)
         return max(0.0, worst)
 
     def _devices_per_node(self, unit: Unit) -> int:
@@ -360,10 +361,11 @@ def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], 
     return pipelines[:PATTERN_SAMPLES]
 
 
-def _fill_and_period(works: list[StageWork], setting: FamilySetting) -> tuple[float, float]:
+def _fill_and_period(works: list[StageWork], setting: FamilySetting,
+                     overlap_p2p: bool) -> tuple[float, float]:
     """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
     schedule, v = setting.schedule.value, setting.virtual_stages
-    one = formulas.pipeline_time(works, 1, schedule, v).total_s
-    two = formulas.pipeline_time(works, 2, schedule, v).total_s
+    one = formulas.pipeline_time(works, 1, schedule, v, overlap_p2p).total_s
+    two = formulas.pipeline_time(works, 2, schedule, v, overlap_p2p).total_s
     period = two - one
     return one - period, period

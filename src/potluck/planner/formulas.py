@@ -125,9 +125,16 @@ class PipelineTime:
 
 
 def pipeline_time(stages: list[StageWork], micro_batches: int, schedule: str,
-                  virtual_stages: int = 1) -> PipelineTime:
-    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above)."""
+                  virtual_stages: int = 1, overlap_p2p: bool = True) -> PipelineTime:
+    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above).
+
+    With ``overlap_p2p=False`` (blocking sends and receives) every stage also waits for
+    its transfers: one activation out and one gradient back per micro-batch and chunk.
+    """
     v = max(1, virtual_stages) if schedule in ("interleaved", "zb") else 1
+    if not overlap_p2p:
+        stages = [StageWork(s.forward_s + v * s.send_s, s.backward_s + v * s.send_s,
+                            s.weight_grad_s, s.send_s) for s in stages]
     busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
     link_period = max((s.send_s * v for s in stages), default=0.0)
     period = max(stages[busiest].total_s, link_period)
