@@ -32,6 +32,12 @@ nodes:
   - {name: r3090, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
   - {name: t4, gpu: t4, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
 """, {"r3090": 2, "t4": 2}, "gpt3-1.3b", 12, 16, 2048),
+    ("8 GPUs: 2 A100 + 2 RTX 4090 + 4 RTX 3090 (pairs), 10 Gb/s", """
+nodes:
+  - {name: a100, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: r4090, gpu: rtx4090, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: r3090, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs, inter_bandwidth: 10Gb/s}
+""", {"r3090": 2}, "gpt3-2.7b", 16, 32, 2048),
     ("8 RTX 4090, 2 machines on 25 Gb/s", """
 nodes:
   - {name: box, gpu: rtx4090, gpus_per_node: 4, count: 2, inter_bandwidth: 25Gb/s}
@@ -57,7 +63,8 @@ def main() -> None:
         model = replace(load_model(model_name), num_layers=layers)
         shape = TrainingShape(batch, seq)
         started = time.perf_counter()
-        optimum = exhaustive_best(spec, model, shape, group_tp=group_tp)
+        optimum = exhaustive_best(spec, model, shape, micro_batch_sizes=(1, 2, 4, 8, 16),
+                                  group_tp=group_tp)
         exhaustive_s = time.perf_counter() - started
         options = SearchOptions(group_tp=tuple((group_tp or {}).items()) or None)
         started = time.perf_counter()
