@@ -201,7 +201,13 @@ class _Search:
             heapq.heapreplace(heap, item)
 
     def _recomputes(self) -> list[Recompute]:
-        return [self.options.recompute] if self.options.recompute else list(Recompute)
+        """With flash attention, selective recomputation (of the attention core) is what the
+        kernel does anyway, so it is the same plan as none and is not tried separately."""
+        if self.options.recompute:
+            return [self.options.recompute]
+        if self.cost.flash_attention:
+            return [Recompute.NONE, Recompute.FULL]
+        return list(Recompute)
 
     def _settings(self, zero1: bool, recompute: Recompute):
         options, batch = self.options, self.training.global_batch
