@@ -34,20 +34,22 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, confi
 def plan(
     cluster: ClusterOpt,
     model: ModelOpt,
-    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default min(2048, model max)).")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration [64].")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence [min(2048, model's)].")] = None,
     dtype: Annotated[str, typer.Option(help="bf16 or fp16 (devices without bf16 use fp16).")] = "bf16",
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
     dp: Annotated[int | None, typer.Option(help="Pin the number of data-parallel replicas.")] = None,
     micro_batch_size: Annotated[int | None, typer.Option(help="Pin the micro-batch size.")] = None,
     recompute: Annotated[str | None, typer.Option(help="Pin recomputation: none|selective|full.")] = None,
-    partition: Annotated[str, typer.Option(help="balanced (default) or uniform (even split baseline).")] = "balanced",
+    partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
     schedule: Annotated[str, typer.Option(help="1f1b (default), gpipe, interleaved or zb.")] = "1f1b",
-    zero1: Annotated[bool | None, typer.Option("--zero1/--no-zero1", help="Shard optimizer states (default: only if needed).")] = None,
+    zero1: Annotated[bool | None, typer.Option(
+        "--zero1/--no-zero1", help="Shard optimizer states [only if needed to fit].")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the best plan to this file.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the best plan to this file.")] = None,
 ) -> None:
     """Find the fastest data/tensor/pipeline-parallel plan for a model on a cluster."""
     from potluck.plans import save_plan

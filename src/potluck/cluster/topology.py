@@ -25,11 +25,11 @@ class Device:
     node_index: int
     local_index: int
     type: DeviceType
+    node: str = ""  # the id of the machine this device sits in, ``<group>.<node index>``
 
-    @property
-    def node(self) -> str:
-        """The id of the machine this device sits in."""
-        return f"{self.group}.{self.node_index}"
+    def __post_init__(self) -> None:
+        if not self.node:
+            object.__setattr__(self, "node", f"{self.group}.{self.node_index}")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ come from :class:`~potluck.planner.cost.CostModel`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from potluck.cluster.spec import NodeGroup
@@ -53,6 +53,8 @@ class FamilyOption:
     fill_s: float
     period_s: float
     dp_quick_s: float
+    optimizer_s: float = 0.0
+    key: tuple = ()  # (order, dp, layout, wrap): how to rebuild this family for another setting
 
     @property
     def dp(self) -> int:
@@ -73,18 +75,26 @@ class FamilyEvaluator:
         self.cluster = cluster
         self.cost = cost
         self.units = lru_cache(maxsize=None)(self._units)
-        self._coefficients = lru_cache(maxsize=None)(self._slot_coefficients)
+        self._coefficient_cache: dict[tuple, tuple] = {}
         self._send_cache: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple | None] = {}
+        self._sends_by_layout: dict[tuple, tuple] = {}
+        self._works: dict[tuple, StageWork] = {}
+        self._rings: dict[int, tuple] = {}
+        self._splits: dict[tuple, list[int] | None] = {}
 
     def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
         return tuple(group_units(self.cluster, group, tp))
 
     def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                 setting: FamilySetting, wrap: bool = False) -> FamilyOption | None:
-        """``dp`` identical pipelines over the units of ``order``'s groups. With ``wrap`` the
-        first group's units are split between both ends of each pipeline, so the
-        embedding and the head (tied or not) sit on the same kind of device and machine."""
+                 setting: FamilySetting, wrap: str = "none") -> FamilyOption | None:
+        """``dp`` identical pipelines over the units of ``order``'s groups.
+
+        ``wrap`` puts part of the first units at the far end of each pipeline, so the
+        embedding and the head sit on the same kind of device (``group``: the first
+        group's units are split between both ends) or the same machine (``node``: the
+        first machine's units are), which keeps a tied embedding's gradient exchange
+        off the network."""
         layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
         if layout_key not in self._layouts:
             self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
@@ -93,8 +103,11 @@ class FamilyEvaluator:
             return None
         pipelines, sharing = assembled
         groups = tuple((g.name, tp) for g, tp in order)
-        name = f"{layout}+wrap" if wrap else layout
-        return self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+        name = layout if wrap == "none" else f"{layout}+wrap-{wrap}"
+        option = self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+        if option is None:
+            return None
+        return replace(option, key=(order, dp, layout, wrap))
 
     def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
         """Pipeline transfers crossing each machine's network card at once."""
@@ -117,21 +130,29 @@ class FamilyEvaluator:
         num_layers = self.cost.model.num_layers
         if pp * setting.virtual_stages > num_layers:
             return None
-        sends = self._sends(pipelines, setting.micro_batch, sharing)
-        slots = [self._slot(pipelines[0][i], i, pp, dp, setting) for i in range(pp)]
-        if any(slot is None for slot in slots):
-            return None
-        layers = split_layers(slots, num_layers, setting.uniform, setting.virtual_stages)
+        layers = self._split(pipelines[0], dp, setting)
         if layers is None:
             return None
+        sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
                       for i in range(pp))
-        fill, period = _fill_and_period(list(works), setting)
+        fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
-        return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick)
+        optimizer = self._optimizer_s(pipelines[0], layers, dp if setting.zero1 else 1)
+        return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
+                            optimizer)
+
+    def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int], shards: int) -> float:
+        pp = len(layers)
+        return max(
+            formulas.adam_step_time_s(
+                self.cost.stage_params(n, i == 0, i == pp - 1, pp, unit.tp) / shards,
+                unit.devices[0].type.memory_bandwidth_bytes_per_s)
+            for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
+        )
 
     def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                  wrap: bool) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
+                  wrap: str) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
         """The family's pipelines and, per machine, the pipeline transfers crossing its
         network card at once (all boundaries are busy in the steady state)."""
         per_group = []
@@ -145,14 +166,27 @@ class FamilyEvaluator:
             else:
                 chunks = [units[j::dp][:per_pipeline] for j in range(dp)]
             per_group.append(chunks)
-        if wrap:
+        if wrap == "group":
             if len(per_group) < 2 or len(per_group[0][0]) < 2:
                 return None
             front = [c[: (len(c) + 1) // 2] for c in per_group[0]]
             back = [c[(len(c) + 1) // 2:] for c in per_group[0]]
             per_group = [front, *per_group[1:], back]
         pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
+        if wrap == "node":
+            pipelines = tuple(_wrap_first_machine(p) for p in pipelines)
+            if any(p is None for p in pipelines):
+                return None
         return pipelines, self.layout_sharing(pipelines)
+
+    def _sends_cached(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
+                      sharing: dict[str, int]) -> list[float]:
+        key = (id(pipelines), micro_batch)
+        cached = self._sends_by_layout.get(key)
+        if cached is None or cached[0] is not pipelines:
+            cached = (pipelines, self._sends(pipelines, micro_batch, sharing))
+            self._sends_by_layout[key] = cached
+        return cached[1]
 
     def _sends(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
                sharing: dict[str, int]) -> list[float]:
@@ -173,20 +207,41 @@ class FamilyEvaluator:
                 a.devices, b.devices, micro_batch, {a.node: shares[0], b.node: shares[1]})
         return self._send_cache[key]
 
+    def _split(self, pipeline: tuple[Unit, ...], dp: int, setting: FamilySetting) -> list[int] | None:
+        """The layer split depends only on the stages' device types, not on where they sit."""
+        key = (tuple((u.group, u.tp) for u in pipeline), dp, setting)
+        if key in self._splits:
+            return self._splits[key]
+        pp = len(pipeline)
+        slots = []
+        for i in range(pp):
+            slot = self._slot(pipeline[i], i, pp, dp, setting)
+            if slot is None:
+                self._splits[key] = None
+                return None
+            slots.append(slot)
+        layers = split_layers(slots, self.cost.model.num_layers, setting.uniform,
+                              setting.virtual_stages)
+        self._splits[key] = layers
+        return layers
+
     def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
         first, last = i == 0, i == pp - 1
-        coefficients = self._coefficients(unit.devices[0].type, unit.devices, first, last, pp,
-                                          setting.micro_batch, setting.recompute, dp,
-                                          setting.zero1)
-        per_layer_s, extra_s, fixed_bytes, per_layer_bytes, per_flight_bytes, act_bytes = coefficients
+        key = (unit.group, unit.tp, first, last, pp, dp, setting)
+        coefficients = self._coefficient_cache.get(key)
+        if coefficients is None:
+            coefficients = self._slot_coefficients(unit.devices[0].type, unit.devices, first, last,
+                                                   pp, setting.micro_batch, setting.recompute, dp,
+                                                   setting.zero1)
+            self._coefficient_cache[key] = coefficients
+        per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
         in_flight = formulas.in_flight_micro_batches(
             setting.schedule.value, i, pp, setting.micro_batches, setting.virtual_stages)
-        capacity = usable_memory_bytes(unit.devices[0].type) - fixed_bytes - in_flight * per_flight_bytes
-        per_layer = per_layer_bytes + in_flight * act_bytes
+        capacity = usable_memory_bytes(unit.devices[0].type) - fixed - in_flight * per_flight
+        per_layer = per_layer_states + in_flight * per_layer_act
         if capacity < per_layer * setting.virtual_stages:
             return None
-        max_layers = int(math.floor(capacity / per_layer))
-        return StageSlot(per_layer_s, extra_s, max_layers)
+        return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))
 
     def _slot_coefficients(self, device_type, devices: tuple[Device, ...], first: bool,
                            last: bool, pp: int, b: int, recompute: Recompute, dp: int,
@@ -209,33 +264,49 @@ class FamilyEvaluator:
 
     def _work(self, unit: Unit, layers: int, i: int, pp: int, send_s: float,
               setting: FamilySetting) -> StageWork:
-        work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
-                                       setting.micro_batch, setting.recompute, send_s)
+        key = (unit.group, unit.devices[0].local_index, unit.tp, layers, i == 0, i == pp - 1,
+               setting.micro_batch, setting.recompute, send_s)
+        work = self._works.get(key)
+        if work is None:
+            work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
+                                           setting.micro_batch, setting.recompute, send_s)
+            self._works[key] = work
         return work
 
     def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],
                     works: tuple[StageWork, ...]) -> float:
         """Exposed gradient all-reduce inside the family, rings sampled, NICs shared by
         every device of a machine that crosses it."""
-        dp = len(pipelines)
-        pp = len(layers)
+        dp, pp = len(pipelines), len(layers)
         embedding = self._tied_embedding_s(pipelines)
         if dp <= 1:
             return embedding
+        rings = self._ring_links(pipelines)
         exposed, behind = embedding, 0.0
-        for i in range(pp):
+        for i, (bandwidth, latency) in enumerate(rings):
             unit = pipelines[0][i]
-            ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            bandwidth, latency = self.cost.ring_bandwidth(ring)
-            crosses = len({d.node for d in ring}) > 1
-            if crosses:
-                bandwidth /= self._devices_per_node(unit)
             params = self.cost.stage_params(layers[i], i == 0, i == pp - 1, pp, unit.tp)
-            num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+            num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
             allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, bandwidth, latency)
-            behind += works[i].backward_s
+            behind += works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
             exposed = max(exposed, allreduce - behind)
         return exposed
+
+    def _ring_links(self, pipelines: tuple[tuple[Unit, ...], ...]) -> list[tuple[float, float]]:
+        """Per stage, the bottleneck bandwidth and latency of its gradient ring (cached per layout)."""
+        key = id(pipelines)
+        cached = self._rings.get(key)
+        if cached is not None and cached[0] is pipelines:
+            return cached[1]
+        links = []
+        for i in range(len(pipelines[0])):
+            ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
+            bandwidth, latency = self.cost.ring_bandwidth(ring)
+            if len({d.node for d in ring}) > 1:
+                bandwidth /= self._devices_per_node(pipelines[0][i])
+            links.append((bandwidth, latency))
+        self._rings[key] = (pipelines, links)
+        return links
 
     def _tied_embedding_s(self, pipelines: tuple[tuple[Unit, ...], ...]) -> float:
         """A tied embedding's gradient summed between the first and last stage (pp > 1)."""
@@ -266,23 +337,35 @@ class FamilyEvaluator:
             pp = family.pp
             for i, unit in enumerate(family.pipelines[0]):
                 params = self.cost.stage_params(family.layers[i], i == 0, i == pp - 1, pp, unit.tp)
-                num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+                num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
                 allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, bandwidth, latency)
-                worst = max(worst, allreduce - family.works[i].backward_s)
+                overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
+                worst = max(worst, allreduce - overlap)
         return max(0.0, worst)
 
     def _devices_per_node(self, unit: Unit) -> int:
         return self.cluster.groups[unit.group].gpus_per_node
 
 
+def _wrap_first_machine(pipeline: tuple[Unit, ...]) -> tuple[Unit, ...] | None:
+    """Split the first machine's units between both ends of the pipeline."""
+    first = [u for u in pipeline if u.node == pipeline[0].node]
+    rest = [u for u in pipeline if u.node != pipeline[0].node]
+    if len(first) < 2 or not rest:
+        return None
+    half = (len(first) + 1) // 2
+    return (*first[:half], *rest, *first[half:])
+
+
 def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], ...]:
     return pipelines[:PATTERN_SAMPLES]
 
 
-def _fill_and_period(works: list[StageWork], setting: FamilySetting) -> tuple[float, float]:
+def _fill_and_period(works: list[StageWork], setting: FamilySetting,
+                     overlap_p2p: bool) -> tuple[float, float]:
     """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
     schedule, v = setting.schedule.value, setting.virtual_stages
-    one = formulas.pipeline_time(works, 1, schedule, v).total_s
-    two = formulas.pipeline_time(works, 2, schedule, v).total_s
+    one = formulas.pipeline_time(works, 1, schedule, v, overlap_p2p).total_s
+    two = formulas.pipeline_time(works, 2, schedule, v, overlap_p2p).total_s
     period = two - one
     return one - period, period

@@ -27,10 +27,11 @@ class Unit:
     group: str
     node_index: int
     devices: tuple[Device, ...]
+    node: str = ""
 
-    @property
-    def node(self) -> str:
-        return self.devices[0].node
+    def __post_init__(self) -> None:
+        if not self.node:
+            object.__setattr__(self, "node", self.devices[0].node)
 
     @property
     def tp(self) -> int:
@@ -61,10 +62,10 @@ def stage_orders(groups: tuple[NodeGroup, ...], memory_of: dict[str, float],
                  speed_of: dict[str, float]) -> list[tuple[NodeGroup, ...]]:
     """Orders of a family's groups along its pipelines.
 
-    Up to three groups, every order; beyond that the orders by memory (first
+    Up to two groups, both orders; beyond that the orders by memory (first
     stages hold the most activations) and by speed, each way round.
     """
-    if len(groups) <= 3:
+    if len(groups) <= 2:
         return list(itertools.permutations(groups))
     orders = []
     for key in (memory_of, speed_of):

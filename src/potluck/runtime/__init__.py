@@ -11,7 +11,10 @@ A few lines turn a single-device script into multi-device training::
         trainer.step(data.replica_rows(step, *session.layout.batch_rows))
 
 Run it under torchrun (one command per machine: :func:`torchrun_commands`),
-or let :func:`train` start the ranks of one machine.
+or let :func:`train` start the ranks of one machine. Checkpoints
+(:mod:`potluck.runtime.checkpoint`) and Hugging Face export
+(:mod:`potluck.runtime.export`) take the model's state dicts under its own
+parameter names (``ParallelModel.module``).
 """
 
 from potluck.runtime.build import build_model, materialize, meta_init, model_spec

@@ -1,0 +1,107 @@
+"""Export trained weights as a Hugging Face model directory.
+
+The result is ``config.json`` plus ``model.safetensors``, which
+``transformers.AutoModelForCausalLM.from_pretrained(dir)`` loads as it would
+any model. The weights come either from per-rank partial state dicts (a
+pipeline rank's stage, a replica's duplicate; merged, with duplicates checked
+equal) or straight from a checkpoint directory, read in one process whatever
+plan saved it. The config is the spec's own Hugging Face config
+(:func:`potluck.model.hf.hf_config_for`).
+
+Before anything is written the weights are checked against the model the
+config builds (on the meta device, so no memory is spent): every key present,
+no stray ones, every shape right. Tied weights (GPT-2, tied Qwen2) are
+written once, under the embedding's name, as ``save_pretrained`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from potluck.errors import ConfigError
+from potluck.model.hf import hf_config_for
+from potluck.model.spec import ModelSpec
+from potluck.runtime.checkpoint import load_full_state_dict
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def merge_state_dicts(parts: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One full state dict from partial ones; a key held twice must hold equal tensors."""
+    from torch.distributed.tensor import DTensor
+
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for key, tensor in part.items():
+            if isinstance(tensor, DTensor):
+                raise ValueError(f"{key} is a DTensor shard: call full_tensor() on all ranks first")
+            tensor = tensor.detach().cpu()
+            if key in merged and not torch.equal(merged[key], tensor):
+                raise ValueError(f"{key} differs between the partial state dicts")
+            merged[key] = tensor
+    return merged
+
+
+def export_hf(state_dict: Mapping[str, torch.Tensor], spec: ModelSpec,
+              out_dir: str | Path) -> Path:
+    """Write ``state_dict`` (full tensors, HF FQNs) as a Hugging Face directory."""
+    config = hf_config_for(spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tensors = _checked_tensors(state_dict, model, spec.name)
+    dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    config.architectures = [type(model).__name__]
+    config.dtype = str(dtype).removeprefix("torch.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(out))
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    log.info("exported %s (%d tensors) to %s", spec.name, len(tensors), out)
+    return out
+
+
+def export_checkpoint(checkpoint_dir: str | Path, spec: ModelSpec, out_dir: str | Path) -> Path:
+    """Export the model weights of a potluck checkpoint; runs in one process."""
+    return export_hf(load_full_state_dict(checkpoint_dir, "model"), spec, out_dir)
+
+
+def _checked_tensors(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module,
+                     model_name: str) -> dict[str, torch.Tensor]:
+    """The tensors to write, keyed and shaped as ``model`` expects; tied aliases dropped."""
+    tied = _tied_aliases(model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    given = {k: v for k, v in state_dict.items() if k not in tied}
+    missing = sorted(set(expected) - set(given))
+    stray = sorted(set(given) - set(expected))
+    if missing or stray:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {stray[:3]}"
+        raise ConfigError(f"weights do not fit model {model_name!r}: {what}")
+    for key, tensor in given.items():
+        if tuple(tensor.shape) != expected[key]:
+            raise ConfigError(
+                f"weights do not fit model {model_name!r}: {key} is {tuple(tensor.shape)}, "
+                f"the model needs {expected[key]}"
+            )
+    for alias, source in tied.items():
+        if alias in state_dict and not torch.equal(state_dict[alias].cpu(), given[source].cpu()):
+            log.warning("%s differs from the tied %s; exporting %s", alias, source, source)
+    return {key: tensor.detach().cpu().contiguous() for key, tensor in given.items()}
+
+
+def _tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Parameter names that are another parameter (``lm_head.weight`` -> the embedding)."""
+    first_name: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first_name:
+            aliases[name] = first_name[id(param)]
+        first_name.setdefault(id(param), name)
+    return aliases

@@ -1,0 +1,135 @@
+"""Sharded checkpoints: save under one plan, load under another, exact tensors back.
+
+The multi-rank tests spawn gloo processes (see dist_harness.py); the models
+and workers are in ckpt_layouts.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ckpt_layouts as layouts
+import pytest
+import torch
+from dist_harness import run_ranks
+
+from potluck.errors import ConfigError
+from potluck.runtime.checkpoint import (
+    MARKER,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    read_trainer_state,
+    resume_checkpoint,
+    save_checkpoint,
+)
+
+
+def _loaded_keys(out_dir: Path, layout: str) -> set[str]:
+    keys: set[str] = set()
+    for file in out_dir.glob(f"loaded_keys_{layout}_rank*.pt"):
+        keys.update(torch.load(file))
+    return keys
+
+
+def _saved_keys(out_dir: Path) -> set[str]:
+    keys: set[str] = set()
+    for file in out_dir.glob("saved_rank*.pt"):
+        keys.update(torch.load(file, weights_only=False))
+    return keys
+
+
+def test_two_pipeline_stages_save_and_one_process_loads_everything(tmp_path: Path):
+    run_ranks(layouts.save_worker, 2, "pp", tmp_path)
+    path = latest_checkpoint(tmp_path)
+    assert path == checkpoint_path(tmp_path, 3)
+    assert read_trainer_state(path) == {"step": 3, "layout": "pp"}
+    layouts.load("full", 0, 1, tmp_path)
+    assert _loaded_keys(tmp_path, "full") == _saved_keys(tmp_path)
+    assert any("model.layers.0." in k for k in _saved_keys(tmp_path))
+    assert any("model.layers.3." in k for k in _saved_keys(tmp_path))
+
+
+def test_one_process_saves_and_two_pipeline_stages_load_their_halves(tmp_path: Path):
+    layouts.save("full", 0, 1, tmp_path)
+    run_ranks(layouts.load_worker, 2, "pp", tmp_path)
+    assert _loaded_keys(tmp_path, "pp") == _saved_keys(tmp_path)
+
+
+def test_tensor_parallel_shards_reload_as_pipeline_stages(tmp_path: Path):
+    run_ranks(layouts.save_then_load, 2, "tp", "pp", tmp_path)
+    assert _loaded_keys(tmp_path, "pp") == _saved_keys(tmp_path)
+
+
+def test_pipeline_stages_reload_as_tensor_parallel_shards(tmp_path: Path):
+    run_ranks(layouts.save_then_load, 2, "pp", "tp", tmp_path)
+    assert _loaded_keys(tmp_path, "tp") == _saved_keys(tmp_path)
+
+
+def _shard_bytes(out_dir: Path) -> int:
+    return sum(f.stat().st_size for f in checkpoint_path(out_dir, 3).glob("*.distcp"))
+
+
+def test_data_parallel_replicas_are_written_once_and_reload_as_stages(tmp_path: Path):
+    run_ranks(layouts.save_then_load, 2, "dp", "pp", tmp_path / "dp")
+    assert _loaded_keys(tmp_path / "dp", "pp") == _saved_keys(tmp_path / "dp")
+    layouts.save("full", 0, 1, tmp_path / "single")
+    assert _shard_bytes(tmp_path / "dp") < 1.1 * _shard_bytes(tmp_path / "single")
+
+
+def test_uneven_pipeline_and_heterogeneous_replicas_load_each_other(tmp_path: Path):
+    """pp=[1,1,2] <-> dp=2 with a tp=2 replica on ranks 0-1 and a plain one on rank 2."""
+    run_ranks(layouts.hetero_round_trip, 3, tmp_path)
+    assert _loaded_keys(tmp_path, "hetero") == _saved_keys(tmp_path)
+    assert _loaded_keys(tmp_path, "pp") == _saved_keys(tmp_path)
+
+
+def test_a_rank_asking_for_another_shape_fails_on_every_rank_without_hanging(tmp_path: Path):
+    run_ranks(layouts.mismatch_worker, 2, tmp_path, timeout_s=60)
+
+
+def test_loading_a_key_the_checkpoint_lacks_is_a_config_error(tmp_path: Path):
+    save_checkpoint(tmp_path, 1, {"model": {"a": torch.zeros(2)}}, {"step": 1})
+    with pytest.raises(ConfigError, match="it has no tensor 'model.b'"):
+        load_checkpoint(latest_checkpoint(tmp_path), {"model": {"b": torch.zeros(2)}})
+
+
+def test_latest_checkpoint_skips_partial_and_unmarked_directories(tmp_path: Path):
+    assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        resume_checkpoint(tmp_path)
+    save_checkpoint(tmp_path, 2, {"x": torch.ones(3)}, {"step": 2})
+    root = tmp_path / "checkpoints"
+    (root / "step_000009.partial").mkdir()
+    (root / "step_000009.partial" / MARKER).write_text("{}")
+    (root / "step_000007").mkdir()
+    (root / "notes").mkdir()
+    assert latest_checkpoint(tmp_path) == root / "step_000002"
+    assert resume_checkpoint(tmp_path) == root / "step_000002"
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        load_checkpoint(root / "step_000007", {"x": torch.zeros(3)})
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path: Path):
+    save_checkpoint(tmp_path, 4, {"x": torch.ones(3)}, {"run": 1})
+    save_checkpoint(tmp_path, 4, {"x": torch.full((3,), 2.0)}, {"run": 2})
+    state = {"x": torch.zeros(3)}
+    assert load_checkpoint(latest_checkpoint(tmp_path), state) == {"run": 2}
+    assert state["x"].tolist() == [2.0, 2.0, 2.0]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000004"]
+
+
+def test_trainer_state_that_is_not_json_fails_before_anything_is_written(tmp_path: Path):
+    with pytest.raises(TypeError):
+        save_checkpoint(tmp_path, 1, {"x": torch.ones(1)}, {"when": object()})
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_prune_keeps_the_newest(tmp_path: Path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, {"x": torch.ones(1) * step}, {"step": step})
+    removed = prune_checkpoints(tmp_path, keep_last=2)
+    assert [p.name for p in removed] == ["step_000001"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_000002", "step_000003"]
