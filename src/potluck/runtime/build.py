@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from potluck.errors import ConfigError
-from potluck.model.spec import MlpKind, ModelSpec
+from potluck.model.spec import ModelSpec
 
 DEFAULT_INIT_STD = 0.02
 
@@ -52,39 +52,12 @@ def meta_init() -> Iterator[None]:
 
 
 def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa") -> Any:
-    """The Hugging Face config of ``spec``: its own config.json, or one made from its shape."""
-    from transformers import AutoConfig
+    """The Hugging Face config of ``spec`` (:func:`potluck.model.hf.hf_config_for`)."""
+    from potluck.model.hf import hf_config_for
 
-    if spec.hf_config:
-        fields = dict(spec.hf_config)
-        model_type = fields.pop("model_type", "gpt2" if "n_embd" in fields else "llama")
-        config = AutoConfig.for_model(model_type, **fields)
-    else:
-        config = _config_from_shape(spec)
+    config = hf_config_for(spec)
     config._attn_implementation = attn_implementation
     return config
-
-
-def _config_from_shape(spec: ModelSpec) -> Any:
-    from transformers import AutoConfig
-
-    if spec.mlp is MlpKind.GELU:
-        dropout = 0.1 if spec.dropout else 0.0
-        return AutoConfig.for_model(
-            "gpt2", n_embd=spec.hidden_size, n_layer=spec.num_layers, n_head=spec.num_heads,
-            n_inner=spec.ffn_hidden_size, vocab_size=spec.vocab_size, n_positions=spec.max_seq_len,
-            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-            tie_word_embeddings=spec.tied_embeddings, bos_token_id=None, eos_token_id=None,
-        )
-    model_type = spec.family if spec.family in ("llama", "mistral", "qwen2", "qwen3") else "llama"
-    extra = {} if model_type == "qwen2" else {"attention_bias": spec.qkv_bias}
-    return AutoConfig.for_model(
-        model_type, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        intermediate_size=spec.ffn_hidden_size, vocab_size=spec.vocab_size,
-        max_position_embeddings=spec.max_seq_len, tie_word_embeddings=spec.tied_embeddings,
-        **extra,
-    )
 
 
 def build_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> nn.Module:
