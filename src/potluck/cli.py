@@ -123,6 +123,9 @@ def train(
     dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
     tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint to DIR every N steps (0: never).")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
+    stand_in: Annotated[str | None, typer.Option(help="Compute with this model (e.g. tiny) when emulating.")] = None,
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
@@ -136,7 +139,8 @@ def train(
 
     options = TrainOptions(steps=steps, lr=lr, seed=seed, out_dir=str(out) if out else None,
                            data=data, tokenizer=tokenizer, emulate=emulate, dilation=dilation,
-                           timeout_s=timeout, tensorboard=tensorboard)
+                           timeout_s=timeout, tensorboard=tensorboard,
+                           checkpoint_every=checkpoint_every, resume=resume, stand_in=stand_in)
     plan_obj = load_plan(plan_file)
     if print_commands or (len(plan_nodes(plan_obj)) > 1 and not emulate):
         for node in torchrun_commands(plan_obj, str(plan_file), master_addr, master_port,

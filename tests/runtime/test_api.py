@@ -107,3 +107,21 @@ def test_metrics_jsonl_has_one_object_per_step(tmp_path):
             assert key in record
         assert record["tokens_per_s"] > 0 and record["peak_memory_gb"] > 0
     assert [m.loss for m in history] == pytest.approx(reference_losses(TINY_LLAMA, 2), abs=2e-5)
+
+
+def _metrics_of_rank(plan, options):
+    return [m.loss for m in train_rank(plan, options)]
+
+
+def test_resume_under_another_plan_continues_the_same_loss_curve(tmp_path):
+    from potluck.runtime.launch import run_local
+
+    first = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
+    second = make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 1, 1), pipe([(1, (0, 2)), (1, (2, 4))],
+                                                                     1, 3)])
+    common = {"lr": LR, "out_dir": str(tmp_path), "progress": False, "timeout_s": 60}
+    before = run_local(_metrics_of_rank, first.devices,
+                       (first, TrainOptions(steps=2, checkpoint_every=2, **common)))[0]
+    after = run_local(_metrics_of_rank, second.devices,
+                      (second, TrainOptions(steps=4, resume=True, **common)))[0]
+    assert before + after == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=4), abs=2e-5)

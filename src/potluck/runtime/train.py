@@ -24,6 +24,7 @@ from torch import nn
 from potluck.errors import ConfigError
 from potluck.model.spec import MlpKind, ModelSpec, load_model
 from potluck.plans import Plan, check_plan, load_plan
+from potluck.runtime import checkpointing
 from potluck.runtime.batches import RandomTokens
 from potluck.runtime.build import build_model
 from potluck.runtime.emulate import EmulationClock, emulate, predict
@@ -42,7 +43,7 @@ TINY_SEQ_LEN = 128
 class TrainOptions:
     """How to train a plan; every field has a flag in ``potluck train``."""
 
-    steps: int = 20
+    steps: int = 20  # total steps of the run (a resumed run continues up to it)
     lr: float = 3e-4
     seed: int = 0
     max_grad_norm: float | None = 1.0
@@ -56,7 +57,9 @@ class TrainOptions:
     timeout_s: float = 600.0  # how long a rank waits for the others
     tensorboard: bool = False
     progress: bool = True
-
+    checkpoint_every: int = 0  # save to out_dir/checkpoints every N steps and at the end
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    resume: bool = False  # continue from the newest checkpoint in out_dir
 
 def batch_source(plan: Plan, options: TrainOptions) -> BatchSource:
     """The run's data: the corpus at ``options.data`` or random tokens."""
@@ -145,10 +148,35 @@ def train_rank(plan: Plan, options: TrainOptions,
                 clock = emulate(parallel, options.dilation, timing=plan)
                 if options.dilation is None:
                     _calibrate(trainer, clock, source)
+            if options.resume:
+                checkpointing.resume(trainer, source, _out_dir(options))
             trainer.callbacks = _callbacks(options, session)
-        return trainer.fit(source, options.steps)
+        return trainer.fit(source, max(0, options.steps - trainer.step_index),
+                           on_step=_checkpoint_hook(trainer, source, options))
     finally:
         session.close()
+
+
+def _out_dir(options: TrainOptions) -> str:
+    if not options.out_dir:
+        raise ConfigError("checkpoints need an output directory: give --out DIR")
+    return options.out_dir
+
+
+def _checkpoint_hook(trainer: Trainer, source: BatchSource, options: TrainOptions
+                     ) -> Callable[[StepMetrics], None] | None:
+    """Save every ``checkpoint_every`` steps and after the last one."""
+    every = options.checkpoint_every
+    if every <= 0:
+        return None
+    out_dir = _out_dir(options)
+
+    def hook(metrics: StepMetrics) -> None:
+        done = metrics.step + 1
+        if done % every == 0 or done == options.steps:
+            checkpointing.save(trainer, source, out_dir, options.keep_checkpoints)
+
+    return hook
 
 
 def check_local(plan: Plan, options: TrainOptions) -> None:

@@ -1,0 +1,54 @@
+"""Checkpoints of a training run: save every N steps, resume from the newest.
+
+The bridge between the trainer and :mod:`potluck.runtime.checkpoint`: the
+model's state under its own parameter names (``ParallelModel.module``), the
+optimizer's state flattened per parameter, the step and the data position.
+Ranks of replica 0 write (every replica holds the whole model, possibly laid
+out differently); every rank loads exactly the keys and shards it holds, so a
+run may resume under another plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from potluck.runtime.checkpoint import (
+    apply_training_state,
+    load_checkpoint,
+    load_rng_state,
+    prune_checkpoints,
+    resume_checkpoint,
+    save_checkpoint,
+    training_state,
+)
+from potluck.runtime.trainer import Trainer
+
+
+def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
+    """Checkpoint the state after the trainer's last step (collective: every rank calls)."""
+    model = trainer.model
+    next_step = trainer.step_index
+    writes = model.layout.role.pipeline == 0
+    state = training_state([model.module], [trainer.optimizer]) if writes else {}
+    trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout()}
+    if hasattr(source, "state_dict"):
+        trainer_state["data"] = source.state_dict(next_step)
+    path = save_checkpoint(out_dir, next_step, state, trainer_state)
+    if model.layout.rank == 0:
+        prune_checkpoints(out_dir, keep_last)
+    return path
+
+
+def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
+    """Load the newest checkpoint under ``out_dir``; returns the step to continue from."""
+    path = resume_checkpoint(out_dir)
+    model = trainer.model
+    state = training_state([model.module], [trainer.optimizer])
+    saved = load_checkpoint(path, state)
+    apply_training_state([model.module], [trainer.optimizer], state)
+    if "data" in saved and hasattr(source, "load_state_dict"):
+        source.load_state_dict(saved["data"])
+    load_rng_state(path)
+    trainer.step_index = int(saved["step"])
+    return trainer.step_index
