@@ -125,7 +125,7 @@ def train(
     tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint to DIR every N steps (0: never).")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
-    stand_in: Annotated[str | None, typer.Option(help="Compute with this model (e.g. tiny) when emulating.")] = None,
+    stand_in: Annotated[str | None, typer.Option(help="Emulate computing this model (tiny).")] = None,
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
