@@ -121,7 +121,7 @@ class GradSync:
     def norm_squared(self) -> torch.Tensor:
         """This rank's part of the squared global gradient norm (sum over ranks = total)."""
         role = self.layout.role
-        total = torch.zeros((), dtype=torch.float64)
+        squares = []
         for item in self.params:
             if self.layout.norm_owner(item.unit) != (role.pipeline, role.stage):
                 continue
@@ -129,8 +129,10 @@ class GradSync:
                 continue
             grad = item.param.grad
             if grad is not None:
-                total += _local(grad).detach().double().pow(2).sum().cpu()
-        return total
+                squares.append(_local(grad).detach().double().pow(2).sum())
+        if not squares:
+            return torch.zeros((), dtype=torch.float64)
+        return torch.stack(squares).sum()
 
 
 def _match_grad_layout(param: nn.Parameter) -> None:

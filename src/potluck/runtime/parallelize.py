@@ -21,6 +21,7 @@ caller's (:class:`potluck.runtime.trainer.Trainer` does it).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from potluck.runtime.recompute import apply_recompute
 from potluck.runtime.session import Session
 from potluck.runtime.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.tracing import find_blocks, trace_stages
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,19 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> Paralle
         stages, units, aliases = _stages_of_any(model, session)
     materialize(stages, session.device, seed, aliases, kinds)
     apply_recompute(stages, layout.plan.recompute)
+    _warn_unsupported(session)
     return ParallelModel(session, stages, units)
+
+
+def _warn_unsupported(session: Session) -> None:
+    """Plan settings this runtime does not honour yet (numerics are unaffected)."""
+    if session.rank != 0:
+        return
+    if session.plan.zero1:
+        log.warning("the plan asks for ZeRO-1; this runtime keeps full optimizer states on "
+                    "every replica (same numbers, more memory than predicted)")
+    if session.autocast_dtype is torch.float16:
+        log.warning("fp16 autocast runs without loss scaling; prefer bf16 where the GPU has it")
 
 
 def _merge_into(root: nn.Module, module: nn.Module) -> None:
@@ -214,7 +229,7 @@ class ParallelModel:
 
     def _global_tokens(self, targets: torch.Tensor) -> int:
         count = (targets != IGNORE_INDEX).sum() if self.layout.is_replica_leader else 0
-        total = torch.tensor([float(count)], dtype=torch.float64)
+        total = torch.tensor([float(count)], dtype=torch.float64, device=self.session.device)
         dist.all_reduce(total)
         return int(total.item())
 
@@ -222,8 +237,8 @@ class ParallelModel:
         loss_sum = 0.0
         if self.layout.is_loss_reporter:
             loss_sum = float(sum(_scalar(loss) for loss in losses))
-        totals = torch.tensor([loss_sum, 0.0], dtype=torch.float64)
-        totals[1] = self.grad_sync.norm_squared()
+        totals = torch.tensor([loss_sum, 0.0], dtype=torch.float64, device=self.session.device)
+        totals[1] = self.grad_sync.norm_squared()  # small tensors live on the device (nccl)
         dist.all_reduce(totals)
         return StepOutput(loss=float(totals[0]), tokens=tokens,
                           grad_norm=float(totals[1].sqrt()))

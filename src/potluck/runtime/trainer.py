@@ -137,7 +137,8 @@ class Trainer:
         return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
 
     def _metrics(self, output: Any, step_time_s: float) -> StepMetrics:
-        peak = torch.tensor([peak_memory_bytes(self.model.session.device)], dtype=torch.float64)
+        device = self.model.session.device
+        peak = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return StepMetrics(
             step=self.step_index, loss=output.loss, tokens=output.tokens,
