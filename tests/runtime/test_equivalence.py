@@ -57,6 +57,17 @@ CASES = {
     "gpt2, tp=2 (fused qkv)": (TINY_GPT2, [pipe([(2, (0, 4))], 2, 2)], {}),
     "gpt2, heterogeneous with tied head": (
         TINY_GPT2, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 3), pipe([(2, (0, 4))], 1, 2)], {}),
+    "stages with tp 1 then 2 in one pipeline": (
+        TINY_LLAMA, [pipe([(1, (0, 1)), (2, (1, 4))], 1, 4)], {}),
+    "tp 1-2-1 pipeline beside a tp=2 replica, tied": (
+        TIED_LLAMA, [pipe([(1, (0, 1)), (2, (1, 3)), (1, (3, 4))], 1, 3),
+                     pipe([(2, (0, 4))], 1, 2)], {}),
+    "gpt2, tp 2-1-2 pipeline, gpipe": (
+        TINY_GPT2, [pipe([(2, (0, 2)), (1, (2, 3)), (2, (3, 4))], 1, 3)],
+        {"schedule": Schedule.GPIPE}),
+    "interleaved over stages of tp 1 and 2": (
+        TINY_LLAMA, [pipe([(1, ((0, 1), (2, 3))), (2, ((1, 2), (3, 4)))], 1, 4)],
+        {"schedule": Schedule.INTERLEAVED}),
     "full recomputation, pp=2 x tp=2": (
         TINY_LLAMA, [pipe([(2, (0, 2)), (2, (2, 4))], 1, 4)], {"recompute": Recompute.FULL}),
     "selective recomputation, gpt2 tp=2": (

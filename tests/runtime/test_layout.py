@@ -63,7 +63,10 @@ def test_world_size_must_match_plan():
         Layout(plan, 0, plan.devices[:3])
 
 
-def test_stages_of_one_pipeline_must_share_tp():
-    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (1, (2, 4))], 1, 2)])
-    with pytest.raises(ConfigError, match="different tensor-parallel degrees"):
-        Layout.for_local_ranks(plan, 0)
+def test_stages_with_different_tp_run_on_their_leaders():
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (1, (2, 3)), (2, (3, 4))], 1, 2)])
+    leader, follower = Layout.for_local_ranks(plan, 0), Layout.for_local_ranks(plan, 4)
+    assert leader.mixed_tp(0) and leader.num_lanes(0) == 1
+    assert leader.lane_ranks(0, 0) == (0, 2, 3)
+    assert leader.is_announcing_leader and not leader.is_follower
+    assert follower.is_follower and not follower.is_announcing_leader

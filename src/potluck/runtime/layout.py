@@ -9,8 +9,10 @@ like), and answers for this rank:
   group, the layer ranges of its virtual stages;
 - the tensor-parallel mesh of its stage;
 - its pipeline lane: the ranks with the same tensor-parallel index in each
-  stage of its pipeline (stages of one pipeline share one TP degree, so lane
-  ``r`` of a pipeline passes the ``r``-th sequence shard from stage to stage);
+  stage of its pipeline (lane ``r`` passes the ``r``-th sequence shard from
+  stage to stage); when the stages of a pipeline have different TP degrees,
+  only the leaders' lane (TP rank 0) exists and the other ranks follow their
+  leader (:mod:`potluck.runtime.mixed_tp`);
 - for every parameter unit (the embedding, each block, the head) the group
   that sums its gradients: the ranks that hold that unit in every pipeline.
   When all holders use the same TP degree, the group is aligned (ranks with
@@ -99,13 +101,6 @@ class Layout:
         _check_world(plan, device_of_rank)
         self.device_of_rank = device_of_rank
         self._rank_of_device = {device: r for r, device in enumerate(device_of_rank)}
-        for index, pipeline in enumerate(plan.pipelines):
-            if pipeline.pp > 1 and len({stage.tp for stage in pipeline.stages}) > 1:
-                raise ConfigError(
-                    f"pipeline {index}: stages of one pipeline with different tensor-parallel "
-                    f"degrees {[s.tp for s in pipeline.stages]} are not supported by the runtime; "
-                    "give every stage of a pipeline the same TP degree"
-                )
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._tp_mesh: DeviceMesh | None = None
         self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
@@ -139,6 +134,26 @@ class Layout:
     def lane_ranks(self, pipeline: int, tp_rank: int) -> tuple[int, ...]:
         stages = self.plan.pipelines[pipeline].stages
         return tuple(self._rank_of_device[stage.devices[tp_rank]] for stage in stages)
+
+    def mixed_tp(self, pipeline: int) -> bool:
+        """Whether the stages of ``pipeline`` have different TP degrees (it then runs on its
+        leaders; see :mod:`potluck.runtime.mixed_tp`)."""
+        return len({stage.tp for stage in self.plan.pipelines[pipeline].stages}) > 1
+
+    def num_lanes(self, pipeline: int) -> int:
+        """Pipeline lanes: one per TP rank, or only the leaders' when TP degrees differ."""
+        return 1 if self.mixed_tp(pipeline) else self.plan.pipelines[pipeline].stages[0].tp
+
+    @property
+    def is_follower(self) -> bool:
+        """A TP rank > 0 of a mixed-TP pipeline: it mirrors its stage leader's schedule."""
+        return self.mixed_tp(self.role.pipeline) and self.role.tp_rank > 0
+
+    @property
+    def is_announcing_leader(self) -> bool:
+        """TP rank 0 of a multi-rank stage in a mixed-TP pipeline: it commands followers."""
+        role = self.role
+        return self.mixed_tp(role.pipeline) and role.tp_rank == 0 and role.tp > 1
 
     @cached_property
     def batch_offsets(self) -> tuple[int, ...]:
@@ -208,7 +223,7 @@ class Layout:
         for p, pipeline in enumerate(self.plan.pipelines):
             for s in range(pipeline.pp):
                 wanted.append(self.stage_ranks(p, s))
-            for t in range(pipeline.stages[0].tp):
+            for t in range(self.num_lanes(p)):
                 wanted.append(self.lane_ranks(p, t))
         for unit in self.units():
             max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in self.holders(unit))
@@ -238,8 +253,16 @@ class Layout:
 
     @property
     def lane_group(self) -> dist.ProcessGroup | None:
+        """This rank's pipeline lane (None for a follower, which exchanges nothing)."""
         role = self.role
+        if self.is_follower:
+            return None
         return self.group(self.lane_ranks(role.pipeline, role.tp_rank))
+
+    @property
+    def stage_group(self) -> dist.ProcessGroup | None:
+        role = self.role
+        return self.group(self.stage_ranks(role.pipeline, role.stage))
 
     def tp_mesh(self, device_type: str) -> DeviceMesh | None:
         """The 1-D device mesh of this rank's tensor-parallel group (None without TP)."""

@@ -92,7 +92,7 @@ def _stages_of_family(model: nn.Module, family: Family, session: Session
     if mesh is not None:
         layers = [i for start, end in role.layer_ranges for i in range(start, end)]
         apply_tp(model, family, mesh, layers, embed=role.holds_embedding, head=role.holds_head)
-    stages: list[nn.Module] = list(split_stages(model, family, layout))
+    stages: list[nn.Module] = list(split_stages(model, family, layout, session.device))
     names = (name for stage in stages for name, _ in stage.named_parameters())
     aliases = {family.head_weight: family.embedding_weight} if tied else {}
     return stages, _family_units(names, family, tied), aliases

@@ -37,6 +37,17 @@ from potluck.model.counts import Recompute
 from potluck.plans import Schedule
 from potluck.runtime.families import Family, get_path
 from potluck.runtime.layout import Layout
+from potluck.runtime.mixed_tp import (
+    BACKWARD,
+    FORWARD,
+    INFER_BACKWARD,
+    INFER_FORWARD,
+    Commands,
+    FollowerSchedule,
+    TPGroup,
+    from_leader,
+    to_leader,
+)
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -57,12 +68,14 @@ class StageModule(nn.Module):
     """One virtual stage of a model, with the model's parameter names."""
 
     def __init__(self, model: nn.Module, family: Family, layers: tuple[int, int],
-                 first: bool, last: bool, seq_shards: int = 1) -> None:
+                 first: bool, last: bool, seq_shards: int = 1,
+                 boundary: TPGroup | None = None) -> None:
         super().__init__()
         self.family = family
         self.first, self.last = first, last
         self.layer_range = layers
         self.seq_shards = seq_shards
+        self.boundary = boundary  # set in mixed-TP pipelines: full activations at the edges
         self.recompute = Recompute.NONE
         self.config = getattr(model, "config", None)
         paths = [*(family.embed_paths if first else ()), *family.shared_paths,
@@ -82,6 +95,8 @@ class StageModule(nn.Module):
         if self.first:
             hidden, seq_len = family.embed(self, x), x.shape[1]
         else:
+            if self.boundary is not None:
+                x = from_leader(x, self.boundary)
             hidden, seq_len = x, x.shape[1] * self.seq_shards
         context = family.context(self, hidden, seq_len)
         for block in self.blocks.values():
@@ -89,17 +104,30 @@ class StageModule(nn.Module):
                 hidden = checkpoint(family.block, block, hidden, context, use_reentrant=False)
             else:
                 hidden = family.block(block, hidden, context)
-        return family.head(self, hidden) if self.last else hidden
+        if self.last:
+            return family.head(self, hidden)
+        return hidden if self.boundary is None else to_leader(hidden, self.boundary)
 
 
-def split_stages(model: nn.Module, family: Family, layout: Layout) -> list[StageModule]:
+def stage_tp_group(layout: Layout, device: torch.device) -> TPGroup | None:
+    """This rank's stage as a leader/followers group, in a mixed-TP pipeline (else None)."""
+    role = layout.role
+    if role.tp == 1 or not layout.mixed_tp(role.pipeline):
+        return None
+    ranks = layout.stage_ranks(role.pipeline, role.stage)
+    return TPGroup(layout.stage_group, ranks, layout.rank, device)
+
+
+def split_stages(model: nn.Module, family: Family, layout: Layout,
+                 device: torch.device) -> list[StageModule]:
     """This rank's virtual stages of ``model`` (apply_pp, first half)."""
     role = layout.role
     chunks = len(role.layer_ranges)
-    seq_shards = role.tp
+    boundary = stage_tp_group(layout, device)
     return [
         StageModule(model, family, layers, first=(chunk == 0 and role.holds_embedding),
-                    last=(chunk == chunks - 1 and role.holds_head), seq_shards=seq_shards)
+                    last=(chunk == chunks - 1 and role.holds_head), seq_shards=role.tp,
+                    boundary=boundary)
         for chunk, layers in enumerate(role.layer_ranges)
     ]
 
@@ -128,27 +156,72 @@ class LocalSchedule:
         return fn() if self.clock is None else self.clock.run(kind, 0, fn)
 
 
-class ClockedStage(PipelineStage):
-    """A PipelineStage whose compute goes through an emulation clock (timing only)."""
+def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
+    return int(args[0]) if args else int(kwargs[name])
+
+
+class HookedStage(PipelineStage):
+    """A PipelineStage that announces each op to its followers (mixed-TP pipelines) and
+    times it with an emulation clock; both optional."""
 
     clock: Any = None
+    commands: Commands | None = None
+
+    def _run(self, kind: str, fn: Callable[[], Any]) -> Any:
+        return fn() if self.clock is None else self.clock.run(kind, self.stage_index, fn)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        if self.commands is not None:
+            chunk = _chunk_id(args, kwargs, "fwd_chunk_id")
+            self.commands.announce(FORWARD, self.stage_index, chunk)
         run = super().forward_one_chunk
-        return self.clock.run("forward", self.stage_index, lambda: run(*args, **kwargs))
+        return self._run("forward", lambda: run(*args, **kwargs))
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        if self.commands is not None:
+            chunk = _chunk_id(args, kwargs, "bwd_chunk_id")
+            self.commands.announce(BACKWARD, self.stage_index, chunk)
         run = super().backward_one_chunk
         kind = "backward" if kwargs.get("full_backward", True) else "backward_input"
-        return self.clock.run(kind, self.stage_index, lambda: run(*args, **kwargs))
+        return self._run(kind, lambda: run(*args, **kwargs))
 
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         run = super().backward_weight_one_chunk
-        return self.clock.run("backward_weight", self.stage_index, lambda: run(*args, **kwargs))
+        return self._run("backward_weight", lambda: run(*args, **kwargs))
+
+    def _compute_outputs(self, *args: Any, module: nn.Module, **kwargs: Any) -> Any:
+        """Shape inference's forward (first step): followers run it too."""
+        if self.commands is not None:
+            self.commands.announce(INFER_FORWARD, self.stage_index, 0)
+        return super()._compute_outputs(*args, module=module, **kwargs)
+
+    def _compute_input_grads(self, *args: Any, **kwargs: Any) -> Any:
+        """Shape inference's input-gradient pass: followers run it too."""
+        if self.commands is not None:
+            self.commands.announce(INFER_BACKWARD, self.stage_index, 0)
+        return super()._compute_input_grads(*args, **kwargs)
+
+
+class AnnouncingSchedule:
+    """A leader's torch schedule that tells its followers when a step is over."""
+
+    def __init__(self, schedule: Any, commands: Commands) -> None:
+        self.schedule = schedule
+        self.commands = commands
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.schedule.step(*args, **kwargs)
+        finally:
+            self.commands.done()
 
 
 def _schedule_class(schedule: Schedule, virtual_stages: int, n_microbatches: int,
-                    pp: int) -> type:
+                    pp: int, mixed: bool) -> type:
+    if schedule is Schedule.ZERO_BUBBLE and mixed:
+        log.warning("zero bubble is not mirrored across stages of different TP degrees; "
+                    "this pipeline runs %s", "interleaved 1F1B" if virtual_stages > 1 else "1F1B")
+        schedule = Schedule.INTERLEAVED if virtual_stages > 1 else Schedule.ONE_F_ONE_B
     if schedule is Schedule.ONE_F_ONE_B and virtual_stages == 1 and n_microbatches < pp:
         log.warning("1F1B needs at least as many micro-batches (%d) as stages (%d); this "
                     "pipeline runs GPipe, which computes the same gradients", n_microbatches, pp)
@@ -172,14 +245,22 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
     n_microbatches = plan.pipelines[role.pipeline].num_micro_batches
     if role.pp == 1 and len(modules) == 1:
         return LocalSchedule(modules[0], n_microbatches, loss_fn, clock)
-    stage_class = PipelineStage if clock is None else ClockedStage
+    tp_group = stage_tp_group(layout, device)
+    commands = Commands(tp_group) if tp_group is not None else None
+    if layout.is_follower:
+        by_stage = dict(zip(role.virtual_stage_ids, modules, strict=True))
+        return FollowerSchedule(by_stage, commands, n_microbatches, loss_fn, clock)
+    hooked = clock is not None or commands is not None
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
-        stage = stage_class(module, stage_id, role.num_virtual_stages, device,
-                            group=layout.lane_group)
-        stage.clock = clock
+        stage = (HookedStage if hooked else PipelineStage)(
+            module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
+        stage.clock, stage.commands = clock, commands
         stages.append(stage)
-    schedule_class = _schedule_class(plan.schedule, len(modules), n_microbatches, role.pp)
+    schedule_class = _schedule_class(plan.schedule, len(modules), n_microbatches, role.pp,
+                                     layout.mixed_tp(role.pipeline))
     if schedule_class in (ScheduleGPipe, Schedule1F1B):
-        return schedule_class(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return schedule_class(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+        schedule = schedule_class(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    else:
+        schedule = schedule_class(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return schedule if commands is None else AnnouncingSchedule(schedule, commands)

@@ -1,0 +1,195 @@
+"""Pipelines whose stages have different tensor-parallel degrees (say 1 A100, then 2 3090s).
+
+Between stages of equal TP degree, rank ``r`` of one stage sends its sequence
+shard to rank ``r`` of the next (one pipeline lane per TP rank). When degrees
+differ, the pipeline instead runs on its **leaders** (TP rank 0 of every
+stage): only leaders run torch's schedule and exchange full activations
+``[b, s, h]``. Inside a stage with several ranks:
+
+- :func:`from_leader` broadcasts the leader's received activation and gives
+  each rank its sequence shard (backward: all-gather the shards' gradients, so
+  the leader has the full input gradient to send back);
+- :func:`to_leader` all-gathers the stage's output shards into the full
+  activation the leader sends (backward: broadcast the leader's received
+  gradient and keep this rank's shard);
+- the other ranks (**followers**) mirror their leader's schedule: before each
+  forward or backward, the leader broadcasts a command ``(op, stage, micro-batch)``
+  and the followers run the same computation (the loss included, on the last
+  stage), so every TP collective lines up. Followers take token ids and
+  targets from their own copy of the replica's rows. The leader's first-step
+  shape inference (one forward, one input-gradient pass) is mirrored too.
+
+Zero-bubble's split backward is not mirrored; such pipelines run 1F1B (or
+interleaved 1F1B) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DONE, FORWARD, BACKWARD, INFER_FORWARD, INFER_BACKWARD = 0, 1, 2, 3, 4
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER = 8
+
+
+class TPGroup:
+    """The ranks of one stage; group rank 0 is the leader."""
+
+    def __init__(self, group: dist.ProcessGroup, ranks: Sequence[int], rank: int,
+                 device: torch.device) -> None:
+        self.group = group
+        self.ranks = tuple(ranks)
+        self.leader = self.ranks[0]
+        self.index = self.ranks.index(rank)
+        self.size = len(self.ranks)
+        self.device = device
+
+    @property
+    def is_leader(self) -> bool:
+        return self.index == 0
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        dist.broadcast(tensor, src=self.leader, group=self.group)
+
+
+def _broadcast_activation(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    header = torch.zeros(_HEADER, dtype=torch.long, device=tp.device)
+    if tp.is_leader:
+        header[0], header[1] = x.dim(), _DTYPES.index(x.dtype)
+        header[2:2 + x.dim()] = torch.tensor(x.shape)
+    tp.broadcast(header)
+    ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
+    full = x.contiguous() if tp.is_leader else torch.empty(
+        tuple(header[2:2 + ndim].tolist()), dtype=dtype, device=tp.device)
+    tp.broadcast(full)
+    return full
+
+
+class _FromLeader(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        ctx.tp = tp
+        full = _broadcast_activation(x, tp)
+        return full.chunk(tp.size, dim=1)[tp.index].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        tp: TPGroup = ctx.tp
+        parts = [torch.empty_like(grad) for _ in range(tp.size)]
+        dist.all_gather(parts, grad.contiguous(), group=tp.group)
+        return (torch.cat(parts, dim=1) if tp.is_leader else None), None
+
+
+class _ToLeader(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, shard: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        ctx.tp = tp
+        parts = [torch.empty_like(shard) for _ in range(tp.size)]
+        dist.all_gather(parts, shard.contiguous(), group=tp.group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        tp: TPGroup = ctx.tp
+        grad = grad.contiguous()
+        tp.broadcast(grad)  # followers' own incoming gradient is a placeholder
+        return grad.chunk(tp.size, dim=1)[tp.index].contiguous(), None
+
+
+def from_leader(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """The leader's full activation, as this rank's sequence shard (followers pass a
+    placeholder that requires grad, so the backward collective runs on every rank)."""
+    return _FromLeader.apply(x, tp)
+
+
+def to_leader(shard: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """The full activation from every rank's sequence shard."""
+    return _ToLeader.apply(shard, tp)
+
+
+def placeholder(device: torch.device) -> torch.Tensor:
+    return torch.empty(0, device=device, requires_grad=True)
+
+
+class Commands:
+    """What a leader tells its followers to run next."""
+
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
+
+    def announce(self, op: int, stage_id: int, micro_batch: int) -> None:
+        self.tp.broadcast(torch.tensor([op, stage_id, micro_batch], device=self.tp.device))
+
+    def done(self) -> None:
+        self.announce(DONE, -1, -1)
+
+    def receive(self) -> tuple[int, int, int]:
+        command = torch.zeros(3, dtype=torch.long, device=self.tp.device)
+        self.tp.broadcast(command)
+        op, stage_id, micro_batch = command.tolist()
+        return op, stage_id, micro_batch
+
+
+class FollowerSchedule:
+    """A follower's schedule: run whatever the leader announces, until it says done."""
+
+    def __init__(self, modules: dict[int, Any], commands: Commands, n_microbatches: int,
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], clock: Any = None) -> None:
+        self.modules = modules
+        self.commands = commands
+        self.n_microbatches = n_microbatches
+        self.loss_fn = loss_fn
+        self.clock = clock
+
+    def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
+             losses: list | None = None, return_outputs: bool = False) -> None:
+        inputs = args[0].tensor_split(self.n_microbatches) if args else None
+        targets = target.tensor_split(self.n_microbatches) if target is not None else None
+        pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        while True:
+            op, stage_id, micro_batch = self.commands.receive()
+            if op == DONE:
+                return
+            key = (stage_id, micro_batch)
+            if op in (FORWARD, INFER_FORWARD):
+                run = partial(self._forward, stage_id, micro_batch, inputs, targets)
+                pending[key] = run() if op == INFER_FORWARD else self._timed(
+                    "forward", stage_id, run)
+            elif op == INFER_BACKWARD:
+                _input_grads(*pending.pop(key))
+            else:
+                output, _ = pending.pop(key)
+                self._timed("backward", stage_id, partial(_backward, output))
+
+    def _forward(self, stage_id: int, micro_batch: int, inputs: Any, targets: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stage's output (or loss, on the last stage) and its placeholder input."""
+        module = self.modules[stage_id]
+        x = inputs[micro_batch] if module.first else placeholder(self.commands.tp.device)
+        out = module(x)
+        if module.last:
+            out = self.loss_fn(out, targets[micro_batch])
+        return out, (None if module.first else x)
+
+    def _timed(self, kind: str, stage_id: int, fn: Callable[[], Any]) -> Any:
+        return fn() if self.clock is None else self.clock.run(kind, stage_id, fn)
+
+
+def _input_grads(output: torch.Tensor, x: torch.Tensor | None) -> None:
+    """Mirror of the leader's shape inference: gradients for the stage input only."""
+    if x is None:
+        return  # token ids need no gradient; the leader skips this pass as well
+    grad_output = None if output.dim() == 0 else torch.ones_like(output)
+    torch.autograd.grad([output], [x], grad_outputs=grad_output, allow_unused=True)
+
+
+def _backward(output: torch.Tensor) -> None:
+    if output.dim() == 0:
+        output.backward()
+    else:
+        torch.autograd.backward(output, torch.zeros_like(output))
