@@ -63,13 +63,14 @@ def _describe(metrics: StepMetrics) -> str:
 class ProgressBar:
     """A rich progress bar over the run's steps."""
 
-    def __init__(self, total_steps: int, console: Any = None) -> None:
+    def __init__(self, total_steps: int, done_steps: int = 0, console: Any = None) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.description}"), console=console,
                                   transient=False)
-        self._task = self._progress.add_task("starting", total=total_steps)
+        self._task = self._progress.add_task("starting", total=total_steps,
+                                             completed=done_steps)
         self._progress.start()
 
     def on_step(self, metrics: StepMetrics) -> None:

@@ -75,7 +75,7 @@ def batch_source(plan: Plan, options: TrainOptions) -> BatchSource:
     return build_dataset(options.data, tokenizer, shape.seq_len, shape.global_batch, options.seed)
 
 
-def _callbacks(options: TrainOptions, session: Session) -> list[Callback]:
+def _callbacks(options: TrainOptions, session: Session, done_steps: int) -> list[Callback]:
     if session.rank != 0:
         return []
     callbacks: list[Callback] = []
@@ -84,7 +84,7 @@ def _callbacks(options: TrainOptions, session: Session) -> list[Callback]:
         if options.tensorboard:
             callbacks.append(TensorBoardLog(options.out_dir))
     if options.progress:
-        callbacks.append(ProgressBar(options.steps))
+        callbacks.append(ProgressBar(options.steps, done_steps))
     return callbacks
 
 
@@ -150,7 +150,7 @@ def train_rank(plan: Plan, options: TrainOptions,
                     _calibrate(trainer, clock, source)
             if options.resume:
                 checkpointing.resume(trainer, source, _out_dir(options))
-            trainer.callbacks = _callbacks(options, session)
+            trainer.callbacks = _callbacks(options, session, trainer.step_index)
         return trainer.fit(source, max(0, options.steps - trainer.step_index),
                            on_step=_checkpoint_hook(trainer, source, options))
     finally:
