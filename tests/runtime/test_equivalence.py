@@ -42,6 +42,13 @@ CASES = {
                                {"schedule": Schedule.INTERLEAVED}),
     "pp=2, zero bubble": (TINY_LLAMA, [pipe(INTERLEAVED_STAGES, 1, 4)],
                           {"schedule": Schedule.ZERO_BUBBLE}),
+    "zero bubble, one stage per rank": (
+        TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4)], {"schedule": Schedule.ZERO_BUBBLE}),
+    "interleaved, 3 micro-batches on 2 stages": (
+        TINY_LLAMA, [pipe(INTERLEAVED_STAGES, 1, 3)], {"schedule": Schedule.INTERLEAVED}),
+    "virtual stages on one-stage pipelines": (
+        TINY_LLAMA, [pipe([(1, ((0, 2), (2, 4)))], 1, 2), pipe([(1, ((0, 1), (1, 4)))], 1, 2)],
+        {"schedule": Schedule.INTERLEAVED}),
     "tp=2": (TINY_LLAMA, [pipe([(2, (0, 4))], 2, 4)], {}),
     "dp=2 x pp=2 x tp=2 and pp=2 x tp=1, uneven": (
         TINY_LLAMA, [pipe([(2, (0, 3)), (2, (3, 4))], 1, 3),

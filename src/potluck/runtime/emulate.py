@@ -111,7 +111,9 @@ class EmulationClock:
             return self.dp_sync_s
         if kind == "optimizer":
             return self.optimizer_s
-        target = self.targets[stage_id]
+        target = self.targets.get(stage_id) or OpTargets(  # WHOLE_RANK: all virtual stages
+            sum(t.forward_s for t in self.targets.values()),
+            sum(t.backward_s for t in self.targets.values()))
         if kind == "forward":
             return target.forward_s
         if kind == "backward":

@@ -50,6 +50,7 @@ from potluck.runtime.mixed_tp import (
 )
 
 log = logging.getLogger(__name__)
+WHOLE_RANK = -2  # emulation clock: all of this rank's virtual stages at once
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
@@ -136,11 +137,12 @@ class LocalSchedule:
     """A pipeline of one stage: forward and backward each micro-batch in turn."""
 
     def __init__(self, module: nn.Module, n_microbatches: int, loss_fn: LossFn,
-                 clock: Any = None) -> None:
+                 clock: Any = None, stage_id: int = 0) -> None:
         self.module = module
         self.n_microbatches = n_microbatches
         self.loss_fn = loss_fn
         self.clock = clock
+        self.stage_id = stage_id
 
     def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
              losses: list | None = None, return_outputs: bool = False) -> None:
@@ -153,7 +155,7 @@ class LocalSchedule:
                 losses.append(loss.detach())
 
     def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, 0, fn)
+        return fn() if self.clock is None else self.clock.run(kind, self.stage_id, fn)
 
 
 def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
@@ -243,8 +245,10 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
     """The plan's schedule over this rank's stage modules (apply_pp, second half)."""
     role, plan = layout.role, layout.plan
     n_microbatches = plan.pipelines[role.pipeline].num_micro_batches
-    if role.pp == 1 and len(modules) == 1:
-        return LocalSchedule(modules[0], n_microbatches, loss_fn, clock)
+    if role.pp == 1:  # the chunks of a one-stage pipeline simply run in order
+        if len(modules) == 1:
+            return LocalSchedule(modules[0], n_microbatches, loss_fn, clock)
+        return LocalSchedule(nn.Sequential(*modules), n_microbatches, loss_fn, clock, WHOLE_RANK)
     tp_group = stage_tp_group(layout, device)
     commands = Commands(tp_group) if tp_group is not None else None
     if layout.is_follower:
