@@ -34,6 +34,8 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from potluck.runtime.layout import Layout, SyncGroup
 
+BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
+
 
 @dataclass
 class SyncedParam:
@@ -75,10 +77,11 @@ class GradSync:
         # Every rank walks its groups in one global order, so no two ranks wait on each other.
         for (ranks, aligned), items in sorted(self._buckets.items(), key=lambda kv: kv[0]):
             group = self.layout.group(ranks)
-            if aligned:
-                self._sync_aligned(items, group)
-            else:
-                self._sync_full(items, group)
+            for chunk in _chunks(items, aligned):
+                if aligned:
+                    self._sync_aligned(chunk, group)
+                else:
+                    self._sync_full(chunk, group)
 
     def _sync_aligned(self, items: list[SyncedParam], group: dist.ProcessGroup) -> None:
         grads = [_local(_grad(item.param)) for item in items]
@@ -133,6 +136,21 @@ class GradSync:
         if not squares:
             return torch.zeros((), dtype=torch.float64)
         return torch.stack(squares).sum()
+
+
+def _chunks(items: list[SyncedParam], aligned: bool) -> list[list[SyncedParam]]:
+    """Consecutive runs of at most BUCKET_ELEMENTS elements (one all-reduce each), so the
+    flat copy of a bucket stays small next to the gradients themselves."""
+    chunks: list[list[SyncedParam]] = [[]]
+    size = 0
+    for item in items:
+        numel = _local(item.param).numel() if aligned else item.param.numel()
+        if chunks[-1] and size + numel > BUCKET_ELEMENTS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += numel
+    return chunks
 
 
 def _match_grad_layout(param: nn.Parameter) -> None:

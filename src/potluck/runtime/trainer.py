@@ -70,7 +70,7 @@ def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0
                       betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
     """AdamW over this rank's parameters (DTensors where TP shards them)."""
     return torch.optim.AdamW(list(model.parameters()), lr=lr, betas=betas,
-                             weight_decay=weight_decay, foreach=False)
+                             weight_decay=weight_decay)
 
 
 class Trainer:
