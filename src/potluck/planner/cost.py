@@ -194,12 +194,16 @@ class CostModel:
         num_bytes = activation * self.element_bytes(devices[0].type)
         return 2.0 * self.allreduce_s(num_bytes, list(devices))
 
+    def send_bytes(self, device_type: DeviceType, micro_batch: int) -> float:
+        """Bytes of one micro-batch's activations (or their gradients) between two stages."""
+        activation = self.seq_len * micro_batch * self.model.hidden_size
+        return activation * self.element_bytes(device_type)
+
     def send_s(self, sender: tuple[Device, ...], receiver: tuple[Device, ...], micro_batch: int,
                nic_sharing: dict[str, int] | None = None) -> float:
         """One micro-batch's activations from one stage to the next, TP ranks sending in parallel."""
         flows = min(len(sender), len(receiver))
-        activation = self.seq_len * micro_batch * self.model.hidden_size
-        num_bytes = activation * self.element_bytes(sender[0].type) / flows
+        num_bytes = self.send_bytes(sender[0].type, micro_batch) / flows
         worst = 0.0
         for rank in range(flows):
             a, b = sender[rank], receiver[rank]
@@ -278,15 +282,27 @@ class CostModel:
             device_type, num_layers, first, last, tp, micro_batch, recompute, in_flight)
         return states + activations + self.overhead_bytes(device_type)
 
+    def optimizer_step_s(self, device_type: DeviceType, params: float, dp: int,
+                         zero1: bool) -> float:
+        """Adam step over a device's ``params``, sharded over ``dp`` replicas with ZeRO-1."""
+        shard = dp if (zero1 and dp > 1) else 1
+        return formulas.adam_step_time_s(params / shard, device_type.memory_bandwidth_bytes_per_s)
+
     # ---- whole plans -------------------------------------------------------------------
 
     def evaluate(self, plan: Plan) -> Prediction:
         """Predict iteration time, throughput and per-device memory of ``plan``."""
         return _PlanEvaluation(self, plan).prediction()
 
+    def gradient_groups(self, plan: Plan) -> list[DpGroup]:
+        """The gradient all-reduce groups :meth:`evaluate` prices (DP and tied embeddings)."""
+        evaluation = _PlanEvaluation(self, plan)
+        costs = [evaluation._pipeline_stage_costs(k, {}) for k in range(len(plan.pipelines))]
+        return evaluation._dp_groups(costs)
+
 
 @dataclass
-class _DpGroup:
+class DpGroup:
     """Replicas of one stage's parameters that all-reduce their gradients together."""
 
     members: list[tuple[int, int]]  # (pipeline, stage)
@@ -353,7 +369,7 @@ class _PlanEvaluation:
                         sharing[b.node] += 1
         return sharing
 
-    def _dp_groups(self, costs: list[list[StageCost]]) -> list[_DpGroup]:
+    def _dp_groups(self, costs: list[list[StageCost]]) -> list[DpGroup]:
         """Group each stage of the longest pipeline with the stages of the other pipelines
         that hold the most of the same layers; add the tied-embedding groups."""
         pipelines = self.plan.pipelines
@@ -367,13 +383,13 @@ class _PlanEvaluation:
             groups.extend(self._embedding_groups())
         return groups
 
-    def _group(self, members: list[tuple[int, int]], full_params: float) -> _DpGroup:
+    def _group(self, members: list[tuple[int, int]], full_params: float) -> DpGroup:
         tp = min(len(self.devices[k][j]) for k, j in members)
         rings = [[self.devices[k][j][r] for k, j in members] for r in range(tp)]
         element = self.cost.element_bytes(self.devices[members[0][0]][members[0][1]][0].type)
-        return _DpGroup(members, rings, element * full_params)
+        return DpGroup(members, rings, element * full_params)
 
-    def _embedding_groups(self) -> list[_DpGroup]:
+    def _embedding_groups(self) -> list[DpGroup]:
         """With pipeline parallelism a tied embedding lives on the first and the last stage;
         their gradients are summed after the backward pass (Megatron's embedding group)."""
         m = self.cost.model
@@ -384,7 +400,7 @@ class _PlanEvaluation:
                 groups.append(self._group(members, m.vocab_size * m.hidden_size))
         return groups
 
-    def _dp_end_s(self, groups: list[_DpGroup], costs: list[list[StageCost]],
+    def _dp_end_s(self, groups: list[DpGroup], costs: list[list[StageCost]],
                   times: list[PipelineTime]) -> float:
         """When the last gradient all-reduce ends; each starts when all its replicas are done
         and overlaps with the last micro-batch's backward of the slowest replica."""
@@ -401,7 +417,7 @@ class _PlanEvaluation:
             end = max(end, ready + max(0.0, allreduce - window))
         return end
 
-    def _dp_nic_sharing(self, groups: list[_DpGroup]) -> dict[str, int]:
+    def _dp_nic_sharing(self, groups: list[DpGroup]) -> dict[str, int]:
         sharing: dict[str, int] = defaultdict(int)
         for group in groups:
             for ring in group.rings:
@@ -411,12 +427,10 @@ class _PlanEvaluation:
                         sharing[node] += 1
         return sharing
 
-    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[_DpGroup]) -> float:
+    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> float:
         dp = len(self.plan.pipelines)
-        shard = dp if (self.plan.zero1 and dp > 1) else 1
         return max(
-            formulas.adam_step_time_s(c.params / shard,
-                                      self.devices[k][j][0].type.memory_bandwidth_bytes_per_s)
+            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, dp, self.plan.zero1)
             for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
         )
 
@@ -431,7 +445,7 @@ class _PlanEvaluation:
         bubble = t.total_s - compute - tp - pp
         return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
 
-    def _memory(self, costs: list[list[StageCost]], groups: list[_DpGroup]) -> list[DeviceMemory]:
+    def _memory(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> list[DeviceMemory]:
         dp = len(self.plan.pipelines)
         memory = []
         for k, stage_costs in enumerate(costs):
