@@ -38,7 +38,7 @@ def stage_memory(ops: Iterable[OpRecord], stage: int, work: StageWorkload,
     changes.sort()  # at equal times frees (negative) come before allocations
     times, held = [0.0], [work.static_bytes]
     for time_s, delta in changes:
-        if time_s == times[-1]:
+        if time_s == times[-1] and len(times) > 1:
             held[-1] += delta
         else:
             times.append(time_s)
