@@ -13,7 +13,8 @@ from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec, load_model
 from potluck.planner.search import Partition, SearchOptions, SearchResult, search
-from potluck.plans import DType, Schedule, TrainingShape
+from potluck.plans import DType, Plan, Schedule, TrainingShape
+from potluck.sim.result import SimulationResult
 
 DEFAULT_GLOBAL_BATCH = 64
 DEFAULT_SEQ_LEN = 2048
@@ -53,3 +54,18 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     )
     shape = training_shape(model_spec, global_batch, seq_len, dtype)
     return search(spec, model_spec, shape, options, progress)
+
+
+def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,
+             out_dir: str | Path | None = None) -> SimulationResult:
+    """Simulate one iteration of ``plan`` (a Plan or a plan file); with ``out_dir``, write
+    timeline.png, memory.png and trace.json there."""
+    from potluck.plans import load_plan
+    from potluck.sim import simulate as run_simulation
+    from potluck.sim.outputs import write_outputs
+
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    result = run_simulation(loaded, schedule)
+    if out_dir is not None:
+        write_outputs(result, out_dir)
+    return result

@@ -77,6 +77,28 @@ def plan(
 
 
 @app.command()
+def simulate(
+    plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
+    schedule: Annotated[str | None, typer.Option(
+        help="gpipe, 1f1b, interleaved or zb [the plan's].")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for timeline.png, memory.png, trace.json [<plan>-sim].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Simulate one training iteration of a plan: timeline, memory, Chrome trace, summary."""
+    from potluck.sim.outputs import render_summary, write_outputs
+
+    if schedule is not None:
+        _check_choice("--schedule", schedule, ("gpipe", "1f1b", "interleaved", "zb"))
+    result = api.simulate(plan_file, schedule=schedule)
+    files = write_outputs(result, out or Path(f"{plan_file.stem}-sim"))
+    if as_json:
+        sys.stdout.write(json.dumps(result.summary()) + "\n")
+        return
+    render_summary(console, result, files)
+
+
+@app.command()
 def demo() -> None:
     """Plan a built-in mixed cluster (3090 pairs, 4090s, A100s) and compare with the even split."""
     from potluck.demo import run_demo
