@@ -2,10 +2,10 @@
 
 1. **Pipelines.** Each pipeline's forwards, backwards and stage-to-stage
    transfers run on the engine. Pipelines whose transfers cross a common link
-   run together (they contend); a pipeline identical to one already run (same
-   work per chunk, same transfers over links of the same speeds, shared with
-   no other pipeline) reuses its twin's timings: this is what makes a
-   1024-GPU plan simulate in well under a second.
+   run together (they contend); a set of pipelines identical to one already
+   run (same work per chunk, same transfers over links of the same speeds,
+   shared in the same pattern) reuses its twin's timings: this is what makes
+   a 1024-GPU plan simulate in well under a second.
 2. **Gradients and optimizer.** Every gradient group of the cost model
    (stage replicas, tied embeddings) all-reduces over its rings; the
    all-reduce starts when the last of its members starts its last backward
@@ -90,18 +90,19 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
                   network: Network) -> tuple[list[PipelineRun], int]:
     """Phase 1: every pipeline's ops with their times, and how many pipelines actually ran.
 
-    Pipelines that share links run together, once per distinct set; twins share the result.
+    Pipelines that share links run together, once per distinct set (same work, same links
+    shared the same way); the twins of a set that ran share its result.
     """
     flows = [program.boundary_flows(w, virtual, network) for w in workloads]
     runs: dict[int, PipelineRun] = {}
-    done: dict[tuple, int] = {}
+    done: dict[tuple, list[int]] = {}
     simulated = 0
     for members in _coupled_sets(flows):
-        key = _signature(workloads[members[0]], flows[members[0]], network) \
-            if len(members) == 1 else None
-        if key is not None and key in done:
-            twin = runs[done[key]]
-            runs[members[0]] = PipelineRun(members[0], twin.ops, twin.twin_of)
+        local: dict = {}  # links renamed by first use, shared by the set's members
+        key = tuple(_signature(workloads[k], flows[k], network, local) for k in members)
+        if key in done:
+            for k, twin in zip(members, done[key], strict=True):
+                runs[k] = PipelineRun(k, runs[twin].ops, runs[twin].twin_of)
             continue
         built = program.build([workloads[k] for k in members], schedule, virtual, network)
         timings = engine.run(built.program, network.capacity)
@@ -116,8 +117,7 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
             ordered = tuple(sorted(ops[position], key=lambda r: (r.start_s, r.stage)))
             runs[k] = PipelineRun(k, ordered, k)
         simulated += len(members)
-        if key is not None:
-            done[key] = members[0]
+        done[key] = members
     return [runs[k] for k in range(len(workloads))], simulated
 
 
@@ -143,9 +143,9 @@ def _coupled_sets(flows: list[dict]) -> list[list[int]]:
     return sorted(sets.values())
 
 
-def _signature(work: PipelineWorkload, flows: dict, network: Network) -> tuple:
-    """Everything a lone pipeline's timings depend on, with its links renamed by first use."""
-    local: dict = {}
+def _signature(work: PipelineWorkload, flows: dict, network: Network, local: dict) -> tuple:
+    """Everything a pipeline's timings depend on, with links renamed by first use in ``local``
+    (so a set of pipelines that share links is identical to another with the same pattern)."""
     links = []
     for pair, flow in sorted(flows.items()):
         resources = tuple(
