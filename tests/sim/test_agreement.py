@@ -55,3 +55,16 @@ def test_1f1b_over_pcie_is_slower_than_the_cost_model_says() -> None:
                      devices=["box.0:0", "box.0:1", "box.0:2", "box.0:3"])
     result = simulate(plan)
     assert result.iteration_time_s > 1.03 * result.predicted_time_s
+
+
+def test_rerank_orders_candidates_by_simulated_time() -> None:
+    from potluck.sim import rerank
+
+    spec, model = cluster(SLOW_NETWORK), flat_model(8)
+    across = make_plan(spec, model, pp=2, micro_batches=16, devices=["box.0:0", "box.1:0"])
+    inside = make_plan(spec, model, pp=4, micro_batches=16,
+                       devices=["box.0:0", "box.0:1", "box.0:2", "box.0:3"])
+    alone = make_plan(spec, model, pp=1, micro_batches=16, devices=["box.0:0"])
+    ranked = rerank([across, alone, inside])
+    assert [r.plan for r in ranked] == [inside, across, alone]
+    assert ranked[1].iteration_time_s > 1.2 * ranked[1].predicted_time_s  # 1F1B over 10 Gb/s

@@ -10,6 +10,6 @@ memory chart and Chrome trace are written by :mod:`potluck.sim.timeline` and
 """
 
 from potluck.sim.result import DeviceStats, SimulationResult
-from potluck.sim.simulator import simulate
+from potluck.sim.simulator import rerank, simulate
 
-__all__ = ["DeviceStats", "SimulationResult", "simulate"]
+__all__ = ["DeviceStats", "SimulationResult", "rerank", "simulate"]

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
@@ -191,3 +192,12 @@ def _gradient_ready(runs: list[PipelineRun]
                 if op.end_s >= ready.get(key, -1.0):
                     ready[key], window[key] = op.end_s, op.start_s
     return ready, window
+
+
+def rerank(plans: Sequence[Plan]) -> list[SimulationResult]:
+    """Simulate the planner's top candidates; fastest simulated iteration first.
+
+    Where the cost model and the simulator disagree (slow links under 1F1B, shared
+    network cards, zero bubble), the simulator is the reference.
+    """
+    return sorted((simulate(plan) for plan in plans), key=lambda r: r.iteration_time_s)
