@@ -69,3 +69,15 @@ def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,
     if out_dir is not None:
         write_outputs(result, out_dir)
     return result
+
+
+def profile(out: str | Path = "cluster.yaml", *, model: str | Path | ModelSpec = "llama2-7b",
+            cluster: str | Path | None = None, ranks: int | None = None, budget_s: float = 1.0,
+            device_type: str | None = None,
+            progress: Callable[[float], None] | None = None):
+    """Measure the devices and links this runs on and write a calibrated cluster file
+    (``cluster`` given: that file with its calibration section replaced)."""
+    from potluck.profiler import profile_cluster
+
+    return profile_cluster(out, as_model(model), cluster=cluster, ranks=ranks, budget_s=budget_s,
+                           device_type=device_type, progress=progress)

@@ -99,6 +99,33 @@ def simulate(
 
 
 @app.command()
+def profile(
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Cluster file to write [cluster.yaml, or <cluster>-calibrated.yaml].")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", "-c", help="Calibrate this cluster file instead of describing this machine.")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="Whose GEMM shapes to time.")] = "llama2-7b",
+    ranks: Annotated[int | None, typer.Option(help="Local ranks to spawn [GPUs, or 2 on CPU].")] = None,
+    budget: Annotated[float, typer.Option(help="Seconds of matmul timing per dtype.")] = 1.0,
+    device_type: Annotated[str | None, typer.Option(help="Catalog name of this device.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Measure this machine's devices and links (torch.distributed) and write a calibrated cluster file."""
+    from potluck.profiler.report import outcome_json, render_outcome
+
+    target = out or (Path(f"{cluster.stem}-calibrated.yaml") if cluster else Path("cluster.yaml"))
+    with _progress("profiling", enabled=not as_json) as report:
+        outcome = api.profile(target, model=model, cluster=cluster, ranks=ranks, budget_s=budget,
+                              device_type=device_type, progress=report)
+    if outcome is None:  # a torchrun rank other than 0
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(outcome_json(outcome)) + "\n")
+        return
+    render_outcome(console, outcome)
+
+
+@app.command()
 def demo() -> None:
     """Plan a built-in mixed cluster (3090 pairs, 4090s, A100s) and compare with the even split."""
     from potluck.demo import run_demo
