@@ -14,12 +14,14 @@ Two measures of cost-effectiveness sit side by side:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from potluck.cluster.topology import Cluster
 from potluck.economics.prices import Pricing, plan_usd_per_hour
 from potluck.plans import Plan
 
 SECONDS_PER_HOUR = 3600.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def plan_figures(plan: Plan, pricing: Pricing, tokens: int) -> CostFigures:
     )
 
 
-def cheapest(options: list[tuple[Plan, CostFigures]], deadline_hours: float | None = None
-             ) -> tuple[Plan, CostFigures] | None:
+def cheapest(options: list[tuple[T, CostFigures]], deadline_hours: float | None = None
+             ) -> tuple[T, CostFigures] | None:
     """The option with the lowest USD per token that meets the deadline (faster wins ties)."""
     eligible = [o for o in options if o[1].meets(deadline_hours)]
     if not eligible:
