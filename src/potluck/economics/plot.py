@@ -24,6 +24,7 @@ from matplotlib.transforms import Bbox
 
 from potluck.economics.candidates import Candidate
 from potluck.economics.study import CostStudy
+from potluck.errors import ConfigError
 
 LOG_SPAN = 10.0
 FRONT_COLOR = "#c0392b"
@@ -36,6 +37,16 @@ FAR_OFFSETS_PT = tuple((dx * r, dy * r) for r in (1.5, 2.2, 3.0, 4.0, 5.2)
 
 def plot_study(study: CostStudy, path: str | Path) -> Path:
     """Write the Pareto plot of ``study`` to ``path`` (format from the suffix: png, svg, pdf)."""
+    path = Path(path)
+    try:
+        pareto_figure(study).savefig(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--plot {str(path)!r}: cannot write the plot ({err})") from None
+    return path
+
+
+def pareto_figure(study: CostStudy) -> Figure:
+    """The Pareto plot of ``study`` as a matplotlib figure."""
     figure = Figure(figsize=(11, 7.5), dpi=130)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -47,9 +58,7 @@ def plot_study(study: CostStudy, path: str | Path) -> Path:
     _decorate(axes, study)
     figure.tight_layout()
     _label_points(figure, axes, front, others)
-    path = Path(path)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def _xy(candidates: Sequence[Candidate]) -> tuple[list[float], list[float]]:
