@@ -12,24 +12,18 @@ tables; ``docs/economics.md`` pastes its output.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from potluck.api import training_shape
 from potluck.economics import rank
 from potluck.economics.candidates import Candidate, CostRequest
-from potluck.economics.offers import parse_offers
+from potluck.economics.offers import load_offers
 from potluck.economics.prices import HOURS_PER_YEAR, PriceMode, Pricing
 from potluck.economics.study import CostStudy, cost_study
 from potluck.model.spec import load_model
 from potluck.planner.search import SearchOptions
 
-OFFERS = """\
-offers:
-  - {name: 8x RTX 3090 NVLink pairs, gpu: rtx3090, gpus_per_node: 8, nvlink: pairs}
-  - {name: 8x RTX 3090 PCIe only, gpu: rtx3090, gpus_per_node: 8, nvlink: none}
-  - {name: 8x RTX 4090 PCIe, gpu: rtx4090, gpus_per_node: 8}
-  - {name: 8x A100 SXM, gpu: a100-80g-sxm, gpus_per_node: 8}
-  - {name: 8x H100 SXM, gpu: h100-sxm, gpus_per_node: 8}
-"""
+OFFERS_FILE = Path(__file__).with_name("seed_offers.yaml")
 MODELS = ("llama2-7b", "gpt3-1.3b")
 TOKENS = 10**10
 GLOBAL_BATCH = 64
@@ -39,7 +33,7 @@ SEQ_LEN = 2048
 def study(model_name: str, pricing: Pricing, options: SearchOptions | None = None) -> CostStudy:
     model = load_model(model_name)
     shape = training_shape(model, GLOBAL_BATCH, SEQ_LEN)
-    return cost_study(model, shape, parse_offers(OFFERS), CostRequest(TOKENS, pricing), options)
+    return cost_study(model, shape, load_offers(OFFERS_FILE), CostRequest(TOKENS, pricing), options)
 
 
 def headline_table(result: CostStudy) -> str:

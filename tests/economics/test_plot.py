@@ -36,13 +36,16 @@ def test_axes_say_what_they_measure_with_units(study):
     assert study.model.name in axes.get_title()
 
 
-def test_every_candidate_is_named_once_and_no_labels_overlap(study):
+def test_every_candidate_is_named_once_inside_the_axes_and_no_labels_overlap(study):
     figure = pareto_figure(study)
     axes = figure.axes[0]
     labels = [t.get_text() for t in axes.texts]
     assert sorted(labels) == sorted(c.name for c in study.candidates)
     renderer = figure.canvas.get_renderer()
     boxes = [Text.get_window_extent(t, renderer) for t in axes.texts]
+    inside = axes.get_window_extent(renderer)
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1
+               for b in boxes)
     for i, box in enumerate(boxes):
         assert not any(box.overlaps(other) for other in boxes[i + 1:]), labels[i]
 

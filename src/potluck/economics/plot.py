@@ -124,13 +124,15 @@ def _label_points(figure: Figure, axes: Axes, front: list[Candidate], others: li
     """Name every point, front first, where its label overlaps the fewest labels and points."""
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     placed = [_marker_box(axes, c) for c in [*front, *others]]
+    inside = axes.get_window_extent(renderer)
     for candidate in [*front, *others]:
         style = {"fontweight": "bold", "color": FRONT_COLOR} if candidate in front else {}
         xy = (candidate.figures.hours_to_train, candidate.figures.total_usd)
         best: tuple[float, tuple[float, float]] | None = None
         for offset in (*NEAR_OFFSETS_PT, *FAR_OFFSETS_PT):
             text = _annotate(axes, candidate.name, xy, offset, style)
-            overlap = _overlap_px2(_text_box(text, renderer).expanded(1.04, 1.1), placed)
+            box = _text_box(text, renderer).expanded(1.04, 1.1)
+            overlap = _overlap_px2(box, placed) + _outside_px2(box, inside)
             text.remove()
             if best is None or overlap < best[0]:
                 best = (overlap, offset)
@@ -147,13 +149,18 @@ def _text_box(annotation: Annotation, renderer: object) -> Bbox:
 
 
 def _overlap_px2(box: Bbox, others: list[Bbox]) -> float:
-    total = 0.0
-    for other in others:
-        width = min(box.x1, other.x1) - max(box.x0, other.x0)
-        height = min(box.y1, other.y1) - max(box.y0, other.y0)
-        if width > 0 and height > 0:
-            total += width * height
-    return total
+    return sum(_intersection_px2(box, other) for other in others)
+
+
+def _outside_px2(box: Bbox, inside: Bbox) -> float:
+    """The area of ``box`` that sticks out of the axes."""
+    return box.width * box.height - _intersection_px2(box, inside)
+
+
+def _intersection_px2(a: Bbox, b: Bbox) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
 
 
 def _marker_box(axes: Axes, candidate: Candidate, half_px: float = 4.0) -> Bbox:
