@@ -34,7 +34,9 @@ def test_an_offer_becomes_a_one_group_cluster_with_its_prices():
     assert pairs.num_gpus == 8
     assert cluster_usd_per_hour(pairs.spec, Pricing()) == pytest.approx(8 * 0.5)
     assert pairs.spec.device_type("rtx3090").sources["price_per_hour"] == "a seller, 2026-05"
+    assert pairs.source == "a seller, 2026-05"
     assert plain.name == "8x rtx4090"
+    assert plain.source.startswith("catalog: RunPod")  # its prices are the catalog's
     catalog_price = catalog()["rtx4090"].price_per_hour_usd
     assert cluster_usd_per_hour(plain.spec, Pricing()) == pytest.approx(8 * catalog_price)
 
@@ -45,6 +47,11 @@ def test_an_offer_with_its_own_price_does_not_borrow_the_catalog_spot_price():
         cluster_usd_per_hour(pairs.spec, Pricing(spot=True))
     assert cluster_usd_per_hour(plain.spec, Pricing(spot=True)) == pytest.approx(
         8 * catalog()["rtx4090"].spot_price_per_hour_usd)
+
+
+def test_an_offer_with_prices_and_no_source_points_at_its_line():
+    (offer,) = parse_offers("offers:\n  - {gpu: rtx4090, gpus_per_node: 2, power_w: 300}\n", "mine.yaml")
+    assert offer.source == "mine.yaml:2"
 
 
 def test_count_is_a_synonym_of_nodes():

@@ -13,7 +13,7 @@ An offers file lists machines on offer, each a homogeneous cluster::
         spot_price_per_hour: 0.22
         purchase_price: 1499      # USD per GPU
         power_w: 350
-        source: "RunPod, 2026-03"
+        source: "RunPod, 2026-03"  # where the prices come from; default: file and line
 
 Any price left out comes from the catalog, except that an offer stating an
 on-demand price without a spot price has no spot price (its catalog spot
@@ -69,7 +69,7 @@ class Offer:
 
     name: str
     spec: ClusterSpec
-    source: str = "catalog"
+    source: str  # where its prices come from
 
     @property
     def num_gpus(self) -> int:
@@ -128,7 +128,13 @@ def _offer(fields: Fields) -> Offer:
             "network", parse_bandwidth_bytes_per_s, DEFAULT_INTER_BANDWIDTH_BYTES_PER_S),
     )
     priced = _priced_type(fields, device_type, source)
+    if not any(fields.has(key) for key in _PRICE_KEYS):
+        source = _catalog_source(device_type)
     return Offer(name, ClusterSpec(nodes=(group,), device_types=(priced,), name=name), source)
+
+
+def _catalog_source(device_type: DeviceType) -> str:
+    return f"catalog: {device_type.sources.get('price', 'no source given')}"
 
 
 def _device_type(fields: Fields) -> DeviceType:
@@ -220,4 +226,5 @@ def _catalog_offer(device_type: DeviceType, gpus: int) -> Offer:
     group = NodeGroup(name=device_type.name, gpu=device_type.name, gpus_per_node=per_node,
                       count=gpus // per_node, nvlink=nvlink, inter_bandwidth_bytes_per_s=network)
     name = _default_name(device_type, gpus, nvlink)
-    return Offer(name, ClusterSpec(nodes=(group,), device_types=(device_type,), name=name))
+    return Offer(name, ClusterSpec(nodes=(group,), device_types=(device_type,), name=name),
+                 _catalog_source(device_type))
