@@ -151,3 +151,12 @@ def test_buying_changes_the_prices_not_the_plans(model, shape, offers):
 def test_impossible_requests_are_rejected(kwargs):
     with pytest.raises(ConfigError):
         CostRequest(**kwargs)
+
+
+def test_without_offers_the_catalog_supplies_the_candidates(model):
+    from potluck import api
+
+    study = api.cost(model, "1B", max_gpus=2, global_batch=32, seq_len=1024)
+    assert {c.offer.group.gpu for c in study.candidates} >= {"rtx4090", "rtx3090", "h100-sxm"}
+    assert all(c.offer.num_gpus <= 2 for c in study.candidates)
+    assert all(c.offer.source.startswith("catalog") for c in study.candidates)
