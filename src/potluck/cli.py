@@ -113,8 +113,8 @@ def plan(
 def cost(
     model: ModelOpt,
     tokens: Annotated[str, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")],
-    offers: Annotated[Path | None, typer.Option(help="Offers YAML file [the catalog's GPUs].")] = None,
-    max_gpus: Annotated[int | None, typer.Option(help="Most GPUs per candidate [catalog: 8].")] = None,
+    offers: Annotated[Path | None, typer.Option(help="Offers YAML file (default: catalog GPUs).")] = None,
+    max_gpus: Annotated[int | None, typer.Option(help="Most GPUs per candidate (catalog: 8).")] = None,
     max_usd_per_hour: Annotated[float | None, typer.Option(help="Skip offers dearer than this.")] = None,
     deadline_hours: DeadlineOpt = None,
     mode: ModeOpt = "rent",
