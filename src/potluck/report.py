@@ -69,9 +69,7 @@ def _prediction(plan: Plan) -> Prediction:
     if plan.prediction is None:
         from potluck.planner.cost import CostModel
 
-        cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len,
-                         plan.training.dtype)
-        return cost.evaluate(plan)
+        return CostModel.for_plan(plan).evaluate(plan)
     return plan.prediction
 
 
