@@ -15,12 +15,12 @@ from potluck.plans import check_plan
 TOKENS = 10**9
 SHAPE = {"global_batch": 32, "seq_len": 1024}
 
-# Four RTX 4090s at the catalog price, and four T4s, slower, rented at 3 USD/h each.
-WITH_DEAR_T4S = """
+# Four RTX 4090s at the catalog price, and four RTX 3090s, slower, rented at 3 USD/h each.
+WITH_DEAR_3090S = """
 name: lab
 nodes:
-  - {name: fast, gpu: rtx4090, gpus_per_node: 4}
-  - {name: old, gpu: t4, gpus_per_node: 4, price_per_hour: 3.0}
+  - {name: fast, gpu: rtx4090, gpus_per_node: 4, inter_bandwidth: 100Gb/s}
+  - {name: old, gpu: rtx3090, gpus_per_node: 4, price_per_hour: 3.0, inter_bandwidth: 100Gb/s}
 """
 
 
@@ -34,19 +34,19 @@ def _hours(plan) -> float:
 
 @pytest.fixture
 def lab():
-    return parse_cluster(WITH_DEAR_T4S)
+    return parse_cluster(WITH_DEAR_3090S)
 
 
 def test_a_slow_dear_device_is_left_out_and_the_plan_says_why(lab):
     fastest = api.plan(lab, "gpt3-350m", **SHAPE).best
     old = {d for d in fastest.devices if d.startswith("old.")}
-    assert old, "precondition: the fastest plan uses the T4s"
+    assert old, "precondition: the fastest plan uses the 3090s"
     cheapest = api.plan(lab, "gpt3-350m", objective="cost", **SHAPE).best
     assert not any(d.startswith("old.") for d in cheapest.devices)
     assert old <= set(cheapest.unused_devices)
     assert _usd_per_million_tokens(cheapest) < _usd_per_million_tokens(fastest)
     (note,) = [n for n in cheapest.notes if "old" in n]
-    assert "4 of 4 t4 GPUs of old left out" in note and "do not pay for themselves" in note
+    assert "4 of 4 rtx3090 GPUs of old left out" in note and "do not pay for themselves" in note
 
 
 def test_the_cheapest_plan_runs_on_the_users_whole_cluster_file(lab):

@@ -17,8 +17,8 @@ offers:
 """
 LAB = """\
 nodes:
-  - {name: fast, gpu: rtx4090, gpus_per_node: 4}
-  - {name: old, gpu: t4, gpus_per_node: 4, price_per_hour: 3.0}
+  - {name: fast, gpu: rtx4090, gpus_per_node: 4, inter_bandwidth: 100Gb/s}
+  - {name: old, gpu: rtx3090, gpus_per_node: 4, price_per_hour: 3.0, inter_bandwidth: 100Gb/s}
 """
 REQUIRED = ("name", "gpus", "tokens_per_s", "usd_per_hour", "usd_per_million_tokens", "hours_to_train",
             "tflops_per_usd", "plan")
