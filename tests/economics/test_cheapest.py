@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from potluck import api
 from potluck.cluster.spec import parse_cluster
-from potluck.economics.cheapest import machine_counts, restrict
+from potluck.economics.cheapest import machine_counts, plan_cheapest, restrict
 from potluck.economics.figures import plan_figures
 from potluck.economics.prices import Pricing
 from potluck.errors import ConfigError, InfeasibleError
+from potluck.planner.cost import CostModel
 from potluck.plans import check_plan
 
 TOKENS = 10**9
@@ -132,3 +135,14 @@ def test_machine_counts_try_powers_of_two_and_all():
     assert machine_counts(1) == [1]
     assert machine_counts(3) == [1, 2, 3]
     assert machine_counts(8) == [1, 2, 4, 8]
+
+
+def test_the_rehomed_plan_keeps_the_prediction_of_its_training_shape(lab):
+    model = api.as_model("gpt3-350m")
+    shape = api.training_shape(model, **SHAPE)
+    unfused = replace(shape, execution=replace(shape.execution,
+                                               fused_kernels=not shape.execution.fused_kernels))
+    plan = plan_cheapest(lab, model, unfused).best
+    assert plan.training == unfused
+    again = CostModel.for_plan(plan).evaluate(plan)
+    assert plan.prediction.tokens_per_s == pytest.approx(again.tokens_per_s)

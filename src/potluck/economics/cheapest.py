@@ -66,7 +66,7 @@ def plan_cheapest(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
         fastest = min(found, key=lambda o: o.figures.hours_to_train).plan
         raise InfeasibleError(deadline_message(fastest, tokens or 0, deadline_hours or 0.0))
     ranked = _ranked(found, deadline_hours, options.top_k)
-    cost = CostModel(Cluster(spec), model, training.seq_len, training.dtype)
+    cost = CostModel.for_training(Cluster(spec), model, training)
     plans = tuple(_rehome(o.plan, spec, cost, _notes(o, found, spec, deadline_hours)) for o in ranked)
     notes = (f"objective cost: searched {len(subs)} sub-clusters "
              f"for the lowest USD per token ({pricing.describe()})",)
