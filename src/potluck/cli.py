@@ -43,8 +43,9 @@ PueOpt = Annotated[float, typer.Option(help="Buy: power overhead on the boards (
 def plan(
     cluster: ClusterOpt,
     model: ModelOpt,
-    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration [64].")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence [min(2048, model's)].")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Tokens per sequence (default min(2048, model max)).")] = None,
     dtype: Annotated[str, typer.Option(help="bf16 or fp16 (devices without bf16 use fp16).")] = "bf16",
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
@@ -54,7 +55,7 @@ def plan(
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
     schedule: Annotated[str, typer.Option(help="1f1b (default), gpipe, interleaved or zb.")] = "1f1b",
     zero1: Annotated[bool | None, typer.Option(
-        "--zero1/--no-zero1", help="Shard optimizer states [only if needed to fit].")] = None,
+        "--zero1/--no-zero1", help="Shard optimizer states (default: only if needed to fit).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     output: Annotated[Path | None, typer.Option(
@@ -123,8 +124,9 @@ def cost(
     utilization: UtilizationOpt = prices.DEFAULT_UTILIZATION,
     electricity_usd_per_kwh: ElectricityOpt = prices.DEFAULT_ELECTRICITY_USD_PER_KWH,
     pue: PueOpt = prices.DEFAULT_PUE,
-    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration [64].")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence [min(2048, model's)].")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Tokens per sequence (default min(2048, model max)).")] = None,
     dtype: Annotated[str, typer.Option(help="bf16 or fp16.")] = "bf16",
     top: Annotated[int, typer.Option("--top", help="How many candidates to show.")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,

@@ -166,9 +166,9 @@ class PlanEvaluation:
         t, m = times[slowest], self.plan.pipelines[slowest].num_micro_batches
         stage = costs[slowest][t.bottleneck_stage]
         compute = m * stage.compute_s
-        tp = m * (stage.work.total_s - stage.compute_s)
-        pp = m * (t.period_s - stage.work.total_s) + t.fill_transfer_s
-        bubble = t.total_s - compute - tp - pp
+        tp = max(0.0, m * (stage.work.total_s - stage.compute_s))
+        pp = max(0.0, m * (t.period_s - stage.work.total_s)) + t.fill_transfer_s
+        bubble = max(0.0, t.total_s - compute - tp - pp)
         return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
 
     def _memory(self, costs: list[list[StageCost]], groups: list[_DpGroup]) -> list[DeviceMemory]:

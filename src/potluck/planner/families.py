@@ -95,7 +95,7 @@ class FamilyEvaluator:
         group's units are split between both ends) or the same machine (``node``: the
         first machine's units are), which keeps a tied embedding's gradient exchange
         off the network."""
-        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
+        layout_key = (tuple((g.name, g.count, tp) for g, tp in order), dp, layout, wrap)
         if layout_key not in self._layouts:
             self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
         assembled = self._layouts[layout_key]

@@ -39,7 +39,13 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.partition import PipelineSlot, split_micro_batches
-from potluck.planner.space import dp_candidates, set_partitions, stage_orders, tp_options
+from potluck.planner.space import (
+    dp_candidates,
+    machine_subsets,
+    set_partitions,
+    stage_orders,
+    tp_options,
+)
 from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
 
 log = logging.getLogger(__name__)
@@ -229,7 +235,10 @@ class _Search:
         speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
                  for g in family}
         found: list[FamilyOption] = []
-        for order in stage_orders(family, memory, speed):
+        orders = stage_orders(family, memory, speed)
+        if len(family) == 1:
+            orders = [(sub,) for sub in machine_subsets(family[0])]
+        for order in orders:
             tps = [self._tp_choices(g, setting, len(family)) for g in order]
             for tp_choice in itertools.product(*tps):
                 found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
