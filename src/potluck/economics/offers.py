@@ -41,6 +41,8 @@ from potluck.cluster.spec import (
     ClusterSpec,
     NodeGroup,
     NvlinkTopology,
+    default_nvlink,
+    parse_nvlink_topology,
 )
 from potluck.errors import ConfigError
 from potluck.units import parse_bandwidth_bytes_per_s
@@ -115,7 +117,7 @@ def _offer(fields: Fields) -> Offer:
     device_type = _device_type(fields)
     per_node = fields.get("gpus_per_node", positive_int)
     nodes = fields.get("nodes" if fields.has("nodes") else "count", positive_int, 1)
-    nvlink = fields.get("nvlink", _nvlink, _default_nvlink(device_type))
+    nvlink = fields.get("nvlink", parse_nvlink_topology, default_nvlink(device_type))
     nvlink_bandwidth = fields.optional("nvlink_bandwidth", parse_bandwidth_bytes_per_s)
     _check_nvlink(fields, device_type, nvlink, per_node, nvlink_bandwidth)
     name = fields.get("name", non_empty_str, _default_name(device_type, per_node * nodes, nvlink))
@@ -147,17 +149,8 @@ def _device_type(fields: Fields) -> DeviceType:
     return lookup(name)
 
 
-def _nvlink(value: Any) -> NvlinkTopology:
-    if value is False:
-        return NvlinkTopology.NONE
-    try:
-        return NvlinkTopology(str(value).lower())
-    except ValueError:
-        raise ConfigError(f"must be none, pairs or all, not {value!r}") from None
 
 
-def _default_nvlink(device_type: DeviceType) -> NvlinkTopology:
-    return NvlinkTopology.ALL if device_type.link.joins_whole_node else NvlinkTopology.NONE
 
 
 def _check_nvlink(fields: Fields, device_type: DeviceType, nvlink: NvlinkTopology, per_node: int,
