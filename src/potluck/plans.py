@@ -53,12 +53,31 @@ class Schedule(str, Enum):
 
 
 @dataclass(frozen=True)
+class Execution:
+    """How the training code executes a step, as far as time and memory depend on it.
+
+    The defaults describe potluck's runtime: Hugging Face models in PyTorch eager mode
+    with SDPA (flash) attention, gradient reduction in 16 bits overlapped with the
+    backward pass. Other settings let the cost model describe other frameworks (e.g.
+    Megatron-LM of 2021: fused kernels, attention scores in memory, FP32 gradient
+    all-reduce after the backward pass) when comparing with their published runs.
+    """
+
+    fused_kernels: bool = False  # Megatron/TE-style fused norms, rotary and activations
+    flash_attention: bool = True  # FlashAttention/SDPA kernels (False: scores in memory)
+    overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
+    overlap_p2p: bool = True  # pipeline sends and receives overlap compute
+    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
+
+
+@dataclass(frozen=True)
 class TrainingShape:
-    """What one iteration trains on."""
+    """What one iteration trains on, and how the step executes."""
 
     global_batch: int  # sequences per iteration, all replicas together
     seq_len: int
     dtype: DType = DType.BF16
+    execution: Execution = Execution()
 
 
 @dataclass(frozen=True)

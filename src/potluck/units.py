@@ -29,11 +29,15 @@ GiB = 2.0**30
 
 
 def _as_number(value: object) -> float | None:
+    """A plain number, or a string that holds only one (read in the default unit)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
         return float(value)
-    return None
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return None
 
 
 def parse_bandwidth_bytes_per_s(value: object, what: str = "bandwidth") -> float:

@@ -32,12 +32,11 @@ def test_iteration_time_agrees_with_the_cost_model_within_2_percent(
 
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
 def test_peak_memory_agrees_with_the_cost_model(schedule: Schedule) -> None:
-    from potluck.cluster.topology import Cluster
     from potluck.planner.cost import CostModel
 
     plan = make_plan(cluster(), flat_model(16), pp=4, micro_batches=8, tp=2, dp=2,
                      schedule=schedule)
-    cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len)
+    cost = CostModel.for_plan(plan)
     predicted = {m.device: m.total_bytes for m in cost.evaluate(plan).memory}
     for device in simulate(plan).devices:
         assert device.peak_memory_bytes == pytest.approx(predicted[device.device], rel=0.01)
@@ -50,11 +49,11 @@ def test_zero_bubble_beats_the_cost_models_estimate() -> None:
     assert result.iteration_time_s < 0.99 * result.predicted_time_s
 
 
-def test_1f1b_over_pcie_is_slower_than_the_cost_model_says() -> None:
+def test_1f1b_over_a_slow_network_is_slower_than_the_cost_model_says() -> None:
     plan = make_plan(cluster(SLOW_NETWORK), flat_model(16), pp=4, micro_batches=8,
-                     devices=["box.0:0", "box.0:1", "box.0:2", "box.0:3"])
+                     devices=["box.0:0", "box.1:0", "box.2:0", "box.3:0"])
     result = simulate(plan)
-    assert result.iteration_time_s > 1.03 * result.predicted_time_s
+    assert result.iteration_time_s > 1.1 * result.predicted_time_s
 
 
 def test_rerank_orders_candidates_by_simulated_time() -> None:
@@ -67,4 +66,4 @@ def test_rerank_orders_candidates_by_simulated_time() -> None:
     alone = make_plan(spec, model, pp=1, micro_batches=16, devices=["box.0:0"])
     ranked = rerank([across, alone, inside])
     assert [r.plan for r in ranked] == [inside, across, alone]
-    assert ranked[1].iteration_time_s > 1.2 * ranked[1].predicted_time_s  # 1F1B over 10 Gb/s
+    assert ranked[1].iteration_time_s > 1.1 * ranked[1].predicted_time_s  # 1F1B over 10 Gb/s

@@ -54,7 +54,7 @@ def test_a_transfer_joining_halfway_slows_the_first_from_then_on() -> None:
 def test_pipelines_sharing_a_network_card_slow_each_other() -> None:
     """Two replicas whose stage boundaries cross the same two machines share their cards;
     on separate machines they are twins and the simulator runs one of them."""
-    spec, model = cluster(SLOW_NETWORK), flat_model(8)
+    spec, model = cluster(SLOW_NETWORK), flat_model(4)
     shared = make_plan(spec, model, pp=2, micro_batches=8, dp=2,
                        devices=["box.0:0", "box.1:0", "box.0:1", "box.1:1"])
     apart = make_plan(spec, model, pp=2, micro_batches=8, dp=2,

@@ -129,7 +129,7 @@ def test_1f1b_on_a_slow_link_pays_the_round_trip_every_micro_batch() -> None:
     """torch's 1F1B waits for its forward send before each backward and receives the next
     forward only after its own backward, so every micro-batch pays a transfer (activations
     and gradients cross at once, one each way), not just while the pipeline fills."""
-    plan = make_plan(cluster(SLOW_NETWORK), flat_model(8), pp=2, micro_batches=16,
+    plan = make_plan(cluster(SLOW_NETWORK), flat_model(4), pp=2, micro_batches=16,
                      devices=["box.0:0", "box.1:0"])
     result = simulate(plan)
     run = result.pipelines[0]
@@ -138,5 +138,5 @@ def test_1f1b_on_a_slow_link_pays_the_round_trip_every_micro_batch() -> None:
                   if op.stage == 1 and op.micro_batch == 0 and op.peer == -1)
     steady = [op.start_s for op in run.ops if op.stage == 1 and op.kind == "forward"][4:12]
     period_s = (steady[-1] - steady[0]) / (len(steady) - 1)
-    assert send_s > 0.5 * stage_s  # a slow link
+    assert send_s > 0.3 * stage_s  # a slow link
     assert period_s == pytest.approx(stage_s + send_s, rel=1e-6)

@@ -56,6 +56,7 @@ class DeviceType:
     spot_price_per_hour_usd: float = 0.0
     purchase_price_usd: float = 0.0
     power_w: float = 0.0
+    sm_count: int = 0
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -88,6 +89,7 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "spot_price_per_hour": ("spot_price_per_hour_usd", float),
     "purchase_price": ("purchase_price_usd", float),
     "power_w": ("power_w", float),
+    "sm_count": ("sm_count", int),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
 DEVICE_FIELDS = tuple(_FIELDS)
@@ -119,6 +121,10 @@ def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
         except ValueError:
             kinds = ", ".join(k.value for k in LinkKind)
             raise ConfigError(f"device {name!r}: link must be one of {kinds}, not {value!r}") from None
+    if convert is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"device {name!r}: {key} must be a whole number, not {value!r}")
+        return value
     if convert is float:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ConfigError(f"device {name!r}: {key} must be a non-negative number, not {value!r}")

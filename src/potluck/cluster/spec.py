@@ -192,7 +192,7 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         device_type = lookup(gpu_name, custom)
     except ConfigError as err:
         raise node.error("gpu", str(err)) from None
-    nvlink = node.get("nvlink", _nvlink_topology, _default_nvlink(device_type))
+    nvlink = node.get("nvlink", parse_nvlink_topology, default_nvlink(device_type))
     group = NodeGroup(
         name=node.get("name", non_empty_str),
         gpu=device_type.name,
@@ -214,11 +214,13 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
     return group
 
 
-def _default_nvlink(device_type: DeviceType) -> NvlinkTopology:
+def default_nvlink(device_type: DeviceType) -> NvlinkTopology:
+    """SXM/OAM boards share their link across the node; bridges must be declared."""
     return NvlinkTopology.ALL if device_type.link.joins_whole_node else NvlinkTopology.NONE
 
 
-def _nvlink_topology(value: Any) -> NvlinkTopology:
+def parse_nvlink_topology(value: Any) -> NvlinkTopology:
+    """``none``, ``pairs`` or ``all`` (``false`` means none)."""
     if value is False:
         return NvlinkTopology.NONE
     try:

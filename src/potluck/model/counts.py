@@ -136,13 +136,19 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
     return ActivationTerms(per_sbh=attention + mlp + norms, per_as2b=scores)
 
 
-def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute) -> float:
-    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1)."""
+def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute,
+                           flash_attention: bool = False) -> float:
+    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1).
+
+    FlashAttention keeps no ``s^2`` scores (only the output and a log-sum-exp per row),
+    which is what selective recomputation achieves for materialized attention.
+    """
     h, a = m.hidden_size, m.num_heads
     if recompute is Recompute.FULL:
         return 2.0 * s * b * h / tp
     terms = block_activation_terms(m)
-    scores = 0.0 if recompute is Recompute.SELECTIVE else terms.per_as2b * a * s * s * b
+    keeps_scores = recompute is Recompute.NONE and not flash_attention
+    scores = terms.per_as2b * a * s * s * b if keeps_scores else 0.0
     return (terms.per_sbh * s * b * h + scores) / tp
 
 
@@ -156,15 +162,30 @@ def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
     return 4.0 * s * b * m.hidden_size / tp + 4.0 * s * b * m.vocab_size / tp
 
 
-def block_elementwise_bytes(m: ModelSpec, b: int, s: int) -> float:
-    """Memory traffic of one block's non-matmul forward ops (norms, residual adds,
-    activation function, rotary or dropout), in bytes of 16-bit reads and writes.
+def block_elementwise_bytes(m: ModelSpec, b: int, s: int, fused: bool = False) -> float:
+    """Memory traffic of one block's non-matmul forward ops, in bytes.
 
-    Each op reads its inputs and writes its output once: two norms (r+w 4sbh each), two
-    residual adds (r 4sbh, w 2sbh each), the activation (GeLU: r+w 4sbf; SwiGLU: SiLU r+w
-    4sbf and the product r 4sbf w 2sbf), rotary on Q and K or dropout (r+w ~4sbh).
+    Counted op by op as each reads its inputs and writes its output once, with
+    16-bit activations. ``fused=False`` is PyTorch eager as Hugging Face models run:
+    RMSNorm upcasts to FP32 (cast, square, mean, scale, cast back, weight: 36 bytes
+    per element), GPT-2's ``gelu_new`` is eight element-wise ops (36 bytes per
+    element of the MLP width), rotary embeddings are five ops on Q and K (20 bytes).
+    ``fused=True`` is Megatron/Transformer Engine style: one read and one write per
+    norm, fused bias-GeLU or SwiGLU, fused rotary, fused bias-dropout-add.
+    Both: two residual adds (read 4, write 2 bytes), a transpose of the attention
+    output (4), dropout on two residual branches when the model has dropout (5 each).
     """
     sbh = s * b * m.hidden_size
     sbf = s * b * m.ffn_hidden_size
-    activation = 10.0 * sbf if m.mlp is MlpKind.SWIGLU else 4.0 * sbf
-    return 8.0 * sbh + 12.0 * sbh + activation + 4.0 * sbh
+    sbkv = s * b * m.kv_hidden_size
+    rope = m.norm is NormKind.RMSNORM and not m.learned_positions
+    if fused:
+        norms = 2 * 4.0
+        rotary = 4.0 * (sbh + sbkv) if rope else 0.0
+        activation = 6.0 if m.mlp is MlpKind.SWIGLU else 4.0
+    else:
+        norms = 2 * (36.0 if m.norm is NormKind.RMSNORM else 12.0)
+        rotary = 20.0 * (sbh + sbkv) if rope else 0.0
+        activation = 10.0 if m.mlp is MlpKind.SWIGLU else 36.0
+    dropout = 10.0 if m.dropout else 0.0
+    return (norms + 12.0 + 4.0 + dropout) * sbh + rotary + activation * sbf

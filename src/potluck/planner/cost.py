@@ -19,7 +19,6 @@ never its shape. Formulas live in :mod:`potluck.planner.formulas` and
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,14 +28,26 @@ from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
-from potluck.planner.formulas import PipelineTime, StageWork
-from potluck.plans import DeviceMemory, DType, Plan, Prediction, Stage, TimeBreakdown
+from potluck.planner.formulas import StageWork
+from potluck.plans import (
+    DType,
+    Execution,
+    Plan,
+    Prediction,
+    TrainingShape,
+)
 
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
 MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
-FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 backward recomputes scores: ~2.5x forward FLOPs
-CAUSAL_FRACTION = 0.5  # causal attention kernels skip the masked half of the scores
+# FlashAttention-2 (Dao 2023): the backward pass does ~2.5x the forward FLOPs (it recomputes
+# the scores); on A100 the forward reaches 73% and the backward 63% of peak where large GEMMs
+# reach 87% (stas00 MAMF), i.e. 0.84 and 0.72 of GEMM throughput. Causal kernels skip the
+# masked half of the scores.
+FLASH_BACKWARD_FACTOR = 2.5
+FLASH_FORWARD_OF_GEMM = 0.73 / 0.87
+FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87
+CAUSAL_FRACTION = 0.5
 
 
 def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
@@ -76,19 +87,35 @@ class CostModel:
     """Predicts time and memory for plans of one model on one cluster."""
 
     def __init__(self, cluster: Cluster, model: ModelSpec, seq_len: int,
-                 dtype: DType = DType.BF16) -> None:
+                 dtype: DType = DType.BF16, execution: Execution = Execution()) -> None:
         self.cluster = cluster
         self.model = model
         self.seq_len = seq_len
         self.dtype = dtype
+        self.execution = execution
+        self.fused_kernels = execution.fused_kernels
+        self.flash_attention = execution.flash_attention
         self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
         self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
         self._tp_cache: dict[tuple, float] = {}
+        self._params_cache: dict[tuple, float] = {}
+
+    @classmethod
+    def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
+        return cls(cluster, model, training.seq_len, training.dtype, training.execution)
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> CostModel:
+        return cls.for_training(Cluster(plan.cluster), plan.model, plan.training)
 
     # ---- compute -------------------------------------------------------------------------
 
     def element_bytes(self, device_type: DeviceType) -> int:
         return effective_dtype(device_type, self.dtype).bytes
+
+    def grad_bytes(self, device_type: DeviceType) -> int:
+        """Bytes per gradient element in the data-parallel all-reduce."""
+        return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
 
     def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
                     recompute: Recompute) -> BlockTimes:
@@ -98,21 +125,30 @@ class CostModel:
                              recompute: Recompute) -> BlockTimes:
         m, s = self.model, self.seq_len
         gemms = self._block_gemms_s(device, tp, b)
-        attention = self._attention_core_s(device, tp, b)
-        elementwise = counts.block_elementwise_bytes(m, b, s) / tp * self._element_scale(device)
+        attention = self._attention_s(device, tp, b)
+        elementwise = (counts.block_elementwise_bytes(m, b, s, self.fused_kernels) / tp
+                       * self._element_scale(device))
         elementwise_s = formulas.roofline_time_s(
             0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s
         )
-        forward = gemms + attention + elementwise_s
-        backward = 2.0 * gemms + FLASH_BACKWARD_FACTOR * attention + 2.0 * elementwise_s
+        forward = gemms + attention.forward_s + elementwise_s
+        backward = 2.0 * gemms + attention.backward_s + 2.0 * elementwise_s
         if recompute is Recompute.FULL:
             backward += forward
-        elif recompute is Recompute.SELECTIVE:
-            backward += attention
+        elif recompute is Recompute.SELECTIVE and not self.flash_attention:
+            backward += attention.forward_s  # flash kernels recompute the scores anyway
         dispatch = OPS_PER_BLOCK_FORWARD * formulas.KERNEL_DISPATCH_S
         forward_total = max(forward, dispatch)
         backward_total = max(backward, 2.0 * dispatch)
         return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)
+
+    def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
+        if self.flash_attention:
+            forward = self._flash_attention_s(device, tp, b)
+            backward = forward * FLASH_BACKWARD_FACTOR * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM
+            return BlockTimes(forward, backward, 0.0)
+        forward = self._materialized_attention_s(device, tp, b)
+        return BlockTimes(forward, 2.0 * forward, 0.0)
 
     def _element_scale(self, device: DeviceType) -> float:
         """Element-wise traffic is counted in 16-bit elements; FP32 doubles it."""
@@ -128,15 +164,31 @@ class CostModel:
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
         return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), device.achievable_flops,
-                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device))
+                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
+                                    device.sm_count)
 
-    def _attention_core_s(self, device: DeviceType, tp: int, b: int) -> float:
+    def _flash_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """FlashAttention: causal scores never leave the chip; Q, K, V read, output written."""
         m, s = self.model, self.seq_len
         flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self._element_scale(device)
-        return formulas.roofline_time_s(flops, traffic, device.achievable_flops,
+        return formulas.roofline_time_s(flops, traffic, device.achievable_flops * FLASH_FORWARD_OF_GEMM,
                                         device.memory_bandwidth_bytes_per_s)
+
+    def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """Scores in memory (Megatron before FlashAttention, eager attention): two batched
+        GEMMs over every head plus a fused scale-mask-softmax that reads and writes the
+        ``b*a*s^2`` scores, and a dropout on them when the model has one (5 bytes each)."""
+        m, s = self.model, self.seq_len
+        heads = b * m.num_heads // tp
+        scale = self._element_scale(device)
+        scores = self._gemm_s(device, heads * s, m.head_dim, s)
+        values = self._gemm_s(device, heads * s, s, m.head_dim)
+        softmax_bytes = (4.0 + (5.0 if m.dropout else 0.0)) * heads * s * s * scale
+        softmax = formulas.roofline_time_s(0.0, softmax_bytes, device.achievable_flops,
+                                           device.memory_bandwidth_bytes_per_s)
+        return scores + values + softmax
 
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
         return self._head_times(device_type, tp, micro_batch)
@@ -217,6 +269,14 @@ class CostModel:
     # ---- stages ------------------------------------------------------------------------
 
     def stage_params(self, num_layers: int, first: bool, last: bool, pp: int, tp: int) -> float:
+        """Parameters each device of a stage holds."""
+        key = (num_layers, first, last, pp > 1, tp)
+        cached = self._params_cache.get(key)
+        if cached is None:
+            cached = self._params_cache[key] = self._stage_params(num_layers, first, last, pp, tp)
+        return cached
+
+    def _stage_params(self, num_layers: int, first: bool, last: bool, pp: int, tp: int) -> float:
         m = self.model
         params = num_layers * counts.block_params(m)
         if first:
@@ -248,7 +308,7 @@ class CostModel:
                                          first: bool, tp: int, micro_batch: int,
                                          recompute: Recompute) -> float:
         m, s, b = self.model, self.seq_len, micro_batch
-        per_block = counts.block_activation_bytes(m, b, s, tp, recompute)
+        per_block = counts.block_activation_bytes(m, b, s, tp, recompute, self.flash_attention)
         total = num_layers * per_block
         if first:
             total += counts.embedding_activation_bytes(m, b, s, tp)
@@ -266,7 +326,8 @@ class CostModel:
         if last:
             held += counts.head_activation_bytes(m, b, s, tp) * scale
         if recompute is Recompute.FULL and num_layers:
-            held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE) * scale
+            held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE,
+                                                  self.flash_attention) * scale
         return held
 
     def overhead_bytes(self, device_type: DeviceType) -> float:
@@ -292,205 +353,16 @@ class CostModel:
 
     def evaluate(self, plan: Plan) -> Prediction:
         """Predict iteration time, throughput and per-device memory of ``plan``."""
-        return _PlanEvaluation(self, plan).prediction()
+        from potluck.planner.evaluate import PlanEvaluation
 
-    def gradient_groups(self, plan: Plan) -> list[DpGroup]:
-        """The gradient all-reduce groups :meth:`evaluate` prices (DP and tied embeddings)."""
-        evaluation = _PlanEvaluation(self, plan)
-        costs = [evaluation._pipeline_stage_costs(k, {}) for k in range(len(plan.pipelines))]
-        return evaluation._dp_groups(costs)
+        return PlanEvaluation(self, plan).prediction()
 
+    def gradient_groups(self, plan: Plan) -> list:
+        """The gradient all-reduce groups :meth:`evaluate` prices (DP and tied embeddings),
+        as :class:`potluck.planner.evaluate.DpGroup`."""
+        from potluck.planner.evaluate import gradient_groups
 
-@dataclass
-class DpGroup:
-    """Replicas of one stage's parameters that all-reduce their gradients together."""
-
-    members: list[tuple[int, int]]  # (pipeline, stage)
-    rings: list[list[Device]]  # one ring per tensor-parallel rank
-    grad_bytes: float
-
-
-class _PlanEvaluation:
-    """One evaluation of a whole plan; split out to keep each step short."""
-
-    def __init__(self, cost: CostModel, plan: Plan) -> None:
-        self.cost = cost
-        self.plan = plan
-        self.devices = [
-            [tuple(cost.cluster.device(d) for d in stage.devices) for stage in pipeline.stages]
-            for pipeline in plan.pipelines
-        ]
-
-    def prediction(self) -> Prediction:
-        pp_sharing = self._pp_nic_sharing()
-        costs = [self._pipeline_stage_costs(k, pp_sharing) for k in range(len(self.devices))]
-        times = [
-            formulas.pipeline_time([c.work for c in costs[k]], p.num_micro_batches,
-                                   self.plan.schedule.value, self.plan.virtual_stages)
-            for k, p in enumerate(self.plan.pipelines)
-        ]
-        groups = self._dp_groups(costs)
-        dp_end_s = self._dp_end_s(groups, costs, times)
-        pipe_end_s = max(t.total_s for t in times)
-        optimizer_s = self._optimizer_s(costs, groups)
-        iteration_s = max(pipe_end_s, dp_end_s) + optimizer_s
-        breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
-        memory = self._memory(costs, groups)
-        return self._summary(iteration_s, breakdown, memory, costs)
-
-    def _pipeline_stage_costs(self, k: int, pp_sharing: dict[str, int]) -> list[StageCost]:
-        pipeline, plan = self.plan.pipelines[k], self.plan
-        stages = self.devices[k]
-        pp, b = len(stages), pipeline.micro_batch_size
-        result = []
-        for i, devices in enumerate(stages):
-            first, last = i == 0, i == pp - 1
-            stage = pipeline.stages[i]
-            send = 0.0 if last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing)
-            work, compute = self.cost.stage_work(devices, stage.num_layers, first, last, b,
-                                                 plan.recompute, send)
-            in_flight = formulas.in_flight_micro_batches(
-                plan.schedule.value, i, pp, pipeline.num_micro_batches, plan.virtual_stages)
-            activations = self.cost.stage_peak_activation_bytes(
-                devices[0].type, stage.num_layers, first, last, len(devices), b,
-                plan.recompute, in_flight)
-            params = self.cost.stage_params(stage.num_layers, first, last, pp, len(devices))
-            result.append(StageCost(work, compute, params, activations))
-        return result
-
-    def _pp_nic_sharing(self) -> dict[str, int]:
-        """Pipeline transfers leaving each machine at once (all boundaries run in steady state)."""
-        sharing: dict[str, int] = defaultdict(int)
-        for stages in self.devices:
-            for sender, receiver in zip(stages, stages[1:], strict=False):
-                for a, b in zip(sender, receiver, strict=False):
-                    if a.node != b.node:
-                        sharing[a.node] += 1
-                        sharing[b.node] += 1
-        return sharing
-
-    def _dp_groups(self, costs: list[list[StageCost]]) -> list[DpGroup]:
-        """Group each stage of the longest pipeline with the stages of the other pipelines
-        that hold the most of the same layers; add the tied-embedding groups."""
-        pipelines = self.plan.pipelines
-        lead = max(range(len(pipelines)), key=lambda k: pipelines[k].pp)
-        others = [k for k in range(len(pipelines)) if k != lead]
-        groups = []
-        for i, stage in enumerate(pipelines[lead].stages):
-            members = [(lead, i)] + [(k, _best_overlap(pipelines[k].stages, stage)) for k in others]
-            groups.append(self._group(members, costs[lead][i].params * len(self.devices[lead][i])))
-        if self.cost.model.tied_embeddings:
-            groups.extend(self._embedding_groups())
-        return groups
-
-    def _group(self, members: list[tuple[int, int]], full_params: float) -> DpGroup:
-        tp = min(len(self.devices[k][j]) for k, j in members)
-        rings = [[self.devices[k][j][r] for k, j in members] for r in range(tp)]
-        element = self.cost.element_bytes(self.devices[members[0][0]][members[0][1]][0].type)
-        return DpGroup(members, rings, element * full_params)
-
-    def _embedding_groups(self) -> list[DpGroup]:
-        """With pipeline parallelism a tied embedding lives on the first and the last stage;
-        their gradients are summed after the backward pass (Megatron's embedding group)."""
-        m = self.cost.model
-        groups = []
-        for k, stages in enumerate(self.devices):
-            if len(stages) > 1:
-                members = [(k, 0), (k, len(stages) - 1)]
-                groups.append(self._group(members, m.vocab_size * m.hidden_size))
-        return groups
-
-    def _dp_end_s(self, groups: list[DpGroup], costs: list[list[StageCost]],
-                  times: list[PipelineTime]) -> float:
-        """When the last gradient all-reduce ends; each starts when all its replicas are done
-        and overlaps with the last micro-batch's backward of the slowest replica."""
-        sharing = self._dp_nic_sharing(groups)
-        end = 0.0
-        for group in groups:
-            if len(group.members) <= 1:
-                continue
-            per_ring_bytes = group.grad_bytes / len(group.rings)
-            allreduce = max(self.cost.allreduce_s(per_ring_bytes, ring, sharing)
-                            for ring in group.rings)
-            ready = max(times[k].finish_s[j] for k, j in group.members)
-            window = min(costs[k][j].work.backward_s for k, j in group.members)
-            end = max(end, ready + max(0.0, allreduce - window))
-        return end
-
-    def _dp_nic_sharing(self, groups: list[DpGroup]) -> dict[str, int]:
-        sharing: dict[str, int] = defaultdict(int)
-        for group in groups:
-            for ring in group.rings:
-                nodes = {d.node for d in ring}
-                if len(nodes) > 1:
-                    for node in nodes:
-                        sharing[node] += 1
-        return sharing
-
-    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> float:
-        dp = len(self.plan.pipelines)
-        return max(
-            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, dp, self.plan.zero1)
-            for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
-        )
-
-    def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
-                   dp_s: float, optimizer_s: float) -> TimeBreakdown:
-        slowest = max(range(len(times)), key=lambda k: times[k].total_s)
-        t, m = times[slowest], self.plan.pipelines[slowest].num_micro_batches
-        stage = costs[slowest][t.bottleneck_stage]
-        compute = m * stage.compute_s
-        tp = m * (stage.work.total_s - stage.compute_s)
-        pp = m * (t.period_s - stage.work.total_s) + t.fill_transfer_s
-        bubble = t.total_s - compute - tp - pp
-        return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
-
-    def _memory(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> list[DeviceMemory]:
-        dp = len(self.plan.pipelines)
-        memory = []
-        for k, stage_costs in enumerate(costs):
-            for j, c in enumerate(stage_costs):
-                for device in self.devices[k][j]:
-                    memory.append(self._device_memory(device, k, j, c, dp))
-        return memory
-
-    def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
-                       dp: int) -> DeviceMemory:
-        states = formulas.model_state_bytes(c.params, dp, self.plan.zero1)
-        weights = 2.0 * c.params
-        grads = 2.0 * c.params
-        optimizer = states - weights - grads
-        overhead = self.cost.overhead_bytes(device.type)
-        total = states + c.activations_bytes + overhead
-        return DeviceMemory(device.id, k, j, weights, grads, optimizer, c.activations_bytes, total)
-
-    def _summary(self, iteration_s: float, breakdown: TimeBreakdown,
-                 memory: list[DeviceMemory], costs: list[list[StageCost]]) -> Prediction:
-        plan, model = self.plan, self.cost.model
-        tokens = plan.training.global_batch * plan.training.seq_len
-        tokens_per_s = tokens / iteration_s
-        flops_per_s = counts.model_flops_per_token(model, plan.training.seq_len) * tokens_per_s
-        used = [d for stages in self.devices for stage in stages for d in stage]
-        peak_flops = sum(d.type.tflops for d in used) * 1e12
-        return Prediction(
-            iteration_time_s=iteration_s,
-            tokens_per_s=tokens_per_s,
-            tflops_per_gpu=flops_per_s / len(used) / 1e12,
-            mfu=flops_per_s / peak_flops,
-            peak_memory_bytes=max(m.total_bytes for m in memory),
-            breakdown=breakdown,
-            memory=tuple(memory),
-            stage_times_s=tuple(tuple(c.work.total_s for c in s) for s in costs),
-        )
-
-
-def _best_overlap(stages: tuple[Stage, ...], target: Stage) -> int:
-    """The stage of another pipeline that shares the most layers with ``target``."""
-    wanted = {layer for start, end in target.layer_ranges for layer in range(start, end)}
-    return max(
-        range(len(stages)),
-        key=lambda j: len(wanted & {x for s, e in stages[j].layer_ranges for x in range(s, e)}),
-    )
+        return gradient_groups(self, plan)
 
 
 def link_between(cluster: Cluster, a: str, b: str) -> Link:
@@ -507,7 +379,7 @@ class StageOpTimes:
 
 def stage_op_times(plan: Plan) -> tuple[tuple[StageOpTimes, ...], ...]:
     """Predicted forward/backward time of one micro-batch on every stage of ``plan``."""
-    cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len, plan.training.dtype)
+    cost = CostModel.for_plan(plan)
     result = []
     for pipeline in plan.pipelines:
         stages = []

@@ -48,13 +48,15 @@ def arrangements(units: list[Unit]) -> Iterator[tuple[tuple[Unit, ...], ...]]:
 
 def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
                     micro_batch_sizes: tuple[int, ...] = (1, 2, 4),
-                    recomputes: tuple[Recompute, ...] = tuple(Recompute)) -> Plan | None:
-    """The fastest plan over the whole enumerated space, or None if nothing fits."""
+                    recomputes: tuple[Recompute, ...] = tuple(Recompute),
+                    group_tp: dict[str, int] | None = None) -> Plan | None:
+    """The fastest plan over the whole enumerated space, or None if nothing fits.
+    ``group_tp`` pins the TP degree of some node groups (to keep the space small)."""
     cluster = Cluster(spec)
-    cost = CostModel(cluster, model, training.seq_len, training.dtype)
+    cost = CostModel.for_training(cluster, model, training)
     families = FamilyEvaluator(cluster, cost)
     best: Plan | None = None
-    for units in _unit_choices(cluster, families, model):
+    for units in _unit_choices(cluster, families, model, group_tp or {}):
         for arrangement in arrangements(units):
             for b, recompute in itertools.product(micro_batch_sizes, recomputes):
                 if training.global_batch % b:
@@ -66,10 +68,10 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
     return best
 
 
-def _unit_choices(cluster: Cluster, families: FamilyEvaluator,
-                  model: ModelSpec) -> Iterator[list[Unit]]:
+def _unit_choices(cluster: Cluster, families: FamilyEvaluator, model: ModelSpec,
+                  group_tp: dict[str, int]) -> Iterator[list[Unit]]:
     groups = cluster.spec.nodes
-    for tps in itertools.product(*(tp_options(g, model, None) for g in groups)):
+    for tps in itertools.product(*(tp_options(g, model, group_tp.get(g.name)) for g in groups)):
         yield [u for g, tp in zip(groups, tps, strict=True) for u in families.units(g, tp)]
 
 

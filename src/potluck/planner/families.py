@@ -12,7 +12,7 @@ come from :class:`~potluck.planner.cost.CostModel`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from potluck.cluster.spec import NodeGroup
@@ -53,6 +53,8 @@ class FamilyOption:
     fill_s: float
     period_s: float
     dp_quick_s: float
+    optimizer_s: float = 0.0
+    key: tuple = ()  # (order, dp, layout, wrap): how to rebuild this family for another setting
 
     @property
     def dp(self) -> int:
@@ -78,16 +80,22 @@ class FamilyEvaluator:
         self._layouts: dict[tuple, tuple | None] = {}
         self._sends_by_layout: dict[tuple, tuple] = {}
         self._works: dict[tuple, StageWork] = {}
+        self._rings: dict[int, tuple] = {}
+        self._splits: dict[tuple, list[int] | None] = {}
 
     def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
         return tuple(group_units(self.cluster, group, tp))
 
     def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                 setting: FamilySetting, wrap: bool = False) -> FamilyOption | None:
-        """``dp`` identical pipelines over the units of ``order``'s groups. With ``wrap`` the
-        first group's units are split between both ends of each pipeline, so the
-        embedding and the head (tied or not) sit on the same kind of device and machine."""
-        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
+                 setting: FamilySetting, wrap: str = "none") -> FamilyOption | None:
+        """``dp`` identical pipelines over the units of ``order``'s groups.
+
+        ``wrap`` puts part of the first units at the far end of each pipeline, so the
+        embedding and the head sit on the same kind of device (``group``: the first
+        group's units are split between both ends) or the same machine (``node``: the
+        first machine's units are), which keeps a tied embedding's gradient exchange
+        off the network."""
+        layout_key = (tuple((g.name, g.count, tp) for g, tp in order), dp, layout, wrap)
         if layout_key not in self._layouts:
             self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
         assembled = self._layouts[layout_key]
@@ -95,8 +103,11 @@ class FamilyEvaluator:
             return None
         pipelines, sharing = assembled
         groups = tuple((g.name, tp) for g, tp in order)
-        name = f"{layout}+wrap" if wrap else layout
-        return self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+        name = layout if wrap == "none" else f"{layout}+wrap-{wrap}"
+        option = self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
+        if option is None:
+            return None
+        return replace(option, key=(order, dp, layout, wrap))
 
     def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
         """Pipeline transfers crossing each machine's network card at once."""
@@ -119,24 +130,29 @@ class FamilyEvaluator:
         num_layers = self.cost.model.num_layers
         if pp * setting.virtual_stages > num_layers:
             return None
-        slots = []
-        for i in range(pp):
-            slot = self._slot(pipelines[0][i], i, pp, dp, setting)
-            if slot is None:
-                return None
-            slots.append(slot)
-        layers = split_layers(slots, num_layers, setting.uniform, setting.virtual_stages)
+        layers = self._split(pipelines[0], dp, setting)
         if layers is None:
             return None
         sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
                       for i in range(pp))
-        fill, period = _fill_and_period(list(works), setting)
+        fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
-        return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick)
+        optimizer = self._optimizer_s(pipelines[0], layers, dp if setting.zero1 else 1)
+        return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
+                            optimizer)
+
+    def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int], shards: int) -> float:
+        pp = len(layers)
+        return max(
+            formulas.adam_step_time_s(
+                self.cost.stage_params(n, i == 0, i == pp - 1, pp, unit.tp) / shards,
+                unit.devices[0].type.memory_bandwidth_bytes_per_s)
+            for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
+        )
 
     def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                  wrap: bool) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
+                  wrap: str) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
         """The family's pipelines and, per machine, the pipeline transfers crossing its
         network card at once (all boundaries are busy in the steady state)."""
         per_group = []
@@ -150,13 +166,17 @@ class FamilyEvaluator:
             else:
                 chunks = [units[j::dp][:per_pipeline] for j in range(dp)]
             per_group.append(chunks)
-        if wrap:
+        if wrap == "group":
             if len(per_group) < 2 or len(per_group[0][0]) < 2:
                 return None
             front = [c[: (len(c) + 1) // 2] for c in per_group[0]]
             back = [c[(len(c) + 1) // 2:] for c in per_group[0]]
             per_group = [front, *per_group[1:], back]
         pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
+        if wrap == "node":
+            pipelines = tuple(_wrap_first_machine(p) for p in pipelines)
+            if any(p is None for p in pipelines):
+                return None
         return pipelines, self.layout_sharing(pipelines)
 
     def _sends_cached(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
@@ -186,6 +206,24 @@ class FamilyEvaluator:
             self._send_cache[key] = self.cost.send_s(
                 a.devices, b.devices, micro_batch, {a.node: shares[0], b.node: shares[1]})
         return self._send_cache[key]
+
+    def _split(self, pipeline: tuple[Unit, ...], dp: int, setting: FamilySetting) -> list[int] | None:
+        """The layer split depends only on the stages' device types, not on where they sit."""
+        key = (tuple((u.group, u.tp) for u in pipeline), dp, setting)
+        if key in self._splits:
+            return self._splits[key]
+        pp = len(pipeline)
+        slots = []
+        for i in range(pp):
+            slot = self._slot(pipeline[i], i, pp, dp, setting)
+            if slot is None:
+                self._splits[key] = None
+                return None
+            slots.append(slot)
+        layers = split_layers(slots, self.cost.model.num_layers, setting.uniform,
+                              setting.virtual_stages)
+        self._splits[key] = layers
+        return layers
 
     def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
         first, last = i == 0, i == pp - 1
@@ -239,25 +277,36 @@ class FamilyEvaluator:
                     works: tuple[StageWork, ...]) -> float:
         """Exposed gradient all-reduce inside the family, rings sampled, NICs shared by
         every device of a machine that crosses it."""
-        dp = len(pipelines)
-        pp = len(layers)
+        dp, pp = len(pipelines), len(layers)
         embedding = self._tied_embedding_s(pipelines)
         if dp <= 1:
             return embedding
+        rings = self._ring_links(pipelines)
         exposed, behind = embedding, 0.0
-        for i in range(pp):
+        for i, (bandwidth, latency) in enumerate(rings):
             unit = pipelines[0][i]
-            ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            bandwidth, latency = self.cost.ring_bandwidth(ring)
-            crosses = len({d.node for d in ring}) > 1
-            if crosses:
-                bandwidth /= self._devices_per_node(unit)
             params = self.cost.stage_params(layers[i], i == 0, i == pp - 1, pp, unit.tp)
-            num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+            num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
             allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, bandwidth, latency)
-            behind += works[i].backward_s
+            behind += works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
             exposed = max(exposed, allreduce - behind)
         return exposed
+
+    def _ring_links(self, pipelines: tuple[tuple[Unit, ...], ...]) -> list[tuple[float, float]]:
+        """Per stage, the bottleneck bandwidth and latency of its gradient ring (cached per layout)."""
+        key = id(pipelines)
+        cached = self._rings.get(key)
+        if cached is not None and cached[0] is pipelines:
+            return cached[1]
+        links = []
+        for i in range(len(pipelines[0])):
+            ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
+            bandwidth, latency = self.cost.ring_bandwidth(ring)
+            if len({d.node for d in ring}) > 1:
+                bandwidth /= self._devices_per_node(pipelines[0][i])
+            links.append((bandwidth, latency))
+        self._rings[key] = (pipelines, links)
+        return links
 
     def _tied_embedding_s(self, pipelines: tuple[tuple[Unit, ...], ...]) -> float:
         """A tied embedding's gradient summed between the first and last stage (pp > 1)."""
@@ -288,23 +337,35 @@ class FamilyEvaluator:
             pp = family.pp
             for i, unit in enumerate(family.pipelines[0]):
                 params = self.cost.stage_params(family.layers[i], i == 0, i == pp - 1, pp, unit.tp)
-                num_bytes = params * self.cost.element_bytes(unit.devices[0].type)
+                num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
                 allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, bandwidth, latency)
-                worst = max(worst, allreduce - family.works[i].backward_s)
+                overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
+                worst = max(worst, allreduce - overlap)
         return max(0.0, worst)
 
     def _devices_per_node(self, unit: Unit) -> int:
         return self.cluster.groups[unit.group].gpus_per_node
 
 
+def _wrap_first_machine(pipeline: tuple[Unit, ...]) -> tuple[Unit, ...] | None:
+    """Split the first machine's units between both ends of the pipeline."""
+    first = [u for u in pipeline if u.node == pipeline[0].node]
+    rest = [u for u in pipeline if u.node != pipeline[0].node]
+    if len(first) < 2 or not rest:
+        return None
+    half = (len(first) + 1) // 2
+    return (*first[:half], *rest, *first[half:])
+
+
 def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], ...]:
     return pipelines[:PATTERN_SAMPLES]
 
 
-def _fill_and_period(works: list[StageWork], setting: FamilySetting) -> tuple[float, float]:
+def _fill_and_period(works: list[StageWork], setting: FamilySetting,
+                     overlap_p2p: bool) -> tuple[float, float]:
     """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
     schedule, v = setting.schedule.value, setting.virtual_stages
-    one = formulas.pipeline_time(works, 1, schedule, v).total_s
-    two = formulas.pipeline_time(works, 2, schedule, v).total_s
+    one = formulas.pipeline_time(works, 1, schedule, v, overlap_p2p).total_s
+    two = formulas.pipeline_time(works, 2, schedule, v, overlap_p2p).total_s
     period = two - one
     return one - period, period

@@ -9,7 +9,8 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - ring all-reduce: ``2(g-1)/g * n/W + 2(g-1)*alpha`` (Patarasuk & Yuan 2009;
   NCCL's bus-bandwidth convention);
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
-  (Williams et al. 2009);
+  (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
+  multiprocessors (NVIDIA, "Matrix Multiplication Background User's Guide");
 - pipeline schedules (GPipe, 1F1B): ``T = sum_i (f_i + b_i) + (m - 1) * max_i (f_i + b_i)``
   for unequal stages; interleaving divides the bubble by ``v`` (Narayanan et al.,
   SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - w)`` per stage;
@@ -21,8 +22,10 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
 ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
 MODEL_STATE_BYTES_PER_PARAM = 16.0
@@ -53,12 +56,26 @@ def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
     return max(compute, memory)
 
 
+def wave_efficiency(rows: int, cols: int, processors: int) -> float:
+    """Share of the last wave's processors that have a tile (wave quantization).
+
+    A GEMM's output is cut into ``GEMM_TILE x GEMM_TILE`` tiles that run in waves of
+    one tile per streaming multiprocessor; a partial last wave idles the rest
+    (NVIDIA, "Matrix Multiplication Background User's Guide").
+    """
+    if processors <= 0:
+        return 1.0
+    tiles = math.ceil(rows / GEMM_TILE) * math.ceil(cols / GEMM_TILE)
+    return tiles / (math.ceil(tiles / processors) * processors)
+
+
 def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
-                memory_bandwidth_bytes_per_s: float, element_bytes: int) -> float:
-    """``[rows, inner] @ [inner, cols]`` under the roofline."""
+                memory_bandwidth_bytes_per_s: float, element_bytes: int, processors: int = 0) -> float:
+    """``[rows, inner] @ [inner, cols]`` under the roofline, with wave quantization."""
     flops = 2.0 * rows * inner * cols
     traffic = element_bytes * (rows * inner + inner * cols + rows * cols)
-    return roofline_time_s(flops, traffic, achievable_flops, memory_bandwidth_bytes_per_s)
+    compute_flops = achievable_flops * wave_efficiency(rows, cols, processors)
+    return roofline_time_s(flops, traffic, compute_flops, memory_bandwidth_bytes_per_s)
 
 
 def model_state_bytes(params: float, dp: int, zero1: bool) -> float:
@@ -108,9 +125,16 @@ class PipelineTime:
 
 
 def pipeline_time(stages: list[StageWork], micro_batches: int, schedule: str,
-                  virtual_stages: int = 1) -> PipelineTime:
-    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above)."""
+                  virtual_stages: int = 1, overlap_p2p: bool = True) -> PipelineTime:
+    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above).
+
+    With ``overlap_p2p=False`` (blocking sends and receives) every stage also waits for
+    its transfers: one activation out and one gradient back per micro-batch and chunk.
+    """
     v = max(1, virtual_stages) if schedule in ("interleaved", "zb") else 1
+    if not overlap_p2p:
+        stages = [StageWork(s.forward_s + v * s.send_s, s.backward_s + v * s.send_s,
+                            s.weight_grad_s, s.send_s) for s in stages]
     busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
     link_period = max((s.send_s * v for s in stages), default=0.0)
     period = max(stages[busiest].total_s, link_period)

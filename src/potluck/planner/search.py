@@ -39,7 +39,13 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.partition import PipelineSlot, split_micro_batches
-from potluck.planner.space import dp_candidates, set_partitions, stage_orders, tp_options
+from potluck.planner.space import (
+    dp_candidates,
+    machine_subsets,
+    set_partitions,
+    stage_orders,
+    tp_options,
+)
 from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
 
 log = logging.getLogger(__name__)
@@ -67,7 +73,9 @@ class SearchOptions:
     zero1: bool | None = None
     top_k: int = 5
     groups: tuple[str, ...] | None = None  # only these node groups may be used
+    group_tp: tuple[tuple[str, int], ...] | None = None  # TP degree pinned per node group
     family_beam: int = 3
+    structure_beam: int = 64
     exact_beam: int = 32
     max_micro_batch_size: int = 32
 
@@ -106,14 +114,28 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     started = time.perf_counter()
     cluster = Cluster(spec)
     check_request(cluster, model, training, options)
-    cost = CostModel(cluster, model, training.seq_len, training.dtype)
-    runner = _Search(cluster, cost, training, options, progress)
+    cost = CostModel.for_training(cluster, model, training)
     attempts = [options.zero1] if options.zero1 is not None else [False, True]
+    candidates = 0
     for zero1 in attempts:
-        plans = runner.run(zero1)
+        plans: list[Plan] = []
+        for pinned in _runs(cluster, model, options):
+            runner = _Search(cluster, cost, training, pinned, progress)
+            plans.extend(runner.run(zero1))
+            candidates += runner.candidates
         if plans:
-            return SearchResult(tuple(plans), runner.candidates, time.perf_counter() - started)
+            plans.sort(key=lambda p: p.prediction.iteration_time_s)
+            best = tuple(_distinct(plans, options.top_k))
+            return SearchResult(best, candidates, time.perf_counter() - started)
     raise InfeasibleError(explain_infeasible(cluster, model, training, options))
+
+
+def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
+    """The uniform baseline is Megatron's layout: one TP degree for every stage."""
+    if options.partition is not Partition.UNIFORM or options.tp is not None:
+        return [options]
+    degrees = sorted({t for g in cluster.spec.nodes for t in tp_options(g, model, None)})
+    return [replace(options, tp=t) for t in degrees]
 
 
 class _Search:
@@ -132,37 +154,66 @@ class _Search:
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
 
     def run(self, zero1: bool) -> list[Plan]:
+        """Two passes: find promising structures at the smallest micro-batch that fits, then
+        score those structures at every micro-batch size and recomputation mode."""
+        structures = self._promising_structures(zero1)
         heap: list[tuple[float, int, _Combo]] = []
-        recomputes = self._recomputes()
-        for index, recompute in enumerate(recomputes):
-            previous = float("inf")
+        for recompute in self._recomputes():
             for setting in self._settings(zero1, recompute):
-                best = self._collect(setting, heap)
-                if best > previous:
-                    break  # larger micro-batches only add bubble and memory from here on
-                previous = best
-            if self.progress:
-                self.progress((index + 1) / len(recomputes))
+                for structure in structures:
+                    combo = self._rebuild(structure, setting)
+                    if combo is not None:
+                        self._push(heap, combo)
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
         plans.sort(key=lambda p: p.prediction.iteration_time_s)
         return _distinct(plans, self.options.top_k)
 
+    def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
+        heap: list[tuple[float, int, _Combo]] = []
+        recomputes = self._recomputes()
+        for index, recompute in enumerate(recomputes):
+            for setting in self._settings(zero1, recompute):
+                if self._collect(setting, heap) < float("inf"):
+                    break  # the smallest micro-batch that fits shows the structures
+            if self.progress:
+                self.progress(0.8 * (index + 1) / len(recomputes))
+        structures = {tuple(f.key for f in item[2].families) for item in heap}
+        return sorted(structures, key=repr)
+
+    def _rebuild(self, structure: tuple[tuple, ...], setting: FamilySetting) -> _Combo | None:
+        families = []
+        for order, dp, layout, wrap in structure:
+            option = self.families.evaluate(order, dp, layout, setting, wrap)
+            if option is None:
+                return None
+            families.append(option)
+        return self._combine(setting, tuple(families))
+
     def _collect(self, setting: FamilySetting, heap: list) -> float:
         """Score every combination of one setting into the heap; the best quick time."""
         best = float("inf")
         for combo in self._combos(setting):
-            self.candidates += 1
             best = min(best, combo.quick_s)
-            item = (-combo.quick_s, self.candidates, combo)
-            if len(heap) < self.options.exact_beam:
-                heapq.heappush(heap, item)
-            elif combo.quick_s < -heap[0][0]:
-                heapq.heapreplace(heap, item)
+            self._push(heap, combo, self.options.structure_beam)
         return best
 
+    def _push(self, heap: list, combo: _Combo, beam: int | None = None) -> None:
+        self.candidates += 1
+        item = (-combo.quick_s, self.candidates, combo)
+        if len(heap) < (beam or self.options.exact_beam):
+            heapq.heappush(heap, item)
+        elif combo.quick_s < -heap[0][0]:
+            heapq.heapreplace(heap, item)
+
     def _recomputes(self) -> list[Recompute]:
-        return [self.options.recompute] if self.options.recompute else list(Recompute)
+        """With flash attention, selective recomputation (of the attention core) is what the
+        kernel does anyway, so it is the same plan as none and is not tried separately."""
+        if self.options.recompute:
+            return [self.options.recompute]
+        if self.cost.flash_attention:
+            return [Recompute.NONE, Recompute.FULL]
+        return list(Recompute)
 
     def _settings(self, zero1: bool, recompute: Recompute):
         options, batch = self.options, self.training.global_batch
@@ -184,7 +235,10 @@ class _Search:
         speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
                  for g in family}
         found: list[FamilyOption] = []
-        for order in stage_orders(family, memory, speed):
+        orders = stage_orders(family, memory, speed)
+        if len(family) == 1:
+            orders = [(sub,) for sub in machine_subsets(family[0])]
+        for order in orders:
             tps = [self._tp_choices(g, setting, len(family)) for g in order]
             for tp_choice in itertools.product(*tps):
                 found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
@@ -199,7 +253,7 @@ class _Search:
     def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
         """TP degrees to try for a group: in mixed families, those that served the group
         best on its own (all of them when it cannot train alone)."""
-        allowed = tp_options(group, self.cost.model, self.options.tp)
+        allowed = tp_options(group, self.cost.model, self._pinned_tp(group))
         alone = self._best_tps.get((group.name, setting))
         if family_size == 1 or not alone:
             return allowed
@@ -216,14 +270,27 @@ class _Search:
             if (self.options.pp and pp != self.options.pp) or (self.options.dp and dp > self.options.dp):
                 continue
             layouts = ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",)
-            wraps = (False, True) if len(order) > 1 else (False,)
+            wraps = self._wraps(len(order))
             options = [self.families.evaluate(order, dp, layout, setting, wrap)
-                       for layout, wrap in itertools.product(layouts, wraps)]
+                       for layout, wrap in itertools.product(layouts, wraps if pp > 2 else ("none",))]
             feasible = [o for o in options if o is not None]
             if not feasible and not self.options.pp:
                 break  # fewer, fuller stages only need more memory
             found.extend(feasible)
         return found
+
+    def _pinned_tp(self, group: NodeGroup) -> int | None:
+        return dict(self.options.group_tp or ()).get(group.name, self.options.tp)
+
+    def _wraps(self, groups: int) -> tuple[str, ...]:
+        """Wrap-around orders worth trying: by group for mixed families; by machine only
+        when a tied embedding makes the first and last stage exchange gradients."""
+        wraps = ["none"]
+        if groups > 1:
+            wraps.append("group")
+        if self.cost.model.tied_embeddings:
+            wraps.append("node")
+        return tuple(wraps)
 
     def _combos(self, setting: FamilySetting):
         by_family: dict[tuple[str, ...], list[FamilyOption]] = {}
@@ -259,7 +326,7 @@ class _Search:
             return None
         used = tuple(f for f, _ in busy)
         quick = (max(f.time_s(max(s)) for f, s in busy) + max(f.dp_quick_s for f in used)
-                 + self.families.cross_family_dp_s(used))
+                 + self.families.cross_family_dp_s(used) + max(f.optimizer_s for f in used))
         return _Combo(quick, setting, tuple(f for f, _ in busy), tuple(tuple(s) for _, s in busy))
 
     def _build(self, combo: _Combo) -> Plan:

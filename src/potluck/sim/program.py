@@ -79,21 +79,25 @@ def _flow(work: PipelineWorkload, src: int, dst: int, network: Network) -> Flow:
 
 
 def build(workloads: list[PipelineWorkload], schedule: str, virtual_stages: int,
-          network: Network) -> PipelineProgram:
-    """One program running ``workloads`` side by side (they may share links)."""
+          network: Network, overlap_p2p: bool = True) -> PipelineProgram:
+    """One program running ``workloads`` side by side (they may share links).
+
+    ``overlap_p2p=False`` makes the schedule runtime's sends blocking (torch's single-stage
+    schedules keep their own batching either way).
+    """
     built = PipelineProgram()
     for position, work in enumerate(workloads):
-        _add_pipeline(built, position, work, schedule, virtual_stages, network)
+        _add_pipeline(built, position, work, schedule, virtual_stages, network, overlap_p2p)
     return built
 
 
 def _add_pipeline(built: PipelineProgram, position: int, work: PipelineWorkload, schedule: str,
-                  virtual_stages: int, network: Network) -> None:
+                  virtual_stages: int, network: Network, overlap_p2p: bool) -> None:
     p = len(work.stages)
     if p > 1 and virtual_stages == 1 and schedule in ("gpipe", "1f1b"):
         _add_torch_calls(built, position, work, schedule, network)
     else:
-        _add_eager(built, position, work, schedule, virtual_stages, network)
+        _add_eager(built, position, work, schedule, virtual_stages, network, overlap_p2p)
 
 
 def _add_torch_calls(built: PipelineProgram, position: int, work: PipelineWorkload,
@@ -131,7 +135,7 @@ def _torch_call_info(key: tuple[str, int] | None, s: int, chunk: ChunkWork) -> O
 
 
 def _add_eager(built: PipelineProgram, position: int, work: PipelineWorkload, schedule: str,
-               virtual_stages: int, network: Network) -> None:
+               virtual_stages: int, network: Network, overlap_p2p: bool) -> None:
     """Torch's schedule runtime: receives posted ahead, transfers start when data exists."""
     program, p = built.program, len(work.stages)
     orders = schedule_orders(schedule, p, work.micro_batches, virtual_stages)
@@ -145,8 +149,22 @@ def _add_eager(built: PipelineProgram, position: int, work: PipelineWorkload, sc
             built.owner.append(position)
     flows = boundary_flows(work, virtual_stages, network)
     last = p * virtual_stages - 1
+    first_transfer = len(program)
     for (kind, virtual, micro_batch), op in list(ids.items()):
         program.preds[op] = _preds(built, ids, flows, position, p, last, kind, virtual, micro_batch)
+    if not overlap_p2p:
+        _block_on_sends(program, range(first_transfer, len(program)))
+
+
+def _block_on_sends(program: Program, transfers: range) -> None:
+    """Blocking sends (``Execution.overlap_p2p=False``): a stage computes nothing else until
+    what it sends has arrived."""
+    position = {op: (stream, i) for stream, order in enumerate(program.stream_order)
+                for i, op in enumerate(order)}
+    for transfer in transfers:
+        stream, i = position[program.preds[transfer][0]]
+        if i + 1 < len(program.stream_order[stream]):
+            program.preds[program.stream_order[stream][i + 1]].append(transfer)
 
 
 def _duration(kind: OpKind, chunk: ChunkWork) -> tuple[float, float]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.planner.cost import CostModel
 from potluck.plans import Plan, Schedule, check_plan
@@ -43,13 +42,14 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     """Simulate one iteration of ``plan`` (under ``schedule``, default the plan's own)."""
     check_plan(plan)
     schedule = Schedule(schedule) if schedule is not None else plan.schedule
-    cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len, plan.training.dtype)
+    cost = CostModel.for_plan(plan)
     virtual = plan.virtual_stages if schedule in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE) else 1
     if virtual != plan.virtual_stages:
         raise _chunks_error(plan, schedule)
     network = Network(cost.cluster)
     workloads = plan_workloads(plan, cost)
-    runs, simulated = run_pipelines(workloads, schedule.value, virtual, network)
+    runs, simulated = run_pipelines(workloads, schedule.value, virtual, network,
+                                    plan.training.execution.overlap_p2p)
     syncs, steps = _gradients_and_steps(plan, cost, network, workloads, runs)
     memory = _memory(runs, workloads, schedule is Schedule.ZERO_BUBBLE)
     iteration_s = max(step.end_s for step in steps)
@@ -88,7 +88,7 @@ def _memory(runs: list[PipelineRun], workloads: list[PipelineWorkload],
 
 
 def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int,
-                  network: Network) -> tuple[list[PipelineRun], int]:
+                  network: Network, overlap_p2p: bool = True) -> tuple[list[PipelineRun], int]:
     """Phase 1: every pipeline's ops with their times, and how many pipelines actually ran.
 
     Pipelines that share links run together, once per distinct set (same work, same links
@@ -105,7 +105,8 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
             for k, twin in zip(members, done[key], strict=True):
                 runs[k] = PipelineRun(k, runs[twin].ops, runs[twin].twin_of)
             continue
-        built = program.build([workloads[k] for k in members], schedule, virtual, network)
+        built = program.build([workloads[k] for k in members], schedule, virtual, network,
+                              overlap_p2p)
         timings = engine.run(built.program, network.capacity)
         ops: list[list[OpRecord]] = [[] for _ in members]
         for op, info in enumerate(built.info):
@@ -160,6 +161,8 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
                          workloads: list[PipelineWorkload], runs: list[PipelineRun]
                          ) -> tuple[list[GradientSync], list[OptimizerStep]]:
     ready, window = _gradient_ready(runs)
+    if not plan.training.execution.overlap_grad_reduce:
+        window = ready  # the all-reduce waits for the whole backward pass
     groups = [g for g in cost.gradient_groups(plan) if len(g.members) > 1]
     phase = engine.Program()
     for group in groups:

@@ -1,0 +1,70 @@
+"""Per-layer parameters, FLOPs and activations against the published closed forms."""
+
+from dataclasses import replace
+
+import pytest
+
+from potluck.model import counts, load_model
+from potluck.model.counts import Recompute
+
+
+def test_gpt_flops_equal_narayanan_eq3():
+    """72 B s l h^2 (1 + s/(6h) + V/(12 l h)) training FLOPs per iteration (SC'21, Eq. 3)."""
+    m = load_model("gpt3-175b")
+    b, s, layers, h, v = 1, 2048, m.num_layers, m.hidden_size, m.vocab_size
+    expected = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert counts.model_flops_per_token(m, s) * s * b == pytest.approx(expected, rel=1e-12)
+
+
+def test_gpt_parameters_equal_narayanan_eq2_up_to_biases_and_norms():
+    m = load_model("gpt3-13b")
+    layers, h, v, s = m.num_layers, m.hidden_size, m.vocab_size, m.max_seq_len
+    eq2 = 12 * layers * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * layers * h))
+    assert counts.total_params(m) == pytest.approx(eq2, rel=1e-3)
+
+
+def test_llama_block_counts_gqa_and_swiglu_matrices():
+    m = load_model("llama2-70b")  # h=8192, 64 heads, 8 kv heads, f=28672
+    h, kv, f = 8192, 1024, 28672
+    assert counts.attention_params(m) == 2 * h * h + 2 * h * kv
+    assert counts.mlp_params(m) == 3 * h * f
+    assert counts.block_params(m) == 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+
+
+def test_tied_embeddings_count_once_unless_split_over_stages():
+    m = load_model("qwen2.5-0.5b")
+    projection = m.vocab_size * m.hidden_size
+    assert counts.head_params(m) == counts.norm_params(m)
+    assert counts.head_params(m, separate_from_embedding=True) == counts.norm_params(m) + projection
+    untied = replace(m, tied_embeddings=False)
+    assert counts.total_params(untied) - counts.total_params(m) == projection
+
+
+def test_gpt_activations_equal_korthikanti_table_2():
+    m = load_model("gpt3-175b")
+    s, b, h, a = 2048, 1, m.hidden_size, m.num_heads
+    full = s * b * h * (34 + 5 * a * s / h)
+    assert counts.block_activation_bytes(m, b, s, 1, Recompute.NONE) == pytest.approx(full)
+    assert counts.block_activation_bytes(m, b, s, 1, Recompute.SELECTIVE) == pytest.approx(34 * s * b * h)
+    assert counts.block_activation_bytes(m, b, s, 1, Recompute.FULL) == pytest.approx(2 * s * b * h)
+    t = 8  # tensor + sequence parallel divides everything by t
+    assert counts.block_activation_bytes(m, b, s, t, Recompute.NONE) == pytest.approx(full / t)
+
+
+def test_gqa_and_no_dropout_shrink_llama_activations():
+    m = load_model("llama2-70b")
+    terms = counts.block_activation_terms(m)
+    f_over_h = 28672 / 8192
+    # QKV input 2, Q 2, K and V 2 each at kv/h = 1/8, output-projection input 2, no masks
+    attention = 2 + 2 + 4 / 8 + 2
+    mlp = 2 + 8 * f_over_h
+    assert terms.per_sbh == pytest.approx(attention + mlp + 4)
+    assert terms.per_as2b == 2
+
+
+def test_recomputation_flops():
+    m = load_model("gpt3-1.3b")
+    b, s = 2, 1024
+    assert counts.recompute_forward_flops(m, b, s, Recompute.NONE) == 0
+    assert counts.recompute_forward_flops(m, b, s, Recompute.FULL) == counts.block_forward_flops(m, b, s)
+    assert counts.recompute_forward_flops(m, b, s, Recompute.SELECTIVE) == 4 * b * s * s * m.hidden_size

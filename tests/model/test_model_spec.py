@@ -1,0 +1,81 @@
+"""Model shapes from presets, HF config.json files and model directories."""
+
+import json
+
+import pytest
+
+from potluck.errors import ConfigError
+from potluck.model import MlpKind, load_model, model_from_hf_config, total_params
+
+
+@pytest.mark.parametrize(
+    ("name", "published_b"),
+    [("llama2-7b", 6.74), ("llama2-13b", 13.0), ("llama2-70b", 69.0), ("llama3-8b", 8.03),
+     ("llama3-70b", 70.6), ("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.62),
+     ("qwen2.5-72b", 72.7), ("gpt3-175b", 174.6), ("gpt3-1.3b", 1.3)],
+)
+def test_preset_parameter_counts_match_published_sizes(name, published_b):
+    assert total_params(load_model(name)) / 1e9 == pytest.approx(published_b, rel=0.015)
+
+
+def test_gpt3_family_covers_125m_to_175b():
+    sizes = [total_params(load_model(n)) for n in
+             ("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b",
+              "gpt3-13b", "gpt3-175b")]
+    assert sizes == sorted(sizes)
+    assert sizes[0] / 1e9 == pytest.approx(0.125, rel=0.05)
+
+
+LLAMA_CONFIG = {
+    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+}
+GPT2_CONFIG = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+               "vocab_size": 50257, "n_positions": 1024}
+
+
+def test_llama_config_keys_give_the_same_model_as_the_preset():
+    spec = model_from_hf_config(LLAMA_CONFIG, "llama3")
+    assert total_params(spec) == total_params(load_model("llama3-8b"))
+    assert spec.num_kv_heads == 8 and spec.mlp is MlpKind.SWIGLU
+
+
+def test_gpt2_config_keys():
+    spec = model_from_hf_config(GPT2_CONFIG, "gpt2")
+    assert spec.mlp is MlpKind.GELU and spec.tied_embeddings and spec.ffn_hidden_size == 3072
+    assert total_params(spec) == 124_439_808  # the published GPT-2 small count
+
+
+def test_qwen2_and_mistral_configs_are_read():
+    qwen = dict(LLAMA_CONFIG, model_type="qwen2", tie_word_embeddings=True)
+    mistral = dict(LLAMA_CONFIG, model_type="mistral")
+    assert model_from_hf_config(qwen).qkv_bias and model_from_hf_config(qwen).tied_embeddings
+    assert model_from_hf_config(mistral).family == "mistral"
+
+
+def test_config_file_and_model_directory(tmp_path):
+    directory = tmp_path / "my-model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    from_dir = load_model(str(directory))
+    from_file = load_model(str(directory / "config.json"))
+    assert from_dir == from_file and from_dir.name == "my-model"
+    assert from_dir.hf_config == LLAMA_CONFIG
+
+
+def test_unknown_model_suggests_presets():
+    with pytest.raises(ConfigError, match="llama2-7b"):
+        load_model("llama2-7")
+
+
+def test_unsupported_config_is_one_clear_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "t5", "d_model": 512}))
+    with pytest.raises(ConfigError, match="not supported"):
+        load_model(str(path))
+
+
+def test_heads_must_divide_hidden_size():
+    with pytest.raises(ConfigError, match="hidden_size"):
+        model_from_hf_config(dict(LLAMA_CONFIG, num_attention_heads=30))

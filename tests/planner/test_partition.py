@@ -1,0 +1,82 @@
+"""The uneven splits are exact: compared with brute force on random small instances."""
+
+import itertools
+import random
+
+import pytest
+
+from potluck.planner.partition import PipelineSlot, StageSlot, split_layers, split_micro_batches
+
+
+def _compositions(total, parts, low=1):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        sizes = [b - a for a, b in zip((0, *cuts), (*cuts, total), strict=True)]
+        if min(sizes) >= low:
+            yield sizes
+
+
+def _period(slots, layers):
+    return max(s.extra_s + n * s.per_layer_s for s, n in zip(slots, layers, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_layer_split_minimizes_the_slowest_stage(seed):
+    rng = random.Random(seed)
+    stages, layers = rng.randint(1, 4), rng.randint(4, 12)
+    slots = [StageSlot(rng.uniform(0.5, 3.0), rng.choice([0.0, rng.uniform(0, 4)]),
+                       rng.randint(1, layers)) for _ in range(stages)]
+    feasible = [c for c in _compositions(layers, stages)
+                if all(n <= s.max_layers for n, s in zip(c, slots, strict=True))]
+    result = split_layers(slots, layers)
+    if not feasible:
+        assert result is None
+        return
+    best = min(_period(slots, c) for c in feasible)
+    assert sum(result) == layers and all(n >= 1 for n in result)
+    assert all(n <= s.max_layers for n, s in zip(result, slots, strict=True))
+    assert _period(slots, result) == pytest.approx(best)
+
+
+def test_layers_go_in_proportion_to_speed():
+    assert split_layers([StageSlot(1.0, 0, 99), StageSlot(2.0, 0, 99)], 12) == [8, 4]
+
+
+def test_memory_caps_move_layers_to_slower_stages():
+    assert split_layers([StageSlot(1.0, 0, 5), StageSlot(2.0, 0, 99)], 12) == [5, 7]
+
+
+def test_uniform_split_is_even_and_respects_memory():
+    assert split_layers([StageSlot(1.0, 0, 99), StageSlot(5.0, 0, 99)], 9, uniform=True) == [5, 4]
+    assert split_layers([StageSlot(1.0, 0, 3), StageSlot(5.0, 0, 99)], 9, uniform=True) is None
+
+
+def _slowest(slots, shares):
+    return max(s.fill_s + m * s.period_s for s, m in zip(slots, shares, strict=True) if m)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_micro_batch_split_minimizes_the_slowest_pipeline(seed):
+    rng = random.Random(seed)
+    count, total = rng.randint(1, 4), rng.randint(1, 12)
+    slots = [PipelineSlot(rng.uniform(0, 3), rng.uniform(0.5, 3)) for _ in range(count)]
+    best = min(_slowest(slots, c) for c in itertools.product(range(total + 1), repeat=count)
+               if sum(c) == total)
+    result = [share[0] for share in split_micro_batches(slots, total)]
+    assert sum(result) == total
+    assert _slowest(slots, result) == pytest.approx(best)
+
+
+def test_replicas_of_a_slot_differ_by_at_most_one():
+    shares = split_micro_batches([PipelineSlot(0.0, 1.0, replicas=3), PipelineSlot(0.0, 2.0)], 10)
+    assert sum(map(sum, shares)) == 10
+    assert max(shares[0]) - min(shares[0]) <= 1
+
+
+def test_a_pipeline_that_only_slows_the_batch_gets_nothing():
+    shares = split_micro_batches([PipelineSlot(100.0, 1.0), PipelineSlot(0.0, 1.0)], 12)
+    assert shares == [[0], [12]]
+
+
+def test_uniform_batch_split_needs_divisibility():
+    assert split_micro_batches([PipelineSlot(0, 1), PipelineSlot(0, 3)], 8, uniform=True) == [[4], [4]]
+    assert split_micro_batches([PipelineSlot(0, 1), PipelineSlot(0, 3)], 7, uniform=True) is None

@@ -1,0 +1,85 @@
+"""The command line as a user meets it: real processes, exit codes, stdout and stderr."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CLUSTER = """
+nodes:
+  - {name: box3090, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs, inter_bandwidth: 10Gb/s}
+  - {name: a100, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+"""
+
+
+def potluck(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "160"}
+    return subprocess.run([sys.executable, "-m", "potluck", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(CLUSTER)
+    return path
+
+
+def test_plan_json_has_the_documented_fields(cluster_file, tmp_path):
+    out = tmp_path / "plan.json"
+    result = potluck("plan", "--cluster", str(cluster_file), "--model", "gpt3-1.3b", "--json",
+                     "--global-batch", "32", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for field in ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_gb",
+                  "devices", "plan", "breakdown_s", "alternatives"):
+        assert field in data
+    assert data["tokens_per_s"] == pytest.approx(32 * 2048 / data["iteration_time_s"])
+    device = data["devices"][0]
+    assert {"id", "node", "type", "stage", "memory_gb"} <= set(device)
+    assert json.loads(out.read_text())["training"]["global_batch"] == 32
+
+
+def test_plan_table_shows_stages_and_the_time_breakdown(cluster_file):
+    result = potluck("plan", "-c", str(cluster_file), "-m", "gpt3-1.3b", "--top", "3")
+    assert result.returncode == 0, result.stderr
+    for heading in ("Pipelines and stages", "Predicted iteration", "Best alternatives", "bubble"):
+        assert heading in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--model", "gpt3-1.3b", "--tp", "3"], "does not divide"),
+        (["--model", "gpt4"], "unknown model"),
+        (["--model", "llama2-70b"], "add at least"),
+        (["--model", "gpt3-1.3b", "--global-batch", "10", "--micro-batch-size", "4"],
+         "not a multiple"),
+        (["--model", "gpt3-1.3b", "--recompute", "some"], "--recompute must be one of"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment):
+    result = potluck("plan", "--cluster", str(cluster_file), *args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_bad_cluster_files_are_one_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes:\n  - name: a\n    gpu: rtx3080\n    gpus_per_node: 2\n")
+    result = potluck("plan", "--cluster", str(broken), "--model", "gpt3-125m")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "broken.yaml:3" in result.stderr and "rtx3090" in result.stderr
+    missing = potluck("plan", "--cluster", str(tmp_path / "none.yaml"), "--model", "gpt3-125m")
+    assert missing.returncode != 0 and "not found" in missing.stderr
+
+
+def test_catalog_lists_the_devices():
+    result = potluck("catalog")
+    assert result.returncode == 0 and "rtx3090" in result.stdout and "mi300x" in result.stdout

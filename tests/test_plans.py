@@ -1,0 +1,116 @@
+"""The Plan contract: JSON round trip, self-containment, validation, schema."""
+
+import json
+
+import pytest
+
+from potluck.cluster import parse_cluster
+from potluck.errors import ConfigError
+from potluck.model import load_model
+from potluck.planner.search import search
+from potluck.plans import (
+    Pipeline,
+    Plan,
+    Stage,
+    TrainingShape,
+    check_plan,
+    load_plan,
+    plan_from_dict,
+    plan_json_schema,
+    plan_to_dict,
+    save_plan,
+)
+
+CLUSTER = parse_cluster("""
+nodes:
+  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}
+  - {name: b, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs}
+""")
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return search(CLUSTER, load_model("gpt3-350m"), TrainingShape(16, 1024)).best
+
+
+def test_json_round_trip_gives_an_equal_plan(plan, tmp_path):
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    loaded = load_plan(path)
+    assert loaded == plan
+    assert loaded.prediction == plan.prediction
+
+
+def test_a_plan_file_is_self_contained(plan):
+    data = json.loads(json.dumps(plan_to_dict(plan)))
+    assert data["version"] == 1
+    assert data["model"]["hidden_size"] == 1024
+    assert data["training"]["global_batch"] == 16 and data["training"]["seq_len"] == 1024
+    assert data["training"]["execution"]["flash_attention"] is True
+    assert {t["name"] for t in data["cluster"]["device_types"]} == {"a100-80g-sxm", "rtx3090"}
+
+
+def _pipeline(devices_layers, micro_batches=4):
+    stages = tuple(Stage(tuple(d), ((a, b),)) for d, (a, b) in devices_layers)
+    return Pipeline(stages, 1, micro_batches)
+
+
+def _plan(*pipelines, batch=None):
+    model = load_model("gpt3-350m")
+    batch = batch or sum(p.batch_share for p in pipelines)
+    return Plan(CLUSTER, model, TrainingShape(batch, 1024), tuple(pipelines))
+
+
+@pytest.mark.parametrize(
+    ("plan_factory", "fragment"),
+    [
+        (lambda: _plan(_pipeline([(["a.0:0"], (0, 24))]), _pipeline([(["a.0:0"], (0, 24))])),
+         "twice"),
+        (lambda: _plan(_pipeline([(["z.0:0"], (0, 24))])), "not in cluster"),
+        (lambda: _plan(_pipeline([(["a.0:0"], (0, 10)), (["a.0:1"], (12, 24))])), "without gaps"),
+        (lambda: _plan(_pipeline([(["a.0:0"], (0, 20))])), "model has 24"),
+        (lambda: _plan(_pipeline([(["a.0:0"], (0, 24))]), batch=5), "global batch"),
+        (lambda: _plan(_pipeline([(["a.0:0", "b.0:0"], (0, 24))])), "spans machines"),
+    ],
+)
+def test_inconsistent_plans_are_rejected(plan_factory, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        check_plan(plan_factory())
+
+
+def test_tensor_parallel_must_divide_the_heads():
+    model = load_model("gpt3-350m")  # 16 heads
+    cluster = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 8}]")
+    stage = Stage(tuple(f"a.0:{i}" for i in range(3)), ((0, 24),))
+    plan = Plan(cluster, model, TrainingShape(4, 1024), (Pipeline((stage,), 1, 4),))
+    with pytest.raises(ConfigError, match="does not divide"):
+        check_plan(plan)
+
+
+def test_other_versions_and_malformed_files_are_one_clear_line(tmp_path, plan):
+    data = plan_to_dict(plan)
+    with pytest.raises(ConfigError, match="version 2 is not supported"):
+        plan_from_dict({**data, "version": 2})
+    with pytest.raises(ConfigError, match="pipelines"):
+        plan_from_dict({**data, "pipelines": "many"})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="malformed JSON"):
+        load_plan(bad)
+
+
+def test_the_schema_describes_every_top_level_field():
+    schema = plan_json_schema()
+    assert {"cluster", "model", "training", "pipelines", "schedule", "recompute"} <= set(
+        schema["properties"])
+
+
+def test_the_documented_schema_file_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "write_schema.py"
+    spec = importlib.util.spec_from_file_location("write_schema", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SCHEMA_PATH.read_text() == module.schema_text(), "run python tools/write_schema.py"
