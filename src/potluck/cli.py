@@ -178,6 +178,23 @@ def simulate(
 
 
 @app.command()
+def compare(
+    predicted: Annotated[Path, typer.Argument(help="trace.json from `potluck simulate`.")],
+    measured: Annotated[Path, typer.Argument(help="trace.json from `potluck train --trace`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Predicted against measured step time and op durations, per stage and op kind."""
+    from potluck.sim.compare import compare_traces, render_comparison
+    from potluck.sim.trace import read_trace
+
+    comparison = compare_traces(read_trace(predicted), read_trace(measured))
+    if as_json:
+        sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
+        return
+    render_comparison(console, comparison)
+
+
+@app.command()
 def profile(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Cluster file to write (default: cluster.yaml, or "
