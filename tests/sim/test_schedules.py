@@ -140,3 +140,18 @@ def test_1f1b_on_a_slow_link_pays_the_round_trip_every_micro_batch() -> None:
     period_s = (steady[-1] - steady[0]) / (len(steady) - 1)
     assert send_s > 0.3 * stage_s  # a slow link
     assert period_s == pytest.approx(stage_s + send_s, rel=1e-6)
+
+
+def test_the_critical_path_covers_the_pipeline_and_names_what_it_waits_for() -> None:
+    """Compute-bound: the path is all compute, its length the pipeline's time. On a slow
+    link under 1F1B, the transfers take their share of every micro-batch's period."""
+    fast = simulate(make_plan(cluster(), flat_model(8), pp=4, micro_batches=8))
+    assert sum(s.seconds for s in fast.critical_path) == pytest.approx(fast.pipeline_time_s)
+    assert sum(s.fraction for s in fast.critical_path if s.kind == "compute") > 0.9999
+    slow = simulate(make_plan(cluster(SLOW_NETWORK), flat_model(4), pp=2, micro_batches=16,
+                              devices=["box.0:0", "box.1:0"]))
+    assert sum(s.seconds for s in slow.critical_path) == pytest.approx(slow.pipeline_time_s)
+    run = slow.pipelines[0]
+    send_s = next(op.end_s - op.start_s for op in run.ops if op.kind == "send_forward")
+    moved = sum(s.seconds for s in slow.critical_path if s.kind == "transfer")
+    assert moved == pytest.approx(17 * send_s, rel=0.02)  # one per micro-batch, one to fill

@@ -72,10 +72,14 @@ class Program:
 
 @dataclass
 class Timings:
-    """When each op of a program started and ended (a transfer starts when its latency does)."""
+    """When each op of a program started and ended (a transfer starts when its latency does),
+    and what it waited for last: the predecessor, or the op before it on its stream, whose
+    end let it start (-1 if nothing held it back). Following ``cause`` back from the last op
+    walks the critical path."""
 
     start_s: list[float]
     end_s: list[float]
+    cause: list[int]
 
 
 def run(program: Program, capacity: dict[Resource, float]) -> Timings:
@@ -95,6 +99,8 @@ class _Execution:
         self.start_s = [float("nan")] * n
         self.end_s = [float("nan")] * n
         self.ready = [False] * n
+        self.cause = [-1] * n
+        self.previous = [-1] * program.num_streams  # the op that last ended on each stream
         self.head = [0] * program.num_streams
         self.busy = [False] * program.num_streams
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -111,7 +117,7 @@ class _Execution:
         done = sum(1 for t in self.end_s if t == t)
         if done != len(self.p):
             raise DeadlockError(f"simulation stalled: {len(self.p) - done} ops never ran")
-        return Timings(self.start_s, self.end_s)
+        return Timings(self.start_s, self.end_s, self.cause)
 
     def _push(self, time_s: float, event: int, op: int, version: int = 0) -> None:
         heapq.heappush(self.heap, (time_s, next(self.seq), event, op, version))
@@ -121,6 +127,7 @@ class _Execution:
             stream = self.p.stream_of[op]
             self.busy[stream] = False
             self.head[stream] += 1
+            self.previous[stream] = op
             self._finish(op, time_s)
             self._try_start(stream, time_s)
         elif event == _JOIN:
@@ -155,6 +162,9 @@ class _Execution:
             return
         op = order[self.head[stream]]
         if self.ready[op]:
+            previous = self.previous[stream]
+            if previous >= 0 and (self.cause[op] < 0 or self.end_s[previous] >= time_s):
+                self.cause[op] = previous  # it was ready before its stream was free
             self.busy[stream] = True
             self.start_s[op] = time_s
             self._push(time_s + self.p.duration_s[op], _COMPUTE_DONE, op)
@@ -164,6 +174,7 @@ class _Execution:
         for succ in self.succs[op]:
             self.waiting[succ] -= 1
             if self.waiting[succ] == 0:
+                self.cause[succ] = op
                 self._unblocked(succ, time_s)
 
     def _reschedule(self, finishes: list[tuple[int, float, int]]) -> None:

@@ -55,8 +55,9 @@ def render_summary(console: Console, result: SimulationResult,
         f"simulated iteration [bold]{result.iteration_time_s:.4g} s[/bold] "
         f"(the cost model predicts {result.predicted_time_s:.4g} s, {abs(error):.1%} {side}) · "
         f"bubble {result.bubble_fraction:.1%} · pipeline {result.pipeline_time_s:.4g} s\n"
-        f"bottleneck: [bold red]{bottleneck.device}[/bold red] (pipeline {bottleneck.pipeline} "
-        f"stage {bottleneck.stage}) busy {bottleneck.busy_s / result.iteration_time_s:.0%}"
+        f"busiest device: [bold red]{bottleneck.device}[/bold red] (pipeline {bottleneck.pipeline} "
+        f"stage {bottleneck.stage}) busy {bottleneck.busy_s / result.iteration_time_s:.0%}\n"
+        f"critical path: {result.critical_summary()}"
     )
     console.print(_table(result))
     if files is not None:

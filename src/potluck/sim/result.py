@@ -29,12 +29,30 @@ class OpRecord(NamedTuple):
 
 
 @dataclass(frozen=True)
+class PathShare:
+    """Time the critical path spends in one place: compute on a stage, a transfer between
+    two stages, or waiting (a latency, a release)."""
+
+    kind: str  # "compute", "transfer" or "wait"
+    stage: int
+    peer: int  # transfers: the receiving stage; -1 otherwise
+    seconds: float
+    fraction: float
+
+    def label(self) -> str:
+        if self.kind == "transfer":
+            return f"transfers s{self.stage}->s{self.peer}"
+        return f"{self.kind} s{self.stage}"
+
+
+@dataclass(frozen=True)
 class PipelineRun:
-    """The ops of one pipeline, in execution order per stage."""
+    """The ops of one pipeline, in execution order per stage, and its critical path."""
 
     index: int
     ops: tuple[OpRecord, ...]
     twin_of: int  # the pipeline whose simulation this one shares (itself if simulated)
+    critical_path: tuple[PathShare, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,8 +129,19 @@ class SimulationResult:
 
     @property
     def bottleneck(self) -> DeviceStats:
-        """The busiest device: the one the others wait for."""
+        """The busiest device."""
         return max(self.devices, key=lambda d: d.busy_s)
+
+    @property
+    def critical_path(self) -> tuple[PathShare, ...]:
+        """Where the slowest pipeline's critical path spends its time, largest share first."""
+        slowest = max(self.pipelines, key=lambda r: max((op.end_s for op in r.ops), default=0.0))
+        return slowest.critical_path
+
+    def critical_summary(self, top: int = 3) -> str:
+        """``"62% transfers s1->s2, 30% compute s2, ..."`` for the slowest pipeline."""
+        return ", ".join(f"{share.fraction:.0%} {share.label()}"
+                         for share in self.critical_path[:top])
 
     def summary(self) -> dict[str, Any]:
         """The figures of ``potluck simulate --json``."""
@@ -124,6 +153,9 @@ class SimulationResult:
             "bubble_fraction": self.bubble_fraction,
             "predicted_iteration_time_s": self.predicted_time_s,
             "bottleneck_device": self.bottleneck.device,
+            "critical_path": [
+                {"kind": s.kind, "stage": s.stage, "peer": s.peer, "seconds": s.seconds,
+                 "fraction": s.fraction} for s in self.critical_path],
             "peak_memory_gb": max(d.peak_memory_bytes for d in self.devices) / 1e9,
             "per_device": [d.as_dict() for d in self.devices],
         }

@@ -24,6 +24,7 @@ from potluck.errors import ConfigError
 from potluck.planner.cost import CostModel
 from potluck.plans import Plan, Schedule, check_plan
 from potluck.sim import engine, program
+from potluck.sim.critical import critical_path
 from potluck.sim.memory import stage_memory
 from potluck.sim.network import Network
 from potluck.sim.result import (
@@ -103,7 +104,8 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
         key = tuple(_signature(workloads[k], flows[k], network, local) for k in members)
         if key in done:
             for k, twin in zip(members, done[key], strict=True):
-                runs[k] = PipelineRun(k, runs[twin].ops, runs[twin].twin_of)
+                runs[k] = PipelineRun(k, runs[twin].ops, runs[twin].twin_of,
+                                      runs[twin].critical_path)
             continue
         built = program.build([workloads[k] for k in members], schedule, virtual, network,
                               overlap_p2p)
@@ -117,7 +119,8 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
                 timings.start_s[op], timings.end_s[op], info.tp_s, info.peer))
         for position, k in enumerate(members):
             ordered = tuple(sorted(ops[position], key=lambda r: (r.start_s, r.stage)))
-            runs[k] = PipelineRun(k, ordered, k)
+            path = critical_path(built.info, built.owner, timings, position)
+            runs[k] = PipelineRun(k, ordered, k, path)
         simulated += len(members)
         done[key] = members
     return [runs[k] for k in range(len(workloads))], simulated

@@ -74,7 +74,8 @@ def _title(result: SimulationResult, rows: list[_Row]) -> str:
     devices = result.plan.num_gpus
     shown = "" if len(rows) >= devices else f" · {len(rows)} rows for {devices} devices"
     return (f"{result.plan.layout()} · {result.schedule.value} · iteration "
-            f"{result.iteration_time_s:.4g} s · bubble {result.bubble_fraction:.1%}{shown}\n")
+            f"{result.iteration_time_s:.4g} s · bubble {result.bubble_fraction:.1%}{shown}\n"
+            f"critical path: {result.critical_summary()}\n")
 
 
 def _time_unit(total_s: float) -> tuple[float, str]:
