@@ -63,10 +63,10 @@ def write_timeline(result: SimulationResult, path: str | Path) -> None:
     ax.set_xlim(0, result.iteration_time_s * scale * 1.04)
     ax.set_xlabel(f"time ({unit})   ·   right: busy share; red: the busiest device")
     ax.set_title(_title(result, rows), fontsize=10)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in LEGEND],
-              loc="lower center", bbox_to_anchor=(0.5, 1.0 + 0.35 / max(4, len(rows)) ** 0.5),
-              ncol=len(LEGEND), fontsize=7, frameon=False)
-    fig.tight_layout()
+    height_in = fig.get_figheight()
+    fig.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in LEGEND],
+               loc="upper center", ncol=len(LEGEND), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height_in))  # room for the legend on top
     fig.savefig(path)
 
 
