@@ -2,10 +2,10 @@
 
 Identical stages and transfers that take no time leave nothing for the two to
 disagree about: the iteration times must agree within 2% (they agree to
-rounding), and so must each device's peak memory under GPipe and 1F1B. Where
-they differ, the simulator is the reference: torch's 1F1B pays a transfer per
-micro-batch on a real link, and torch's zero-bubble schedule reaches ZB-H1's
-bubble (p - 1)(f + b - 2w)/v, below the cost model's (p - 1)(f + b - w)/v.
+rounding), and so must each device's peak memory under GPipe and 1F1B. The
+simulator is the reference where they could differ; the cost model follows it for
+torch's 1F1B (which waits for a transfer per micro-batch on a real link) and for
+zero bubble (ZB-H1's bubble (p - 1)(f + b - 2w)/v).
 """
 
 from __future__ import annotations
@@ -42,18 +42,19 @@ def test_peak_memory_agrees_with_the_cost_model(schedule: Schedule) -> None:
         assert device.peak_memory_bytes == pytest.approx(predicted[device.device], rel=0.01)
 
 
-def test_zero_bubble_beats_the_cost_models_estimate() -> None:
+def test_zero_bubble_agrees_with_the_cost_model() -> None:
     plan = make_plan(cluster(), flat_model(16), pp=8, micro_batches=8, dp=2,
                      schedule=Schedule.ZERO_BUBBLE, virtual_stages=2)
     result = simulate(plan)
-    assert result.iteration_time_s < 0.99 * result.predicted_time_s
+    assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.02)
 
 
-def test_1f1b_over_a_slow_network_is_slower_than_the_cost_model_says() -> None:
-    plan = make_plan(cluster(SLOW_NETWORK), flat_model(16), pp=4, micro_batches=8,
-                     devices=["box.0:0", "box.1:0", "box.2:0", "box.3:0"])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_1f1b_over_a_slow_network_agrees_with_the_cost_model(pp: int) -> None:
+    plan = make_plan(cluster(SLOW_NETWORK), flat_model(16), pp=pp, micro_batches=8,
+                     devices=[f"box.{i}:0" for i in range(pp)])
     result = simulate(plan)
-    assert result.iteration_time_s > 1.1 * result.predicted_time_s
+    assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.03)
 
 
 def test_rerank_orders_candidates_by_simulated_time() -> None:
@@ -66,4 +67,5 @@ def test_rerank_orders_candidates_by_simulated_time() -> None:
     alone = make_plan(spec, model, pp=1, micro_batches=16, devices=["box.0:0"])
     ranked = rerank([across, alone, inside])
     assert [r.plan for r in ranked] == [inside, across, alone]
-    assert ranked[1].iteration_time_s > 1.1 * ranked[1].predicted_time_s  # 1F1B over 10 Gb/s
+    times = [r.iteration_time_s for r in ranked]
+    assert times == sorted(times)

@@ -19,6 +19,8 @@ never its shape. Formulas live in :mod:`potluck.planner.formulas` and
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,6 +59,25 @@ def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
     if requested is DType.BF16 and not device_type.bf16:
         return DType.FP16
     return requested
+
+
+def pipeline_nic_sharing(pipelines: Iterable[Sequence[tuple[Device, ...]]]) -> dict[str, int]:
+    """Pipeline flows sharing each machine's network card in one direction.
+
+    Every stage boundary that crosses machines carries one flow per TP lane: activations
+    one way, gradients back at other times. A card is shared by the flows leaving it
+    (or arriving at it, whichever are more); pipelines crossing the same card share it.
+    """
+    leaving: dict[str, int] = defaultdict(int)
+    arriving: dict[str, int] = defaultdict(int)
+    for stages in pipelines:
+        for sender, receiver in zip(stages, stages[1:], strict=False):
+            for a, b in zip(sender, receiver, strict=False):
+                if a.node != b.node:
+                    leaving[a.node] += 1
+                    arriving[b.node] += 1
+    return {node: max(leaving.get(node, 0), arriving.get(node, 0))
+            for node in set(leaving) | set(arriving)}
 
 
 def usable_memory_bytes(device_type: DeviceType) -> float:

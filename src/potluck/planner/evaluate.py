@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from potluck.cluster.topology import Device
 from potluck.model import counts
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel, StageCost
+from potluck.planner.cost import CostModel, StageCost, pipeline_nic_sharing
 from potluck.planner.formulas import PipelineTime
 from potluck.plans import DeviceMemory, Plan, Prediction, Stage, TimeBreakdown
 
@@ -81,15 +81,7 @@ class PlanEvaluation:
         return result
 
     def _pp_nic_sharing(self) -> dict[str, int]:
-        """Pipeline transfers leaving each machine at once (all boundaries run in steady state)."""
-        sharing: dict[str, int] = defaultdict(int)
-        for stages in self.devices:
-            for sender, receiver in zip(stages, stages[1:], strict=False):
-                for a, b in zip(sender, receiver, strict=False):
-                    if a.node != b.node:
-                        sharing[a.node] += 1
-                        sharing[b.node] += 1
-        return sharing
+        return pipeline_nic_sharing(self.devices)
 
     def _dp_groups(self, costs: list[list[StageCost]]) -> list[DpGroup]:
         """Group each stage of the longest pipeline with the stages of the other pipelines

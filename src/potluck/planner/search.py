@@ -46,7 +46,7 @@ from potluck.planner.space import (
     stage_orders,
     tp_options,
 )
-from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
+from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape, schedule_accepts
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +320,9 @@ class _Search:
         if shares is None:
             return None
         if self.options.dp and any(m == 0 for share in shares for m in share):
+            return None
+        if not all(schedule_accepts(setting.schedule, m, f.pp)
+                   for f, share in zip(families, shares, strict=True) for m in share if m):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
         if not busy:
