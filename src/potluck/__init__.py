@@ -2,10 +2,11 @@
 
 The Python API mirrors the CLI: ``potluck.plan(cluster, model, ...)`` returns the
 best plans for a cluster file (or :class:`ClusterSpec`) and a model preset,
-``config.json`` or Hugging Face directory.
+``config.json`` or Hugging Face directory; ``potluck.cost(model, tokens, ...)``
+ranks the clusters one could rent or buy by USD per million tokens.
 """
 
-from potluck.api import plan
+from potluck.api import cost, plan
 from potluck.cluster import ClusterSpec, load_cluster
 from potluck.errors import ConfigError, InfeasibleError, PotluckError
 from potluck.model import ModelSpec, load_model
@@ -15,5 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClusterSpec", "ConfigError", "InfeasibleError", "ModelSpec", "Plan", "PotluckError",
-    "load_cluster", "load_model", "load_plan", "plan", "save_plan",
+    "cost", "load_cluster", "load_model", "load_plan", "plan", "save_plan",
 ]

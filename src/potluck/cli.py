@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
+from potluck.economics import prices
 from potluck.errors import PotluckError
 
 app = typer.Typer(
@@ -28,14 +29,23 @@ err_console = Console(stderr=True)
 
 ClusterOpt = Annotated[Path, typer.Option("--cluster", "-c", help="Cluster YAML file.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, config.json or HF model dir.")]
+TokensOpt = Annotated[str | None, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")]
+DeadlineOpt = Annotated[float | None, typer.Option(help="Train --tokens within this many hours.")]
+ModeOpt = Annotated[str, typer.Option(help="Prices: rent (per GPU-hour) or buy (amortized + power).")]
+SpotOpt = Annotated[bool, typer.Option("--spot", help="Rent at spot prices, not on-demand.")]
+LifetimeOpt = Annotated[float, typer.Option(help="Buy: years the GPUs serve.")]
+UtilizationOpt = Annotated[float, typer.Option(help="Buy: share of their life the GPUs train.")]
+ElectricityOpt = Annotated[float, typer.Option(help="Buy: electricity price, USD per kWh.")]
+PueOpt = Annotated[float, typer.Option(help="Buy: power overhead on the boards (host, cooling).")]
 
 
 @app.command()
 def plan(
     cluster: ClusterOpt,
     model: ModelOpt,
-    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration [64].")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence [min(2048, model's)].")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Tokens per sequence (default min(2048, model max)).")] = None,
     dtype: Annotated[str, typer.Option(help="bf16 or fp16 (devices without bf16 use fp16).")] = "bf16",
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
@@ -45,35 +55,172 @@ def plan(
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
     schedule: Annotated[str, typer.Option(help="1f1b (default), gpipe, interleaved or zb.")] = "1f1b",
     zero1: Annotated[bool | None, typer.Option(
-        "--zero1/--no-zero1", help="Shard optimizer states [only if needed to fit].")] = None,
+        "--zero1/--no-zero1", help="Shard optimizer states (default: only if needed to fit).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="Write the best plan to this file.")] = None,
+    objective: Annotated[str, typer.Option(
+        help="time (fastest plan) or cost (lowest USD per token, may leave devices out).")] = "time",
+    tokens: TokensOpt = None,
+    deadline_hours: DeadlineOpt = None,
+    mode: ModeOpt = "rent",
+    spot: SpotOpt = False,
+    lifetime_years: LifetimeOpt = prices.DEFAULT_LIFETIME_YEARS,
+    utilization: UtilizationOpt = prices.DEFAULT_UTILIZATION,
+    electricity_usd_per_kwh: ElectricityOpt = prices.DEFAULT_ELECTRICITY_USD_PER_KWH,
+    pue: PueOpt = prices.DEFAULT_PUE,
 ) -> None:
-    """Find the fastest data/tensor/pipeline-parallel plan for a model on a cluster."""
+    """Find the fastest (or cheapest per token) data/tensor/pipeline-parallel plan for a model."""
+    from potluck.economics.report import plan_cost_json, plan_cost_line
     from potluck.plans import save_plan
     from potluck.report import render_result, result_json
+    from potluck.units import parse_count
 
     _check_choice("--dtype", dtype, ("bf16", "fp16"))
     _check_choice("--partition", partition, ("balanced", "uniform"))
     _check_choice("--schedule", schedule, ("1f1b", "gpipe", "interleaved", "zb"))
     if recompute is not None:
         _check_choice("--recompute", recompute, ("none", "selective", "full"))
+    _check_choice("--objective", objective, ("time", "cost"))
+    pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
     with _progress("planning", enabled=not as_json) as report:
         result = api.plan(
             cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
             pp=pp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
-            partition=partition, schedule=schedule, zero1=zero1, top_k=top, progress=report,
+            partition=partition, schedule=schedule, zero1=zero1, top_k=top, objective=objective,
+            tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, progress=report,
         )
     if output is not None:
         save_plan(result.best, output)
+    priced = objective == "cost" or tokens is not None
+    count = parse_count(tokens, "--tokens") if tokens is not None else None
     if as_json:
-        sys.stdout.write(json.dumps(result_json(result)) + "\n")
+        summary = result_json(result)
+        if priced:
+            summary["cost"] = plan_cost_json(result.best, pricing, count)
+        sys.stdout.write(json.dumps(summary) + "\n")
         return
     render_result(console, result)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if priced:
+        console.print(plan_cost_line(result.best, pricing, count))
     if output is not None:
         console.print(f"plan written to {output}")
+
+
+@app.command()
+def cost(
+    model: ModelOpt,
+    tokens: Annotated[str, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")],
+    offers: Annotated[Path | None, typer.Option(help="Offers YAML file (default: catalog GPUs).")] = None,
+    max_gpus: Annotated[int | None, typer.Option(help="Most GPUs per candidate (catalog: 8).")] = None,
+    max_usd_per_hour: Annotated[float | None, typer.Option(help="Skip offers dearer than this.")] = None,
+    deadline_hours: DeadlineOpt = None,
+    mode: ModeOpt = "rent",
+    spot: SpotOpt = False,
+    lifetime_years: LifetimeOpt = prices.DEFAULT_LIFETIME_YEARS,
+    utilization: UtilizationOpt = prices.DEFAULT_UTILIZATION,
+    electricity_usd_per_kwh: ElectricityOpt = prices.DEFAULT_ELECTRICITY_USD_PER_KWH,
+    pue: PueOpt = prices.DEFAULT_PUE,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Tokens per sequence (default min(2048, model max)).")] = None,
+    dtype: Annotated[str, typer.Option(help="bf16 or fp16.")] = "bf16",
+    top: Annotated[int, typer.Option("--top", help="How many candidates to show.")] = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the time-against-cost plot here.")] = None,
+) -> None:
+    """Which GPUs to rent or buy: rank offers by USD per million tokens, with plans and RCC."""
+    from potluck.economics.report import render_study, study_json
+
+    _check_choice("--dtype", dtype, ("bf16", "fp16"))
+    pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
+    with _progress("planning offers", enabled=not as_json) as report:
+        study = api.cost(
+            model, tokens, offers=offers, max_gpus=max_gpus, max_usd_per_hour=max_usd_per_hour,
+            deadline_hours=deadline_hours, pricing=pricing, global_batch=global_batch,
+            seq_len=seq_len, dtype=dtype, progress=report,
+        )
+    if plot is not None:
+        from potluck.economics.plot import plot_study
+
+        plot_study(study, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(study_json(study)) + "\n")
+        return
+    render_study(console, study, rows=top)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+@app.command()
+def simulate(
+    plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
+    schedule: Annotated[str | None, typer.Option(
+        help="gpipe, 1f1b, interleaved or zb (default: the plan's).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for timeline.png, memory.png, trace.json (default: <plan>-sim).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Simulate one training iteration of a plan: timeline, memory, Chrome trace, summary."""
+    from potluck.sim.outputs import render_summary, write_outputs
+
+    if schedule is not None:
+        _check_choice("--schedule", schedule, ("gpipe", "1f1b", "interleaved", "zb"))
+    result = api.simulate(plan_file, schedule=schedule)
+    files = write_outputs(result, out or Path(f"{plan_file.stem}-sim"))
+    if as_json:
+        sys.stdout.write(json.dumps(result.summary()) + "\n")
+        return
+    render_summary(console, result, files)
+
+
+@app.command()
+def compare(
+    predicted: Annotated[Path, typer.Argument(help="trace.json from `potluck simulate`.")],
+    measured: Annotated[Path, typer.Argument(help="trace.json from `potluck train --trace`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Predicted against measured step time and op durations, per stage and op kind."""
+    from potluck.sim.compare import compare_traces, render_comparison
+    from potluck.sim.trace import read_trace
+
+    comparison = compare_traces(read_trace(predicted), read_trace(measured))
+    if as_json:
+        sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
+        return
+    render_comparison(console, comparison)
+
+
+@app.command()
+def profile(
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Cluster file to write (default: cluster.yaml, or "
+        "<cluster>-calibrated.yaml).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", "-c", help="Calibrate this cluster file instead of describing this machine.")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="Whose GEMM shapes to time.")] = "llama2-7b",
+    ranks: Annotated[int | None, typer.Option(
+        help="Local ranks to spawn (default: the GPUs, or 2 on CPU).")] = None,
+    budget: Annotated[float, typer.Option(help="Seconds of matmul timing per dtype.")] = 1.0,
+    device_type: Annotated[str | None, typer.Option(help="Catalog name of this device.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Measure this machine's devices and links (torch.distributed) and write a calibrated cluster file."""
+    from potluck.profiler.report import outcome_json, render_outcome
+
+    target = out or (Path(f"{cluster.stem}-calibrated.yaml") if cluster else Path("cluster.yaml"))
+    with _progress("profiling", enabled=not as_json) as report:
+        outcome = api.profile(target, model=model, cluster=cluster, ranks=ranks, budget_s=budget,
+                              device_type=device_type, progress=report)
+    if outcome is None:  # a torchrun rank other than 0
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(outcome_json(outcome)) + "\n")
+        return
+    render_outcome(console, outcome)
 
 
 @app.command()
@@ -149,6 +296,13 @@ def train(
             console.print(node.command, highlight=False, markup=False, soft_wrap=True)
         return
     console.print(summarize(run_train(plan_obj, options)), highlight=False)
+
+
+def _pricing(mode: str, spot: bool, lifetime_years: float, utilization: float,
+             electricity_usd_per_kwh: float, pue: float) -> prices.Pricing:
+    _check_choice("--mode", mode, ("rent", "buy"))
+    return prices.Pricing(prices.PriceMode(mode), spot, lifetime_years, utilization,
+                          electricity_usd_per_kwh, pue)
 
 
 def _check_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -251,6 +251,15 @@ def plan_json_schema() -> dict[str, Any]:
     return _adapter().json_schema()
 
 
+def schedule_accepts(schedule: Schedule, micro_batches: int, stages: int) -> bool:
+    """Whether torch's schedule runs ``micro_batches`` over ``stages`` ranks: interleaved
+    1F1B and zero bubble go in rounds of ``max(1, m // p)`` and need ``m`` to be a
+    multiple of the round count."""
+    if schedule not in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE):
+        return True
+    return micro_batches % max(1, micro_batches // stages) == 0
+
+
 def check_plan(plan: Plan) -> None:
     """Raise a one-line ConfigError if the plan is inconsistent with itself or its cluster."""
     from potluck.cluster.topology import Cluster
@@ -277,6 +286,13 @@ def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) ->
     model = plan.model
     if pipeline.micro_batch_size < 1 or pipeline.num_micro_batches < 1:
         raise ConfigError(f"pipeline {index}: micro-batch size and count must be at least 1")
+    if not schedule_accepts(plan.schedule, pipeline.num_micro_batches, pipeline.pp):
+        rounds = max(1, pipeline.num_micro_batches // pipeline.pp)
+        raise ConfigError(
+            f"pipeline {index}: the {plan.schedule.value} schedule runs micro-batches in "
+            f"{rounds} rounds and needs their count ({pipeline.num_micro_batches}) to be a "
+            f"multiple of {rounds}; change the micro-batch count or the schedule"
+        )
     chunks = _virtual_chunks(pipeline, plan.virtual_stages, index)
     expected_start = 0
     for start, end in chunks:

@@ -56,6 +56,7 @@ def result_json(result: SearchResult) -> dict[str, Any]:
     best = result.best
     summary = plan_summary(best)
     summary["search_time_s"] = result.search_time_s
+    summary["search_notes"] = list(result.notes)
     summary["candidates"] = result.candidates
     summary["alternatives"] = [
         {k: v for k, v in plan_summary(p).items() if k not in ("devices",)}

@@ -54,13 +54,13 @@ def test_zero_bubble_fills_the_bubble_with_weight_gradients():
     stages = [StageWork(1.0, 2.0, weight_grad_s=1.0)] * 4
     one_f_one_b = pipeline_time(stages, 8, "1f1b").total_s
     zero_bubble = pipeline_time(stages, 8, "zb").total_s
-    # ZB-H1: the bubble shrinks from (p-1)(f+b) to (p-1)(f+b-w)
-    assert one_f_one_b - zero_bubble == pytest.approx(3 * 1.0)
+    # ZB-H1: the bubble shrinks from (p-1)(f+b) to (p-1)(F+B-W) = (p-1)(f+b-2w)
+    assert one_f_one_b - zero_bubble == pytest.approx(3 * 2 * 1.0)
 
 
 def test_a_slow_link_paces_the_pipeline():
     stages = [StageWork(1.0, 1.0, send_s=5.0), StageWork(1.0, 1.0)]
-    result = pipeline_time(stages, 4, "1f1b")
+    result = pipeline_time(stages, 4, "gpipe")
     assert result.period_s == 5.0
     # fill: the stages' own work beyond one period (none here) plus the transfer there and back
     assert result.total_s == pytest.approx(4 * 5.0 + 2 * 5.0)
@@ -77,3 +77,12 @@ def test_micro_batches_in_flight_per_schedule():
 def test_model_states_with_and_without_zero1():
     assert formulas.model_state_bytes(1e9, 8, zero1=False) == 16e9
     assert formulas.model_state_bytes(1e9, 8, zero1=True) == pytest.approx((4 + 12 / 8) * 1e9)
+
+
+def test_1f1b_waits_for_its_transfers_on_every_micro_batch():
+    """torch's 1F1B posts sends and receives in batches and waits on them."""
+    stages = [StageWork(1.0, 2.0, send_s=0.5)] * 3 + [StageWork(1.0, 2.0)]
+    one_f_one_b = pipeline_time(stages, 8, "1f1b")
+    gpipe = pipeline_time(stages, 8, "gpipe")
+    assert one_f_one_b.period_s == pytest.approx(3.0 + 2 * 0.5)
+    assert gpipe.period_s == pytest.approx(3.0)

@@ -11,7 +11,7 @@ from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.planner.exhaustive import exhaustive_best
 from potluck.planner.search import Partition, SearchOptions, search
-from potluck.plans import TrainingShape, check_plan
+from potluck.plans import Schedule, TrainingShape, check_plan, schedule_accepts
 
 SMALL_CLUSTERS = {
     "a100-pair+3090-pair": """
@@ -187,3 +187,25 @@ def test_every_device_is_used_at_most_once_and_ids_exist(model):
     used = list(plan.devices)
     assert len(used) == len(set(used))
     assert set(used) | set(plan.unused_devices) == {d.id for d in cluster.devices}
+
+
+def test_whole_machines_of_a_group_are_left_out_when_the_network_is_too_slow():
+    model = load_model("gpt3-1.3b")
+    box = "nodes: [{{name: b, gpu: rtx4090, gpus_per_node: 4, count: {}, inter_bandwidth: 1Gb/s}}]"
+    two, one = parse_cluster(box.format(2)), parse_cluster(box.format(1))
+    shape = TrainingShape(64, 2048)
+    with_two = search(two, model, shape).best
+    with_one = search(one, model, shape).best
+    assert with_two.num_gpus == 4 and len(with_two.unused_devices) == 4
+    assert with_two.prediction.iteration_time_s == pytest.approx(with_one.prediction.iteration_time_s)
+
+
+@pytest.mark.parametrize("schedule", [Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE])
+def test_interleaved_plans_use_micro_batch_counts_torch_accepts(schedule):
+    spec = parse_cluster(SMALL_CLUSTERS["three-types"])
+    result = search(spec, load_model("gpt3-1.3b"), TrainingShape(36, 1024),
+                    SearchOptions(schedule=schedule, top_k=5))
+    for plan in result.plans:
+        check_plan(plan)
+        for pipeline in plan.pipelines:
+            assert schedule_accepts(schedule, pipeline.num_micro_batches, pipeline.pp)

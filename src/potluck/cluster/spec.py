@@ -27,6 +27,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from potluck.cluster.calibration import Calibration
 from potluck.cluster.catalog import DeviceType, LinkKind, lookup, make_device_type
 from potluck.errors import ConfigError
 from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
@@ -85,6 +86,7 @@ class ClusterSpec:
     device_types: tuple[DeviceType, ...]
     links: tuple[LinkSpec, ...] = ()
     name: str = "cluster"
+    calibration: Calibration | None = None  # what was measured, already applied to the above
 
     def device_type(self, name: str) -> DeviceType:
         for device_type in self.device_types:
@@ -131,7 +133,21 @@ def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> C
     used = dict.fromkeys(group.gpu for group in groups)
     device_types = tuple(lookup(name, custom) for name in used)
     name = top.get("name", non_empty_str, default_name)
-    return ClusterSpec(nodes=groups, device_types=device_types, links=links, name=name)
+    spec = ClusterSpec(nodes=groups, device_types=device_types, links=links, name=name)
+    return _calibrated(spec, top) if top.has("calibration") else spec
+
+
+def _calibrated(spec: ClusterSpec, top: Fields) -> ClusterSpec:
+    """Apply the file's ``calibration:`` section (:mod:`potluck.cluster.calibration`)."""
+    from potluck.cluster import calibration as cal
+
+    found = cal.parse_calibration(top, {t.name for t in spec.device_types},
+                                  {g.name for g in spec.nodes})
+    return ClusterSpec(
+        nodes=tuple(cal.calibrate_group(group, found) for group in spec.nodes),
+        device_types=tuple(cal.calibrate_device(t, found) for t in spec.device_types),
+        links=cal.calibrated_links(spec.links, found), name=spec.name, calibration=found,
+    )
 
 
 def _item_line(items: Any, index: int) -> int:
@@ -176,7 +192,7 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         device_type = lookup(gpu_name, custom)
     except ConfigError as err:
         raise node.error("gpu", str(err)) from None
-    nvlink = node.get("nvlink", _nvlink_topology, _default_nvlink(device_type))
+    nvlink = node.get("nvlink", parse_nvlink_topology, default_nvlink(device_type))
     group = NodeGroup(
         name=node.get("name", non_empty_str),
         gpu=device_type.name,
@@ -198,11 +214,13 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
     return group
 
 
-def _default_nvlink(device_type: DeviceType) -> NvlinkTopology:
+def default_nvlink(device_type: DeviceType) -> NvlinkTopology:
+    """SXM/OAM boards share their link across the node; bridges must be declared."""
     return NvlinkTopology.ALL if device_type.link.joins_whole_node else NvlinkTopology.NONE
 
 
-def _nvlink_topology(value: Any) -> NvlinkTopology:
+def parse_nvlink_topology(value: Any) -> NvlinkTopology:
+    """``none``, ``pairs`` or ``all`` (``false`` means none)."""
     if value is False:
         return NvlinkTopology.NONE
     try:

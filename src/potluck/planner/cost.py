@@ -19,6 +19,8 @@ never its shape. Formulas live in :mod:`potluck.planner.formulas` and
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,6 +59,25 @@ def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
     if requested is DType.BF16 and not device_type.bf16:
         return DType.FP16
     return requested
+
+
+def pipeline_nic_sharing(pipelines: Iterable[Sequence[tuple[Device, ...]]]) -> dict[str, int]:
+    """Pipeline flows sharing each machine's network card in one direction.
+
+    Every stage boundary that crosses machines carries one flow per TP lane: activations
+    one way, gradients back at other times. A card is shared by the flows leaving it
+    (or arriving at it, whichever are more); pipelines crossing the same card share it.
+    """
+    leaving: dict[str, int] = defaultdict(int)
+    arriving: dict[str, int] = defaultdict(int)
+    for stages in pipelines:
+        for sender, receiver in zip(stages, stages[1:], strict=False):
+            for a, b in zip(sender, receiver, strict=False):
+                if a.node != b.node:
+                    leaving[a.node] += 1
+                    arriving[b.node] += 1
+    return {node: max(leaving.get(node, 0), arriving.get(node, 0))
+            for node in set(leaving) | set(arriving)}
 
 
 def usable_memory_bytes(device_type: DeviceType) -> float:
@@ -246,12 +267,16 @@ class CostModel:
         num_bytes = activation * self.element_bytes(devices[0].type)
         return 2.0 * self.allreduce_s(num_bytes, list(devices))
 
+    def send_bytes(self, device_type: DeviceType, micro_batch: int) -> float:
+        """Bytes of one micro-batch's activations (or their gradients) between two stages."""
+        activation = self.seq_len * micro_batch * self.model.hidden_size
+        return activation * self.element_bytes(device_type)
+
     def send_s(self, sender: tuple[Device, ...], receiver: tuple[Device, ...], micro_batch: int,
                nic_sharing: dict[str, int] | None = None) -> float:
         """One micro-batch's activations from one stage to the next, TP ranks sending in parallel."""
         flows = min(len(sender), len(receiver))
-        activation = self.seq_len * micro_batch * self.model.hidden_size
-        num_bytes = activation * self.element_bytes(sender[0].type) / flows
+        num_bytes = self.send_bytes(sender[0].type, micro_batch) / flows
         worst = 0.0
         for rank in range(flows):
             a, b = sender[rank], receiver[rank]
@@ -339,6 +364,12 @@ class CostModel:
             device_type, num_layers, first, last, tp, micro_batch, recompute, in_flight)
         return states + activations + self.overhead_bytes(device_type)
 
+    def optimizer_step_s(self, device_type: DeviceType, params: float, dp: int,
+                         zero1: bool) -> float:
+        """Adam step over a device's ``params``, sharded over ``dp`` replicas with ZeRO-1."""
+        shard = dp if (zero1 and dp > 1) else 1
+        return formulas.adam_step_time_s(params / shard, device_type.memory_bandwidth_bytes_per_s)
+
     # ---- whole plans -------------------------------------------------------------------
 
     def evaluate(self, plan: Plan) -> Prediction:
@@ -346,6 +377,13 @@ class CostModel:
         from potluck.planner.evaluate import PlanEvaluation
 
         return PlanEvaluation(self, plan).prediction()
+
+    def gradient_groups(self, plan: Plan) -> list:
+        """The gradient all-reduce groups :meth:`evaluate` prices (DP and tied embeddings),
+        as :class:`potluck.planner.evaluate.DpGroup`."""
+        from potluck.planner.evaluate import gradient_groups
+
+        return gradient_groups(self, plan)
 
 
 def link_between(cluster: Cluster, a: str, b: str) -> Link:

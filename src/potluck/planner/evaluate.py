@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from potluck.cluster.topology import Device
 from potluck.model import counts
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel, StageCost
+from potluck.planner.cost import CostModel, StageCost, pipeline_nic_sharing
 from potluck.planner.formulas import PipelineTime
 from potluck.plans import DeviceMemory, Plan, Prediction, Stage, TimeBreakdown
 
 
 @dataclass
-class _DpGroup:
+class DpGroup:
     """Replicas of one stage's parameters that all-reduce their gradients together."""
 
     members: list[tuple[int, int]]  # (pipeline, stage)
@@ -81,17 +81,9 @@ class PlanEvaluation:
         return result
 
     def _pp_nic_sharing(self) -> dict[str, int]:
-        """Pipeline transfers leaving each machine at once (all boundaries run in steady state)."""
-        sharing: dict[str, int] = defaultdict(int)
-        for stages in self.devices:
-            for sender, receiver in zip(stages, stages[1:], strict=False):
-                for a, b in zip(sender, receiver, strict=False):
-                    if a.node != b.node:
-                        sharing[a.node] += 1
-                        sharing[b.node] += 1
-        return sharing
+        return pipeline_nic_sharing(self.devices)
 
-    def _dp_groups(self, costs: list[list[StageCost]]) -> list[_DpGroup]:
+    def _dp_groups(self, costs: list[list[StageCost]]) -> list[DpGroup]:
         """Group each stage of the longest pipeline with the stages of the other pipelines
         that hold the most of the same layers; add the tied-embedding groups."""
         pipelines = self.plan.pipelines
@@ -105,13 +97,13 @@ class PlanEvaluation:
             groups.extend(self._embedding_groups())
         return groups
 
-    def _group(self, members: list[tuple[int, int]], full_params: float) -> _DpGroup:
+    def _group(self, members: list[tuple[int, int]], full_params: float) -> DpGroup:
         tp = min(len(self.devices[k][j]) for k, j in members)
         rings = [[self.devices[k][j][r] for k, j in members] for r in range(tp)]
         element = self.cost.grad_bytes(self.devices[members[0][0]][members[0][1]][0].type)
-        return _DpGroup(members, rings, element * full_params)
+        return DpGroup(members, rings, element * full_params)
 
-    def _embedding_groups(self) -> list[_DpGroup]:
+    def _embedding_groups(self) -> list[DpGroup]:
         """With pipeline parallelism a tied embedding lives on the first and the last stage;
         their gradients are summed after the backward pass (Megatron's embedding group)."""
         m = self.cost.model
@@ -122,7 +114,7 @@ class PlanEvaluation:
                 groups.append(self._group(members, m.vocab_size * m.hidden_size))
         return groups
 
-    def _dp_end_s(self, groups: list[_DpGroup], costs: list[list[StageCost]],
+    def _dp_end_s(self, groups: list[DpGroup], costs: list[list[StageCost]],
                   times: list[PipelineTime]) -> float:
         """When the last gradient all-reduce ends; each starts when all its replicas are done
         and overlaps with the last micro-batch's backward of the slowest replica."""
@@ -141,7 +133,7 @@ class PlanEvaluation:
             end = max(end, ready + max(0.0, allreduce - window))
         return end
 
-    def _dp_nic_sharing(self, groups: list[_DpGroup]) -> dict[str, int]:
+    def _dp_nic_sharing(self, groups: list[DpGroup]) -> dict[str, int]:
         sharing: dict[str, int] = defaultdict(int)
         for group in groups:
             for ring in group.rings:
@@ -151,12 +143,10 @@ class PlanEvaluation:
                         sharing[node] += 1
         return sharing
 
-    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[_DpGroup]) -> float:
+    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> float:
         dp = len(self.plan.pipelines)
-        shard = dp if (self.plan.zero1 and dp > 1) else 1
         return max(
-            formulas.adam_step_time_s(c.params / shard,
-                                      self.devices[k][j][0].type.memory_bandwidth_bytes_per_s)
+            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, dp, self.plan.zero1)
             for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
         )
 
@@ -166,12 +156,12 @@ class PlanEvaluation:
         t, m = times[slowest], self.plan.pipelines[slowest].num_micro_batches
         stage = costs[slowest][t.bottleneck_stage]
         compute = m * stage.compute_s
-        tp = m * (stage.work.total_s - stage.compute_s)
-        pp = m * (t.period_s - stage.work.total_s) + t.fill_transfer_s
-        bubble = t.total_s - compute - tp - pp
+        tp = max(0.0, m * (stage.work.total_s - stage.compute_s))
+        pp = max(0.0, m * (t.period_s - stage.work.total_s)) + t.fill_transfer_s
+        bubble = max(0.0, t.total_s - compute - tp - pp)
         return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
 
-    def _memory(self, costs: list[list[StageCost]], groups: list[_DpGroup]) -> list[DeviceMemory]:
+    def _memory(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> list[DeviceMemory]:
         dp = len(self.plan.pipelines)
         memory = []
         for k, stage_costs in enumerate(costs):
@@ -217,3 +207,10 @@ def _best_overlap(stages: tuple[Stage, ...], target: Stage) -> int:
         range(len(stages)),
         key=lambda j: len(wanted & {x for s, e in stages[j].layer_ranges for x in range(s, e)}),
     )
+
+
+def gradient_groups(cost: CostModel, plan: Plan) -> list[DpGroup]:
+    """The gradient all-reduce groups of ``plan`` (stage replicas, tied embeddings)."""
+    evaluation = PlanEvaluation(cost, plan)
+    costs = [evaluation._pipeline_stage_costs(k, {}) for k in range(len(plan.pipelines))]
+    return evaluation._dp_groups(costs)

@@ -19,7 +19,7 @@ from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel, usable_memory_bytes
+from potluck.planner.cost import CostModel, pipeline_nic_sharing, usable_memory_bytes
 from potluck.planner.formulas import StageWork
 from potluck.planner.partition import StageSlot, split_layers
 from potluck.planner.space import Unit, group_units
@@ -95,7 +95,7 @@ class FamilyEvaluator:
         group's units are split between both ends) or the same machine (``node``: the
         first machine's units are), which keeps a tied embedding's gradient exchange
         off the network."""
-        layout_key = (tuple((g.name, tp) for g, tp in order), dp, layout, wrap)
+        layout_key = (tuple((g.name, g.count, tp) for g, tp in order), dp, layout, wrap)
         if layout_key not in self._layouts:
             self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
         assembled = self._layouts[layout_key]
@@ -111,14 +111,7 @@ class FamilyEvaluator:
 
     def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
         """Pipeline transfers crossing each machine's network card at once."""
-        sharing: dict[str, int] = {}
-        for pipeline in pipelines:
-            for a, b in zip(pipeline, pipeline[1:], strict=False):
-                if a.node != b.node:
-                    flows = min(a.tp, b.tp)
-                    sharing[a.node] = sharing.get(a.node, 0) + flows
-                    sharing[b.node] = sharing.get(b.node, 0) + flows
-        return sharing
+        return pipeline_nic_sharing([u.devices for u in p] for p in pipelines)
 
     def evaluate_pipelines(self, pipelines: tuple[tuple[Unit, ...], ...], sharing: dict[str, int],
                            dp: int, setting: FamilySetting,

@@ -13,7 +13,7 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   multiprocessors (NVIDIA, "Matrix Multiplication Background User's Guide");
 - pipeline schedules (GPipe, 1F1B): ``T = sum_i (f_i + b_i) + (m - 1) * max_i (f_i + b_i)``
   for unequal stages; interleaving divides the bubble by ``v`` (Narayanan et al.,
-  SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - w)`` per stage;
+  SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - 2w)`` per stage;
 - model states: 16 bytes per parameter for mixed-precision Adam, ``4 + 12/d``
   with the optimizer sharded over ``d`` replicas (ZeRO-1; Rajbhandari et al. 2020);
 - Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
@@ -128,26 +128,43 @@ def pipeline_time(stages: list[StageWork], micro_batches: int, schedule: str,
                   virtual_stages: int = 1, overlap_p2p: bool = True) -> PipelineTime:
     """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above).
 
-    With ``overlap_p2p=False`` (blocking sends and receives) every stage also waits for
-    its transfers: one activation out and one gradient back per micro-batch and chunk.
+    With blocking sends and receives every stage also waits for its transfers: one
+    activation out and one gradient back per micro-batch and chunk. torch's 1F1B posts
+    them in batches and waits on each batch, so it blocks even where ``overlap_p2p``;
+    this matches the discrete-event simulator (``potluck.sim``) to within one transfer
+    per stage.
     """
     v = max(1, virtual_stages) if schedule in ("interleaved", "zb") else 1
-    if not overlap_p2p:
-        stages = [StageWork(s.forward_s + v * s.send_s, s.backward_s + v * s.send_s,
-                            s.weight_grad_s, s.send_s) for s in stages]
+    blocking = not overlap_p2p or schedule == "1f1b"
+    if blocking:
+        stages = _with_blocking_transfers(stages, v)
     busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
     link_period = max((s.send_s * v for s in stages), default=0.0)
     period = max(stages[busiest].total_s, link_period)
     work = sum(s.total_s for s in stages)
     if schedule == "zb":
-        work = sum(s.total_s - s.weight_grad_s for s in stages)
-        fill = max(0.0, work - (period - stages[busiest].weight_grad_s)) / v
+        # ZB-H1: the bubble is (p-1)(F + B - W) with B the input-gradient half of the
+        # backward, i.e. (f + b - 2w) in terms of the whole backward b.
+        work = sum(s.total_s - 2.0 * s.weight_grad_s for s in stages)
+        fill = max(0.0, work - (period - 2.0 * stages[busiest].weight_grad_s)) / v
     else:
         fill = max(0.0, work - period) / v
-    fill_transfer = 2.0 * sum(s.send_s for s in stages[:-1])
+    fill_transfer = 0.0 if blocking else 2.0 * sum(s.send_s for s in stages[:-1])
     total = micro_batches * period + fill + fill_transfer
     finish = _stage_finish_times(stages, total)
     return PipelineTime(total, period, fill + fill_transfer, fill_transfer, busiest, finish)
+
+
+def _with_blocking_transfers(stages: list[StageWork], v: int) -> list[StageWork]:
+    """A stage that blocks on its transfers waits, per micro-batch and chunk, for the
+    activation it sends on and the gradient it sends back (forward), and for the
+    gradient from the next stage and the one it passes back (backward)."""
+    result = []
+    for i, s in enumerate(stages):
+        incoming = stages[i - 1].send_s if i > 0 else 0.0
+        wait = v * (incoming + s.send_s) / 2.0
+        result.append(StageWork(s.forward_s + wait, s.backward_s + wait, s.weight_grad_s, s.send_s))
+    return result
 
 
 def _stage_finish_times(stages: list[StageWork], total_s: float) -> tuple[float, ...]:

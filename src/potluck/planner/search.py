@@ -39,8 +39,14 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.partition import PipelineSlot, split_micro_batches
-from potluck.planner.space import dp_candidates, set_partitions, stage_orders, tp_options
-from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
+from potluck.planner.space import (
+    dp_candidates,
+    machine_subsets,
+    set_partitions,
+    stage_orders,
+    tp_options,
+)
+from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape, schedule_accepts
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +235,10 @@ class _Search:
         speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
                  for g in family}
         found: list[FamilyOption] = []
-        for order in stage_orders(family, memory, speed):
+        orders = stage_orders(family, memory, speed)
+        if len(family) == 1:
+            orders = [(sub,) for sub in machine_subsets(family[0])]
+        for order in orders:
             tps = [self._tp_choices(g, setting, len(family)) for g in order]
             for tp_choice in itertools.product(*tps):
                 found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
@@ -311,6 +320,9 @@ class _Search:
         if shares is None:
             return None
         if self.options.dp and any(m == 0 for share in shares for m in share):
+            return None
+        if not all(schedule_accepts(setting.schedule, m, f.pp)
+                   for f, share in zip(families, shares, strict=True) for m in share if m):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
         if not busy:

@@ -11,7 +11,7 @@ the batch; a group may also be left out entirely.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
@@ -72,6 +72,13 @@ def stage_orders(groups: tuple[NodeGroup, ...], memory_of: dict[str, float],
         ranked = tuple(sorted(groups, key=lambda g, key=key: (-key[g.name], g.name)))
         orders.extend([ranked, tuple(reversed(ranked))])
     return list(dict.fromkeys(orders))
+
+
+def machine_subsets(group: NodeGroup) -> list[NodeGroup]:
+    """The group itself and the same group cut to its first 1, 2, 4, ... machines: a
+    family of one group may leave whole machines out (say, behind a slow network)."""
+    counts = [n for n in (1 << k for k in range(group.count.bit_length())) if n < group.count]
+    return [group, *(replace(group, count=n) for n in counts)]
 
 
 def dp_candidates(unit_counts: list[int], max_pipelines: int) -> list[int]:

@@ -1,0 +1,200 @@
+"""Measured figures for a cluster: the ``calibration:`` section of a cluster file.
+
+``potluck profile`` (and, later, ``potluck calibrate`` from training traces)
+writes what it measured here; the planner reads it with the rest of the file.
+Calibration changes the cost model's *inputs* only, never its formulas::
+
+    calibration:
+      source: potluck profile 0.1.0 (torch 2.13, 2026-11-29)
+      devices:
+        rtx3090:
+          matmul_efficiency: 0.71        # GEMM FLOP/s at the model's shapes / catalog peak
+          memory_bandwidth_factor: 1.02  # measured bandwidth / (catalog x 0.8, the model's derate)
+          measured: {tflops_bf16: 50.4, memory_bandwidth: 763GB/s}   # for people; not read
+      links:
+        - kind: pcie                     # pcie | nvlink | network, inside these node groups
+          groups: [box3090]              # (all groups when left out)
+          bandwidth: 11.2GB/s
+          latency: 12us
+        - between: [box3090, a100]       # the network between two node groups
+          bandwidth: 0.94Gb/s
+          latency: 18ms
+
+A device entry replaces the type's ``matmul_efficiency`` and multiplies its
+``memory_bandwidth``. A link entry replaces a node group's figures:
+``network`` its ``inter_bandwidth``/``inter_latency``, ``pcie`` its
+``intra_bandwidth``, ``nvlink`` its ``nvlink_bandwidth`` (both on NVSwitch
+nodes, where every pair is NVLink), and either kind its ``intra_latency``; a
+``between`` entry becomes a declared link between the two groups (replacing
+one the file declares). Calibrated figures win over the ones written by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from potluck.cluster.catalog import DeviceType
+from potluck.errors import ConfigError
+from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
+from potluck.yamlio import Fields, LineList
+
+LINK_KINDS = ("pcie", "nvlink", "network")
+_DEVICE_KEYS = ("matmul_efficiency", "memory_bandwidth_factor", "measured")
+_LINK_KEYS = ("kind", "groups", "between", "bandwidth", "latency", "measured")
+
+
+@dataclass(frozen=True)
+class DeviceCalibration:
+    device: str  # a device type name of the cluster
+    matmul_efficiency: float | None = None
+    memory_bandwidth_factor: float | None = None
+
+
+@dataclass(frozen=True)
+class LinkCalibration:
+    """Measured figures of one kind of link inside node groups, or between two groups."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float | None = None
+    kind: str = "network"
+    groups: tuple[str, ...] = ()  # empty: every group
+    between: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    devices: tuple[DeviceCalibration, ...] = ()
+    links: tuple[LinkCalibration, ...] = ()
+    source: str = ""
+
+
+def parse_calibration(top: Fields, device_names: set[str], group_names: set[str]) -> Calibration:
+    """Read the ``calibration`` section of a cluster file (errors name the line)."""
+    section = Fields(top.data["calibration"], top.label, "calibration", top.line_of("calibration"))
+    section.check_keys(("source", "devices", "links"))
+    devices = []
+    if section.has("devices"):
+        table = Fields(section.data["devices"], top.label, "calibration.devices",
+                       section.line_of("devices"))
+        for name in table.data:
+            if str(name) not in device_names:
+                raise table.error(str(name), f"the cluster has no device type {name!r} "
+                                             f"(it has {', '.join(sorted(device_names))})")
+            entry = Fields(table.data[name], top.label, f"calibration.devices.{name}",
+                           table.line_of(name))
+            entry.check_keys(_DEVICE_KEYS)
+            devices.append(DeviceCalibration(
+                str(name), entry.optional("matmul_efficiency", _positive_float),
+                entry.optional("memory_bandwidth_factor", _positive_float)))
+    links = []
+    if section.has("links"):
+        raw = section.data["links"]
+        if not isinstance(raw, list):
+            raise section.error("links", "must be a list of link entries")
+        for i, item in enumerate(raw):
+            line = raw.item_lines[i] if isinstance(raw, LineList) else 0
+            links.append(_link(Fields(item, top.label, f"calibration.links[{i}]", line), group_names))
+    return Calibration(tuple(devices), tuple(links), str(section.data.get("source", "")))
+
+
+def _link(entry: Fields, group_names: set[str]) -> LinkCalibration:
+    entry.check_keys(_LINK_KEYS)
+    between = entry.optional("between", _names)
+    groups = entry.optional("groups", _names) or ()
+    for name in (*groups, *(between or ())):
+        if name not in group_names:
+            raise entry.error("between" if between else "groups",
+                              f"no node group named {name!r} (groups: {', '.join(sorted(group_names))})")
+    if between is not None and len(between) != 2:
+        raise entry.error("between", "must name two node groups")
+    kind = entry.get("kind", _kind, "network")
+    if between is not None and kind != "network":
+        raise entry.error("kind", "a link between two node groups is the network")
+    return LinkCalibration(
+        bandwidth_bytes_per_s=entry.get("bandwidth", parse_bandwidth_bytes_per_s),
+        latency_s=entry.optional("latency", parse_duration_s),
+        kind=kind, groups=tuple(groups),
+        between=(between[0], between[1]) if between else None,
+    )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ConfigError(f"must be a list of node group names, not {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def _kind(value: Any) -> str:
+    if value not in LINK_KINDS:
+        raise ConfigError(f"must be one of {', '.join(LINK_KINDS)}, not {value!r}")
+    return str(value)
+
+
+def _positive_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"must be a positive number, not {value!r}")
+    return float(value)
+
+
+def calibrate_device(device_type: DeviceType, calibration: Calibration) -> DeviceType:
+    """``device_type`` with its measured matmul efficiency and memory bandwidth."""
+    for entry in calibration.devices:
+        if entry.device != device_type.name:
+            continue
+        sources = dict(device_type.sources)
+        changes: dict[str, Any] = {}
+        if entry.matmul_efficiency is not None:
+            changes["matmul_efficiency"] = entry.matmul_efficiency
+            sources["matmul_efficiency"] = calibration.source or "calibration"
+        if entry.memory_bandwidth_factor is not None:
+            changes["memory_bandwidth_bytes_per_s"] = (
+                device_type.memory_bandwidth_bytes_per_s * entry.memory_bandwidth_factor)
+            sources["memory_bandwidth"] = calibration.source or "calibration"
+        device_type = replace(device_type, sources=sources, **changes)
+    return device_type
+
+
+def calibrate_group(group: Any, calibration: Calibration) -> Any:
+    """A :class:`~potluck.cluster.spec.NodeGroup` with its measured link figures."""
+    for link in calibration.links:
+        if link.between is not None or (link.groups and group.name not in link.groups):
+            continue
+        group = replace(group, **_group_fields(group, link))
+    return group
+
+
+def _group_fields(group: Any, link: LinkCalibration) -> dict[str, Any]:
+    from potluck.cluster.spec import NvlinkTopology
+
+    if link.kind == "network":
+        fields = {"inter_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
+        if link.latency_s is not None:
+            fields["inter_latency_s"] = link.latency_s
+        return fields
+    if link.kind == "nvlink":
+        fields = {"nvlink_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
+        if group.nvlink is NvlinkTopology.ALL:
+            fields["intra_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
+    elif group.nvlink is NvlinkTopology.ALL:
+        fields = {}  # every pair of an NVSwitch node is NVLink: no PCIe path to calibrate
+    else:
+        fields = {"intra_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
+    if link.latency_s is not None:
+        fields["intra_latency_s"] = link.latency_s
+    return fields
+
+
+def calibrated_links(links: tuple[Any, ...], calibration: Calibration) -> tuple[Any, ...]:
+    """Declared links with the measured ones between node groups in their place."""
+    from potluck.cluster.spec import DEFAULT_INTER_LATENCY_S, LinkSpec
+
+    result = list(links)
+    for link in calibration.links:
+        if link.between is None:
+            continue
+        result = [spec for spec in result if set(spec.between) != set(link.between)]
+        result.append(LinkSpec(link.between, link.bandwidth_bytes_per_s,
+                               link.latency_s if link.latency_s is not None
+                               else DEFAULT_INTER_LATENCY_S))
+    return tuple(result)

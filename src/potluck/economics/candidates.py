@@ -1,0 +1,108 @@
+"""Plan each offer with the planner and keep its cheapest plan: the candidates of a cost study.
+
+For every offer the search returns its best few plans (fastest first); the
+candidate takes the one with the lowest USD per token that finishes the
+tokens by the deadline, or, when none does, the fastest, marked as missing
+it. An offer that cannot train the model (memory, divisibility), has no price
+in the chosen mode, or is over the GPU or hourly budget becomes a
+:class:`Skipped` with the one-line reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from potluck.economics.figures import CostFigures, cheapest, plan_figures
+from potluck.economics.offers import Offer
+from potluck.economics.prices import Pricing, cluster_usd_per_hour
+from potluck.errors import ConfigError, PotluckError
+from potluck.model.spec import ModelSpec
+from potluck.planner.search import SearchOptions, search
+from potluck.plans import Plan, TrainingShape
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CostRequest:
+    """What a cost study prices and the limits it respects."""
+
+    tokens: int
+    pricing: Pricing = Pricing()
+    deadline_hours: float | None = None
+    max_usd_per_hour: float | None = None
+    max_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ConfigError(f"--tokens must be at least 1, not {self.tokens}")
+        for flag, value in (("--deadline-hours", self.deadline_hours),
+                            ("--max-usd-per-hour", self.max_usd_per_hour)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{flag} must be above 0, not {value}")
+        if self.max_gpus is not None and self.max_gpus < 1:
+            raise ConfigError(f"--max-gpus must be at least 1, not {self.max_gpus}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An offer with the plan chosen for it and that plan's cost figures."""
+
+    name: str
+    offer: Offer
+    plan: Plan
+    figures: CostFigures
+    meets_deadline: bool = True
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An offer that yields no candidate, and why."""
+
+    name: str
+    reason: str
+
+
+def evaluate_offer(offer: Offer, model: ModelSpec, training: TrainingShape, request: CostRequest,
+                   options: SearchOptions | None = None) -> Candidate | Skipped:
+    """Plan one offer and price its cheapest plan."""
+    if request.max_gpus is not None and offer.num_gpus > request.max_gpus:
+        return Skipped(offer.name, f"{offer.num_gpus} GPUs, more than --max-gpus {request.max_gpus}")
+    try:
+        offered_usd_per_hour = cluster_usd_per_hour(offer.spec, request.pricing)
+    except ConfigError as err:
+        return Skipped(offer.name, str(err))
+    if request.max_usd_per_hour is not None and offered_usd_per_hour > request.max_usd_per_hour:
+        return Skipped(offer.name, f"${offered_usd_per_hour:.2f}/h, over --max-usd-per-hour "
+                                   f"{request.max_usd_per_hour:g}")
+    try:
+        result = search(offer.spec, model, training, options)
+    except PotluckError as err:
+        return Skipped(offer.name, str(err))
+    priced = [(plan, plan_figures(plan, request.pricing, request.tokens)) for plan in result.plans]
+    chosen = cheapest(priced, request.deadline_hours)
+    if chosen is None:
+        plan, figures = min(priced, key=lambda o: o[1].hours_to_train)
+        return Candidate(offer.name, offer, plan, figures, meets_deadline=False)
+    return Candidate(offer.name, offer, chosen[0], chosen[1])
+
+
+def evaluate_offers(offers: list[Offer], model: ModelSpec, training: TrainingShape,
+                    request: CostRequest, options: SearchOptions | None = None,
+                    progress: Callable[[float], None] | None = None
+                    ) -> tuple[list[Candidate], list[Skipped]]:
+    """Plan every offer; the candidates and the offers skipped, in the offers' order."""
+    candidates: list[Candidate] = []
+    skipped: list[Skipped] = []
+    for index, offer in enumerate(offers):
+        outcome = evaluate_offer(offer, model, training, request, options)
+        if isinstance(outcome, Candidate):
+            candidates.append(outcome)
+        else:
+            log.info("offer %s skipped: %s", offer.name, outcome.reason)
+            skipped.append(outcome)
+        if progress is not None:
+            progress((index + 1) / len(offers))
+    return candidates, skipped

@@ -1,0 +1,110 @@
+"""Predicted against measured: two traces of the same plan, per stage and per op kind.
+
+Either trace may come from the simulator or the runtime (:mod:`potluck.sim.trace`).
+The *step time* of a trace is the span of its events in one step, averaged
+over its steps (the first one left out when there are several: it warms up).
+Op durations are averaged per (pipeline, stage, kind) and per kind over all
+devices (the devices of a tensor-parallel group run the same ops). The error
+is ``predicted / measured - 1``: positive when the prediction is too slow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from potluck.errors import ConfigError
+from potluck.sim.trace import Trace, TraceEvent
+
+
+@dataclass(frozen=True)
+class OpComparison:
+    """Mean duration of one kind of op (on one stage, or everywhere) in both traces."""
+
+    kind: str
+    pipeline: int  # -1: all pipelines
+    stage: int  # -1: all stages
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0 if self.measured_s > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    predicted_step_s: float
+    measured_step_s: float
+    by_kind: tuple[OpComparison, ...]
+    by_stage: tuple[OpComparison, ...]
+
+    @property
+    def step_error(self) -> float:
+        return self.predicted_step_s / self.measured_step_s - 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        def row(c: OpComparison) -> dict[str, Any]:
+            return {"kind": c.kind, "pipeline": c.pipeline, "stage": c.stage,
+                    "predicted_s": c.predicted_s, "measured_s": c.measured_s, "error": c.error}
+
+        return {"predicted_step_s": self.predicted_step_s, "measured_step_s": self.measured_step_s,
+                "step_error": self.step_error, "by_kind": [row(c) for c in self.by_kind],
+                "by_stage": [row(c) for c in self.by_stage]}
+
+
+def step_time_s(trace: Trace) -> float:
+    """Mean span of one step's events (the first step left out when there are several)."""
+    spans: dict[int, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
+    for event in trace.events:
+        span = spans[event.step]
+        span[0], span[1] = min(span[0], event.start_s), max(span[1], event.end_s)
+    if not spans:
+        raise ConfigError("the trace has no events")
+    steps = sorted(spans)
+    kept = steps[1:] if len(steps) > 1 else steps
+    return statistics.fmean(spans[s][1] - spans[s][0] for s in kept)
+
+
+def _mean_durations(events: list[TraceEvent], by_stage: bool) -> dict[tuple, float]:
+    found: dict[tuple, list[float]] = defaultdict(list)
+    for event in events:
+        key = (event.kind, event.pipeline, event.stage) if by_stage else (event.kind, -1, -1)
+        found[key].append(event.duration_s)
+    return {key: statistics.fmean(values) for key, values in found.items()}
+
+
+def compare_traces(predicted: Trace, measured: Trace) -> TraceComparison:
+    """Step time and mean op durations of ``predicted`` against ``measured``."""
+    if sorted(predicted.devices) != sorted(measured.devices):
+        raise ConfigError("the two traces are of different devices; compare traces of one plan")
+    tables = []
+    for by_stage in (False, True):
+        ours = _mean_durations(predicted.events, by_stage)
+        theirs = _mean_durations(measured.events, by_stage)
+        tables.append(tuple(
+            OpComparison(kind, pipeline, stage, ours[(kind, pipeline, stage)],
+                         theirs[(kind, pipeline, stage)])
+            for kind, pipeline, stage in sorted(ours.keys() & theirs.keys(),
+                                                key=lambda k: (k[1], k[2], k[0]))
+        ))
+    return TraceComparison(step_time_s(predicted), step_time_s(measured), tables[0], tables[1])
+
+
+def render_comparison(console: Console, comparison: TraceComparison) -> None:
+    console.print(f"step time: predicted {comparison.predicted_step_s:.4g} s, measured "
+                  f"{comparison.measured_step_s:.4g} s, error {comparison.step_error:+.1%}")
+    for title, rows in (("per op kind", comparison.by_kind), ("per stage", comparison.by_stage)):
+        table = Table(title=title)
+        for column in ("pipeline", "stage", "op", "predicted ms", "measured ms", "error"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for c in rows:
+            table.add_row("all" if c.pipeline < 0 else str(c.pipeline),
+                          "all" if c.stage < 0 else str(c.stage), c.kind,
+                          f"{c.predicted_s * 1e3:.4g}", f"{c.measured_s * 1e3:.4g}", f"{c.error:+.1%}")
+        console.print(table)

@@ -1,0 +1,46 @@
+"""Memory of each device over the simulated iteration.
+
+A device holds its model states (weights, gradients, optimizer states) and
+runtime overhead throughout, plus the activations of every micro-batch in
+flight on each of its chunks: allocated when the chunk's forward starts,
+freed when the backward that consumes them ends (the weight backward under
+zero bubble, since it still reads the layer inputs). With full
+recomputation a backward also holds one block's full activations while it
+runs. All byte counts come from the cost model (:mod:`potluck.sim.workload`);
+the simulator only decides when they are held, so its peaks check the cost
+model's in-flight estimates (``p - i`` micro-batches on stage ``i`` under 1F1B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from potluck.sim.result import MemoryTrace, OpRecord
+from potluck.sim.workload import StageWorkload
+
+
+def stage_memory(ops: Iterable[OpRecord], stage: int, work: StageWorkload,
+                 zero_bubble: bool) -> MemoryTrace:
+    """Bytes on each device of ``stage`` over time, from its executed ops."""
+    frees_on = "backward_weight" if zero_bubble else "backward"
+    changes: list[tuple[float, float]] = []
+    for op in ops:
+        if op.stage != stage or op.peer != -1:
+            continue
+        chunk = work.chunks[op.chunk]
+        if op.kind == "forward":
+            changes.append((op.start_s, chunk.activation_bytes))
+        elif op.kind in ("backward", "backward_input") and chunk.transient_bytes:
+            changes.append((op.start_s, chunk.transient_bytes))
+            changes.append((op.end_s, -chunk.transient_bytes))
+        if op.kind == frees_on:
+            changes.append((op.end_s, -chunk.activation_bytes))
+    changes.sort()  # at equal times frees (negative) come before allocations
+    times, held = [0.0], [work.static_bytes]
+    for time_s, delta in changes:
+        if time_s == times[-1] and len(times) > 1:
+            held[-1] += delta
+        else:
+            times.append(time_s)
+            held.append(held[-1] + delta)
+    return MemoryTrace(tuple(times), tuple(held))

@@ -1,0 +1,99 @@
+"""What each stage of a plan does per micro-batch, from the one cost model.
+
+This is the simulator's only door to time and memory figures: every op
+duration and byte count comes from :class:`potluck.planner.cost.CostModel`
+(compute with its roofline, tensor-parallel collectives, activation and
+gradient bytes, model states, the Adam step). Nothing here restates a
+formula; it only cuts the cost model's per-stage figures into the pieces
+the schedule runs: one :class:`ChunkWork` per virtual stage (chunk ``c`` of
+stage ``i`` is virtual stage ``c * p + i``, which holds the embedding when it
+is 0 and the head when it is the last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from potluck.cluster.topology import Device
+from potluck.planner import formulas
+from potluck.planner.cost import CostModel
+from potluck.plans import Pipeline, Plan
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    """One virtual stage's work and memory per micro-batch, in seconds and bytes."""
+
+    forward_s: float  # tensor-parallel collectives included
+    forward_tp_s: float
+    backward_s: float  # input and weight gradients, collectives included
+    backward_tp_s: float
+    weight_grad_s: float  # the part of the backward a zero-bubble schedule defers
+    activation_bytes: float  # held from the forward to the end of the backward
+    transient_bytes: float  # held during the backward only (full recomputation)
+
+
+@dataclass(frozen=True)
+class StageWorkload:
+    """A pipeline stage: its devices, chunks, model states and optimizer step."""
+
+    devices: tuple[Device, ...]
+    chunks: tuple[ChunkWork, ...]
+    static_bytes: float  # weights, gradients, optimizer states, runtime overhead
+    optimizer_s: float
+    send_bytes: float  # one micro-batch's activations (or gradients) this stage sends
+
+
+@dataclass(frozen=True)
+class PipelineWorkload:
+    """One data-parallel replica as the simulator runs it."""
+
+    index: int
+    stages: tuple[StageWorkload, ...]
+    micro_batches: int
+
+
+def plan_workloads(plan: Plan, cost: CostModel) -> list[PipelineWorkload]:
+    """Every pipeline of ``plan``, cut into chunks with the cost model's figures."""
+    return [_pipeline(plan, cost, k, pipeline) for k, pipeline in enumerate(plan.pipelines)]
+
+
+def _pipeline(plan: Plan, cost: CostModel, k: int, pipeline: Pipeline) -> PipelineWorkload:
+    p = pipeline.pp
+    stages = []
+    for i, stage in enumerate(pipeline.stages):
+        devices = tuple(cost.cluster.device(d) for d in stage.devices)
+        chunks = tuple(
+            _chunk(plan, cost, devices, end - start, first=(c == 0 and i == 0),
+                   last=(c == len(stage.layer_ranges) - 1 and i == p - 1),
+                   micro_batch=pipeline.micro_batch_size)
+            for c, (start, end) in enumerate(stage.layer_ranges)
+        )
+        params = cost.stage_params(stage.num_layers, i == 0, i == p - 1, p, len(devices))
+        static = (formulas.model_state_bytes(params, plan.dp, plan.zero1)
+                  + cost.overhead_bytes(devices[0].type))
+        optimizer = cost.optimizer_step_s(devices[0].type, params, plan.dp, plan.zero1)
+        send = cost.send_bytes(devices[0].type, pipeline.micro_batch_size)
+        stages.append(StageWorkload(devices, chunks, static, optimizer, send))
+    return PipelineWorkload(k, tuple(stages), pipeline.num_micro_batches)
+
+
+def _chunk(plan: Plan, cost: CostModel, devices: tuple[Device, ...], num_layers: int,
+           first: bool, last: bool, micro_batch: int) -> ChunkWork:
+    device_type, tp = devices[0].type, len(devices)
+    work, compute_s = cost.stage_work(devices, num_layers, first, last, micro_batch,
+                                      plan.recompute, 0.0)
+    forward_tp = num_layers * cost.tp_block_comm_s(devices, micro_batch)
+    backward_compute = compute_s - (work.forward_s - forward_tp)
+    activations = cost.activation_bytes_per_micro_batch(
+        device_type, num_layers, first, tp, micro_batch, plan.recompute)
+    if last:  # the head's logits, kept for the loss's backward
+        activations += cost.stage_peak_activation_bytes(
+            device_type, 0, False, True, tp, micro_batch, plan.recompute, 0.0)
+    transient = cost.stage_peak_activation_bytes(
+        device_type, num_layers, False, False, tp, micro_batch, plan.recompute, 0.0)
+    return ChunkWork(
+        forward_s=work.forward_s, forward_tp_s=forward_tp, backward_s=work.backward_s,
+        backward_tp_s=work.backward_s - backward_compute, weight_grad_s=work.weight_grad_s,
+        activation_bytes=activations, transient_bytes=transient,
+    )
