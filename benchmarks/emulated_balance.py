@@ -27,7 +27,8 @@ def run(plan, steps: int, dilation: float | None) -> tuple[float, float, float]:
     """Median measured step time, dilated predicted step time, and the dilation."""
     options = TrainOptions(steps=steps, emulate=True, stand_in="tiny", dilation=dilation,
                            progress=False)
-    history = train(plan, options)[1:]
+    history = train(plan, options)
+    history = history[1:] or history  # the first timed step warms up
     measured = sorted(m.step_time_s for m in history)[len(history) // 2]
     predicted = history[-1].predicted_step_time_s
     return measured, predicted, predicted / plan.prediction.iteration_time_s
@@ -47,7 +48,7 @@ def main() -> None:
         "uniform": api.plan(cluster, args.model, partition="uniform", **shape).best,
     }
     # Calibrate each, then run both with the larger dilation so their times compare.
-    dilation = max(run(plan, 3, None)[2] for plan in plans.values())
+    dilation = max(run(plan, 4, None)[2] for plan in plans.values())
     print(f"{args.model} on 2x A100-80GB + 2x RTX 3090, dilation {dilation:.2f}")
     measured = {}
     for name, plan in plans.items():

@@ -61,9 +61,11 @@ def is_sharded(param: torch.Tensor) -> bool:
 class GradSync:
     """Sums gradients over each parameter's holders; knows which copy counts for the norm."""
 
-    def __init__(self, layout: Layout, params: list[SyncedParam]) -> None:
+    def __init__(self, layout: Layout, params: list[SyncedParam],
+                 wire_dtype: torch.dtype | None = None) -> None:
         self.layout = layout
         self.params = params
+        self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
         self._buckets: dict[tuple[tuple[int, ...], bool], list[SyncedParam]] = defaultdict(list)
         for item in sorted(params, key=lambda item: (item.unit, item.name)):
             if not item.group.trivial:
@@ -85,7 +87,7 @@ class GradSync:
 
     def _sync_aligned(self, items: list[SyncedParam], group: dist.ProcessGroup) -> None:
         grads = [_local(_grad(item.param)) for item in items]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = self._on_wire(torch.cat([g.reshape(-1) for g in grads]))
         dist.all_reduce(flat, group=group)
         offset = 0
         for grad in grads:
@@ -94,7 +96,7 @@ class GradSync:
 
     def _sync_full(self, items: list[SyncedParam], group: dist.ProcessGroup) -> None:
         fulls = [self._to_full(item) for item in items]
-        flat = torch.cat([f.reshape(-1) for f in fulls])
+        flat = self._on_wire(torch.cat([f.reshape(-1) for f in fulls]))
         dist.all_reduce(flat, group=group)
         offset = 0
         for item, full in zip(items, fulls, strict=True):
@@ -102,6 +104,9 @@ class GradSync:
             offset += full.numel()
             local = _local(_grad(item.param))
             local.copy_(summed[self._index(item)].view_as(local))
+
+    def _on_wire(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat if self.wire_dtype is None else flat.to(self.wire_dtype)
 
     def _index(self, item: SyncedParam) -> torch.Tensor:
         """Flat positions, in the full parameter, of this rank's local elements."""

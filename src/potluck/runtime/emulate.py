@@ -49,22 +49,18 @@ def predict(plan: Plan) -> Prediction:
     """The plan's own prediction, or the cost model's if the plan carries none."""
     if plan.prediction is not None:
         return plan.prediction
-    from potluck.cluster.topology import Cluster
     from potluck.planner.cost import CostModel
 
-    cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len, plan.training.dtype)
-    return cost.evaluate(plan)
+    return CostModel.for_plan(plan).evaluate(plan)
 
 
 def _send_s(plan: Plan, pipeline: int, a: int, b: int) -> float:
-    from potluck.cluster.topology import Cluster
     from potluck.planner.cost import CostModel
 
-    cluster = Cluster(plan.cluster)
-    cost = CostModel(cluster, plan.model, plan.training.seq_len, plan.training.dtype)
+    cost = CostModel.for_plan(plan)
     stages = plan.pipelines[pipeline].stages
-    sender = tuple(cluster.device(d) for d in stages[a].devices)
-    receiver = tuple(cluster.device(d) for d in stages[b].devices)
+    sender = tuple(cost.cluster.device(d) for d in stages[a].devices)
+    receiver = tuple(cost.cluster.device(d) for d in stages[b].devices)
     return cost.send_s(sender, receiver, plan.pipelines[pipeline].micro_batch_size)
 
 

@@ -138,6 +138,15 @@ def _warn_unsupported(session: Session) -> None:
         log.warning("fp16 autocast runs without loss scaling; prefer bf16 where the GPU has it")
 
 
+def _wire_dtype(session: Session) -> torch.dtype | None:
+    """Gradients cross the network in 16 bits when the plan says so and training is in
+    bf16 (as the cost model assumes); fp32 runs reduce in fp32."""
+    execution = session.plan.training.execution
+    if execution.grad_reduce_bytes == 2 and session.autocast_dtype is torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
 def _merge_into(root: nn.Module, module: nn.Module) -> None:
     """Mount ``module``'s submodules under ``root`` by name, sharing leaves, copying
     containers, so several stages form one tree with the model's parameter names."""
@@ -169,7 +178,7 @@ class ParallelModel:
             _merge_into(self.module, stage)
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters()]
-        self.grad_sync = GradSync(self.layout, params)
+        self.grad_sync = GradSync(self.layout, params, _wire_dtype(session))
         self.schedule = build_schedule(stages, self.layout, self.loss_fn, session.device)
 
     def set_clock(self, clock: Any) -> None:
