@@ -14,6 +14,8 @@ starts.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +36,7 @@ from potluck.runtime.parallelize import parallelize
 from potluck.runtime.session import Session, start, wants_gpu
 from potluck.runtime.trainer import BatchSource, Callback, StepMetrics, Trainer
 
+log = logging.getLogger(__name__)
 CALIBRATION_STEPS = 2
 TINY = "tiny"
 TINY_SEQ_LEN = 128
@@ -192,11 +195,25 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     wants_gpu(plan, plan.devices[0], options.emulate)
 
 
+def _fits_in_memory(plan: Plan) -> bool:
+    """Whether every replica's weights, gradients and Adam states fit in half this
+    machine's memory (16 bytes per parameter)."""
+    from potluck.model.counts import total_params
+
+    needed_bytes = 16.0 * total_params(plan.model) * plan.dp
+    available_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return needed_bytes < 0.5 * available_bytes
+
+
 def train(plan: Plan | str | Path, options: TrainOptions | None = None, **kwargs: Any
           ) -> list[StepMetrics]:
     """Train ``plan`` with one process per device on this machine; rank 0's metrics."""
     options = options or TrainOptions(**kwargs)
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    if options.emulate and options.stand_in is None and not _fits_in_memory(plan):
+        log.warning("%s does not fit in this machine's memory; emulating with the tiny "
+                    "stand-in (same layout and timing; --stand-in to choose)", plan.model.name)
+        options = replace(options, stand_in=TINY)
     check_local(plan, options)
     return run_local(train_rank, plan.devices, (plan, options))[0]
 
