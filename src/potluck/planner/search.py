@@ -17,8 +17,9 @@ cost model:
 
 Groups left out of every family, and pipelines that get no micro-batch, are
 devices the plan does not use: the search leaves a device out when that is
-faster. Any dimension can be pinned; ``partition=uniform`` forces the even
-split of layers and batch (the Megatron-style baseline).
+faster. Any dimension can be pinned; ``partition=uniform`` forces the
+Megatron-style baseline: every device used, one TP degree, layers and batch
+split evenly.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ TP_CHOICES_IN_PAIRS = 2  # TP degrees per group tried in two-group families (one
 
 class Partition(str, Enum):
     BALANCED = "balanced"  # layers and batch in proportion to speed (default)
-    UNIFORM = "uniform"  # even split of layers and batch (Megatron-style baseline)
+    UNIFORM = "uniform"  # even split of layers and batch over every device (Megatron-style)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class _Search:
                  for g in family}
         found: list[FamilyOption] = []
         orders = stage_orders(family, memory, speed)
-        if len(family) == 1:
+        if len(family) == 1 and not setting.uniform:
             orders = [(sub,) for sub in machine_subsets(family[0])]
         for order in orders:
             tps = [self._tp_choices(g, setting, len(family)) for g in order]
@@ -264,6 +265,8 @@ class _Search:
         counts = [len(self.families.units(g, tp)) for g, tp in order]
         found = []
         for dp in dp_candidates(counts, setting.micro_batches):
+            if setting.uniform and any(count % dp for count in counts):
+                continue
             pp = sum(count // dp for count in counts)
             if pp * setting.virtual_stages > self.cost.model.num_layers:
                 continue
@@ -296,7 +299,8 @@ class _Search:
         by_family: dict[tuple[str, ...], list[FamilyOption]] = {}
         names = tuple(g.name for g in self.groups)
         groups = {g.name: g for g in self.groups}
-        for size in range(1, len(names) + 1):
+        sizes = [len(names)] if setting.uniform else range(1, len(names) + 1)
+        for size in sizes:  # the uniform baseline uses every device, as Megatron would
             for used in itertools.combinations(names, size):
                 for partition in _partitions(used):
                     lists = []
