@@ -83,3 +83,77 @@ def test_bad_cluster_files_are_one_line(tmp_path):
 def test_catalog_lists_the_devices():
     result = potluck("catalog")
     assert result.returncode == 0 and "rtx3090" in result.stdout and "mi300x" in result.stdout
+
+
+CPU_CLUSTER = "nodes: [{name: cpu, gpu: cpu, gpus_per_node: 2}]\n"
+
+
+def test_train_plans_first_and_writes_the_run_directory(tmp_path):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out = tmp_path / "run"
+    result = potluck("train", "--cluster", str(cluster), "--model", "tiny-llama", "--steps", "3",
+                     "--global-batch", "4", "--seq-len", "32", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    record = json.loads(lines[-1])
+    for field in ("step", "loss", "tokens_per_s", "step_time_s", "predicted_step_time_s",
+                  "peak_memory_gb"):
+        assert field in record
+    assert json.loads((out / "plan.json").read_text())["training"]["global_batch"] == 4
+    assert "loss" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--data", "no/such/corpus"], "not found"),
+        (["--global-batch", "6"], "differs from the plan's"),
+        (["--cluster", "OTHER"], "make a new plan"),
+    ],
+)
+def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    other = tmp_path / "other.yaml"
+    other.write_text("nodes: [{name: cpu, gpu: cpu, gpus_per_node: 1}]\n")
+    plan = tmp_path / "plan.json"
+    made = potluck("plan", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                   "--seq-len", "32", "-o", str(plan), "--json")
+    assert made.returncode == 0, made.stderr
+    extra = [str(other) if arg == "OTHER" else arg for arg in extra]
+    result = potluck("train", "--plan", str(plan), "--steps", "1", *extra)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(tmp_path):
+    config = tmp_path / "small-vocab"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 64}))
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    result = potluck("train", "-c", str(cluster), "-m", str(config), "--steps", "1",
+                     "--global-batch", "2", "--seq-len", "16")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "tokenizer" in result.stderr and "260" in result.stderr
+
+
+def test_a_plan_over_several_machines_prints_one_torchrun_command_per_machine(tmp_path):
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("nodes: [{name: cpu, gpu: cpu, gpus_per_node: 1, count: 2}]\n")
+    result = potluck("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                     "--seq-len", "32", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if "torchrun" in line]
+    assert len(commands) == 2 and all("--node-rank" in c or "--node_rank" in c for c in commands)
+
+
+def test_demo_plans_and_dry_runs(tmp_path):
+    result = potluck("demo", "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "dry run" in result.stdout and "measured/predicted" in result.stdout

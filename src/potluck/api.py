@@ -7,6 +7,7 @@ parses flags and renders results.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ from potluck.units import parse_count
 
 if TYPE_CHECKING:
     from potluck.profiler import ProfileOutcome
+    from potluck.runtime.metrics import StepMetrics
+    from potluck.runtime.train import TrainOptions
     from potluck.sim.result import SimulationResult
 
 DEFAULT_GLOBAL_BATCH = 64
@@ -138,3 +141,80 @@ def profile(out: str | Path = "cluster.yaml", *, model: str | Path | ModelSpec =
 
     return profile_cluster(out, as_model(model), cluster=cluster, ranks=ranks, budget_s=budget_s,
                            device_type=device_type, progress=progress)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The plan a run used and rank 0's metrics, one per step."""
+
+    plan: Plan
+    history: list[StepMetrics]
+
+
+def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
+                 model: str | Path | ModelSpec | None = None, *,
+                 plan_file: str | Path | Plan | None = None, global_batch: int | None = None,
+                 seq_len: int | None = None, dtype: str | DType = DType.BF16,
+                 partition: str | Partition = Partition.BALANCED) -> Plan:
+    """The plan to train: ``plan_file`` (checked against ``cluster`` and ``model`` when given),
+    or the best plan for ``cluster`` and ``model``."""
+    from potluck.plans import check_plan_matches, load_plan
+
+    if plan_file is not None:
+        chosen = plan_file if isinstance(plan_file, Plan) else load_plan(plan_file)
+        check_plan_matches(chosen, as_cluster(cluster) if cluster is not None else None,
+                           as_model(model) if model is not None else None)
+        _check_shape_flags(chosen, global_batch, seq_len)
+        return chosen
+    if cluster is None or model is None:
+        raise ConfigError("give --plan PLAN.json, or --cluster and --model to plan first")
+    return plan(cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
+                partition=partition).best
+
+
+def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None) -> None:
+    for flag, given, planned in (("--global-batch", global_batch, chosen.training.global_batch),
+                                 ("--seq-len", seq_len, chosen.training.seq_len)):
+        if given is not None and given != planned:
+            raise ConfigError(f"{flag} {given} differs from the plan's {planned}; "
+                              "drop the flag or make a new plan")
+
+
+def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
+                  out: str | Path | None = None, **fields: object) -> TrainOptions:
+    """:class:`TrainOptions` with potluck's defaults: ``data`` is the shipped corpus."""
+    from potluck.data.corpus import builtin_corpus_path
+    from potluck.runtime.train import TrainOptions
+
+    return TrainOptions(
+        data=str(data if data is not None else builtin_corpus_path()),
+        tokenizer=str(tokenizer) if tokenizer is not None else None,
+        out_dir=str(out) if out is not None else None, **fields,
+    )
+
+
+def run_plan(chosen: Plan, options: TrainOptions) -> TrainResult:
+    """Train ``chosen`` on this machine's ranks, writing the plan into the run directory."""
+    from potluck.plans import save_plan
+    from potluck.runtime.train import train as run_train
+
+    if options.out_dir is not None:
+        Path(options.out_dir).mkdir(parents=True, exist_ok=True)
+        save_plan(chosen, Path(options.out_dir) / "plan.json")
+    return TrainResult(chosen, run_train(chosen, options))
+
+
+def train(cluster: str | Path | ClusterSpec | None = None,
+          model: str | Path | ModelSpec | None = None, *, plan_file: str | Path | Plan | None = None,
+          global_batch: int | None = None, seq_len: int | None = None,
+          dtype: str | DType = DType.BF16, partition: str | Partition = Partition.BALANCED,
+          **options: object) -> TrainResult:
+    """Plan (unless ``plan_file`` is given) and train on this machine's ranks.
+
+    Further keyword arguments are :class:`potluck.runtime.train.TrainOptions` fields
+    (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
+    ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
+    """
+    chosen = resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
+                          seq_len=seq_len, dtype=dtype, partition=partition)
+    return run_plan(chosen, train_options(**options))

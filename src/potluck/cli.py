@@ -224,19 +224,47 @@ def profile(
 
 
 @app.command()
-def demo() -> None:
-    """Plan a built-in mixed cluster (3090 pairs, 4090s, A100s) and compare with the even split."""
-    from potluck.demo import run_demo
+def demo(
+    steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 24,
+) -> None:
+    """Plan mixed clusters (3090 pairs, 4090s, A100s), then dry-run a plan on this CPU."""
+    from potluck import demo as demo_steps
     from potluck.report import render_plan
+    from potluck.runtime.train import summarize
 
-    outcome = run_demo()
-    console.rule(f"potluck demo: {outcome.model} on {outcome.cluster}")
-    render_plan(console, outcome.balanced)
+    lab = demo_steps.plan_lab()
+    console.rule(f"1. plan {demo_steps.DEMO_MODEL} for {lab.balanced.cluster.name}")
+    render_plan(console, lab.balanced)
+    _print_speedup(lab)
+    run = demo_steps.plan_dry_run()
+    console.rule(f"2. dry run: {demo_steps.DEMO_MODEL}'s plan for {run.balanced.cluster.name}, "
+                 "emulated on this machine's CPU")
+    render_plan(console, run.balanced)
+    _print_speedup(run)
+    console.print("training the plan with a tiny stand-in model (same blocks, same layout, "
+                  "each op timed like its device)...")
+    result = demo_steps.dry_run(run.balanced, steps)
+    console.rule("summary")
+    console.print(f"plan: {run.balanced.layout()} on {run.balanced.num_gpus} emulated GPUs; "
+                  + summarize(result.history), highlight=False)
+    dilated = result.history[-1].predicted_step_time_s if result.history else None
+    if dilated:
+        real = run.balanced.prediction.iteration_time_s
+        console.print(f"emulation stretched every op {dilated / real:.2f}x so the CPU ranks keep the "
+                      f"GPUs' pace: on the real GPUs a step would take about {real:.3g} s",
+                      highlight=False)
+
+
+def _print_speedup(comparison) -> None:
+    if comparison.uniform is None:
+        console.print("The Megatron-style even split (--partition uniform) does not fit in "
+                      "memory on these devices.\n")
+        return
     console.print(
-        f"\nThe Megatron-style even split (--partition uniform) would take "
-        f"{outcome.uniform.prediction.iteration_time_s:.2f} s per iteration; potluck's plan takes "
-        f"{outcome.balanced.prediction.iteration_time_s:.2f} s: [bold]{outcome.speedup:.2f}x[/bold] "
-        "faster."
+        f"The Megatron-style even split (--partition uniform) would take "
+        f"{comparison.uniform.prediction.iteration_time_s:.3g} s per iteration; potluck's plan "
+        f"takes {comparison.balanced.prediction.iteration_time_s:.3g} s: "
+        f"[bold]{comparison.speedup:.2f}x[/bold] faster.\n"
     )
 
 
@@ -259,43 +287,69 @@ def catalog() -> None:
 
 @app.command()
 def train(
-    plan_file: Annotated[Path, typer.Argument(help="Plan JSON (potluck plan -o plan.json).")],
+    cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster YAML file.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Preset name, config.json or HF model dir.")] = None,
+    plan_file: Annotated[Path | None, typer.Option(
+        "--plan", help="Plan JSON from potluck plan -o (default: plan now).")] = None,
+    data: Annotated[str | None, typer.Option(
+        help="Text/jsonl file or directory (default: the corpus shipped with potluck).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Local HF tokenizer dir (default: bytes).")] = None,
     steps: Annotated[int, typer.Option(help="Training steps.")] = 20,
+    global_batch: Annotated[int | None, typer.Option(help="Sequences per step (default 64).")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default 2048).")] = None,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of initial weights and data order.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write DIR/metrics.jsonl.")] = None,
-    data: Annotated[str | None, typer.Option(help="Text/jsonl corpus (default: random tokens).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Local HF tokenizer dir (default: bytes).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Run directory: plan.json, metrics.jsonl, checkpoints/.")] = None,
     emulate: Annotated[bool, typer.Option(help="Dry-run on CPU ranks timed like the devices.")] = False,
-    dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
-    tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint to DIR every N steps (0: never).")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
+    tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
+    dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
     stand_in: Annotated[str | None, typer.Option(help="Emulate computing this model (tiny).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
 ) -> None:
     """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine."""
-    from potluck.plans import load_plan
-    from potluck.runtime.launch import plan_nodes, torchrun_commands
-    from potluck.runtime.train import TrainOptions, summarize
-    from potluck.runtime.train import train as run_train
+    from potluck.runtime.launch import plan_nodes
+    from potluck.runtime.train import summarize
+
+    if resume and out is None:
+        raise PotluckError("--resume needs --out DIR (the run directory to continue)")
+    chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
+                              seq_len=seq_len)
+    options = api.train_options(
+        data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
+        checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
+        dilation=dilation, stand_in=stand_in, timeout_s=timeout,
+    )
+    if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
+        _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
+        return
+    result = api.run_plan(chosen, options)
+    console.print(summarize(result.history), highlight=False)
+
+
+def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,
+                             master_port: int) -> None:
+    """One torchrun command per machine; the plan is written where they can read it."""
+    from potluck.plans import save_plan
+    from potluck.runtime.launch import torchrun_commands
     from potluck.runtime.worker import worker_args
 
-    options = TrainOptions(steps=steps, lr=lr, seed=seed, out_dir=str(out) if out else None,
-                           data=data, tokenizer=tokenizer, emulate=emulate, dilation=dilation,
-                           timeout_s=timeout, tensorboard=tensorboard,
-                           checkpoint_every=checkpoint_every, resume=resume, stand_in=stand_in)
-    plan_obj = load_plan(plan_file)
-    if print_commands or (len(plan_nodes(plan_obj)) > 1 and not emulate):
-        for node in torchrun_commands(plan_obj, str(plan_file), master_addr, master_port,
-                                      worker_args(options)):
-            console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
-            console.print(node.command, highlight=False, markup=False, soft_wrap=True)
-        return
-    console.print(summarize(run_train(plan_obj, options)), highlight=False)
+    path = plan_file
+    if path is None:
+        path = Path(options.out_dir or ".") / "plan.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_plan(chosen, path)
+        console.print(f"# plan written to {path}; copy it to every machine", highlight=False)
+    for node in torchrun_commands(chosen, str(path), master_addr, master_port,
+                                  worker_args(options)):
+        console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
+        console.print(node.command, highlight=False, markup=False, soft_wrap=True)
 
 
 def _pricing(mode: str, spot: bool, lifetime_years: float, utilization: float,

@@ -336,3 +336,36 @@ def _check_tp(stage: Stage, model: ModelSpec, index: int, cluster: Any) -> None:
     nodes = {cluster.device(d).node for d in stage.devices}
     if len(nodes) > 1:
         raise ConfigError(f"pipeline {index}: a tensor-parallel group spans machines {sorted(nodes)}")
+
+
+MODEL_SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                      "vocab_size", "mlp", "tied_embeddings")
+
+
+def check_plan_matches(plan: Plan, cluster: ClusterSpec | None = None,
+                       model: ModelSpec | None = None, label: str = "the plan") -> None:
+    """One clear error if ``plan`` was made for other devices or another model shape."""
+    if cluster is not None:
+        _check_same_devices(plan, cluster, label)
+    if model is not None:
+        different = [f for f in MODEL_SHAPE_FIELDS if getattr(plan.model, f) != getattr(model, f)]
+        if different:
+            raise ConfigError(
+                f"{label} was made for model {plan.model.name!r}, which differs from "
+                f"{model.name!r} in {', '.join(different)}; make a new plan with potluck plan"
+            )
+
+
+def _check_same_devices(plan: Plan, cluster: ClusterSpec, label: str) -> None:
+    from potluck.cluster.topology import Cluster
+
+    planned, given = Cluster(plan.cluster), Cluster(cluster)
+    for device_id in plan.devices:
+        device = given.by_id.get(device_id)
+        wanted = planned.device(device_id).type.name
+        if device is None or device.type.name != wanted:
+            found = "missing" if device is None else device.type.name
+            raise ConfigError(
+                f"{label} puts a {wanted} at {device_id}, but cluster {cluster.name!r} has "
+                f"{found} there; make a new plan for this cluster with potluck plan"
+            )

@@ -193,6 +193,19 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
             "machine (potluck train --print-commands), or dry-run it here with --emulate"
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
+    check_data(plan, options)
+
+
+def check_data(plan: Plan, options: TrainOptions) -> None:
+    """The data path exists and the tokenizer fits the model (compute model included)."""
+    if options.data is None:
+        return
+    from potluck.data.corpus import data_files
+    from potluck.data.tokenizer import check_tokenizer_fits, load_tokenizer
+
+    data_files(options.data)
+    tokenizer = load_tokenizer(options.tokenizer)
+    check_tokenizer_fits(tokenizer, compute_plan(plan, options).model)
 
 
 def _fits_in_memory(plan: Plan) -> bool:
