@@ -157,3 +157,26 @@ def test_demo_plans_and_dry_runs(tmp_path):
     result = potluck("demo", "--steps", "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "dry run" in result.stdout and "measured/predicted" in result.stdout
+
+
+def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out, hf = tmp_path / "run", tmp_path / "hf"
+    common = ["-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4", "--seq-len", "32",
+              "--out", str(out), "--checkpoint-every", "2"]
+    first = potluck("train", *common, "--steps", "2")
+    assert first.returncode == 0, first.stderr
+    second = potluck("train", "--plan", str(out / "plan.json"), "--out", str(out),
+                     "--checkpoint-every", "2", "--steps", "4", "--resume")
+    assert second.returncode == 0, second.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-2:] == [2, 3] or steps[-2:] == [3, 4]
+    exported = potluck("export", str(out), "--out", str(hf))
+    assert exported.returncode == 0, exported.stderr
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    logits = model(torch.randint(0, 260, (1, 8))).logits
+    assert logits.shape == (1, 8, 260) and torch.isfinite(logits).all()

@@ -333,6 +333,19 @@ def train(
     console.print(summarize(result.history), highlight=False)
 
 
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
+) -> None:
+    """Export the newest checkpoint of a run as a Hugging Face model (safetensors)."""
+    from potluck.runtime.export import export_run
+
+    path = export_run(run, out)
+    console.print(f"exported to {path}: AutoModelForCausalLM.from_pretrained({str(path)!r})",
+                  highlight=False)
+
+
 def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,
                              master_port: int) -> None:
     """One torchrun command per machine; the plan is written where they can read it."""

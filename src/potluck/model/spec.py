@@ -237,3 +237,16 @@ def _from_gpt2_config(config: dict[str, Any], name: str) -> ModelSpec:
         learned_positions=True, linear_bias=True, qkv_bias=True, dropout=dropout,
         hf_config=dict(config),
     )
+
+
+def model_to_dict(spec: ModelSpec) -> dict[str, Any]:
+    """A JSON-ready description of the model (what plan files carry)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ModelSpec).dump_python(spec, mode="json")
+
+
+def model_from_dict(data: dict[str, Any]) -> ModelSpec:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ModelSpec).validate_python(data)

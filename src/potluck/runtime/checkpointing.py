@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from potluck.model.spec import model_to_dict
 from potluck.runtime.checkpoint import (
     apply_training_state,
     load_checkpoint,
@@ -31,7 +32,8 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     next_step = trainer.step_index
     writes = model.layout.role.pipeline == 0
     state = training_state([model.module], [trainer.optimizer]) if writes else {}
-    trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout()}
+    trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout(),
+                                     "model": model_to_dict(model.layout.plan.model)}
     if hasattr(source, "state_dict"):
         trainer_state["data"] = source.state_dict(next_step)
     path = save_checkpoint(out_dir, next_step, state, trainer_state)

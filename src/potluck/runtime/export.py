@@ -105,3 +105,19 @@ def _tied_aliases(model: torch.nn.Module) -> dict[str, str]:
             aliases[name] = first_name[id(param)]
         first_name.setdefault(id(param), name)
     return aliases
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Export the newest checkpoint of a ``potluck train --out`` directory to a Hugging
+    Face directory; the model is the one the run computed (a stand-in, when emulated)."""
+    from potluck.model.spec import model_from_dict
+    from potluck.plans import load_plan
+    from potluck.runtime.checkpoint import read_trainer_state, resume_checkpoint
+
+    checkpoint = resume_checkpoint(run_dir)
+    saved = read_trainer_state(checkpoint)
+    if "model" in saved:
+        spec = model_from_dict(saved["model"])
+    else:
+        spec = load_plan(Path(run_dir) / "plan.json").model
+    return export_checkpoint(checkpoint, spec, out_dir)
