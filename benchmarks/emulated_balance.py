@@ -7,7 +7,7 @@ plan's device speed times one dilation shared by both runs. Prints measured
 against predicted step time for each (target: within 15%) and the measured
 speedup of the planner's plan (target: at least 1.3x).
 
-    python benchmarks/emulated_balance.py [--model llama2-7b] [--steps 6]
+    python benchmarks/emulated_balance.py [--model gpt3-1.3b] [--steps 6]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run(plan, steps: int, dilation: float | None) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="llama2-7b")
+    parser.add_argument("--model", default="gpt3-1.3b")
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=6)
