@@ -309,6 +309,8 @@ def train(
     dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
     stand_in: Annotated[str | None, typer.Option(help="Emulate computing this model (tiny).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
+    trace: Annotated[bool, typer.Option(help="Record every op of a few steps into DIR/trace.json.")] = False,
+    trace_steps: Annotated[int, typer.Option(help="Steps --trace records (after 2 warm-up steps).")] = 3,
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
@@ -325,6 +327,7 @@ def train(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
+        trace_steps=max(1, trace_steps) if trace else 0,
     )
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)

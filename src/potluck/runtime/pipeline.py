@@ -164,7 +164,7 @@ def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
 
 class HookedStage(PipelineStage):
     """A PipelineStage that announces each op to its followers (mixed-TP pipelines) and
-    times it with an emulation clock; both optional."""
+    times it with a clock (emulation, tracing); both optional."""
 
     clock: Any = None
     commands: Commands | None = None
@@ -190,6 +190,23 @@ class HookedStage(PipelineStage):
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         run = super().backward_weight_one_chunk
         return self._run("backward_weight", lambda: run(*args, **kwargs))
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
+        return self._tag(super().get_fwd_recv_ops(fwd_chunk_id), "recv_forward", fwd_chunk_id)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:
+        return self._tag(super().get_fwd_send_ops(fwd_chunk_id), "send_forward", fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
+        return self._tag(super().get_bwd_recv_ops(bwd_chunk_id), "recv_backward", bwd_chunk_id)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list:
+        return self._tag(super().get_bwd_send_ops(bwd_chunk_id), "send_backward", bwd_chunk_id)
+
+    def _tag(self, ops: list, kind: str, micro_batch: int) -> list:
+        """Name the ops for a tracing clock (:mod:`potluck.runtime.recorder`)."""
+        tag = getattr(self.clock, "tag_p2p", None)
+        return ops if tag is None else tag(ops, kind, self.stage_index, micro_batch)
 
     def _compute_outputs(self, *args: Any, module: nn.Module, **kwargs: Any) -> Any:
         """Shape inference's forward (first step): followers run it too."""

@@ -33,6 +33,7 @@ from potluck.runtime.emulate import EmulationClock, emulate, predict
 from potluck.runtime.launch import plan_nodes, run_local
 from potluck.runtime.metrics import MetricsLog, ProgressBar, TensorBoardLog
 from potluck.runtime.parallelize import parallelize
+from potluck.runtime.recorder import OpRecorder, TraceWindow, attach_recorder
 from potluck.runtime.session import Session, start, wants_gpu
 from potluck.runtime.trainer import BatchSource, Callback, StepMetrics, Trainer
 
@@ -63,6 +64,7 @@ class TrainOptions:
     checkpoint_every: int = 0  # save to out_dir/checkpoints every N steps and at the end
     keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
     resume: bool = False  # continue from the newest checkpoint in out_dir
+    trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)
 
 def batch_source(plan: Plan, options: TrainOptions) -> BatchSource:
     """The run's data: the corpus at ``options.data`` or random tokens."""
@@ -147,15 +149,21 @@ def train_rank(plan: Plan, options: TrainOptions,
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s
                               if options.emulate else None)
-            if options.emulate:
-                clock = emulate(parallel, options.dilation, timing=plan)
-                if options.dilation is None:
-                    _calibrate(trainer, clock, source)
+            clock = emulate(parallel, options.dilation, timing=plan) if options.emulate else None
+            recorder = attach_recorder(parallel) if options.trace_steps > 0 else None
+            if clock is not None and options.dilation is None:
+                _calibrate(trainer, clock, source)
             if options.resume:
                 checkpointing.resume(trainer, source, _out_dir(options))
             trainer.callbacks = _callbacks(options, session, trainer.step_index)
-        return trainer.fit(source, max(0, options.steps - trainer.step_index),
-                           on_step=_checkpoint_hook(trainer, source, options))
+            if recorder is not None:
+                recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
+                                                        options.trace_steps), trainer.step_index)
+        history = trainer.fit(source, max(0, options.steps - trainer.step_index),
+                              on_step=_on_step(trainer, source, options, recorder))
+        if recorder is not None:
+            recorder.finish(options.out_dir)
+        return history
     finally:
         session.close()
 
@@ -164,6 +172,21 @@ def _out_dir(options: TrainOptions) -> str:
     if not options.out_dir:
         raise ConfigError("checkpoints need an output directory: give --out DIR")
     return options.out_dir
+
+
+def _on_step(trainer: Trainer, source: BatchSource, options: TrainOptions,
+             recorder: OpRecorder | None) -> Callable[[StepMetrics], None] | None:
+    """After each step: checkpoints, then the trace's bookkeeping."""
+    checkpoint = _checkpoint_hook(trainer, source, options)
+    if recorder is None:
+        return checkpoint
+
+    def hook(metrics: StepMetrics) -> None:
+        if checkpoint is not None:
+            checkpoint(metrics)
+        recorder.end_step(metrics.step, options.out_dir)
+
+    return hook
 
 
 def _checkpoint_hook(trainer: Trainer, source: BatchSource, options: TrainOptions
@@ -187,6 +210,8 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     nodes = plan_nodes(plan)
+    if options.trace_steps > 0 and not options.out_dir:
+        raise ConfigError("--trace writes DIR/trace.json: give --out DIR")
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
             f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "

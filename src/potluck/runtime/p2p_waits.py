@@ -1,0 +1,100 @@
+"""Timing the pipeline's send and receive waits inside torch's schedules.
+
+torch.distributed.pipelining posts each batch of point-to-point ops with
+``schedules._batch_p2p`` and blocks on it with ``schedules._wait_batch_p2p``;
+neither is a method a stage can override. While a traced run records its
+steps, :func:`timing_p2p_waits` replaces those two module functions with
+wrappers that remember which ops a batch holds (a stage tags its ops when it
+creates them: ``recv_forward``, ``send_backward``, ... with its virtual stage
+and micro-batch) and report each blocking wait to a callback. Outside that
+context nothing is patched, so an untraced run pays nothing.
+
+A wait that holds a receive is reported as the receive (it is what blocks);
+a batch of sends only as the send. Where torch moves these functions, the
+patch is skipped with a warning and traces simply have no send/receive waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.pipelining import schedules
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class P2PTag:
+    """What one point-to-point op is for."""
+
+    kind: str  # recv_forward, send_forward, recv_backward or send_backward
+    stage_id: int  # the virtual stage that posts it
+    micro_batch: int
+
+
+class _TaggedWorks(list):
+    """The works of one batch of ops, with the ops' tags."""
+
+    tags: tuple[P2PTag, ...] = ()
+
+
+# A wait's callback gets the tag that names it and the wait's start and end marks.
+WaitCallback = Callable[[P2PTag, Any, Any], None]
+
+
+class P2PTagger:
+    """Remembers the tags of ops a stage has created until they are posted."""
+
+    def __init__(self) -> None:
+        self._tags: dict[int, P2PTag] = {}
+
+    def tag(self, ops: list[Any], kind: str, stage_id: int, micro_batch: int) -> list[Any]:
+        for op in ops:
+            self._tags[id(op)] = P2PTag(kind, stage_id, micro_batch)
+        return ops
+
+    def take(self, ops: list[Any]) -> tuple[P2PTag, ...]:
+        return tuple(tag for tag in (self._tags.pop(id(op), None) for op in ops) if tag)
+
+
+def _blocking_tag(tags: tuple[P2PTag, ...]) -> P2PTag | None:
+    receives = [tag for tag in tags if tag.kind.startswith("recv")]
+    return (receives or list(tags) or [None])[0]
+
+
+@contextmanager
+def timing_p2p_waits(tagger: P2PTagger, on_wait: WaitCallback,
+                     mark: Callable[[], Any] = time.perf_counter) -> Iterator[None]:
+    """Report every blocking wait of torch's schedules to ``on_wait`` while inside."""
+    original_batch = getattr(schedules, "_batch_p2p", None)
+    original_wait = getattr(schedules, "_wait_batch_p2p", None)
+    if original_batch is None or original_wait is None:
+        log.warning("this torch has no schedules._batch_p2p/_wait_batch_p2p: traces will have "
+                    "no send/receive waits")
+        yield
+        return
+
+    def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
+        works = _TaggedWorks(original_batch(p2p_ops, desc=desc))
+        works.tags = tagger.take(p2p_ops)
+        return works
+
+    def wait_batch_p2p(work: list[Any]) -> None:
+        tag = _blocking_tag(getattr(work, "tags", ()))
+        if not work or tag is None:
+            original_wait(work)
+            return
+        start = mark()
+        original_wait(work)
+        on_wait(tag, start, mark())
+
+    schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+    try:
+        yield
+    finally:
+        schedules._batch_p2p, schedules._wait_batch_p2p = original_batch, original_wait
