@@ -26,9 +26,11 @@ from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.units import parse_count
 
 if TYPE_CHECKING:
+    from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.profiler import ProfileOutcome
     from potluck.runtime.metrics import StepMetrics
     from potluck.runtime.train import TrainOptions
+    from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult
 
 DEFAULT_GLOBAL_BATCH = 64
@@ -218,3 +220,23 @@ def train(cluster: str | Path | ClusterSpec | None = None,
     chosen = resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                           seq_len=seq_len, dtype=dtype, partition=partition)
     return run_plan(chosen, train_options(**options))
+
+
+def compare(target: str | Path, measured: str | Path | None = None, *,
+            out_dir: str | Path | None = None) -> tuple[TraceComparison, list[Path]]:
+    """Predicted against measured: ``target`` is a run directory of ``potluck train --trace``,
+    a plan file or a predicted trace; ``measured`` a runtime trace (default: the run's).
+    Returns the comparison and the traces written for Perfetto (predicted, side by side)."""
+    from potluck.calibrate.compare_run import compare_paths
+
+    return compare_paths(target, measured, out_dir)
+
+
+def calibrate(run_dir: str | Path, *, cluster: str | Path | None = None,
+              out: str | Path | None = None) -> CalibrationOutcome:
+    """Fit the cost model's inputs to a traced run and write them into a cluster file
+    (``cluster`` with its calibration replaced, or the run's cluster); the outcome holds
+    the fit and the run's prediction error before and after."""
+    from potluck.calibrate.calibrate_run import calibrate_run
+
+    return calibrate_run(run_dir, cluster=cluster, out=out)

@@ -179,19 +179,45 @@ def simulate(
 
 @app.command()
 def compare(
-    predicted: Annotated[Path, typer.Argument(help="trace.json from `potluck simulate`.")],
-    measured: Annotated[Path, typer.Argument(help="trace.json from `potluck train --trace`.")],
+    target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
+                                           "file, or a predicted trace.json.")],
+    measured: Annotated[Path | None, typer.Argument(
+        help="trace.json from potluck train --trace (default: RUN_DIR/trace.json).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for predicted.json and side_by_side.json (default: the run's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Predicted against measured step time and op durations, per stage and op kind."""
-    from potluck.sim.compare import compare_traces, render_comparison
-    from potluck.sim.trace import read_trace
+    from potluck.sim.compare import render_comparison
 
-    comparison = compare_traces(read_trace(predicted), read_trace(measured))
+    comparison, files = api.compare(target, measured, out_dir=out)
     if as_json:
         sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
         return
     render_comparison(console, comparison)
+    if files:
+        console.print(f"traces written: {', '.join(map(str, files))} (open in ui.perfetto.dev)",
+                      highlight=False)
+
+
+@app.command()
+def calibrate(
+    run: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace --out.")],
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", "-c", help="Cluster file to calibrate (default: the run's, from its plan).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Cluster file to write (default: <cluster>-calibrated.yaml, or "
+        "RUN/calibrated.yaml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Fit device efficiency, memory bandwidth and links to a traced run; error before and after."""
+    from potluck.calibrate.report import calibration_json, render_calibration
+
+    outcome = api.calibrate(run, cluster=cluster, out=out)
+    if as_json:
+        sys.stdout.write(json.dumps(calibration_json(outcome)) + "\n")
+        return
+    render_calibration(console, outcome)
 
 
 @app.command()

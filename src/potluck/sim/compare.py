@@ -1,8 +1,9 @@
 """Predicted against measured: two traces of the same plan, per stage and per op kind.
 
 Either trace may come from the simulator or the runtime (:mod:`potluck.sim.trace`).
-The *step time* of a trace is the span of its events in one step, averaged
-over its steps (the first one left out when there are several: it warms up).
+The *step time* of a trace is the span of its events in one step, the median
+over its steps (the first one left out when there are several: it warms up;
+the median, so that a step another process slowed down does not skew it).
 Op durations are averaged per (pipeline, stage, kind) and per kind over all
 devices (the devices of a tensor-parallel group run the same ops). The error
 is ``predicted / measured - 1``: positive when the prediction is too slow.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Console
@@ -43,10 +44,17 @@ class TraceComparison:
     measured_step_s: float
     by_kind: tuple[OpComparison, ...]
     by_stage: tuple[OpComparison, ...]
+    cost_model_step_s: float | None = None  # the cost model's own step time, when known
 
     @property
     def step_error(self) -> float:
         return self.predicted_step_s / self.measured_step_s - 1.0
+
+    @property
+    def cost_model_error(self) -> float | None:
+        if self.cost_model_step_s is None:
+            return None
+        return self.cost_model_step_s / self.measured_step_s - 1.0
 
     def as_dict(self) -> dict[str, Any]:
         def row(c: OpComparison) -> dict[str, Any]:
@@ -54,12 +62,14 @@ class TraceComparison:
                     "predicted_s": c.predicted_s, "measured_s": c.measured_s, "error": c.error}
 
         return {"predicted_step_s": self.predicted_step_s, "measured_step_s": self.measured_step_s,
-                "step_error": self.step_error, "by_kind": [row(c) for c in self.by_kind],
+                "step_error": self.step_error, "cost_model_step_s": self.cost_model_step_s,
+                "cost_model_error": self.cost_model_error,
+                "by_kind": [row(c) for c in self.by_kind],
                 "by_stage": [row(c) for c in self.by_stage]}
 
 
 def step_time_s(trace: Trace) -> float:
-    """Mean span of one step's events (the first step left out when there are several)."""
+    """Median span of one step's events (the first step left out when there are several)."""
     spans: dict[int, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
     for event in trace.events:
         span = spans[event.step]
@@ -68,7 +78,7 @@ def step_time_s(trace: Trace) -> float:
         raise ConfigError("the trace has no events")
     steps = sorted(spans)
     kept = steps[1:] if len(steps) > 1 else steps
-    return statistics.fmean(spans[s][1] - spans[s][0] for s in kept)
+    return statistics.median(spans[s][1] - spans[s][0] for s in kept)
 
 
 def _mean_durations(events: list[TraceEvent], by_stage: bool) -> dict[tuple, float]:
@@ -96,9 +106,27 @@ def compare_traces(predicted: Trace, measured: Trace) -> TraceComparison:
     return TraceComparison(step_time_s(predicted), step_time_s(measured), tables[0], tables[1])
 
 
+def side_by_side(predicted: Trace, measured: Trace) -> Trace:
+    """One trace with the predicted devices above the measured ones (``predicted <id>``,
+    ``measured <id>``), both starting at 0: opens side by side in Perfetto."""
+    steps = sorted({e.step for e in measured.events})
+    kept = set(steps[1:] if len(steps) > 1 else steps)
+    shown = [e for e in measured.events if e.step in kept]
+    origin_s = min((e.start_s for e in shown), default=0.0)
+    return Trace(
+        [f"predicted {d}" for d in predicted.devices] + [f"measured {d}" for d in measured.devices],
+        [replace(e, device=f"predicted {e.device}") for e in predicted.events]
+        + [replace(e, device=f"measured {e.device}", start_s=e.start_s - origin_s) for e in shown],
+        metadata={"source": "comparison"},
+    )
+
+
 def render_comparison(console: Console, comparison: TraceComparison) -> None:
     console.print(f"step time: predicted {comparison.predicted_step_s:.4g} s, measured "
                   f"{comparison.measured_step_s:.4g} s, error {comparison.step_error:+.1%}")
+    if comparison.cost_model_step_s is not None:
+        console.print(f"cost model: {comparison.cost_model_step_s:.4g} s, error "
+                      f"{comparison.cost_model_error:+.1%}")
     for title, rows in (("per op kind", comparison.by_kind), ("per stage", comparison.by_stage)):
         table = Table(title=title)
         for column in ("pipeline", "stage", "op", "predicted ms", "measured ms", "error"):

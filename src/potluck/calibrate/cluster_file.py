@@ -1,0 +1,134 @@
+"""Write a fitted calibration into a cluster file the planner reads.
+
+With ``--cluster FILE``: that file's text with its ``calibration:`` section
+replaced (the rest kept as written). Without: a new file describing the run's
+cluster as the plan recorded it (node groups, device types that differ from
+the catalog, declared links), then the calibration. Figures are written with
+five significant digits; the file is read back as ``potluck plan`` would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from potluck.calibrate.fit import Fit, calibration, uncalibrated_bandwidth
+from potluck.cluster.calibration import Calibration
+from potluck.cluster.catalog import DeviceType, catalog
+from potluck.cluster.spec import ClusterSpec, NodeGroup, default_nvlink, load_cluster
+from potluck.profiler.calibration_file import _without_calibration
+
+_NODE_FIELDS = (  # NodeGroup attribute, cluster-file key, writer
+    ("nvlink_bandwidth_bytes_per_s", "nvlink_bandwidth", "bandwidth"),
+    ("intra_bandwidth_bytes_per_s", "intra_bandwidth", "bandwidth"),
+    ("inter_bandwidth_bytes_per_s", "inter_bandwidth", "bandwidth"),
+    ("intra_latency_s", "intra_latency", "duration"),
+    ("inter_latency_s", "inter_latency", "duration"),
+)
+_DEVICE_FIELDS = (  # DeviceType attribute, cluster-file key, writer
+    ("tflops", "tflops", "number"), ("memory_bytes", "memory", "size"),
+    ("memory_bandwidth_bytes_per_s", "memory_bandwidth", "bandwidth"), ("bf16", "bf16", "plain"),
+    ("link", "link", "enum"),
+    ("link_bandwidth_bytes_per_s", "link_bandwidth", "bandwidth"),
+    ("pcie_bandwidth_bytes_per_s", "pcie_bandwidth", "bandwidth"),
+    ("matmul_efficiency", "matmul_efficiency", "number"), ("sm_count", "sm_count", "plain"),
+)
+
+
+def _write(value: float, how: str) -> Any:
+    if how == "bandwidth":
+        return f"{value / 1e9:.5g}GB/s"
+    if how == "duration":
+        return f"{value * 1e6:.5g}us"
+    if how == "size":
+        return f"{value / 1e9:.5g}GB"
+    if how == "enum":
+        return value.value
+    return float(f"{value:.5g}") if how == "number" else value
+
+
+def _differs(value: Any, known: Any) -> bool:
+    if isinstance(value, float):
+        return abs(value - known) > 1e-9 * max(1.0, abs(value))
+    return value != known
+
+
+def section(found: Calibration) -> dict[str, Any]:
+    """The ``calibration:`` mapping of a cluster file."""
+    devices = {}
+    for entry in found.devices:
+        fields = {"matmul_efficiency": entry.matmul_efficiency,
+                  "memory_bandwidth_factor": entry.memory_bandwidth_factor}
+        devices[entry.device] = {k: float(f"{v:.5g}") for k, v in fields.items() if v is not None}
+    links = []
+    for link in found.links:
+        entry: dict[str, Any] = {"kind": link.kind}
+        if link.between:
+            entry = {"between": list(link.between)}
+        elif link.groups:
+            entry["groups"] = list(link.groups)
+        entry["bandwidth"] = _write(link.bandwidth_bytes_per_s, "bandwidth")
+        if link.latency_s is not None:
+            entry["latency"] = _write(link.latency_s, "duration")
+        links.append(entry)
+    result: dict[str, Any] = {"source": found.source, "devices": devices}
+    if links:
+        result["links"] = links
+    return result
+
+
+def _node(group: NodeGroup, device_type: DeviceType) -> dict[str, Any]:
+    node: dict[str, Any] = {"name": group.name, "gpu": group.gpu,
+                            "gpus_per_node": group.gpus_per_node, "count": group.count}
+    if group.nvlink is not default_nvlink(device_type):
+        node["nvlink"] = group.nvlink.value
+    for attr, key, how in _NODE_FIELDS:
+        value = getattr(group, attr)
+        if value is not None and value != getattr(NodeGroup, attr, None):
+            node[key] = _write(value, how)
+    return node
+
+
+def _device(spec: ClusterSpec, device_type: DeviceType) -> dict[str, Any]:
+    """The fields of a device type that differ from its catalog entry (all, if none)."""
+    known = catalog().get(device_type.name)
+    uncalibrated = {"memory_bandwidth_bytes_per_s": uncalibrated_bandwidth(spec, device_type.name)}
+    fields = {}
+    for attr, key, how in _DEVICE_FIELDS:
+        value = uncalibrated.get(attr, getattr(device_type, attr))
+        if known is None or _differs(value, getattr(known, attr)):
+            fields[key] = _write(value, how)
+    return fields
+
+
+def cluster_text(spec: ClusterSpec) -> str:
+    """A cluster file describing ``spec`` (without its calibration)."""
+    types = {t.name: t for t in spec.device_types}
+    data: dict[str, Any] = {"name": spec.name,
+                            "nodes": [_node(g, types[g.gpu]) for g in spec.nodes]}
+    devices = {name: fields for name, t in types.items() if (fields := _device(spec, t))}
+    if devices:
+        data["devices"] = devices
+    if spec.links:
+        data["links"] = [{"between": list(link.between),
+                          "bandwidth": _write(link.bandwidth_bytes_per_s, "bandwidth"),
+                          "latency": _write(link.latency_s, "duration")} for link in spec.links]
+    header = ("# Written by `potluck calibrate`: the run's cluster as its plan recorded it, and\n"
+              "# the inputs fitted to the run in `calibration` (the planner reads both).\n")
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def write_calibrated(out: str | Path, fit: Fit, plan_cluster: ClusterSpec,
+                     cluster_file: str | Path | None = None) -> ClusterSpec:
+    """Write ``fit`` into ``cluster_file``'s text (or a description of ``plan_cluster``) at
+    ``out``; return the file read back."""
+    if cluster_file is not None:
+        base = load_cluster(cluster_file)
+        kept = _without_calibration(Path(cluster_file).read_text()).rstrip("\n") + "\n"
+    else:
+        base, kept = plan_cluster, cluster_text(plan_cluster)
+    found = calibration(fit, base)
+    Path(out).write_text(kept + yaml.safe_dump({"calibration": section(found)}, sort_keys=False))
+    return load_cluster(out)

@@ -1,0 +1,110 @@
+"""Fit a run's cost-model inputs and turn them into a calibration section.
+
+:func:`fit_run` fits every device type the plan uses (memory bandwidth, then
+matmul efficiency: :mod:`potluck.calibrate.fit_devices`), then the links its
+gradient all-reduces cross (:mod:`potluck.calibrate.fit_links`) and the
+latency of its pipeline's links (:mod:`potluck.calibrate.fit_pipeline`), and
+does it twice: compute includes tensor-parallel traffic over those links.
+Every round starts from the run's own cluster, so nothing compounds. :func:`calibration`
+expresses the fit as a :class:`~potluck.cluster.calibration.Calibration`
+relative to a cluster's uncalibrated figures (the memory-bandwidth factor
+multiplies them), and :func:`calibrated_cluster` applies it in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+
+from potluck.calibrate.fit_devices import DeviceFit, fit_devices
+from potluck.calibrate.fit_links import LinkFit
+from potluck.calibrate.fit_pipeline import fit_pipeline
+from potluck.calibrate.run import RunRecord
+from potluck.cluster.calibration import (
+    Calibration,
+    DeviceCalibration,
+    LinkCalibration,
+    calibrate_device,
+    calibrate_group,
+    calibrated_links,
+)
+from potluck.cluster.spec import ClusterSpec
+from potluck.plans import Plan
+from potluck.sim.compare import step_time_s
+
+ROUNDS = 2  # devices, then links; again, with the links (TP traffic is part of compute)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a run says about its cluster's inputs."""
+
+    devices: tuple[DeviceFit, ...]
+    links: tuple[LinkFit, ...]
+    source: str = "potluck calibrate"
+    link_notes: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(note for device in self.devices for note in device.notes) + self.link_notes
+
+
+def fit_run(record: RunRecord, source: str = "potluck calibrate") -> Fit:
+    """Fit the inputs of ``record``'s cluster to what the run measured."""
+    plan, measured = record.plan, record.measured
+    step_s = step_time_s(measured)
+    devices: tuple[DeviceFit, ...] = ()
+    links: tuple[LinkFit, ...] = ()
+    note = ""
+    for _ in range(ROUNDS):
+        devices = fit_devices(_applied(plan, devices, links), measured)
+        with_devices = _applied(plan, devices, ())
+        links, note = fit_pipeline(with_devices, measured, step_s,
+                                   partial(_with_links, with_devices.cluster))
+    return Fit(devices, links, source, (note,) if note else ())
+
+
+def _with_links(spec: ClusterSpec, links: tuple[LinkFit, ...]) -> ClusterSpec:
+    return calibrated_cluster(spec, Fit((), links))
+
+
+def _applied(plan: Plan, devices: tuple[DeviceFit, ...], links: tuple[LinkFit, ...]) -> Plan:
+    return replace(plan, cluster=calibrated_cluster(plan.cluster, Fit(devices, links)))
+
+
+def uncalibrated_bandwidth(spec: ClusterSpec, name: str) -> float:
+    """Type ``name``'s memory bandwidth before ``spec``'s own calibration scaled it."""
+    bandwidth = spec.device_type(name).memory_bandwidth_bytes_per_s
+    for entry in spec.calibration.devices if spec.calibration else ():
+        if entry.device == name and entry.memory_bandwidth_factor:
+            bandwidth /= entry.memory_bandwidth_factor
+    return bandwidth
+
+
+def calibration(fit: Fit, spec: ClusterSpec, relative_to_calibrated: bool = False) -> Calibration:
+    """``fit`` as a calibration section for ``spec``: bandwidth factors relative to its
+    uncalibrated figures (or to its current ones with ``relative_to_calibrated``)."""
+    devices = []
+    for device in fit.devices:
+        factor = None
+        if device.memory_bandwidth_bytes_per_s is not None:
+            base = (spec.device_type(device.device).memory_bandwidth_bytes_per_s
+                    if relative_to_calibrated else uncalibrated_bandwidth(spec, device.device))
+            factor = device.memory_bandwidth_bytes_per_s / base
+        devices.append(DeviceCalibration(device.device, device.matmul_efficiency, factor))
+    links = tuple(
+        LinkCalibration(link.bandwidth_bytes_per_s, link.latency_s, link.key.kind,
+                        (link.key.group,) if link.key.group else (), link.key.between)
+        for link in fit.links)
+    return Calibration(tuple(devices), links, fit.source)
+
+
+def calibrated_cluster(spec: ClusterSpec, fit: Fit) -> ClusterSpec:
+    """``spec`` with ``fit`` applied on top of its current figures (in memory)."""
+    found = calibration(fit, spec, relative_to_calibrated=True)
+    return replace(
+        spec,
+        nodes=tuple(calibrate_group(group, found) for group in spec.nodes),
+        device_types=tuple(calibrate_device(t, found) for t in spec.device_types),
+        links=calibrated_links(spec.links, found),
+    )

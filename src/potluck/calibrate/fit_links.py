@@ -1,0 +1,170 @@
+"""Fitting link bandwidth and latency to the measured gradient all-reduces.
+
+Each gradient group of the plan (the cost model's: a stage's replicas, a
+pipeline's tied embeddings) all-reduces over rings, one per tensor-parallel
+rank, which the cost model prices as ``2(n-1)/n x bytes / W + 2(n-1) alpha``
+with ``W`` and ``alpha`` of the ring's slowest link. The runtime reduces all
+of a rank's groups one after the other in one ``dp_allreduce`` op, and a
+rank that finished its backward early waits for the others inside it; so per
+step, among ranks in the same rings, the shortest op (the last rank to
+arrive) measures the collectives. Each such op is one linear equation in
+``1/W`` and ``alpha`` of the link classes its rings cross. Least squares
+gives both where the reduced sizes differ (2x or more), else the bandwidth
+with the latency kept.
+
+A link class is what a calibration entry can name: a kind (``pcie``,
+``nvlink``, ``network``) inside one node group, or the network between two
+groups. Pipeline transfers are not fitted: a receive's wait includes the
+sender's lateness. Network cards shared by several rings are not modelled
+here (one machine's runs never share one).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from potluck.calibrate.measure import allreduce_s
+from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.topology import Cluster, Device, Link
+from potluck.planner.cost import CostModel
+from potluck.plans import Plan
+from potluck.sim.trace import Trace
+
+SIZE_SPREAD_FOR_LATENCY = 2.0
+
+Terms = dict["LinkKey", tuple[float, float]]  # per link class: (bytes over W, latencies)
+
+
+@dataclass(frozen=True)
+class LinkKey:
+    """A class of links a calibration entry names."""
+
+    kind: str  # pcie | nvlink | network
+    group: str | None = None  # inside this node group
+    between: tuple[str, str] | None = None  # or the network between these two
+
+    def describe(self) -> str:
+        return f"{self.kind} in {self.group}" if self.between is None else (
+            f"network {self.between[0]}-{self.between[1]}")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    key: LinkKey
+    bandwidth_bytes_per_s: float
+    latency_s: float | None  # None: kept as it was
+    observations: int
+
+
+def link_key(cluster: Cluster, a: Device, b: Device) -> LinkKey:
+    kind = cluster.link(a, b).kind
+    if kind in ("pcie", "nvlink"):
+        return LinkKey(kind, a.group)
+    if a.group == b.group:
+        return LinkKey("network", a.group)
+    first, second = sorted((a.group, b.group))
+    return LinkKey("network", between=(first, second))
+
+
+def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float) -> Terms:
+    hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+    slowest = min(hops, key=lambda hop: cluster.link(*hop).bandwidth_bytes_per_s)
+    steps = len(ring) - 1
+    return {link_key(cluster, *slowest): (2.0 * steps / len(ring) * num_bytes, 2.0 * steps)}
+
+
+def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
+    """Per device: the all-reduce terms of every ring it is in (summed per link class)."""
+    cost = CostModel.for_plan(plan)
+    terms: dict[str, Terms] = defaultdict(dict)
+    for group in cost.gradient_groups(plan):
+        if len(group.members) < 2:
+            continue
+        for ring in group.rings:
+            for key, (bytes_term, latency_term) in _ring_terms(
+                    cost.cluster, ring, group.grad_bytes / len(group.rings)).items():
+                for device in ring:
+                    old = terms[device.id].get(key, (0.0, 0.0))
+                    terms[device.id][key] = (old[0] + bytes_term, old[1] + latency_term)
+    return dict(terms), cost.cluster
+
+
+def observations(plan: Plan, measured: Trace) -> list[tuple[Terms, float]]:
+    """(terms, seconds): per step, the fastest all-reduce op among ranks with the same terms."""
+    terms, _ = device_terms(plan)
+    found = []
+    for seconds in allreduce_s(measured).values():
+        fastest: dict[tuple, tuple[Terms, float]] = {}
+        for device, duration_s in seconds.items():
+            if device not in terms:
+                continue
+            key = tuple(sorted((k.describe(), v) for k, v in terms[device].items()))
+            if key not in fastest or duration_s < fastest[key][1]:
+                fastest[key] = (terms[device], duration_s)
+        found.extend(fastest.values())
+    return found
+
+
+def fit_links(plan: Plan, measured: Trace, latency_s: dict[LinkKey, float] | None = None
+              ) -> tuple[LinkFit, ...]:
+    """Bandwidth of each link class all-reduces use, and its latency where the reduced sizes
+    differ enough and ``latency_s`` does not fix it."""
+    rows = observations(plan, measured)
+    keys = sorted({key for terms, _ in rows for key in terms}, key=LinkKey.describe)
+    if not keys:
+        return ()
+    fixed = latency_s or {}
+    latency_now = {**_current_latencies(plan, keys), **fixed}
+    free = [key for key in keys if key not in fixed and _sizes_spread(rows, key)]
+    solution = _solve(rows, keys, free, latency_now)
+    if solution is None and free:
+        free, solution = [], _solve(rows, keys, [], latency_now)
+    if solution is None:
+        return ()
+    counts = {key: sum(1 for terms, _ in rows if key in terms) for key in keys}
+    return tuple(LinkFit(key, 1.0 / solution[key][0], solution[key][1] if key in free else None,
+                         counts[key]) for key in keys if solution[key][0] > 0)
+
+
+def _solve(rows: list[tuple[Terms, float]], keys: list[LinkKey], free: list[LinkKey],
+           latency_now: dict[LinkKey, float]) -> dict[LinkKey, tuple[float, float]] | None:
+    """Least squares for 1/W of every key and alpha of the ``free`` ones; None if negative."""
+    columns = [(key, 0) for key in keys] + [(key, 1) for key in free]
+    matrix = np.zeros((len(rows), len(columns)))
+    target = np.zeros(len(rows))
+    for r, (terms, seconds) in enumerate(rows):
+        target[r] = seconds
+        for c, (key, which) in enumerate(columns):
+            if key in terms:
+                matrix[r, c] = terms[key][which]
+        for key in keys:
+            if key not in free and key in terms:
+                target[r] -= terms[key][1] * latency_now[key]
+    values, *_ = np.linalg.lstsq(matrix, target, rcond=None)
+    if any(v < 0 for v in values):
+        return None
+    solved = dict(zip(columns, values, strict=True))
+    return {key: (solved[(key, 0)], solved.get((key, 1), latency_now[key])) for key in keys}
+
+
+def _sizes_spread(rows: list[tuple[Terms, float]], key: LinkKey) -> bool:
+    sizes = [terms[key][0] for terms, _ in rows if key in terms]
+    return len(sizes) >= 2 and max(sizes) >= SIZE_SPREAD_FOR_LATENCY * min(sizes)
+
+
+def current_link(spec: ClusterSpec, key: LinkKey) -> Link | None:
+    """The link of class ``key`` in ``spec`` as it stands (None: no such pair of devices)."""
+    cluster = Cluster(spec)
+    for a in cluster.devices:
+        for b in cluster.devices:
+            if a.id != b.id and link_key(cluster, a, b) == key:
+                return cluster.link(a, b)
+    return None
+
+
+def _current_latencies(plan: Plan, keys: list[LinkKey]) -> dict[LinkKey, float]:
+    links = {key: current_link(plan.cluster, key) for key in keys}
+    return {key: link.latency_s if link else 0.0 for key, link in links.items()}

@@ -1,0 +1,121 @@
+"""potluck calibrate: fit the cost model's inputs to a measured run, and show the error
+before and after (on synthetic runs whose true inputs are known: ``calibkit``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from calibkit import (
+    CLAIMED,
+    CLUSTER_TEXT,
+    TRUE_EFFICIENCY,
+    TRUE_LINK_BANDWIDTH,
+    TRUE_MEMORY_BANDWIDTH,
+    plan_on,
+    synthetic_run,
+    true_cluster,
+)
+from potluck.calibrate.calibrate_run import calibrate_run
+from potluck.calibrate.run import load_run
+from potluck.cli import app
+from potluck.cluster.spec import load_cluster
+from potluck.errors import ConfigError
+from potluck.planner.cost import CostModel
+from potluck.plans import Plan, save_plan
+
+
+def step_s(plan: Plan) -> float:
+    return CostModel.for_plan(plan).evaluate(plan).iteration_time_s
+
+
+def test_calibration_recovers_the_true_efficiency_and_bandwidths(tmp_path) -> None:
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1))
+    (device,) = outcome.fit.devices
+    assert device.matmul_efficiency == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
+    assert device.memory_bandwidth_bytes_per_s == pytest.approx(TRUE_MEMORY_BANDWIDTH, rel=1e-3)
+    (link,) = outcome.fit.links
+    assert (link.key.kind, link.key.group) == ("pcie", "cpu")
+    assert link.bandwidth_bytes_per_s == pytest.approx(TRUE_LINK_BANDWIDTH, rel=0.01)
+
+
+def test_the_calibrated_file_loads_and_predicts_like_the_true_cluster(tmp_path) -> None:
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1),
+                            out=tmp_path / "calibrated.yaml")
+    calibrated = load_cluster(tmp_path / "calibrated.yaml")
+    assert calibrated.device_type("cpu").matmul_efficiency == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
+    before = step_s(plan_on(CLAIMED, 2, 1))
+    after = step_s(plan_on(calibrated, 2, 1))
+    truth = step_s(plan_on(true_cluster(), 2, 1))
+    assert before < after == pytest.approx(truth, rel=0.01)  # the claim was too fast
+    assert abs(outcome.after.step_error) < 0.02 < abs(outcome.before.step_error)
+
+
+def test_calibration_generalizes_to_another_layout_of_the_same_cluster(tmp_path) -> None:
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1))
+    pipelined = plan_on(outcome.calibrated, 1, 4)
+    assert step_s(pipelined) == pytest.approx(step_s(plan_on(true_cluster(), 1, 4)), rel=0.03)
+
+
+def test_a_pipelined_run_fits_the_efficiency_and_matches_its_step(tmp_path) -> None:
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=1, pp=2))
+    assert outcome.fit.devices[0].matmul_efficiency == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
+    assert abs(outcome.after.cost_model_error) < 0.01
+
+
+def test_an_existing_cluster_file_keeps_its_text_and_gets_a_new_section(tmp_path) -> None:
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text("# our lab\n" + CLUSTER_TEXT
+                       + "calibration:\n  devices:\n    cpu: {memory_bandwidth_factor: 2.0}\n")
+    run = synthetic_run(tmp_path / "run", dp=2, pp=1)
+    outcome = calibrate_run(run, cluster=cluster)
+    assert outcome.cluster_file == tmp_path / "lab-calibrated.yaml"
+    text = outcome.cluster_file.read_text()
+    assert text.startswith("# our lab\n") and text.count("calibration:") == 1
+    # the factor is relative to the file's own (uncalibrated) 20 GB/s
+    spec = load_cluster(outcome.cluster_file)
+    assert spec.device_type("cpu").memory_bandwidth_bytes_per_s == pytest.approx(
+        TRUE_MEMORY_BANDWIDTH, rel=1e-3)
+
+
+def test_a_cluster_file_of_other_devices_is_refused(tmp_path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 4}\n")
+    with pytest.raises(ConfigError, match="cpu"):
+        calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1), cluster=other)
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: None, "not found"),
+    (lambda d: d.mkdir(), "no plan.json"),
+    (lambda d: (d.mkdir(), save_plan(plan_on(CLAIMED, 2, 1), d / "plan.json")), "--trace"),
+])
+def test_bad_run_directories_are_one_clear_line(tmp_path, setup, message) -> None:
+    run_dir = tmp_path / "run"
+    setup(run_dir)
+    with pytest.raises(ConfigError, match=message):
+        load_run(run_dir)
+
+
+def test_the_cli_says_what_is_wrong_in_one_line(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    ran = subprocess.run([sys.executable, "-m", "potluck", "calibrate", str(tmp_path / "none")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 2
+    assert ran.stderr.startswith("potluck: error: run directory") and ran.stderr.count("\n") == 1
+
+
+def test_cli_calibrate_json(tmp_path) -> None:
+    run = synthetic_run(tmp_path / "run", dp=2, pp=1)
+    ran = CliRunner().invoke(app, ["calibrate", str(run), "-o", str(tmp_path / "c.yaml"), "--json"])
+    assert ran.exit_code == 0, ran.output
+    result = json.loads(ran.stdout)
+    assert result["devices"][0]["matmul_efficiency"] == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
+    assert abs(result["after"]["step_error"]) < abs(result["before"]["step_error"])
+    assert (tmp_path / "c.yaml").is_file()
