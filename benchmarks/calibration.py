@@ -17,7 +17,15 @@ on an emulated 2x A100 + 2x RTX 3090 cluster (the tiny stand-in computes, ops
 padded to the cost model's times, so "before" is already the cost model's
 own schedule).
 
-    python benchmarks/calibration.py [--ranks 4 8] [--steps 8] [--emulated]
+CPU ranks share the machine with whatever else runs on it, and every other
+process shows up as slower ops. Before each run the script waits (up to
+``--quiet-wait`` seconds) until the rest of the machine is nearly idle, runs
+every layout ``--rounds`` times in turn and keeps each layout's least
+disturbed run (the lowest step time); the last column is the share of the
+CPUs other processes used around that run.
+
+    python benchmarks/calibration.py [--ranks 4 8] [--emulated 4 8] [--steps 12] [--rounds 2]
+                                     [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck import api
@@ -43,8 +52,29 @@ MODEL = replace(PRESETS["tiny-llama"], name="llama-h256-l8", hidden_size=256, ff
 RUNTIME = Execution(overlap_grad_reduce=False)  # what potluck's runtime does today
 LAYOUTS = {4: [(2, 2), (1, 4), (4, 1)], 8: [(2, 4), (1, 8), (8, 1), (4, 2)]}  # (dp, pp)
 SHAPE = {"global_batch": 16, "seq_len": 128, "micro_batch_size": 2}
-EMULATED = ("nodes:\n  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 2}\n"
-            "  - {name: slow, gpu: rtx3090, gpus_per_node: 2}\n")
+EMULATED = {
+    4: "nodes:\n  - {name: a100, gpu: a100-80g-pcie, gpus_per_node: 2}\n"
+       "  - {name: box3090, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs}\n",
+    8: "nodes:\n  - {name: a100, gpu: a100-80g-pcie, gpus_per_node: 2}\n"
+       "  - {name: box4090, gpu: rtx4090, gpus_per_node: 2}\n"
+       "  - {name: box3090, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs}\n",
+}
+EMULATED_TITLES = {4: "emulated 2 A100 + 2 RTX 3090", 8: "emulated 2 A100 + 2 4090 + 4 3090"}
+# What the emulated devices really do (the runs are timed with these); the plans and
+# their predictions only know the catalog.
+TRUE_DEVICES = {"a100-80g-pcie": "{matmul_efficiency: 0.6, memory_bandwidth_factor: 0.85}",
+                "rtx3090": "{matmul_efficiency: 0.5, memory_bandwidth_factor: 0.8}",
+                "rtx4090": "{matmul_efficiency: 0.55, memory_bandwidth_factor: 0.8}"}
+TRUE_LINKS = "  links:\n    - {kind: network, bandwidth: 0.7GB/s, latency: 100us}\n"
+
+
+def true_figures(cluster_text: str) -> str:
+    """The calibration section with the true figures of the devices ``cluster_text`` has."""
+    devices = "".join(f"    {name}: {figures}\n" for name, figures in TRUE_DEVICES.items()
+                      if name in cluster_text)
+    return "calibration:\n  devices:\n" + devices + TRUE_LINKS
+EMULATED_LAYOUTS = {4: [{"dp": 1, "pp": 4}, {"dp": 2, "pp": 2}, {"dp": 4, "pp": 1}],
+                    8: [{"dp": 2, "pp": 4}, {"dp": 1, "pp": 8}, {}]}  # {}: the planner's choice
 
 
 def runtime_plan(plan: Plan) -> Plan:
@@ -60,92 +90,142 @@ def cpu_plan(ranks: int, dp: int, pp: int) -> Plan:
     return runtime_plan(api.plan(cluster, MODEL, dp=dp, pp=pp, tp=1, **SHAPE).best)
 
 
-def run(plan: Plan, out_dir: Path, steps: int, **options: object) -> Path:
-    """Train ``plan`` with --trace into ``out_dir``; the run directory."""
+def busy_share(seconds: float = 2.0) -> float:
+    """Share of the machine's CPU time spent by all processes over ``seconds`` (Linux)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields)
+
+    if not Path("/proc/stat").exists():
+        return 0.0
+    busy0, total0 = sample()
+    time.sleep(seconds)
+    busy1, total1 = sample()
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_for_quiet(limit: float, wait_s: float) -> float:
+    """Wait until other processes use less than ``limit`` of the CPUs; their share."""
+    deadline = time.monotonic() + wait_s
+    share = busy_share()
+    while share > limit and time.monotonic() < deadline:
+        share = busy_share()
+    return share
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    background: float  # share of the CPUs other processes used just before and after
+
+
+def run(plan: Plan | tuple[Plan, Plan], out_dir: Path, steps: int, quiet: tuple[float, float],
+        **options: object) -> Run:
+    """Train ``plan`` with --trace into ``out_dir`` once the machine is quiet. A pair is
+    (the plan the run directory records, the plan that times the emulated run)."""
+    plan, timing = plan if isinstance(plan, tuple) else (plan, plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_plan(plan, out_dir / "plan.json")
-    train(plan, TrainOptions(steps=steps, out_dir=str(out_dir), trace_steps=steps - 3,
+    before = wait_for_quiet(*quiet)
+    train(timing, TrainOptions(steps=steps, out_dir=str(out_dir), trace_steps=steps - 3,
                              progress=False, **options))
-    return out_dir
+    return Run(out_dir, max(before, busy_share(1.0)))
 
 
-def error(predicted_s: float, measured_s: float) -> float:
-    return predicted_s / measured_s - 1.0
+def measured_step_s(run_dir: Path) -> float:
+    return compare_run(load_run(run_dir)).measured_step_s
 
 
-def cross_errors(runs: dict[str, Path], work: Path) -> dict[tuple[str, str], float]:
+def best_runs(plans: dict[str, Plan | tuple[Plan, Plan]], work: Path, args: argparse.Namespace,
+              **options: object) -> dict[str, Run]:
+    """Each layout run ``args.rounds`` times in turn; the least disturbed run of each."""
+    quiet = (args.quiet_share, args.quiet_wait)
+    tries: dict[str, list[Run]] = {name: [] for name in plans}
+    for round_ in range(args.rounds):
+        for i, (name, plan) in enumerate(plans.items()):
+            tries[name].append(run(plan, work / f"{work.name}-{i}-{round_}", args.steps, quiet,
+                                   **options))
+    return {name: min(runs, key=lambda r: measured_step_s(r.run_dir))
+            for name, runs in tries.items()}
+
+
+def cross_errors(runs: dict[str, Run], work: Path) -> dict[tuple[str, str], float]:
     """Step-time error of run B's plan on the cluster calibrated from run A, for A != B."""
     errors = {}
-    for fit_name, fit_dir in runs.items():
-        calibrated = calibrate_run(fit_dir, out=work / f"{fit_name}.yaml").calibrated
-        for name, run_dir in runs.items():
+    for fit_name, fit_run in runs.items():
+        calibrated = calibrate_run(fit_run.run_dir, out=work / f"{fit_name}.yaml").calibrated
+        for name, other in runs.items():
             if name != fit_name:
-                record = load_run(run_dir)
+                record = load_run(other.run_dir)
                 after = compare_run(record, replace(record.plan, cluster=calibrated))
                 errors[(fit_name, name)] = after.cost_model_error
     return errors
 
 
-def cluster_rows(title: str, runs: dict[str, Path], work: Path) -> list[str]:
+def cluster_rows(title: str, runs: dict[str, Run], work: Path) -> list[str]:
     """Rows of the table for one cluster: the first run is the one calibrated on."""
     errors = cross_errors(runs, work)
     fit_name = next(iter(runs))
-    rows = []
-    for name, run_dir in runs.items():
-        before = compare_run(load_run(run_dir))
+    rows, before_errors = [], []
+    for name, found in runs.items():
+        before = compare_run(load_run(found.run_dir))
+        before_errors.append(abs(before.cost_model_error))
         after = errors.get((fit_name, name))
-        after_text = "(fitted on)" if after is None else f"{after:+.1%}"
         rows.append(f"| {title} | {name} | {before.measured_step_s:.3f} s | "
-                    f"{before.cost_model_step_s:.3f} s | {before.cost_model_error:+.1%} | "
-                    f"{after_text} |")
+                    f"{before.cost_model_step_s:.3f} s ({before.cost_model_error:+.0%}) | "
+                    f"{'(fitted on)' if after is None else f'{after:+.1%}'} | "
+                    f"{found.background:.0%} |")
     spread = [abs(e) for e in errors.values()]
-    rows.append(f"| {title} | every pair (fit one, predict another) | | | "
-                f"mean {statistics.fmean(abs(e) for e in _before(runs)):.0%} | "
-                f"mean {statistics.fmean(spread):.1%}, worst {max(spread):.1%} |")
+    rows.append(f"| {title} | every ordered pair (fit one, predict another) | | mean "
+                f"{statistics.fmean(before_errors):.0%} | mean {statistics.fmean(spread):.1%}, "
+                f"worst {max(spread):.1%} | |")
     return rows
 
 
-def _before(runs: dict[str, Path]) -> list[float]:
-    return [compare_run(load_run(d)).cost_model_error for d in runs.values()]
+def cpu_plans(ranks: int) -> dict[str, Plan]:
+    plans = [cpu_plan(ranks, dp, pp) for dp, pp in LAYOUTS[ranks]]
+    return {plan.layout(): plan for plan in plans}
 
 
-def cpu_runs(ranks: int, steps: int, work: Path) -> dict[str, Path]:
-    runs = {}
-    for dp, pp in LAYOUTS[ranks]:
-        plan = cpu_plan(ranks, dp, pp)
-        runs[plan.layout()] = run(plan, work / f"cpu{ranks}-dp{dp}-pp{pp}", steps)
-    return runs
-
-
-def emulated_runs(steps: int, work: Path) -> dict[str, Path]:
-    cluster = parse_cluster(EMULATED, "2xa100+2x3090.yaml")
-    shape = {"global_batch": 32, "seq_len": 1024}
-    plans = [api.plan(cluster, "gpt3-1.3b", **shape).best,
-             api.plan(cluster, "gpt3-1.3b", partition="uniform", **shape).best]
-    plans = [runtime_plan(plan) for plan in plans]
-    dilation = 0.5 / min(plan.prediction.iteration_time_s for plan in plans)
-    return {f"{plan.layout()}{' (uniform)' if i else ''}": run(
-        plan, work / f"emulated-{i}", steps, emulate=True, stand_in="tiny", dilation=dilation)
-        for i, plan in enumerate(plans)}
+def emulated_plans(ranks: int) -> dict[str, tuple[Plan, Plan]]:
+    """Per layout: the plan on the catalog's figures, and the same on the true figures."""
+    claimed = parse_cluster(EMULATED[ranks], f"emulated{ranks}.yaml")
+    true = parse_cluster(EMULATED[ranks] + true_figures(EMULATED[ranks]),
+                         f"emulated{ranks}-true.yaml")
+    plans = {}
+    for pins in EMULATED_LAYOUTS[ranks]:
+        plan = runtime_plan(api.plan(claimed, "gpt3-1.3b", global_batch=32, seq_len=1024,
+                                     tp=1 if pins else None, **pins).best)
+        name = plan.layout() + ("" if pins else " (planner)")
+        plans[name] = (plan, runtime_plan(replace(plan, cluster=true)))
+    return plans
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8], choices=sorted(LAYOUTS))
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--emulated", action="store_true")
+    parser.add_argument("--ranks", type=int, nargs="*", default=[4, 8], choices=sorted(LAYOUTS))
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quiet-share", type=float, default=0.15)
+    parser.add_argument("--quiet-wait", type=float, default=120.0)
+    parser.add_argument("--keep", help="Keep the run directories here (traces, plans, "
+                        "calibrated cluster files).")
+    parser.add_argument("--emulated", type=int, nargs="*", default=[], choices=sorted(EMULATED))
     args = parser.parse_args()
-    print("| cluster | layout | measured step | predicted (uncalibrated) | error | "
-          "error after calibrating on the first layout |")
+    print("| cluster | layout | measured step | predicted, uncalibrated (error) | error after "
+          "calibrating on the first layout | background CPU |")
     print("|---|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="potluck-calibration-") as tmp:
-        work = Path(tmp)
+        tmp = args.keep or tmp
         for ranks in args.ranks:
-            runs = cpu_runs(ranks, args.steps, work)
+            work = Path(tmp) / f"cpu{ranks}"
+            runs = best_runs(cpu_plans(ranks), work, args)
             print("\n".join(cluster_rows(f"{ranks} CPU ranks", runs, work)), flush=True)
-        if args.emulated:
-            runs = emulated_runs(args.steps, work)
-            print("\n".join(cluster_rows("emulated 2x A100 + 2x 3090", runs, work)), flush=True)
+        for ranks in args.emulated:
+            work = Path(tmp) / f"emulated{ranks}"
+            runs = best_runs(emulated_plans(ranks), work, args, emulate=True, stand_in="tiny")
+            print("\n".join(cluster_rows(EMULATED_TITLES[ranks], runs, work)), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from potluck.calibrate.fit_devices import DeviceFit, fit_devices
-from potluck.calibrate.fit_links import LinkFit
+from potluck.calibrate.fit_links import LinkFit, fit_exposed, fit_links
 from potluck.calibrate.fit_pipeline import fit_pipeline
 from potluck.calibrate.run import RunRecord
 from potluck.cluster.calibration import (
@@ -32,7 +32,7 @@ from potluck.cluster.spec import ClusterSpec
 from potluck.plans import Plan
 from potluck.sim.compare import step_time_s
 
-ROUNDS = 2  # devices, then links; again, with the links (TP traffic is part of compute)
+ROUNDS = 3  # devices, then links; again with the links (TP traffic, emulated sends are compute)
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,14 @@ def fit_run(record: RunRecord, source: str = "potluck calibrate") -> Fit:
     devices: tuple[DeviceFit, ...] = ()
     links: tuple[LinkFit, ...] = ()
     note = ""
+    emulated = record.dilation is not None
     for _ in range(ROUNDS):
-        devices = fit_devices(_applied(plan, devices, links), measured)
+        devices = fit_devices(_applied(plan, devices, links), measured, emulated)
         with_devices = _applied(plan, devices, ())
-        links, note = fit_pipeline(with_devices, measured, step_s,
-                                   partial(_with_links, with_devices.cluster))
+        apply = partial(_with_links, with_devices.cluster)
+        links = (fit_exposed(with_devices, measured, apply) if emulated
+                 else fit_links(with_devices, measured))
+        links, note = fit_pipeline(with_devices, links, step_s, apply)
     return Fit(devices, links, source, (note,) if note else ())
 
 

@@ -7,25 +7,24 @@ devices. Then the matmul efficiency: the one value ``e`` for which the cost
 model's forward and backward times of the type's stages (``m x (f + b)`` per
 device, tensor-parallel traffic included) add up to what those devices
 measured in a step. Predicted time falls as ``e`` grows (roofline), so
-bisection finds it. Only the inputs move; every formula stays the cost
+bisection finds it. An emulated run is read as the emulator padded it
+(:mod:`potluck.calibrate.expected`). Only the inputs move; every formula stays the cost
 model's, so a layout the run never tried is predicted with the same shape.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from potluck.calibrate import expected
 from potluck.calibrate.measure import compute_s, optimizer_s
+from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
-from potluck.planner.cost import CostModel
 from potluck.plans import Plan
 from potluck.sim.trace import Trace
 
 EFFICIENCY_RANGE = (1e-4, 1e3)  # of the catalog peak; CPUs' nominal peaks may be far off
-BISECTION_STEPS = 60
 
 
 @dataclass(frozen=True)
@@ -50,56 +49,21 @@ def with_device(spec: ClusterSpec, name: str, efficiency: float | None = None,
     return replace(spec, device_types=types)
 
 
-def _stages_of(plan: Plan) -> dict[str, tuple[int, int]]:
-    """(pipeline, stage) of every device of the plan."""
-    return {device: (k, i) for k, pipeline in enumerate(plan.pipelines)
-            for i, stage in enumerate(pipeline.stages) for device in stage.devices}
-
-
-def _predicted_compute_s(plan: Plan, devices: list[str]) -> float:
-    """The cost model's forward and backward seconds of ``devices`` in one step."""
-    cost = CostModel.for_plan(plan)
-    where = _stages_of(plan)
-    total = 0.0
-    for device in devices:
-        k, i = where[device]
-        pipeline = plan.pipelines[k]
-        stage = pipeline.stages[i]
-        work, _ = cost.stage_work(tuple(cost.cluster.device(d) for d in stage.devices),
-                                  stage.num_layers, i == 0, i == pipeline.pp - 1,
-                                  pipeline.micro_batch_size, plan.recompute, 0.0)
-        total += pipeline.num_micro_batches * work.total_s
-    return total
-
-
-def _predicted_optimizer_s(plan: Plan, devices: list[str]) -> float:
-    cost = CostModel.for_plan(plan)
-    where = _stages_of(plan)
-    total = 0.0
-    for device in devices:
-        k, i = where[device]
-        pipeline = plan.pipelines[k]
-        stage = pipeline.stages[i]
-        params = cost.stage_params(stage.num_layers, i == 0, i == pipeline.pp - 1, pipeline.pp,
-                                   stage.tp)
-        total += cost.optimizer_step_s(cost.cluster.device(device).type, params, plan.dp,
-                                       plan.zero1)
-    return total
-
-
-def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace) -> float | None:
-    """Memory bandwidth of type ``name`` from its devices' optimizer steps."""
+def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace,
+                  emulated: bool = False) -> float | None:
+    """Memory bandwidth of type ``name`` from its devices' optimizer steps (an emulated run's
+    are all the plan's slowest: every type is scaled alike)."""
     seen = optimizer_s(measured)
-    timed = [d for d in devices if seen.get(d, 0.0) > 0]
-    predicted_s = _predicted_optimizer_s(plan, timed) if timed else 0.0
+    timed = [d for d in (plan.devices if emulated else devices) if seen.get(d, 0.0) > 0]
+    predicted_s = expected.optimizer_s(plan, timed, emulated) if timed else 0.0
     if predicted_s <= 0:
         return None
     return plan.cluster.device_type(name).memory_bandwidth_bytes_per_s * predicted_s / sum(
         seen[d] for d in timed)
 
 
-def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace
-                   ) -> tuple[float | None, str]:
+def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace,
+                   emulated: bool = False) -> tuple[float | None, str]:
     """Matmul efficiency of type ``name`` that makes its devices' compute what was measured;
     with a note when the run cannot tell it."""
     seen = compute_s(measured)
@@ -110,7 +74,7 @@ def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace
 
     def predicted(efficiency: float) -> float:
         spec = with_device(plan.cluster, name, efficiency=efficiency)
-        return _predicted_compute_s(replace(plan, cluster=spec), timed)
+        return expected.compute_s(replace(plan, cluster=spec), timed, emulated)
 
     low, high = EFFICIENCY_RANGE
     if predicted(high) > target_s:
@@ -118,21 +82,10 @@ def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace
                       "efficiency; efficiency left as it was")
     if predicted(low) < target_s:
         return low, f"{name}: compute slower than the lowest efficiency tried ({low:g})"
-    return _bisect(predicted, target_s, low, high), ""
+    return log_bisect(predicted, target_s, low, high, increasing=False), ""
 
 
-def _bisect(time_of: Callable[[float], float], target_s: float, low: float, high: float) -> float:
-    """The efficiency (log-scale bisection) where the decreasing ``time_of`` meets ``target_s``."""
-    for _ in range(BISECTION_STEPS):
-        middle = math.sqrt(low * high)
-        if time_of(middle) > target_s:
-            low = middle
-        else:
-            high = middle
-    return math.sqrt(low * high)
-
-
-def fit_devices(plan: Plan, measured: Trace) -> tuple[DeviceFit, ...]:
+def fit_devices(plan: Plan, measured: Trace, emulated: bool = False) -> tuple[DeviceFit, ...]:
     """Bandwidth, then efficiency, of every device type the plan uses."""
     cluster = Cluster(plan.cluster)
     by_type: dict[str, list[str]] = {}
@@ -140,11 +93,11 @@ def fit_devices(plan: Plan, measured: Trace) -> tuple[DeviceFit, ...]:
         by_type.setdefault(cluster.device(device).type.name, []).append(device)
     fits = []
     for name, devices in by_type.items():
-        bandwidth = fit_bandwidth(plan, name, devices, measured)
+        bandwidth = fit_bandwidth(plan, name, devices, measured, emulated)
         notes = [] if bandwidth else [f"{name}: no optimizer step measured; memory bandwidth kept"]
         with_bandwidth = replace(plan, cluster=with_device(plan.cluster, name,
                                                            bandwidth_bytes_per_s=bandwidth))
-        efficiency, note = fit_efficiency(with_bandwidth, name, devices, measured)
+        efficiency, note = fit_efficiency(with_bandwidth, name, devices, measured, emulated)
         fits.append(DeviceFit(name, efficiency, bandwidth, tuple(notes + ([note] if note else []))))
     return tuple(fits)
 

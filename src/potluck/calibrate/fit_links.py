@@ -21,12 +21,15 @@ here (one machine's runs never share one).
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from potluck.calibrate.measure import allreduce_s
+from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, Device, Link
 from potluck.planner.cost import CostModel
@@ -34,6 +37,7 @@ from potluck.plans import Plan
 from potluck.sim.trace import Trace
 
 SIZE_SPREAD_FOR_LATENCY = 2.0
+SCALE_RANGE = (1e-3, 1e4)
 
 Terms = dict["LinkKey", tuple[float, float]]  # per link class: (bytes over W, latencies)
 
@@ -108,25 +112,24 @@ def observations(plan: Plan, measured: Trace) -> list[tuple[Terms, float]]:
     return found
 
 
-def fit_links(plan: Plan, measured: Trace, latency_s: dict[LinkKey, float] | None = None
-              ) -> tuple[LinkFit, ...]:
+def fit_links(plan: Plan, measured: Trace) -> tuple[LinkFit, ...]:
     """Bandwidth of each link class all-reduces use, and its latency where the reduced sizes
-    differ enough and ``latency_s`` does not fix it."""
+    differ enough."""
     rows = observations(plan, measured)
     keys = sorted({key for terms, _ in rows for key in terms}, key=LinkKey.describe)
     if not keys:
         return ()
-    fixed = latency_s or {}
-    latency_now = {**_current_latencies(plan, keys), **fixed}
-    free = [key for key in keys if key not in fixed and _sizes_spread(rows, key)]
+    latency_now = _current_latencies(plan, keys)
+    free = [key for key in keys if _sizes_spread(rows, key)]
     solution = _solve(rows, keys, free, latency_now)
     if solution is None and free:
         free, solution = [], _solve(rows, keys, [], latency_now)
     if solution is None:
         return ()
     counts = {key: sum(1 for terms, _ in rows if key in terms) for key in keys}
-    return tuple(LinkFit(key, 1.0 / solution[key][0], solution[key][1] if key in free else None,
-                         counts[key]) for key in keys if solution[key][0] > 0)
+    return tuple(LinkFit(key, 1.0 / float(solution[key][0]),
+                         float(solution[key][1]) if key in free else None, counts[key])
+                 for key in keys if solution[key][0] > 0)
 
 
 def _solve(rows: list[tuple[Terms, float]], keys: list[LinkKey], free: list[LinkKey],
@@ -168,3 +171,35 @@ def current_link(spec: ClusterSpec, key: LinkKey) -> Link | None:
 def _current_latencies(plan: Plan, keys: list[LinkKey]) -> dict[LinkKey, float]:
     links = {key: current_link(plan.cluster, key) for key in keys}
     return {key: link.latency_s if link else 0.0 for key, link in links.items()}
+
+
+def scaled_links(spec: ClusterSpec, keys: list[LinkKey], scale: float) -> tuple[LinkFit, ...]:
+    """Links of classes ``keys`` whose transfers take ``scale`` times as long as ``spec``
+    says (bandwidth divided, latency multiplied)."""
+    fits = []
+    for key in keys:
+        link = current_link(spec, key)
+        if link is not None:
+            fits.append(LinkFit(key, link.bandwidth_bytes_per_s / scale, link.latency_s * scale, 0))
+    return tuple(fits)
+
+
+def fit_exposed(plan: Plan, measured: Trace, apply: Callable[[tuple[LinkFit, ...]], ClusterSpec]
+                ) -> tuple[LinkFit, ...]:
+    """An emulated run: every rank's sync was padded to the plan's exposed all-reduce time,
+    so the link classes its rings cross are scaled together until the cost model's exposed
+    time is the one measured (per step the shortest sync, then the median)."""
+    terms, _ = device_terms(plan)
+    keys = sorted({key for found in terms.values() for key in found}, key=LinkKey.describe)
+    shortest = [min(seconds.values()) for seconds in allreduce_s(measured).values()]
+    if not keys or not shortest:
+        return ()
+
+    def exposed_s(scale: float) -> float:
+        calibrated = replace(plan, cluster=apply(scaled_links(plan.cluster, keys, scale)))
+        return CostModel.for_plan(calibrated).evaluate(calibrated).breakdown.dp_s
+
+    target_s, (low, high) = statistics.median(shortest), SCALE_RANGE
+    if not exposed_s(low) < target_s < exposed_s(high):
+        return ()
+    return scaled_links(plan.cluster, keys, log_bisect(exposed_s, target_s, low, high))

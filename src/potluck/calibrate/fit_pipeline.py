@@ -1,16 +1,18 @@
-"""Fitting the pipeline's link latency to the measured step time.
+"""Fitting the pipeline's link to the measured step time, where nothing else tells it.
 
 A pipelined step waits on its stage-to-stage transfers: torch's 1F1B blocks
 on every batch of sends and receives, and the cost model charges each stage
 its transfers per micro-batch. In the trace a receive's wait also holds the
 sender's lateness and the pipeline bubble, so the transfers cannot be read
-off one by one; the step can. With compute, optimizer and all-reduce
-bandwidth fitted, the input left that moves the cost model's step time is
-the per-message latency of the pipeline's link class (the one whose transfers
-take longest): it is set by bisection so that the cost model's step time is
-the measured one, the all-reduce bandwidth of that class refitted for each
-trial latency. On a CPU with more ranks than cores this latency is mostly
-the time a rank waiting for a message takes to be scheduled again.
+off one by one; the step can. Where gradient all-reduces cross the pipeline's
+slowest link class they tell its figures (:mod:`potluck.calibrate.fit_links`)
+and the step is left alone (a residual there is as much the wait for the
+slowest replica as it is transfers). Otherwise, with compute and optimizer
+fitted, the transfers are what is left: their time is scaled by the one
+factor ``s`` (bandwidth divided by it, latency multiplied) for which the cost
+model's step time is the measured one, found by bisection. One message size
+cannot tell latency from bandwidth, so the scale keeps the ratio the figures
+had.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 
-from potluck.calibrate.fit_links import LinkFit, LinkKey, current_link, fit_links, link_key
+from potluck.calibrate.fit_links import LinkFit, LinkKey, link_key, scaled_links
+from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.planner.cost import CostModel
 from potluck.plans import Plan
-from potluck.sim.trace import Trace
 
-MAX_LATENCY_S = 1.0
-BISECTION_STEPS = 40
+SCALE_RANGE = (1e-3, 1e4)
 
 
 def pipeline_link(plan: Plan) -> LinkKey | None:
@@ -41,42 +42,26 @@ def pipeline_link(plan: Plan) -> LinkKey | None:
     return max(seconds, key=seconds.__getitem__) if seconds else None
 
 
-def with_latency(plan: Plan, measured: Trace, key: LinkKey, latency_s: float
-                 ) -> tuple[LinkFit, ...]:
-    """The all-reduce fit with ``key``'s latency fixed at ``latency_s``."""
-    links = fit_links(plan, measured, {key: latency_s})
-    others = tuple(link for link in links if link.key != key)
-    fitted = next((link for link in links if link.key == key), None)
-    if fitted is None:
-        link = current_link(plan.cluster, key)
-        fitted = LinkFit(key, link.bandwidth_bytes_per_s if link else 0.0, latency_s, 0)
-    return (*others, replace(fitted, latency_s=latency_s))
-
-
-def fit_pipeline(plan: Plan, measured: Trace, step_s: float,
+def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
                  apply: Callable[[tuple[LinkFit, ...]], ClusterSpec]
                  ) -> tuple[tuple[LinkFit, ...], str]:
-    """Links with the pipeline's latency fitted to ``step_s`` (``apply(links)`` gives the
-    cluster spec they make); with a note when the step cannot be matched."""
+    """``links`` (fitted to the all-reduces) and the pipeline's link scaled to match
+    ``step_s`` (``apply(links)`` gives the cluster they make); a note when it cannot."""
     key = pipeline_link(plan)
-    if key is None:
-        return fit_links(plan, measured), ""
+    if key is None or any(link.key == key for link in links):
+        return links, ""
 
-    def step_at(latency_s: float) -> float:
-        spec = apply(with_latency(plan, measured, key, latency_s))
-        calibrated = replace(plan, cluster=spec)
+    def step_at(scale: float) -> float:
+        trial = (*links, *scaled_links(plan.cluster, [key], scale))
+        calibrated = replace(plan, cluster=apply(trial))
         return CostModel.for_plan(calibrated).evaluate(calibrated).iteration_time_s
 
-    low, high = 0.0, MAX_LATENCY_S
+    low, high = SCALE_RANGE
     if step_at(low) >= step_s:
-        return with_latency(plan, measured, key, low), (
-            f"{key.describe()}: the step is no slower than predicted without any latency; "
-            "latency set to 0")
+        return links, (f"{key.describe()}: the step is faster than predicted with nearly free "
+                       "transfers; its figures are kept")
     if step_at(high) <= step_s:
-        return with_latency(plan, measured, key, high), (
-            f"{key.describe()}: latency capped at {MAX_LATENCY_S:g} s")
-    for _ in range(BISECTION_STEPS):
-        middle = 0.5 * (low + high)
-        low, high = (middle, high) if step_at(middle) < step_s else (low, middle)
-    return with_latency(plan, measured, key, 0.5 * (low + high)), ""
-
+        return (*links, *scaled_links(plan.cluster, [key], high)), (
+            f"{key.describe()}: transfer time capped")
+    scale = log_bisect(step_at, step_s, low, high)
+    return (*links, *scaled_links(plan.cluster, [key], scale)), ""

@@ -173,7 +173,7 @@ class OpRecorder:
             return
         self.done = True
         self._patches.close()
-        if self.timer.__class__ is CudaTimer:
+        if isinstance(self.timer, CudaTimer):
             torch.cuda.synchronize()
         gathered: list[Any] = [None] * dist.get_world_size() if self.layout.rank == 0 else None
         dist.gather_object(self.events(), gathered, dst=0)

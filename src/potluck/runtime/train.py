@@ -139,6 +139,7 @@ def train_rank(plan: Plan, options: TrainOptions,
                model_factory: Callable[[], nn.Module] | None = None,
                source: BatchSource | None = None) -> list[StepMetrics]:
     """Run this rank's part of ``plan`` (inside a launched process)."""
+    check_trace(options)
     computed = compute_plan(plan, options)
     session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
     try:
@@ -162,7 +163,7 @@ def train_rank(plan: Plan, options: TrainOptions,
         history = trainer.fit(source, max(0, options.steps - trainer.step_index),
                               on_step=_on_step(trainer, source, options, recorder))
         if recorder is not None:
-            recorder.finish(options.out_dir)
+            recorder.finish(options.out_dir)  # when the run ended inside the traced window
         return history
     finally:
         session.close()
@@ -210,8 +211,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     nodes = plan_nodes(plan)
-    if options.trace_steps > 0 and not options.out_dir:
-        raise ConfigError("--trace writes DIR/trace.json: give --out DIR")
+    check_trace(options)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
             f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
@@ -219,6 +219,11 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
     check_data(plan, options)
+
+
+def check_trace(options: TrainOptions) -> None:
+    if options.trace_steps > 0 and not options.out_dir:
+        raise ConfigError("--trace writes DIR/trace.json: give --out DIR")
 
 
 def check_data(plan: Plan, options: TrainOptions) -> None:

@@ -1,0 +1,61 @@
+"""What the cost model says a device's ops take in a run, as its trace measures them.
+
+In a real run a device's forward and backward are its stage's work in the
+cost model (TP traffic included) and its optimizer step is its own. An
+emulated run's ops were padded by the emulator (:mod:`potluck.runtime.emulate`)
+to other sums: forward and backward also hold the stage's send to the next
+(previous) stage, and every rank's optimizer step and gradient sync is the
+plan's (the slowest device's optimizer, the exposed all-reduce). Calibration
+compares what was measured with these.
+"""
+
+from __future__ import annotations
+
+from potluck.planner.cost import CostModel
+from potluck.plans import Plan
+
+
+def stages_of(plan: Plan) -> dict[str, tuple[int, int]]:
+    """(pipeline, stage) of every device of the plan."""
+    return {device: (k, i) for k, pipeline in enumerate(plan.pipelines)
+            for i, stage in enumerate(pipeline.stages) for device in stage.devices}
+
+
+def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
+    """Forward and backward seconds of ``devices`` in one step, summed."""
+    cost = CostModel.for_plan(plan)
+    where = stages_of(plan)
+    total = 0.0
+    for device in devices:
+        k, i = where[device]
+        pipeline = plan.pipelines[k]
+        stage_devices = [tuple(cost.cluster.device(d) for d in s.devices) for s in pipeline.stages]
+        stage = pipeline.stages[i]
+        work, _ = cost.stage_work(stage_devices[i], stage.num_layers, i == 0, i == pipeline.pp - 1,
+                                  pipeline.micro_batch_size, plan.recompute, 0.0)
+        sends = 0.0
+        if emulated:
+            for j in (i - 1, i + 1):
+                if 0 <= j < pipeline.pp:
+                    sends += cost.send_s(stage_devices[i], stage_devices[j],
+                                         pipeline.micro_batch_size)
+        total += pipeline.num_micro_batches * (work.total_s + sends)
+    return total
+
+
+def optimizer_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
+    """Optimizer seconds of ``devices`` in one step, summed."""
+    cost = CostModel.for_plan(plan)
+    if emulated:
+        return len(devices) * cost.evaluate(plan).breakdown.optimizer_s
+    where = stages_of(plan)
+    total = 0.0
+    for device in devices:
+        k, i = where[device]
+        pipeline = plan.pipelines[k]
+        stage = pipeline.stages[i]
+        params = cost.stage_params(stage.num_layers, i == 0, i == pipeline.pp - 1, pipeline.pp,
+                                   stage.tp)
+        total += cost.optimizer_step_s(cost.cluster.device(device).type, params, plan.dp,
+                                       plan.zero1)
+    return total
