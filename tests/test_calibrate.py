@@ -119,3 +119,16 @@ def test_cli_calibrate_json(tmp_path) -> None:
     assert result["devices"][0]["matmul_efficiency"] == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
     assert abs(result["after"]["step_error"]) < abs(result["before"]["step_error"])
     assert (tmp_path / "c.yaml").is_file()
+
+
+def test_an_emulated_run_is_read_as_the_emulator_padded_it() -> None:
+    from potluck.calibrate import expected
+
+    plan = plan_on(CLAIMED, 1, 2)
+    devices = list(plan.devices)
+    sends = expected.compute_s(plan, devices, emulated=True) - expected.compute_s(plan, devices)
+    cost = CostModel.for_plan(plan)
+    a, b = (cost.cluster.device(d) for d in devices)
+    assert sends == pytest.approx(2 * 2 * cost.send_s((a,), (b,), 2))  # 2 micro-batches, 2 ways
+    slowest = cost.evaluate(plan).breakdown.optimizer_s
+    assert expected.optimizer_s(plan, devices, emulated=True) == pytest.approx(2 * slowest)

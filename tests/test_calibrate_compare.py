@@ -3,6 +3,8 @@ stage, with the traces written side by side."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from calibkit import CLAIMED, plan_on, synthetic_run
@@ -100,3 +102,17 @@ def test_a_plan_needs_the_measured_trace(tmp_path) -> None:
     run = synthetic_run(tmp_path / "run", dp=2, pp=1)
     with pytest.raises(ConfigError, match="measured trace"):
         compare_paths(run / "plan.json")
+
+
+def test_the_cli_compares_a_run_directory(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from potluck.cli import app
+
+    run = synthetic_run(tmp_path / "run", dp=2, pp=1)
+    ran = CliRunner().invoke(app, ["compare", str(run), "--json"])
+    assert ran.exit_code == 0, ran.output
+    result = json.loads(ran.stdout)
+    assert {"step_error", "cost_model_error", "by_kind", "by_stage"} <= result.keys()
+    assert {row["kind"] for row in result["by_kind"]} >= {"forward", "backward", "dp_allreduce",
+                                                          "optimizer"}

@@ -360,6 +360,9 @@ def train(
         return
     result = api.run_plan(chosen, options)
     console.print(summarize(result.history), highlight=False)
+    if trace:
+        console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
+                      highlight=False)
 
 
 @app.command()

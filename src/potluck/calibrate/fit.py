@@ -3,9 +3,10 @@
 :func:`fit_run` fits every device type the plan uses (memory bandwidth, then
 matmul efficiency: :mod:`potluck.calibrate.fit_devices`), then the links its
 gradient all-reduces cross (:mod:`potluck.calibrate.fit_links`) and the
-latency of its pipeline's links (:mod:`potluck.calibrate.fit_pipeline`), and
-does it twice: compute includes tensor-parallel traffic over those links.
-Every round starts from the run's own cluster, so nothing compounds. :func:`calibration`
+pipeline's link where no all-reduce tells it (:mod:`potluck.calibrate.fit_pipeline`),
+in rounds: compute includes tensor-parallel traffic (and, emulated, the
+sends) over those links. Every round starts from the run's own cluster, so
+nothing compounds. :func:`calibration`
 expresses the fit as a :class:`~potluck.cluster.calibration.Calibration`
 relative to a cluster's uncalibrated figures (the memory-bandwidth factor
 multiplies them), and :func:`calibrated_cluster` applies it in memory.
@@ -61,9 +62,11 @@ def fit_run(record: RunRecord, source: str = "potluck calibrate") -> Fit:
         devices = fit_devices(_applied(plan, devices, links), measured, emulated)
         with_devices = _applied(plan, devices, ())
         apply = partial(_with_links, with_devices.cluster)
-        links = (fit_exposed(with_devices, measured, apply) if emulated
-                 else fit_links(with_devices, measured))
-        links, note = fit_pipeline(with_devices, links, step_s, apply)
+        if emulated:  # its sends are inside forward and backward, not left in the step
+            links = fit_exposed(with_devices, measured, apply)
+        else:
+            links, note = fit_pipeline(with_devices, fit_links(with_devices, measured), step_s,
+                                       apply)
     return Fit(devices, links, source, (note,) if note else ())
 
 

@@ -169,19 +169,19 @@ def current_link(spec: ClusterSpec, key: LinkKey) -> Link | None:
 
 
 def _current_latencies(plan: Plan, keys: list[LinkKey]) -> dict[LinkKey, float]:
-    links = {key: current_link(plan.cluster, key) for key in keys}
-    return {key: link.latency_s if link else 0.0 for key, link in links.items()}
+    links = current_links(plan.cluster, keys)
+    return {key: links[key].latency_s if key in links else 0.0 for key in keys}
 
 
-def scaled_links(spec: ClusterSpec, keys: list[LinkKey], scale: float) -> tuple[LinkFit, ...]:
-    """Links of classes ``keys`` whose transfers take ``scale`` times as long as ``spec``
-    says (bandwidth divided, latency multiplied)."""
-    fits = []
-    for key in keys:
-        link = current_link(spec, key)
-        if link is not None:
-            fits.append(LinkFit(key, link.bandwidth_bytes_per_s / scale, link.latency_s * scale, 0))
-    return tuple(fits)
+def current_links(spec: ClusterSpec, keys: list[LinkKey]) -> dict[LinkKey, Link]:
+    return {key: link for key in keys if (link := current_link(spec, key)) is not None}
+
+
+def scaled_links(links: dict[LinkKey, Link], scale: float) -> tuple[LinkFit, ...]:
+    """``links`` with transfers ``scale`` times as long (bandwidth divided, latency
+    multiplied)."""
+    return tuple(LinkFit(key, link.bandwidth_bytes_per_s / scale, link.latency_s * scale, 0)
+                 for key, link in links.items())
 
 
 def fit_exposed(plan: Plan, measured: Trace, apply: Callable[[tuple[LinkFit, ...]], ClusterSpec]
@@ -192,14 +192,15 @@ def fit_exposed(plan: Plan, measured: Trace, apply: Callable[[tuple[LinkFit, ...
     terms, _ = device_terms(plan)
     keys = sorted({key for found in terms.values() for key in found}, key=LinkKey.describe)
     shortest = [min(seconds.values()) for seconds in allreduce_s(measured).values()]
-    if not keys or not shortest:
+    links = current_links(plan.cluster, keys)
+    if not links or not shortest:
         return ()
 
     def exposed_s(scale: float) -> float:
-        calibrated = replace(plan, cluster=apply(scaled_links(plan.cluster, keys, scale)))
+        calibrated = replace(plan, cluster=apply(scaled_links(links, scale)))
         return CostModel.for_plan(calibrated).evaluate(calibrated).breakdown.dp_s
 
     target_s, (low, high) = statistics.median(shortest), SCALE_RANGE
     if not exposed_s(low) < target_s < exposed_s(high):
         return ()
-    return scaled_links(plan.cluster, keys, log_bisect(exposed_s, target_s, low, high))
+    return scaled_links(links, log_bisect(exposed_s, target_s, low, high))

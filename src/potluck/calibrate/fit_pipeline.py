@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 
-from potluck.calibrate.fit_links import LinkFit, LinkKey, link_key, scaled_links
+from potluck.calibrate.fit_links import LinkFit, LinkKey, current_links, link_key, scaled_links
 from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.planner.cost import CostModel
@@ -51,8 +51,10 @@ def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
     if key is None or any(link.key == key for link in links):
         return links, ""
 
+    current = current_links(plan.cluster, [key])
+
     def step_at(scale: float) -> float:
-        trial = (*links, *scaled_links(plan.cluster, [key], scale))
+        trial = (*links, *scaled_links(current, scale))
         calibrated = replace(plan, cluster=apply(trial))
         return CostModel.for_plan(calibrated).evaluate(calibrated).iteration_time_s
 
@@ -61,7 +63,7 @@ def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
         return links, (f"{key.describe()}: the step is faster than predicted with nearly free "
                        "transfers; its figures are kept")
     if step_at(high) <= step_s:
-        return (*links, *scaled_links(plan.cluster, [key], high)), (
+        return (*links, *scaled_links(current, high)), (
             f"{key.describe()}: transfer time capped")
     scale = log_bisect(step_at, step_s, low, high)
-    return (*links, *scaled_links(plan.cluster, [key], scale)), ""
+    return (*links, *scaled_links(current, scale)), ""

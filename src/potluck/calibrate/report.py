@@ -33,11 +33,12 @@ def input_lines(outcome: CalibrationOutcome) -> list[str]:
         latency = (f"latency {format_duration(old.latency_s) if old else '?'} -> "
                    f"{format_duration(link.latency_s)}" if link.latency_s is not None
                    else "latency kept")
+        source = (f"{link.observations} all-reduces" if link.observations
+                  else "pipeline transfers, from the step time")
         lines.append(f"{link.key.describe()}: bandwidth {before} -> "
-                     f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {latency} "
-                     f"({link.observations} all-reduces)")
+                     f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {latency} ({source})")
     if not outcome.fit.links:
-        lines.append("links: no gradient all-reduce in this run; link figures kept")
+        lines.append("links: kept (no all-reduce or pipeline transfer this run could tell them by)")
     return lines + [f"note: {note}" for note in outcome.fit.notes]
 
 

@@ -136,3 +136,7 @@ def render_comparison(console: Console, comparison: TraceComparison) -> None:
                           "all" if c.stage < 0 else str(c.stage), c.kind,
                           f"{c.predicted_s * 1e3:.4g}", f"{c.measured_s * 1e3:.4g}", f"{c.error:+.1%}")
         console.print(table)
+    if any(c.kind.startswith(("send_", "recv_")) for c in comparison.by_kind):
+        console.print("A measured send or receive is the time the rank waited for it (the bubble "
+                      "and the peer's lateness included); a predicted one is the transfer alone.",
+                      highlight=False)
