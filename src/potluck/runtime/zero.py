@@ -6,10 +6,12 @@ pipeline**, and only the owner's rank(s) holding the parameter keep its
 optimizer state (AdamW's moments and step) and update it:
 
 - owners are chosen per holder set (the stages holding a unit, one per
-  pipeline), largest parameters first, each to the holder with the fewest
-  state elements per rank so far (a TP-sharded holder stores ``1/tp`` per
-  rank). It is a pure function of the plan and the parameters' full shapes,
-  so every rank agrees without talking. The tied embedding/head belongs to
+  pipeline), largest parameters first, each to the holder that owns the
+  fewest elements so far, so each holder keeps the states of about ``1/d``
+  of the set's parameters and each rank about ``1/d`` of its unsharded
+  states, as the cost model assumes (``4 + 12/d`` bytes per parameter). It
+  is a pure function of the plan and the parameters' full shapes, so every
+  rank agrees without talking. The tied embedding/head belongs to
   pipeline 0 (both its copies when that pipeline has several stages), which
   keeps checkpoints keyed by the same names as without ZeRO-1; holder sets
   whose stages all hold the tied weight count it in pipeline 0's load.
@@ -65,18 +67,15 @@ def assign_owners(layout: Layout, params: list[SyncedParam]) -> dict[str, int]:
     tied_numel = sum(item.param.numel() for item in params if item.unit == TIED)
     owners: dict[str, int] = {}
     for holders, items in by_holders.items():
-        tps = [plan.pipelines[p].stages[s].tp for p, s in holders]
-        load = [0.0] * len(holders)
+        load = [0] * len(holders)  # parameter elements whose states each holder keeps
         if tied_numel and all(h in tied_holders for h in holders):
-            first = next(i for i, (p, _) in enumerate(holders) if p == 0)
-            load[first] += tied_numel / tps[first]
+            load[next(i for i, (p, _) in enumerate(holders) if p == 0)] += tied_numel
         for item in sorted(items, key=lambda i: (-i.param.numel(), i.name)):
             if item.unit == TIED:
                 owners[item.name] = 0
                 continue
-            costs = [item.param.numel() / tp for tp in tps]
-            best = min(range(len(holders)), key=lambda h: (load[h] + costs[h], h))
-            load[best] += costs[best]
+            best = min(range(len(holders)), key=lambda h: (load[h], h))
+            load[best] += item.param.numel()
             owners[item.name] = holders[best][0]
     return owners
 
