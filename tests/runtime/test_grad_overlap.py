@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from dp_workers import SMALL_BUCKETS, train_plan, with_options
+from dp_workers import SMALL_BUCKETS, tied_group_is_not_the_lane, train_plan, with_options
 from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.plans import Schedule
@@ -58,3 +58,11 @@ def test_buckets_reduce_during_the_backward_pass_with_unchanged_losses(case):
     assert overlapped[0].losses == after[0].losses
     expected = reference_losses(spec, plan.training.global_batch)
     assert overlapped[0].losses == pytest.approx(expected, abs=2e-5)
+
+
+def test_a_sync_group_with_a_lanes_ranks_gets_its_own_process_group():
+    """One pipeline, tied embedding and head: their gradients are summed over the lane's
+    two ranks, on another communicator, so the all-reduce that overlaps the schedule never
+    waits behind the pipeline's sends."""
+    plan = make_plan(TIED_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)])
+    assert tied_group_is_not_the_lane(plan) == [True, True]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from dp_workers import SMALL_BUCKETS, train_plan, with_options
+from dp_workers import SMALL_BUCKETS, sgd_with_momentum, train_plan, with_options
 from runtime_helpers import LR, TINY_GPT2, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.runtime import TrainOptions
@@ -49,6 +49,15 @@ def test_sharded_states_give_the_same_losses_in_a_fraction_of_the_memory(case):
     one_replica = sum(full[r].state_bytes for r, role in enumerate(replica.roles)
                       if role.pipeline == 0)
     assert sum(r.state_bytes for r in sharded) == pytest.approx(one_replica, rel=0.01)
+
+
+def test_any_torch_optimizer_keeps_states_for_its_share_only():
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 1, 2), pipe([(2, (0, 4))], 1, 2)])
+    full = train_plan(with_options(plan, zero1=False), optimizer=sgd_with_momentum)
+    sharded = train_plan(with_options(plan, zero1=True), optimizer=sgd_with_momentum)
+    assert sharded[0].losses == full[0].losses
+    for mine, everything in zip(sharded, full, strict=True):
+        assert mine.state_bytes == pytest.approx(everything.state_bytes / 2, rel=0.3)
 
 
 def _losses(plan, options):

@@ -84,7 +84,7 @@ def plan_buckets(layout: Layout, params: list[SyncedParam],
             by_group[(item.group.ranks, item.group.aligned)].append(item)
     keyed = []
     for (ranks, aligned), items in by_group.items():
-        group = layout.group(ranks)
+        group = layout.sync_process_group(ranks)
         for chunk in _chunks(items, aligned, bucket_elements):
             key = (unit_order(chunk[0].unit, layers), ranks, aligned)
             keyed.append((key, Bucket(ranks, aligned, tuple(chunk), group)))
