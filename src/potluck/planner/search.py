@@ -51,7 +51,7 @@ from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape, schedu
 
 log = logging.getLogger(__name__)
 
-TP_CHOICES_IN_PAIRS = 2  # TP degrees per group tried in two-group families (one beyond)
+TP_CHOICES_IN_PAIRS = 2  # TP degrees per group in mixed families of up to three groups (one beyond)
 SMALL_CLUSTER_GPUS = 64  # up to this size mixed families try every order of their groups
 
 
