@@ -55,8 +55,6 @@ from potluck.runtime.buckets import (
 from potluck.runtime.grad_ready import GradReady
 from potluck.runtime.layout import Layout
 
-__all__ = ["BUCKET_ELEMENTS", "GradSync", "SyncStats", "SyncedParam", "is_sharded"]
-
 
 @dataclass
 class SyncStats:
@@ -112,11 +110,6 @@ class GradSync:
         self._inflight = []
         for item in self.params:
             _match_grad_layout(item.param)
-
-    def sync(self) -> None:
-        """Sum every gradient over its group now (no overlap)."""
-        self.start()
-        self.finish()
 
     def weight_pass(self, module: nn.Module) -> AbstractContextManager[None]:
         """Wrap a zero-bubble weight pass of ``module``: one accumulation of each of its
