@@ -165,13 +165,12 @@ def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
 
 
 class HookedStage(PipelineStage):
-    """A PipelineStage that announces each op to its followers (mixed-TP pipelines), times
-    it with an emulation clock and tells the gradient sync about zero-bubble weight passes
-    (``weight_pass(module)``, a context manager); all optional."""
+    """A PipelineStage that announces each op to its followers (mixed-TP pipelines) and
+    times it with an emulation clock; both optional."""
 
     clock: Any = None
     commands: Commands | None = None
-    weight_pass: WeightPass | None = None
+    weight_pass: WeightPass | None = None  # the gradient sync's wrapper of zero-bubble W passes
 
     def _run(self, kind: str, fn: Callable[[], Any]) -> Any:
         return fn() if self.clock is None else self.clock.run(kind, self.stage_index, fn)
