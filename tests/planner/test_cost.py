@@ -178,3 +178,17 @@ def test_gradient_reduction_after_the_backward_pass_is_fully_exposed(small_model
     grads = 4 * counts.total_params(small_model)
     assert exposed.breakdown.dp_s == pytest.approx(
         formulas.ring_allreduce_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)
+
+
+def test_zero1_pays_the_parameter_all_gather_after_the_optimizer(small_model):
+    spec = parse_cluster(TWO_BOXES)
+    pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
+    cost = CostModel(Cluster(spec), small_model, 1024)
+    plain = cost.evaluate(_plan(spec, small_model, pipelines)).breakdown.optimizer_s
+    sharded = cost.evaluate(_plan(spec, small_model, pipelines, zero1=True)).breakdown.optimizer_s
+    params = counts.total_params(small_model)
+    gather = formulas.ring_allgather_time_s(2 * params, 2, 1.25e9, 30e-6)
+    bandwidth = Cluster(spec).devices[0].type.memory_bandwidth_bytes_per_s
+    adam_half = formulas.adam_step_time_s(params / 2, bandwidth)
+    assert sharded == pytest.approx(adam_half + gather, rel=1e-6)
+    assert sharded > plain
