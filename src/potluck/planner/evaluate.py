@@ -188,9 +188,10 @@ class PlanEvaluation:
 
     def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
                        dp: int) -> DeviceMemory:
-        states = formulas.model_state_bytes(c.params, dp, self.plan.zero1)
-        weights = 2.0 * c.params
-        grads = 2.0 * c.params
+        layout = self.cost.state_layout(device.type)
+        states = self.cost.model_state_bytes(device.type, c.params, dp, self.plan.zero1)
+        weights = layout.weights * c.params
+        grads = layout.grads * c.params
         optimizer = states - weights - grads
         overhead = self.cost.overhead_bytes(device.type)
         total = states + c.activations_bytes + overhead
