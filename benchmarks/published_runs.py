@@ -35,7 +35,7 @@ SEQ, VOCAB = 2048, 51200
 # Megatron-LM as in SC'21: fused kernels, attention scores in memory (no FlashAttention yet),
 # gradients all-reduced in FP32 after the backward pass, blocking pipeline sends.
 MEGATRON_2021 = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
-                          overlap_p2p=False,
+                          overlap_p2p=False, fp32_params=False,
                           grad_reduce_bytes=4)
 
 

@@ -57,16 +57,18 @@ class Execution:
     """How the training code executes a step, as far as time and memory depend on it.
 
     The defaults describe potluck's runtime: Hugging Face models in PyTorch eager mode
-    with SDPA (flash) attention, gradient reduction in 16 bits overlapped with the
-    backward pass. Other settings let the cost model describe other frameworks (e.g.
-    Megatron-LM of 2021: fused kernels, attention scores in memory, FP32 gradient
-    all-reduce after the backward pass) when comparing with their published runs.
+    with SDPA (flash) attention, FP32 weights under 16-bit autocast, gradient reduction
+    in 16 bits overlapped with the backward pass. Other settings let the cost model
+    describe other frameworks (e.g. Megatron-LM of 2021: fused kernels, attention scores
+    in memory, 16-bit weights with FP32 master copies, FP32 gradient all-reduce after the
+    backward pass) when comparing with their published runs.
     """
 
     fused_kernels: bool = False  # Megatron/TE-style fused norms, rotary and activations
     flash_attention: bool = True  # FlashAttention/SDPA kernels (False: scores in memory)
     overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
     overlap_p2p: bool = True  # pipeline sends and receives overlap compute
+    fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
     grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
 
 

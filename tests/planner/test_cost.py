@@ -49,9 +49,11 @@ def test_memory_of_a_single_device_is_states_activations_and_overhead(small_mode
     activations = (8 * counts.block_activation_bytes(m, b, s, 1, Recompute.NONE, flash_attention=True)
                    + counts.embedding_activation_bytes(m, b, s, 1)
                    + counts.head_activation_bytes(m, b, s, 1))
-    assert memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes == pytest.approx(16 * params)
+    # FP32 weights + their 16-bit autocast copy (6), FP32 gradients (4), Adam moments (8)
+    assert memory.weights_bytes == pytest.approx(6 * params)
+    assert memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes == pytest.approx(18 * params)
     assert memory.activations_bytes == pytest.approx(activations)
-    assert memory.total_bytes == pytest.approx(16 * params + activations + GPU_RUNTIME_OVERHEAD_BYTES)
+    assert memory.total_bytes == pytest.approx(18 * params + activations + GPU_RUNTIME_OVERHEAD_BYTES)
 
 
 def test_first_stages_hold_more_activations_under_1f1b(small_model):
@@ -74,8 +76,8 @@ def test_zero1_shards_optimizer_states_over_replicas(small_model):
     sharded = CostModel(Cluster(spec), small_model, 1024).evaluate(
         _plan(spec, small_model, pipelines, zero1=True))
     params = counts.total_params(small_model)
-    assert plain.memory[0].optimizer_bytes == pytest.approx(12 * params)
-    assert sharded.memory[0].optimizer_bytes == pytest.approx(12 * params / 4)
+    assert plain.memory[0].optimizer_bytes == pytest.approx(8 * params)  # Adam moments
+    assert sharded.memory[0].optimizer_bytes == pytest.approx(8 * params / 4)
 
 
 def test_tensor_parallel_over_an_nvlink_pair_beats_crossing_pcie(small_model):
@@ -178,3 +180,18 @@ def test_gradient_reduction_after_the_backward_pass_is_fully_exposed(small_model
     grads = 4 * counts.total_params(small_model)
     assert exposed.breakdown.dp_s == pytest.approx(
         formulas.ring_allreduce_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)
+
+
+def test_zero1_pays_the_parameter_all_gather_after_the_optimizer(small_model):
+    spec = parse_cluster(TWO_BOXES)
+    pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
+    cost = CostModel(Cluster(spec), small_model, 1024)
+    plain = cost.evaluate(_plan(spec, small_model, pipelines)).breakdown.optimizer_s
+    sharded = cost.evaluate(_plan(spec, small_model, pipelines, zero1=True)).breakdown.optimizer_s
+    params = counts.total_params(small_model)
+    gather = formulas.ring_allgather_time_s(2 * params, 2, 1.25e9, 30e-6)
+    bandwidth = Cluster(spec).devices[0].type.memory_bandwidth_bytes_per_s
+    adam_half = formulas.adam_step_time_s(params / 2, bandwidth)
+    assert plain == pytest.approx(formulas.adam_step_time_s(params, bandwidth), rel=1e-6)
+    assert sharded == pytest.approx(adam_half + gather, rel=1e-6)
+    assert sharded > plain

@@ -11,8 +11,7 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
-from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES
-from potluck.planner.formulas import MODEL_STATE_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.plans import TrainingShape
 
 if TYPE_CHECKING:
@@ -89,8 +88,9 @@ def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingSha
                        options: SearchOptions) -> str:
     """Why no plan fits, with how much memory is missing and what would help."""
     params = counts.total_params(model)
-    states = params * (MODEL_STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM)
-    states_unsharded = params * MODEL_STATE_BYTES_PER_PARAM
+    layout = CostModel.for_training(cluster, model, training).state_layout(cluster.devices[0].type)
+    states = params * (layout.weights + layout.grads)
+    states_unsharded = params * layout.total
     usable = sum(max(0.0, d.type.memory_bytes - _overhead(d)) for d in cluster.devices)
     largest = max(cluster.devices, key=lambda d: d.type.memory_bytes).type
     if states > usable:

@@ -134,6 +134,18 @@ class CostModel:
     def element_bytes(self, device_type: DeviceType) -> int:
         return effective_dtype(device_type, self.dtype).bytes
 
+    def state_layout(self, device_type: DeviceType) -> formulas.StateBytes:
+        """Bytes per parameter of weights, gradients and optimizer states on a device."""
+        if device_type.is_cpu:
+            return formulas.FP32
+        if self.execution.fp32_params:
+            return formulas.FP32_PARAMS_AUTOCAST
+        return formulas.MIXED_PRECISION_MASTER
+
+    def model_state_bytes(self, device_type: DeviceType, params: float, dp: int,
+                          zero1: bool) -> float:
+        return formulas.model_state_bytes(params, dp, zero1, self.state_layout(device_type))
+
     def grad_bytes(self, device_type: DeviceType) -> int:
         """Bytes per gradient element in the data-parallel all-reduce."""
         return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
@@ -359,7 +371,7 @@ class CostModel:
                            in_flight: float, dp: int, zero1: bool) -> float:
         """Peak bytes on one device of a stage: model states, activations, runtime overhead."""
         params = self.stage_params(num_layers, first, last, pp, tp)
-        states = formulas.model_state_bytes(params, dp, zero1)
+        states = self.model_state_bytes(device_type, params, dp, zero1)
         activations = self.stage_peak_activation_bytes(
             device_type, num_layers, first, last, tp, micro_batch, recompute, in_flight)
         return states + activations + self.overhead_bytes(device_type)

@@ -145,10 +145,26 @@ class PlanEvaluation:
 
     def _optimizer_s(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> float:
         dp = len(self.plan.pipelines)
-        return max(
+        step = max(
             self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, dp, self.plan.zero1)
             for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
         )
+        return step + (self._zero1_gather_s(groups) if self.plan.zero1 and dp > 1 else 0.0)
+
+    def _zero1_gather_s(self, groups: list[DpGroup]) -> float:
+        """ZeRO-1: each owner's updated parameters are all-gathered over its replicas
+        after the optimizer step (half a ring all-reduce of the stage's parameters)."""
+        sharing = self._dp_nic_sharing(groups)
+        slowest = 0.0
+        for group in groups:
+            if len(group.members) <= 1:
+                continue
+            per_ring_bytes = group.grad_bytes / len(group.rings)
+            for ring in group.rings:
+                bandwidth, latency = self.cost.ring_bandwidth(ring, sharing)
+                slowest = max(slowest, formulas.ring_allgather_time_s(
+                    per_ring_bytes, len(ring), bandwidth, latency))
+        return slowest
 
     def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
                    dp_s: float, optimizer_s: float) -> TimeBreakdown:
@@ -172,9 +188,10 @@ class PlanEvaluation:
 
     def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
                        dp: int) -> DeviceMemory:
-        states = formulas.model_state_bytes(c.params, dp, self.plan.zero1)
-        weights = 2.0 * c.params
-        grads = 2.0 * c.params
+        layout = self.cost.state_layout(device.type)
+        states = self.cost.model_state_bytes(device.type, c.params, dp, self.plan.zero1)
+        weights = layout.weights * c.params
+        grads = layout.grads * c.params
         optimizer = states - weights - grads
         overhead = self.cost.overhead_bytes(device.type)
         total = states + c.activations_bytes + overhead

@@ -14,8 +14,9 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - pipeline schedules (GPipe, 1F1B): ``T = sum_i (f_i + b_i) + (m - 1) * max_i (f_i + b_i)``
   for unequal stages; interleaving divides the bubble by ``v`` (Narayanan et al.,
   SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - 2w)`` per stage;
-- model states: 16 bytes per parameter for mixed-precision Adam, ``4 + 12/d``
-  with the optimizer sharded over ``d`` replicas (ZeRO-1; Rajbhandari et al. 2020);
+- model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
+  weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
+  Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
 - Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
   master, both moments and the gradient, write them back and the 16-bit copy).
 """
@@ -28,8 +29,6 @@ from dataclasses import dataclass
 GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
 ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
-MODEL_STATE_BYTES_PER_PARAM = 16.0
-OPTIMIZER_BYTES_PER_PARAM = 12.0
 KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
 
 
@@ -78,12 +77,32 @@ def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
     return roofline_time_s(flops, traffic, compute_flops, memory_bandwidth_bytes_per_s)
 
 
-def model_state_bytes(params: float, dp: int, zero1: bool) -> float:
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter a device keeps; ZeRO-1 shards the optimizer part."""
+
+    weights: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+# 16-bit weights and gradients, FP32 master weights and Adam moments (SC'21; ZeRO).
+MIXED_PRECISION_MASTER = StateBytes(2.0, 2.0, 12.0)
+# FP32 weights under 16-bit autocast (plus autocast's 16-bit copy of every weight, kept for
+# the step), FP32 gradients, Adam moments: what PyTorch AMP and potluck's runtime hold.
+FP32_PARAMS_AUTOCAST = StateBytes(6.0, 4.0, 8.0)
+FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (CPU ranks)
+
+
+def model_state_bytes(params: float, dp: int, zero1: bool,
+                      layout: StateBytes = MIXED_PRECISION_MASTER) -> float:
     """Weights, gradients and Adam states of ``params`` parameters on one device."""
-    if zero1 and dp > 1:
-        return params * (MODEL_STATE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM
-                         + OPTIMIZER_BYTES_PER_PARAM / dp)
-    return params * MODEL_STATE_BYTES_PER_PARAM
+    shards = dp if (zero1 and dp > 1) else 1
+    return params * (layout.weights + layout.grads + layout.optimizer / shards)
 
 
 def adam_step_time_s(params: float, memory_bandwidth_bytes_per_s: float) -> float:

@@ -51,7 +51,8 @@ from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape, schedu
 
 log = logging.getLogger(__name__)
 
-TP_CHOICES_IN_PAIRS = 2  # TP degrees per group tried in two-group families (one beyond)
+TP_CHOICES_IN_PAIRS = 2  # TP degrees per group in mixed families of up to three groups (one beyond)
+SMALL_CLUSTER_GPUS = 64  # up to this size mixed families try every order of their groups
 
 
 class Partition(str, Enum):
@@ -152,6 +153,8 @@ class _Search:
             g for g in cluster.spec.nodes if options.groups is None or g.name in options.groups
         )
         self.candidates = 0
+        # every stage order of a mixed family where that stays cheap: small clusters
+        self._exhaustive_orders = 4 if cluster.spec.num_gpus <= SMALL_CLUSTER_GPUS else 2
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
 
     def run(self, zero1: bool) -> list[Plan]:
@@ -236,7 +239,7 @@ class _Search:
         speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
                  for g in family}
         found: list[FamilyOption] = []
-        orders = stage_orders(family, memory, speed)
+        orders = stage_orders(family, memory, speed, self._exhaustive_orders)
         if len(family) == 1 and not setting.uniform:
             orders = [(sub,) for sub in machine_subsets(family[0])]
         for order in orders:

@@ -59,13 +59,13 @@ def tp_options(group: NodeGroup, model: ModelSpec, pinned: int | None) -> list[i
 
 
 def stage_orders(groups: tuple[NodeGroup, ...], memory_of: dict[str, float],
-                 speed_of: dict[str, float]) -> list[tuple[NodeGroup, ...]]:
+                 speed_of: dict[str, float], exhaustive_up_to: int = 2) -> list[tuple[NodeGroup, ...]]:
     """Orders of a family's groups along its pipelines.
 
-    Up to two groups, both orders; beyond that the orders by memory (first
-    stages hold the most activations) and by speed, each way round.
+    Up to ``exhaustive_up_to`` groups, every order; beyond that the orders by memory
+    (first stages hold the most activations) and by speed, each way round.
     """
-    if len(groups) <= 2:
+    if len(groups) <= exhaustive_up_to:
         return list(itertools.permutations(groups))
     orders = []
     for key in (memory_of, speed_of):

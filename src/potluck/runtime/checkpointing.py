@@ -4,8 +4,11 @@ The bridge between the trainer and :mod:`potluck.runtime.checkpoint`: the
 model's state under its own parameter names (``ParallelModel.module``), the
 optimizer's state flattened per parameter, the step and the data position.
 Ranks of replica 0 write (every replica holds the whole model, possibly laid
-out differently); every rank loads exactly the keys and shards it holds, so a
-run may resume under another plan.
+out differently). With ZeRO-1 each replica keeps the optimizer states of its
+own share of the parameters only, so every rank also writes the states it
+keeps (each state under its parameter's name, by exactly one replica). Every
+rank loads exactly the keys and shards it holds, so a run may resume under
+another plan, with or without ZeRO-1.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     model = trainer.model
     next_step = trainer.step_index
     writes = model.layout.role.pipeline == 0
-    state = training_state([model.module], [trainer.optimizer]) if writes else {}
+    state = training_state([model.module], [trainer.optimizer]) if writes or model.zero else {}
+    if not writes and state:
+        state = {"optim": _states_only(state["optim"])}
     trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout(),
                                      "model": model_to_dict(model.layout.plan.model)}
     if hasattr(source, "state_dict"):
@@ -40,6 +45,12 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     if model.layout.rank == 0:
         prune_checkpoints(out_dir, keep_last)
     return path
+
+
+def _states_only(optim: dict[str, Any]) -> dict[str, Any]:
+    """The per-parameter states of a flattened optimizer state dict (under ZeRO-1 this
+    rank's own share), without the param-group settings replica 0 writes."""
+    return {key: value for key, value in optim.items() if key.startswith("state.")}
 
 
 def resume(trainer: Trainer, source: Any, out_dir: str) -> int:

@@ -4,16 +4,27 @@ Every replica's loss is its share of the *global* token-weighted mean (token
 losses summed, divided by the global batch's token count), so the gradient of
 the whole batch is the plain **sum** of the replicas' gradients, whatever
 their shares. :class:`GradSync` sums each parameter's gradient over the ranks
-that hold the same parameter in every pipeline (the layout's sync group of its
-unit: embedding, block ``i``, head, or the tied embedding/head):
+that hold the same parameter in every pipeline, bucket by bucket
+(:mod:`potluck.runtime.buckets`):
 
-- aligned groups (all holders shard the unit the same way): local shards are
-  flattened into one bucket per group and all-reduced, as DDP would;
-- full-layout groups (holders with different TP degrees): each rank writes
+- aligned buckets (all holders shard the unit the same way): local shards are
+  flattened and all-reduced, as DDP would;
+- full-layout buckets (holders with different TP degrees): each rank writes
   its shard into a zero tensor of the full parameter's shape (a replicated
   parameter only from TP rank 0), the full tensors are summed, and each rank
   takes back its shard. Exact, and costs ``tp`` times the traffic of the
   aligned case; only heterogeneous plans pay it.
+
+**Overlap with the backward pass** (``Execution.overlap_grad_reduce``, what
+the cost model assumes): a bucket's asynchronous all-reduce starts as soon as
+every gradient in it is final for the step, while the schedule is still
+running. A gradient is final once it has been accumulated once per
+micro-batch: :class:`potluck.runtime.grad_ready.GradReady` counts
+accumulations (post-accumulate-grad hooks, plus zero-bubble's separate
+weight passes, which write ``.grad`` without them). Buckets start in the
+fixed bucket order; :meth:`GradSync.finish` starts whatever has not started
+(a parameter that got no gradient), waits for all and writes the sums back.
+The sums are the same numbers either way.
 
 torch's DDP and FSDP2 assume one model layout on every replica and average
 gradients, so neither fits uneven shares with per-layer groups; this module
@@ -24,107 +35,133 @@ parameters).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor
 
-from potluck.runtime.layout import Layout, SyncGroup
-
-BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
+from potluck.runtime.buckets import (
+    BUCKET_ELEMENTS,
+    Bucket,
+    FullLayout,
+    SyncedParam,
+    is_sharded,
+    local,
+    plan_buckets,
+)
+from potluck.runtime.grad_ready import GradReady
+from potluck.runtime.layout import Layout
 
 
 @dataclass
-class SyncedParam:
-    """One local parameter, the unit it belongs to and where its gradient is summed."""
+class SyncStats:
+    """How the last step's buckets were reduced (for tests and logs)."""
 
-    name: str
-    param: nn.Parameter
-    unit: str
-    group: SyncGroup
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    buckets: int = 0
+    launched_in_backward: int = 0  # started by a gradient hook, before the schedule returned
+    launched_with_grads_pending: int = 0  # ... while other gradients were still being computed
 
 
-def is_sharded(param: torch.Tensor) -> bool:
-    """Whether the parameter is split over its TP group (rather than replicated)."""
-    if not isinstance(param, DTensor):
-        return False
-    return any(not isinstance(p, Replicate) for p in param.placements)
+@dataclass
+class _Reduction:
+    bucket: Bucket
+    flat: torch.Tensor
+    grads: list[torch.Tensor]  # local gradients the sums go back into
+    work: dist.Work | None
 
 
 class GradSync:
     """Sums gradients over each parameter's holders; knows which copy counts for the norm."""
 
     def __init__(self, layout: Layout, params: list[SyncedParam],
-                 wire_dtype: torch.dtype | None = None) -> None:
+                 wire_dtype: torch.dtype | None = None, *, micro_batches: int = 1,
+                 overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS) -> None:
         self.layout = layout
         self.params = params
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
-        self._buckets: dict[tuple[tuple[int, ...], bool], list[SyncedParam]] = defaultdict(list)
-        for item in sorted(params, key=lambda item: (item.unit, item.name)):
-            if not item.group.trivial:
-                self._buckets[(item.group.ranks, item.group.aligned)].append(item)
-        self._full_index: dict[str, torch.Tensor] = {}
+        self.buckets = plan_buckets(layout, params, bucket_elements)
+        self.full = FullLayout(layout.role.tp_rank)
+        self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready) if overlap \
+            and self.buckets else None
+        self.stats = SyncStats(buckets=len(self.buckets))
+        self._next = 0
+        self._is_ready: list[bool] = []
+        self._inflight: list[_Reduction] = []
 
-    def sync(self) -> None:
-        """Sum every gradient over its group (after the backward of all micro-batches)."""
+    def start(self) -> None:
+        """Before the schedule: from now on, buckets start as their gradients become final."""
+        self._next = 0
+        self._is_ready = [False] * len(self.buckets)
+        self._inflight = []
+        self.stats = SyncStats(buckets=len(self.buckets))
+        if self.ready is not None:
+            self.ready.start()
+
+    def finish(self) -> None:
+        """After the schedule: start the remaining buckets, wait for all, write the sums back."""
+        if self.ready is not None:
+            self.ready.stop()
+        self._launch_rest()
+        for reduction in self._inflight:
+            self._write_back(reduction)
+        self._inflight = []
         for item in self.params:
             _match_grad_layout(item.param)
-        # Every rank walks its groups in one global order, so no two ranks wait on each other.
-        for (ranks, aligned), items in sorted(self._buckets.items(), key=lambda kv: kv[0]):
-            group = self.layout.group(ranks)
-            for chunk in _chunks(items, aligned):
-                if aligned:
-                    self._sync_aligned(chunk, group)
-                else:
-                    self._sync_full(chunk, group)
 
-    def _sync_aligned(self, items: list[SyncedParam], group: dist.ProcessGroup) -> None:
-        grads = [_local(_grad(item.param)) for item in items]
-        flat = self._on_wire(torch.cat([g.reshape(-1) for g in grads]))
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+    def weight_pass(self, module: nn.Module) -> AbstractContextManager[None]:
+        """Wrap a zero-bubble weight pass of ``module``: one accumulation of each of its
+        parameters' gradients."""
+        return nullcontext() if self.ready is None else self.ready.weight_pass(module)
 
-    def _sync_full(self, items: list[SyncedParam], group: dist.ProcessGroup) -> None:
-        fulls = [self._to_full(item) for item in items]
-        flat = self._on_wire(torch.cat([f.reshape(-1) for f in fulls]))
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for item, full in zip(items, fulls, strict=True):
-            summed = flat[offset:offset + full.numel()]
-            offset += full.numel()
-            local = _local(_grad(item.param))
-            local.copy_(summed[self._index(item)].view_as(local))
+    # --- launching -------------------------------------------------------------------------
 
-    def _on_wire(self, flat: torch.Tensor) -> torch.Tensor:
-        return flat if self.wire_dtype is None else flat.to(self.wire_dtype)
+    def _bucket_ready(self, index: int) -> None:
+        """A gradient hook found bucket ``index`` final: start it and any ready ones after it."""
+        self._is_ready[index] = True
+        before = self._next
+        while self._next < len(self.buckets) and self._is_ready[self._next]:
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        launched = self._next - before
+        self.stats.launched_in_backward += launched
+        if self.ready is not None and self.ready.unfinished > 0:
+            self.stats.launched_with_grads_pending += launched
 
-    def _index(self, item: SyncedParam) -> torch.Tensor:
-        """Flat positions, in the full parameter, of this rank's local elements."""
-        if item.name not in self._full_index:
-            param = item.param
-            positions = torch.arange(param.numel(), device=_local(param).device).view(param.shape)
-            if isinstance(param, DTensor):
-                positions = distribute_tensor(positions, param.device_mesh, param.placements,
-                                              src_data_rank=None).to_local()
-            self._full_index[item.name] = positions.reshape(-1)
-        return self._full_index[item.name]
+    def _launch_rest(self) -> None:
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
 
-    def _to_full(self, item: SyncedParam) -> torch.Tensor:
-        local = _local(_grad(item.param))
-        full = local.new_zeros(item.param.numel())
-        if is_sharded(item.param) or self.layout.role.tp_rank == 0:
-            full[self._index(item)] = local.reshape(-1)
-        return full
+    def _launch(self, bucket: Bucket) -> None:
+        for item in bucket.items:
+            _match_grad_layout(item.param)
+        grads = [local(_grad(item.param)) for item in bucket.items]
+        if bucket.aligned:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+        else:
+            flat = torch.cat([self.full.to_full(item.param, g)
+                              for item, g in zip(bucket.items, grads, strict=True)])
+        flat = flat if self.wire_dtype is None else flat.to(self.wire_dtype)
+        work = dist.all_reduce(flat, group=bucket.group, async_op=True)
+        self._inflight.append(_Reduction(bucket, flat, grads, work))
+
+    def _write_back(self, reduction: _Reduction) -> None:
+        if reduction.work is not None:
+            reduction.work.wait()
+        bucket, offset = reduction.bucket, 0
+        for item, grad in zip(bucket.items, reduction.grads, strict=True):
+            size = grad.numel() if bucket.aligned else item.param.numel()
+            part = reduction.flat[offset:offset + size]
+            offset += size
+            if bucket.aligned:
+                grad.copy_(part.view_as(grad))
+            else:
+                self.full.take(item.param, part, grad)
+
+    # --- the norm ----------------------------------------------------------------------------
 
     def norm_squared(self) -> torch.Tensor:
         """This rank's part of the squared global gradient norm (sum over ranks = total)."""
@@ -137,25 +174,10 @@ class GradSync:
                 continue
             grad = item.param.grad
             if grad is not None:
-                squares.append(_local(grad).detach().double().pow(2).sum())
+                squares.append(local(grad).detach().double().pow(2).sum())
         if not squares:
             return torch.zeros((), dtype=torch.float64)
         return torch.stack(squares).sum()
-
-
-def _chunks(items: list[SyncedParam], aligned: bool) -> list[list[SyncedParam]]:
-    """Consecutive runs of at most BUCKET_ELEMENTS elements (one all-reduce each), so the
-    flat copy of a bucket stays small next to the gradients themselves."""
-    chunks: list[list[SyncedParam]] = [[]]
-    size = 0
-    for item in items:
-        numel = _local(item.param).numel() if aligned else item.param.numel()
-        if chunks[-1] and size + numel > BUCKET_ELEMENTS:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(item)
-        size += numel
-    return chunks
 
 
 def _match_grad_layout(param: nn.Parameter) -> None:

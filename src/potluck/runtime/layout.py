@@ -102,6 +102,7 @@ class Layout:
         self.device_of_rank = device_of_rank
         self._rank_of_device = {device: r for r, device in enumerate(device_of_rank)}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._sync_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._tp_mesh: DeviceMesh | None = None
         self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
 
@@ -218,28 +219,45 @@ class Layout:
 
     # --- process groups ----------------------------------------------------------------------
 
-    def _all_group_ranks(self) -> list[tuple[int, ...]]:
+    def _pipeline_group_ranks(self) -> list[tuple[int, ...]]:
+        """Stage (TP) groups and pipeline lanes, in plan order."""
         wanted: list[tuple[int, ...]] = []
         for p, pipeline in enumerate(self.plan.pipelines):
             for s in range(pipeline.pp):
                 wanted.append(self.stage_ranks(p, s))
             for t in range(self.num_lanes(p)):
                 wanted.append(self.lane_ranks(p, t))
+        return wanted
+
+    def _sync_group_ranks(self) -> list[tuple[int, ...]]:
+        """Every unit's gradient sync groups, in unit order."""
+        wanted: list[tuple[int, ...]] = []
         for unit in self.units():
             max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in self.holders(unit))
             for t in range(max_tp):
                 wanted.append(self.sync_group(unit, tp_rank=t).ranks)
-        unique = dict.fromkeys(ranks for ranks in wanted if len(ranks) > 1)
-        return list(unique)
+        return wanted
 
     def create_groups(self) -> None:
-        """Create every process group (collective: all ranks call this, same order)."""
+        """Create every process group (collective: all ranks call this, same order).
+
+        A gradient sync group with the same ranks as a pipeline lane or stage gets a
+        process group of its own (say the tied embedding/head of a single pipeline), so
+        its all-reduces, which overlap the schedule, never queue behind the pipeline's
+        sends and receives on one communicator."""
         if self._groups:
             return
-        for ranks in self._all_group_ranks():
+        pipeline_ranks = [r for r in self._pipeline_group_ranks() if len(r) > 1]
+        sync_ranks = [r for r in self._sync_group_ranks() if len(r) > 1]
+        for ranks in dict.fromkeys(pipeline_ranks + sync_ranks):
             group = dist.new_group(list(ranks))
             if self.rank in ranks:
                 self._groups[ranks] = group
+        shared = set(pipeline_ranks)
+        for ranks in dict.fromkeys(r for r in sync_ranks if r in shared):
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._sync_groups[ranks] = group
 
     def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         """The process group of exactly these ranks (None for a single rank)."""
@@ -250,6 +268,12 @@ class Layout:
         except KeyError:
             message = f"no process group for ranks {ranks}; create_groups() first"
             raise RuntimeError(message) from None
+
+    def sync_process_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+        """The process group in which gradient sync group ``ranks`` sums (see create_groups)."""
+        if ranks in self._sync_groups:
+            return self._sync_groups[ranks]
+        return self.group(ranks)
 
     @property
     def lane_group(self) -> dist.ProcessGroup | None:

@@ -9,14 +9,18 @@ order:
    tracing split for other models); everything else is dropped;
 3. materialize the local parameters with their layout-independent initial
    values, then recomputation (``apply_recompute``);
-4. ``apply_dp``: the gradient groups of every local parameter.
+4. ``apply_dp``: the gradient groups and buckets of every local parameter
+   (their all-reduces overlap the backward pass when the plan's execution
+   says so) and, with ``plan.zero1``, which replica keeps the optimizer
+   states of which parameter.
 
-The result, :class:`ParallelModel`, owns the stage modules, the schedule and
-the gradient sync. :meth:`ParallelModel.forward_backward` takes this
-replica's rows of a global batch (``[rows, seq_len + 1]`` token ids), runs
-the schedule with the token-weighted loss, sums gradients across replicas and
-returns the global loss and gradient norm. The optimizer step is the
-caller's (:class:`potluck.runtime.trainer.Trainer` does it).
+The result, :class:`ParallelModel`, owns the stage modules, the schedule,
+the gradient sync and the ZeRO-1 sharding. :meth:`ParallelModel.forward_backward`
+takes this replica's rows of a global batch (``[rows, seq_len + 1]`` token
+ids), runs the schedule with the token-weighted loss, sums gradients across
+replicas and returns the global loss and gradient norm. The optimizer step is
+the caller's (:class:`potluck.runtime.trainer.Trainer` does it, then
+:meth:`ParallelModel.sync_parameters`).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.errors import ConfigError
+from potluck.runtime.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.build import init_kinds, materialize
-from potluck.runtime.data_parallel import GradSync, SyncedParam
+from potluck.runtime.data_parallel import GradSync
 from potluck.runtime.families import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
 from potluck.runtime.loss import IGNORE_INDEX, TokenLoss
@@ -43,6 +48,7 @@ from potluck.runtime.recompute import apply_recompute
 from potluck.runtime.session import Session
 from potluck.runtime.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.tracing import find_blocks, trace_stages
+from potluck.runtime.zero import Zero1
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +113,13 @@ def _stages_of_any(model: nn.Module, session: Session
     return stages, units, {}
 
 
-def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> ParallelModel:
+def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
+                bucket_elements: int = BUCKET_ELEMENTS) -> ParallelModel:
     """This rank's part of ``model`` under the session's plan (see the module docstring).
 
     Parameters still on the meta device get potluck's deterministic initial
     values for ``seed``; real parameters (a loaded checkpoint) keep theirs.
+    Gradients cross the wire in buckets of at most ``bucket_elements`` elements.
     """
     layout = session.layout
     family = detect_family(model)
@@ -124,16 +132,13 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0) -> Paralle
     materialize(stages, session.device, seed, aliases, kinds)
     apply_recompute(stages, layout.plan.recompute)
     _warn_unsupported(session)
-    return ParallelModel(session, stages, units)
+    return ParallelModel(session, stages, units, bucket_elements)
 
 
 def _warn_unsupported(session: Session) -> None:
     """Plan settings this runtime does not honour yet (numerics are unaffected)."""
     if session.rank != 0:
         return
-    if session.plan.zero1:
-        log.warning("the plan asks for ZeRO-1; this runtime keeps full optimizer states on "
-                    "every replica (same numbers, more memory than predicted)")
     if session.autocast_dtype is torch.float16:
         log.warning("fp16 autocast runs without loss scaling; prefer bf16 where the GPU has it")
 
@@ -167,7 +172,8 @@ def _merge_into(root: nn.Module, module: nn.Module) -> None:
 class ParallelModel:
     """This rank's stages of a model, their schedule and gradient sync."""
 
-    def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str]) -> None:
+    def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str],
+                 bucket_elements: int = BUCKET_ELEMENTS) -> None:
         self.session = session
         self.layout = session.layout
         self.stages = stages
@@ -178,14 +184,23 @@ class ParallelModel:
             _merge_into(self.module, stage)
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters()]
-        self.grad_sync = GradSync(self.layout, params, _wire_dtype(session))
-        self.schedule = build_schedule(stages, self.layout, self.loss_fn, session.device)
+        plan = session.plan
+        self.grad_sync = GradSync(
+            self.layout, params, _wire_dtype(session),
+            micro_batches=plan.pipelines[self.layout.role.pipeline].num_micro_batches,
+            overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements)
+        self.zero = Zero1(self.layout, params, self.grad_sync.buckets) if plan.zero1 else None
+        self.schedule = self._build_schedule()
+
+    def _build_schedule(self) -> Any:
+        weight_pass = self.grad_sync.weight_pass if self.grad_sync.ready is not None else None
+        return build_schedule(self.stages, self.layout, self.loss_fn, self.session.device,
+                              self.clock, weight_pass)
 
     def set_clock(self, clock: Any) -> None:
         """Route compute through an emulation clock (rebuilds the schedule)."""
         self.clock = clock
-        self.schedule = build_schedule(self.stages, self.layout, self.loss_fn,
-                                       self.session.device, clock)
+        self.schedule = self._build_schedule()
 
     # --- what users and checkpointing see --------------------------------------------------
 
@@ -212,10 +227,17 @@ class ParallelModel:
         tokens = self._global_tokens(targets)
         self.loss_fn.scale = 1.0 / max(tokens, 1)
         losses: list[torch.Tensor] = []
+        self.grad_sync.start()  # buckets start all-reducing as their gradients become final
         with self._loss_context(), self._autocast():
             self._run_schedule(inputs, targets, losses)
-        self._timed("dp_sync", self.grad_sync.sync)
+        self._timed("dp_sync", self.grad_sync.finish)
         return self._reduce(losses, tokens)
+
+    def sync_parameters(self) -> None:
+        """After the optimizer step: with ZeRO-1, copy each parameter's update from the
+        replica that owns its optimizer state to the others (nothing to do otherwise)."""
+        if self.zero is not None:
+            self.zero.gather_parameters()
 
     def _loss_context(self) -> Any:
         return loss_parallel() if self.layout.role.tp > 1 else nullcontext()

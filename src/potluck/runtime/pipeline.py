@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -52,6 +53,7 @@ from potluck.runtime.mixed_tp import (
 log = logging.getLogger(__name__)
 WHOLE_RANK = -2  # emulation clock: all of this rank's virtual stages at once
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+WeightPass = Callable[[nn.Module], AbstractContextManager[None]]
 
 
 def _mount(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -168,6 +170,7 @@ class HookedStage(PipelineStage):
 
     clock: Any = None
     commands: Commands | None = None
+    weight_pass: WeightPass | None = None  # the gradient sync's wrapper of zero-bubble W passes
 
     def _run(self, kind: str, fn: Callable[[], Any]) -> Any:
         return fn() if self.clock is None else self.clock.run(kind, self.stage_index, fn)
@@ -189,7 +192,8 @@ class HookedStage(PipelineStage):
 
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         run = super().backward_weight_one_chunk
-        return self._run("backward_weight", lambda: run(*args, **kwargs))
+        with self.weight_pass(self.submod) if self.weight_pass else nullcontext():
+            return self._run("backward_weight", lambda: run(*args, **kwargs))
 
     def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
         return self._tag(super().get_fwd_recv_ops(fwd_chunk_id), "recv_forward", fwd_chunk_id)
@@ -258,8 +262,10 @@ def _schedule_class(schedule: Schedule, virtual_stages: int, n_microbatches: int
 
 
 def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn,
-                   device: torch.device, clock: Any = None) -> Any:
-    """The plan's schedule over this rank's stage modules (apply_pp, second half)."""
+                   device: torch.device, clock: Any = None,
+                   weight_pass: WeightPass | None = None) -> Any:
+    """The plan's schedule over this rank's stage modules (apply_pp, second half);
+    ``weight_pass`` wraps zero bubble's separate weight-gradient passes."""
     role, plan = layout.role, layout.plan
     n_microbatches = plan.pipelines[role.pipeline].num_micro_batches
     if role.pp == 1:  # the chunks of a one-stage pipeline simply run in order
@@ -271,12 +277,12 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
     if layout.is_follower:
         by_stage = dict(zip(role.virtual_stage_ids, modules, strict=True))
         return FollowerSchedule(by_stage, commands, n_microbatches, loss_fn, clock)
-    hooked = clock is not None or commands is not None
+    hooked = clock is not None or commands is not None or weight_pass is not None
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
         stage = (HookedStage if hooked else PipelineStage)(
             module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
-        stage.clock, stage.commands = clock, commands
+        stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
         stages.append(stage)
     schedule_class = _schedule_class(plan.schedule, len(modules), n_microbatches, role.pp,
                                      layout.mixed_tp(role.pipeline))

@@ -3,9 +3,13 @@
 :class:`Trainer` runs one step as: this replica's rows of global batch ``k``
 -> ``ParallelModel.forward_backward`` (schedule, token-weighted loss,
 gradient sum across replicas) -> gradient clipping by the global norm ->
-optimizer step. It measures each step and hands :class:`StepMetrics` to its
-callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
-computes the same metrics; only rank 0 reports them.
+optimizer step -> ``ParallelModel.sync_parameters`` (ZeRO-1: each replica
+updated only the parameters whose optimizer states it keeps; the updates are
+gathered). Under a ZeRO-1 plan any torch optimizer, the default AdamW or
+one passed in, keeps states for this rank's share only. It measures each
+step and hands :class:`StepMetrics` to its callbacks on rank 0
+(metrics.jsonl, progress bar, TensorBoard). Every rank computes the same
+metrics; only rank 0 reports them.
 
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
 one): ``replica_rows(step, start, count)``
@@ -82,6 +86,8 @@ class Trainer:
                  predicted_step_time_s: float | None = None) -> None:
         self.model = model
         self.optimizer = optimizer or default_optimizer(model, lr)
+        if model.zero is not None:
+            model.zero.attach(self.optimizer)
         self.max_grad_norm = max_grad_norm
         self.callbacks = list(callbacks) if model.layout.rank == 0 else []
         prediction = model.layout.plan.prediction
@@ -96,7 +102,7 @@ class Trainer:
             output = self.model.forward_backward(rows)
             if self.max_grad_norm is not None:
                 self.model.clip_gradients(self.max_grad_norm, output.grad_norm)
-            self._timed("optimizer", self.optimizer.step)
+            self._timed("optimizer", self._update)
             self.optimizer.zero_grad(set_to_none=False)
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
@@ -121,6 +127,10 @@ class Trainer:
             for callback in self.callbacks:
                 callback.close()
         return history
+
+    def _update(self) -> None:
+        self.optimizer.step()
+        self.model.sync_parameters()
 
     def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
         clock = self.model.clock

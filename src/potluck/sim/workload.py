@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from potluck.cluster.topology import Device
-from potluck.planner import formulas
 from potluck.planner.cost import CostModel
 from potluck.plans import Pipeline, Plan
 
@@ -70,7 +69,7 @@ def _pipeline(plan: Plan, cost: CostModel, k: int, pipeline: Pipeline) -> Pipeli
             for c, (start, end) in enumerate(stage.layer_ranges)
         )
         params = cost.stage_params(stage.num_layers, i == 0, i == p - 1, p, len(devices))
-        static = (formulas.model_state_bytes(params, plan.dp, plan.zero1)
+        static = (cost.model_state_bytes(devices[0].type, params, plan.dp, plan.zero1)
                   + cost.overhead_bytes(devices[0].type))
         optimizer = cost.optimizer_step_s(devices[0].type, params, plan.dp, plan.zero1)
         send = cost.send_bytes(devices[0].type, pipeline.micro_batch_size)

@@ -1,0 +1,99 @@
+"""When is a gradient final for the step? Counting accumulations, whatever the schedule.
+
+Each of this rank's stage modules runs the backward of every micro-batch of
+its pipeline exactly once (GPipe, 1F1B, interleaved with several chunks per
+rank, the plain loop of a one-stage pipeline, a mixed-TP follower mirroring
+its leader), so a parameter's gradient is final once it has been accumulated
+``micro_batches`` times. Accumulations are seen two ways:
+
+- a full backward runs the parameter's ``AccumulateGrad`` node, which calls
+  its post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``);
+  a parameter used twice in one pass (a tied embedding and head in one
+  module) accumulates once per pass;
+- zero bubble splits the backward: the input pass only computes input
+  gradients (``autograd.grad``, no accumulation) and the later weight pass
+  writes ``.grad`` directly (``stage_backward_weight``), or runs a full
+  backward on the first stage. :meth:`GradReady.weight_pass` wraps that pass
+  and counts one accumulation for every parameter of the stage, ignoring
+  the hooks inside it.
+
+A parameter accumulated more often than expected means the count was wrong
+and an all-reduce may have started too early: that is an error, never a
+silent wrong gradient. A parameter that gets no gradient is simply never
+final; its bucket starts when the schedule is over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from torch import nn
+
+from potluck.runtime.buckets import Bucket
+
+
+class GradReady:
+    """Counts this step's gradient accumulations; calls ``on_ready(bucket index)`` when
+    every parameter of a bucket is final."""
+
+    def __init__(self, buckets: Sequence[Bucket], micro_batches: int,
+                 on_ready: Callable[[int], None]) -> None:
+        self.expected = micro_batches
+        self.on_ready = on_ready
+        self._where: dict[int, tuple[int, int, str]] = {}  # id(param) -> slot, bucket, name
+        self._sizes = [len(bucket.items) for bucket in buckets]
+        for index, bucket in enumerate(buckets):
+            for item in bucket.items:
+                self._where[id(item.param)] = (len(self._where), index, item.name)
+                item.param.register_post_accumulate_grad_hook(self._hook)
+        self._counts: list[int] = []
+        self._pending: list[int] = []
+        self.unfinished = 0  # tracked parameters whose gradient is not final yet
+        self.armed = False
+        self._paused = False
+
+    def start(self) -> None:
+        self._counts = [0] * len(self._where)
+        self._pending = list(self._sizes)
+        self.unfinished = len(self._where)
+        self._paused = False
+        self.armed = True
+
+    def stop(self) -> None:
+        self.armed = False
+
+    def _hook(self, param: nn.Parameter) -> None:
+        if self.armed and not self._paused:
+            self._accumulated(param)
+
+    def _accumulated(self, param: nn.Parameter) -> None:
+        slot, bucket, name = self._where[id(param)]
+        self._counts[slot] += 1
+        count = self._counts[slot]
+        if count > self.expected:
+            raise RuntimeError(
+                f"the gradient of {name} was accumulated {count} times in a step of "
+                f"{self.expected} micro-batches; its all-reduce may have started too early"
+            )
+        if count < self.expected:
+            return
+        self.unfinished -= 1
+        self._pending[bucket] -= 1
+        if self._pending[bucket] == 0:
+            self.on_ready(bucket)
+
+    @contextmanager
+    def weight_pass(self, module: nn.Module) -> Iterator[None]:
+        """One weight-gradient pass of ``module``: one accumulation of each of its parameters."""
+        if not self.armed:
+            yield
+            return
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+        for param in module.parameters():
+            if id(param) in self._where:
+                self._accumulated(param)

@@ -1,0 +1,192 @@
+"""ZeRO-1: optimizer states sharded over the replicas that hold the same parameters.
+
+Every pipeline holds every unit (the embedding, each block, the head), laid
+out its own way. With ``plan.zero1`` each parameter gets one **owner
+pipeline**, and only the owner's rank(s) holding the parameter keep its
+optimizer state (AdamW's moments and step) and update it:
+
+- owners are chosen per holder set (the stages holding a unit, one per
+  pipeline), largest parameters first, each to the holder that owns the
+  fewest elements so far, so each holder keeps the states of about ``1/d``
+  of the set's parameters and each rank about ``1/d`` of its unsharded
+  states, as the cost model assumes (``4 + 12/d`` bytes per parameter). It
+  is a pure function of the plan and the parameters' full shapes, so every
+  rank agrees without talking. The tied embedding/head belongs to
+  pipeline 0 (both its copies when that pipeline has several stages), which
+  keeps checkpoints keyed by the same names as without ZeRO-1; holder sets
+  whose stages all hold the tied weight count it in pipeline 0's load.
+- the optimizer is any torch optimizer over all local parameters. A step
+  pre-hook hides the gradients of parameters this rank does not own (torch
+  optimizers skip parameters without a gradient, and create no state for
+  them); the post-hook puts them back. The runtime keeps no fp32 master
+  copy (parameters are fp32, autocast computes in 16 bits), so the moments
+  are all there is to shard.
+- :meth:`Zero1.gather_parameters` then copies the owners' updated values to
+  the other holders, bucket by bucket (the gradient buckets,
+  :mod:`potluck.runtime.buckets`): aligned buckets all-gather each member's
+  owned local shards (padded to the largest); full-layout buckets sum
+  full-size tensors to which only the owner contributes (``x + 0 = x``).
+
+Numerics equal the unsharded optimizer: every holder would have applied the
+same elementwise update to the same values and gradients. Gradients are still
+all-reduced whole (the global norm and clipping need them), so the parameter
+all-gather is extra traffic, about half an all-reduce, after the step.
+
+torch's ``ZeroRedundancyOptimizer`` is not used: it shards one parameter list
+over one process group, with the same dense parameters on every rank, while a
+rank here holds units of several groups (per-layer groups, the tied weight),
+DTensor shards, and in heterogeneous plans differently sharded copies; its
+state dict is consolidated on one rank rather than saved per FQN with DCP,
+and it broadcasts inside ``step``, which DCP also calls to initialize states.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from functools import reduce
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from potluck.runtime.buckets import Bucket, FullLayout, SyncedParam, local
+from potluck.runtime.layout import TIED, Layout
+
+Holder = tuple[int, int]  # (pipeline, stage)
+
+
+def assign_owners(layout: Layout, params: list[SyncedParam]) -> dict[str, int]:
+    """The owner pipeline of each local parameter, by name (see the module docstring)."""
+    plan = layout.plan
+    by_holders: dict[tuple[Holder, ...], list[SyncedParam]] = defaultdict(list)
+    for item in params:
+        by_holders[layout.holders(item.unit)].append(item)
+    tied_holders = set(layout.holders(TIED)) if plan.model.tied_embeddings else set()
+    tied_numel = sum(item.param.numel() for item in params if item.unit == TIED)
+    owners: dict[str, int] = {}
+    for holders, items in by_holders.items():
+        load = [0] * len(holders)  # parameter elements whose states each holder keeps
+        if tied_numel and all(h in tied_holders for h in holders):
+            load[next(i for i, (p, _) in enumerate(holders) if p == 0)] += tied_numel
+        for item in sorted(items, key=lambda i: (-i.param.numel(), i.name)):
+            if item.unit == TIED:
+                owners[item.name] = 0
+                continue
+            best = min(range(len(holders)), key=lambda h: (load[h], h))
+            load[best] += item.param.numel()
+            owners[item.name] = holders[best][0]
+    return owners
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state on this rank (local shards of DTensor states)."""
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                tensor = local(value)
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class Zero1:
+    """Which local parameters this rank updates, and the gather of everyone's updates."""
+
+    def __init__(self, layout: Layout, params: list[SyncedParam], buckets: list[Bucket]) -> None:
+        self.layout = layout
+        self.owners = assign_owners(layout, params)
+        pipeline = layout.role.pipeline
+        self.owned = {id(i.param) for i in params if self.owners[i.name] == pipeline}
+        self._local = {id(i.param) for i in params}
+        self.buckets = buckets
+        self.full = FullLayout(layout.role.tp_rank)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer`` step (and keep state for) this rank's own parameters only."""
+        hidden: list[tuple[nn.Parameter, torch.Tensor]] = []
+
+        def hide(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if id(param) in self._local and id(param) not in self.owned \
+                            and param.grad is not None:
+                        hidden.append((param, param.grad))
+                        param.grad = None
+
+        def restore(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            for param, grad in hidden:
+                param.grad = grad
+            hidden.clear()
+
+        optimizer.register_step_pre_hook(hide)
+        optimizer.register_step_post_hook(restore)
+
+    @torch.no_grad()
+    def gather_parameters(self) -> None:
+        """Copy every owner's updated parameters to the other holders (collective)."""
+        pending = [self._launch(bucket) for bucket in self.buckets]
+        for work, write_back in pending:
+            work.wait()
+            write_back()
+
+    def _source(self, item: SyncedParam) -> int:
+        """The rank of this bucket's group whose copy of ``item`` is sent: the owner
+        pipeline's first holder, at this rank's TP index (aligned buckets)."""
+        holder = next(h for h in self.layout.holders(item.unit) if h[0] == self.owners[item.name])
+        return self.layout.stage_ranks(*holder)[self.layout.role.tp_rank]
+
+    def _launch(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
+        if bucket.aligned:
+            return self._launch_aligned(bucket)
+        return self._launch_full(bucket)
+
+    def _launch_aligned(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
+        sources = [self._source(item) for item in bucket.items]
+        members = [[i for i, s in enumerate(sources) if s == rank] for rank in bucket.ranks]
+        locals_ = [local(item.param) for item in bucket.items]
+        sizes = [sum(locals_[i].numel() for i in indices) for indices in members]
+        dtype = reduce(torch.promote_types, (t.dtype for t in locals_))
+        mine = members[bucket.ranks.index(self.layout.rank)]
+        send = locals_[0].new_zeros(max(sizes), dtype=dtype)
+        if mine:
+            send[:sizes[bucket.ranks.index(self.layout.rank)]] = torch.cat(
+                [locals_[i].reshape(-1) for i in mine])
+        received = [torch.empty_like(send) for _ in bucket.ranks]
+        work = dist.all_gather(received, send, group=bucket.group, async_op=True)
+
+        def write_back() -> None:
+            for indices, flat in zip(members, received, strict=True):
+                if indices is mine:
+                    continue
+                offset = 0
+                for i in indices:
+                    size = locals_[i].numel()
+                    locals_[i].copy_(flat[offset:offset + size].view_as(locals_[i]))
+                    offset += size
+
+        return work, write_back
+
+    def _launch_full(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
+        pipeline = self.layout.role.pipeline
+        firsts = [self._is_first_owner(item) for item in bucket.items]
+        flat = torch.cat([self.full.to_full(item.param, local(item.param), contributes=first)
+                          for item, first in zip(bucket.items, firsts, strict=True)])
+        work = dist.all_reduce(flat, group=bucket.group, async_op=True)
+
+        def write_back() -> None:
+            offset = 0
+            for item in bucket.items:
+                size = item.param.numel()
+                if self.owners[item.name] != pipeline:
+                    self.full.take(item.param, flat[offset:offset + size], local(item.param))
+                offset += size
+
+        return work, write_back
+
+    def _is_first_owner(self, item: SyncedParam) -> bool:
+        """Whether this rank's stage is the owner pipeline's first holder of ``item``."""
+        role = self.layout.role
+        holder = next(h for h in self.layout.holders(item.unit) if h[0] == self.owners[item.name])
+        return holder == (role.pipeline, role.stage)

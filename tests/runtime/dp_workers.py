@@ -1,0 +1,84 @@
+"""Rank workers for the data-parallel tests: train a plan and report what the gradient sync
+and the optimizer did on each rank (bucket launches, optimizer state bytes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from runtime_helpers import LR, STEPS
+
+from potluck.plans import Plan
+from potluck.runtime import ParallelModel, Trainer, build_model, parallelize, start
+from potluck.runtime.batches import RandomTokens
+from potluck.runtime.buckets import BUCKET_ELEMENTS
+from potluck.runtime.data_parallel import SyncStats
+from potluck.runtime.launch import run_local
+from potluck.runtime.zero import optimizer_state_bytes
+
+SMALL_BUCKETS = 3000  # elements: several buckets per stage of the tiny models
+
+
+@dataclass(frozen=True)
+class RankReport:
+    losses: list[float]
+    stats: list[SyncStats]  # per step
+    state_bytes: int  # optimizer state on this rank after the last step
+
+
+def with_options(plan: Plan, *, overlap: bool | None = None, zero1: bool | None = None) -> Plan:
+    """``plan`` with the gradient all-reduce overlapped or not, ZeRO-1 on or off."""
+    if overlap is not None:
+        execution = replace(plan.training.execution, overlap_grad_reduce=overlap)
+        plan = replace(plan, training=replace(plan.training, execution=execution))
+    return plan if zero1 is None else replace(plan, zero1=zero1)
+
+
+def sgd_with_momentum(model: ParallelModel) -> torch.optim.Optimizer:
+    return torch.optim.SGD(list(model.parameters()), lr=LR, momentum=0.9)
+
+
+def _train(plan: Plan, steps: int, bucket_elements: int,
+           optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None) -> RankReport:
+    session = start(plan, timeout_s=60)
+    try:
+        model = parallelize(build_model(plan.model), session, bucket_elements=bucket_elements)
+        trainer = Trainer(model, optimizer(model) if optimizer else None, lr=LR)
+        shape = plan.training
+        data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
+        losses, stats = [], []
+        for step in range(steps):
+            rows = data.replica_rows(step, *session.layout.batch_rows)
+            losses.append(trainer.step(rows).loss)
+            stats.append(model.grad_sync.stats)
+        return RankReport(losses, stats, optimizer_state_bytes(trainer.optimizer))
+    finally:
+        session.close()
+
+
+def train_plan(plan: Plan, steps: int = STEPS, bucket_elements: int = BUCKET_ELEMENTS,
+               optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None = None
+               ) -> list[RankReport]:
+    """Every rank's report of ``plan`` run on CPU ranks of this machine (``optimizer``:
+    a top-level factory, default the trainer's AdamW)."""
+    return run_local(_train, plan.devices, (plan, steps, bucket_elements, optimizer),
+                     timeout_s=120)
+
+
+def _tied_group_is_not_the_lane(plan: Plan) -> bool:
+    from potluck.runtime.layout import TIED
+
+    session = start(plan, timeout_s=60)
+    try:
+        layout = session.layout
+        tied = layout.sync_group(TIED).ranks
+        return tied == layout.lane_ranks(0, 0) and \
+            layout.sync_process_group(tied) is not layout.lane_group
+    finally:
+        session.close()
+
+
+def tied_group_is_not_the_lane(plan: Plan) -> list[bool]:
+    """Per rank: the tied weight's sync group has the lane's ranks, not its process group."""
+    return run_local(_tied_group_is_not_the_lane, plan.devices, (plan,), timeout_s=60)
