@@ -19,8 +19,8 @@ the plans do not know (efficiencies 0.5-0.6, memory bandwidth 80-85%, a
 0.7 GB/s network), so the uncalibrated prediction is off the way a catalog is
 off for real GPUs, and calibration must find the true figures from the trace.
 
-The plans describe this runtime's execution (gradient all-reduce after the
-backward pass, not overlapped; fp32 on CPU).
+The plans keep potluck's default execution traits, which are the runtime's
+(gradient all-reduce overlapped with the backward pass; fp32 on CPU).
 
 CPU ranks share the machine with whatever else runs on it, and every other
 process shows up as slower ops. Before each run the script waits (up to
@@ -49,12 +49,11 @@ from potluck.calibrate.run import load_run
 from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import PRESETS
 from potluck.planner.cost import CostModel
-from potluck.plans import Execution, Plan, save_plan
+from potluck.plans import Plan, save_plan
 from potluck.runtime.train import TrainOptions, train
 
 MODEL = replace(PRESETS["tiny-llama"], name="llama-h256-l8", hidden_size=256, ffn_hidden_size=688,
                 num_heads=4, num_kv_heads=4, num_layers=8, max_seq_len=256)
-RUNTIME = Execution(overlap_grad_reduce=False)  # what potluck's runtime does today
 LAYOUTS = {4: [(2, 2), (1, 4), (4, 1)], 8: [(2, 4), (1, 8), (8, 1), (4, 2)]}  # (dp, pp)
 SHAPE = {"global_batch": 16, "seq_len": 128, "micro_batch_size": 2}
 EMULATED = {
@@ -82,17 +81,15 @@ EMULATED_LAYOUTS = {4: [{"dp": 2, "pp": 2}, {"dp": 1, "pp": 4}, {"dp": 4, "pp": 
                     8: [{"dp": 2, "pp": 4}, {"dp": 1, "pp": 8}, {}]}  # {}: the planner's choice
 
 
-def runtime_plan(plan: Plan) -> Plan:
-    """``plan`` with this runtime's execution traits and the prediction for them."""
-    training = replace(plan.training, execution=RUNTIME)
-    plan = replace(plan, training=training)
+def with_prediction(plan: Plan) -> Plan:
+    """``plan`` with the cost model's prediction on its own cluster."""
     return replace(plan, prediction=CostModel.for_plan(plan).evaluate(plan))
 
 
 def cpu_plan(ranks: int, dp: int, pp: int) -> Plan:
     cluster = parse_cluster(f"nodes:\n  - {{name: cpu, gpu: cpu, gpus_per_node: {ranks}}}\n",
                             f"cpu{ranks}.yaml")
-    return runtime_plan(api.plan(cluster, MODEL, dp=dp, pp=pp, tp=1, **SHAPE).best)
+    return with_prediction(api.plan(cluster, MODEL, dp=dp, pp=pp, tp=1, **SHAPE).best)
 
 
 def busy_share(seconds: float = 2.0) -> float:
@@ -204,10 +201,10 @@ def emulated_plans(ranks: int) -> dict[str, tuple[Plan, Plan]]:
                          f"emulated{ranks}-true.yaml")
     plans = {}
     for pins in EMULATED_LAYOUTS[ranks]:
-        plan = runtime_plan(api.plan(claimed, "gpt3-1.3b", global_batch=32, seq_len=1024,
+        plan = with_prediction(api.plan(claimed, "gpt3-1.3b", global_batch=32, seq_len=1024,
                                      tp=1 if pins else None, **pins).best)
         name = plan.layout() + ("" if pins else " (planner)")
-        plans[name] = (plan, runtime_plan(replace(plan, cluster=true)))
+        plans[name] = (plan, with_prediction(replace(plan, cluster=true)))
     return plans
 
 

@@ -45,6 +45,20 @@ def test_calibration_recovers_the_true_efficiency_and_bandwidths(tmp_path) -> No
     assert link.bandwidth_bytes_per_s == pytest.approx(TRUE_LINK_BANDWIDTH, rel=0.01)
 
 
+def test_an_overlapped_all_reduce_is_fitted_from_its_exposed_rest(tmp_path) -> None:
+    slow = TRUE_LINK_BANDWIDTH / 8  # the all-reduce outlasts the last backward
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1, overlap=True,
+                                          link_bandwidth=slow))
+    (link,) = outcome.fit.links
+    assert link.bandwidth_bytes_per_s == pytest.approx(slow, rel=0.02)
+
+
+def test_a_hidden_all_reduce_leaves_the_links_alone(tmp_path) -> None:
+    outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1, overlap=True))
+    assert outcome.fit.links == ()
+    assert outcome.fit.devices[0].matmul_efficiency == pytest.approx(TRUE_EFFICIENCY, rel=1e-3)
+
+
 def test_the_calibrated_file_loads_and_predicts_like_the_true_cluster(tmp_path) -> None:
     outcome = calibrate_run(synthetic_run(tmp_path / "run", dp=2, pp=1),
                             out=tmp_path / "calibrated.yaml")

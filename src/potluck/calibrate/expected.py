@@ -21,6 +21,16 @@ def stages_of(plan: Plan) -> dict[str, tuple[int, int]]:
             for i, stage in enumerate(pipeline.stages) for device in stage.devices}
 
 
+def backward_s(cost: CostModel, plan: Plan, k: int, i: int) -> float:
+    """One micro-batch's backward on stage ``i`` of pipeline ``k`` (TP traffic included)."""
+    pipeline = plan.pipelines[k]
+    stage = pipeline.stages[i]
+    work, _ = cost.stage_work(tuple(cost.cluster.device(d) for d in stage.devices),
+                              stage.num_layers, i == 0, i == pipeline.pp - 1,
+                              pipeline.micro_batch_size, plan.recompute, 0.0)
+    return work.backward_s
+
+
 def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
     """Forward and backward seconds of ``devices`` in one step, summed."""
     cost = CostModel.for_plan(plan)

@@ -53,6 +53,8 @@ def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace,
                   emulated: bool = False) -> float | None:
     """Memory bandwidth of type ``name`` from its devices' optimizer steps (an emulated run's
     are all the plan's slowest: every type is scaled alike)."""
+    if plan.zero1 and plan.dp > 1 and not emulated:
+        return None  # the step holds the parameter all-gather too
     seen = optimizer_s(measured)
     timed = [d for d in (plan.devices if emulated else devices) if seen.get(d, 0.0) > 0]
     predicted_s = expected.optimizer_s(plan, timed, emulated) if timed else 0.0
@@ -94,7 +96,8 @@ def fit_devices(plan: Plan, measured: Trace, emulated: bool = False) -> tuple[De
     fits = []
     for name, devices in by_type.items():
         bandwidth = fit_bandwidth(plan, name, devices, measured, emulated)
-        notes = [] if bandwidth else [f"{name}: no optimizer step measured; memory bandwidth kept"]
+        notes = [] if bandwidth else [f"{name}: no optimizer step alone (none measured, or "
+                                      "ZeRO-1's all-gather in it); memory bandwidth kept"]
         with_bandwidth = replace(plan, cluster=with_device(plan.cluster, name,
                                                            bandwidth_bytes_per_s=bandwidth))
         efficiency, note = fit_efficiency(with_bandwidth, name, devices, measured, emulated)

@@ -10,7 +10,9 @@ step, among ranks in the same rings, the shortest op (the last rank to
 arrive) measures the collectives. Each such op is one linear equation in
 ``1/W`` and ``alpha`` of the link classes its rings cross. Least squares
 gives both where the reduced sizes differ (2x or more), else the bandwidth
-with the latency kept.
+with the latency kept. Where the plan overlaps the all-reduce with the
+backward pass (``Execution.overlap_grad_reduce``, as the runtime does), the op
+is only the exposed rest, and the cost model's overlap window is added back.
 
 A link class is what a calibration entry can name: a kind (``pcie``,
 ``nvlink``, ``network``) inside one node group, or the network between two
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from potluck.calibrate import expected
 from potluck.calibrate.measure import allreduce_s
 from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
@@ -37,6 +40,7 @@ from potluck.plans import Plan
 from potluck.sim.trace import Trace
 
 SIZE_SPREAD_FOR_LATENCY = 2.0
+EXPOSED_FLOOR_S = 1e-4  # an overlapped all-reduce that left less than this was hidden
 SCALE_RANGE = (1e-3, 1e4)
 
 Terms = dict["LinkKey", tuple[float, float]]  # per link class: (bytes over W, latencies)
@@ -96,15 +100,34 @@ def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
     return dict(terms), cost.cluster
 
 
+def overlap_windows(plan: Plan) -> dict[str, float]:
+    """Per device: the backward the cost model lets its all-reduces hide behind (the
+    shortest one-micro-batch backward among the replicas of each of its groups)."""
+    if not plan.training.execution.overlap_grad_reduce:
+        return {}
+    cost = CostModel.for_plan(plan)
+    windows: dict[str, float] = {}
+    for group in cost.gradient_groups(plan):
+        window = min(expected.backward_s(cost, plan, k, j) for k, j in group.members)
+        for device in (d for ring in group.rings for d in ring):
+            windows[device.id] = min(windows.get(device.id, window), window)
+    return windows
+
+
 def observations(plan: Plan, measured: Trace) -> list[tuple[Terms, float]]:
-    """(terms, seconds): per step, the fastest all-reduce op among ranks with the same terms."""
+    """(terms, seconds): per step, the fastest all-reduce op among ranks with the same terms.
+    Where the plan overlaps the all-reduce with the backward pass, the op is the exposed
+    rest: the window it hid behind is added back, and ops with nothing exposed (which only
+    say the all-reduce fit in the window) are left out."""
     terms, _ = device_terms(plan)
+    windows = overlap_windows(plan)
     found = []
     for seconds in allreduce_s(measured).values():
         fastest: dict[tuple, tuple[Terms, float]] = {}
         for device, duration_s in seconds.items():
-            if device not in terms:
+            if device not in terms or (windows and duration_s < EXPOSED_FLOOR_S):
                 continue
+            duration_s += windows.get(device, 0.0)
             key = tuple(sorted((k.describe(), v) for k, v in terms[device].items()))
             if key not in fastest or duration_s < fastest[key][1]:
                 fastest[key] = (terms[device], duration_s)
