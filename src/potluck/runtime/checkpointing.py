@@ -41,6 +41,8 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
                                      "model": model_to_dict(model.layout.plan.model)}
     if hasattr(source, "state_dict"):
         trainer_state["data"] = source.state_dict(next_step)
+    if trainer.loss_scale is not None:
+        trainer_state["loss_scale"] = trainer.loss_scale.state_dict()
     path = save_checkpoint(out_dir, next_step, state, trainer_state)
     if model.layout.rank == 0:
         prune_checkpoints(out_dir, keep_last)
@@ -63,5 +65,7 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)
+    if "loss_scale" in saved and trainer.loss_scale is not None:
+        trainer.loss_scale.load_state_dict(saved["loss_scale"])
     trainer.step_index = int(saved["step"])
     return trainer.step_index

@@ -25,7 +25,7 @@ the caller's (:class:`potluck.runtime.trainer.Trainer` does it, then
 
 from __future__ import annotations
 
-import logging
+import math
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -50,8 +50,6 @@ from potluck.runtime.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.tracing import find_blocks, trace_stages
 from potluck.runtime.zero import Zero1
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -59,7 +57,8 @@ class StepOutput:
 
     loss: float  # token-weighted mean over the global batch
     tokens: int  # target tokens in the global batch
-    grad_norm: float  # global L2 norm of the summed gradients
+    grad_norm: float  # global L2 norm of the summed gradients (loss scale divided out)
+    grads_finite: bool = True  # False: some gradient on some rank is inf or NaN
 
 
 def _check_model(model: nn.Module, layout: Layout, blocks: nn.ModuleList) -> None:
@@ -131,16 +130,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
         stages, units, aliases = _stages_of_any(model, session)
     materialize(stages, session.device, seed, aliases, kinds)
     apply_recompute(stages, layout.plan.recompute)
-    _warn_unsupported(session)
     return ParallelModel(session, stages, units, bucket_elements)
-
-
-def _warn_unsupported(session: Session) -> None:
-    """Plan settings this runtime does not honour yet (numerics are unaffected)."""
-    if session.rank != 0:
-        return
-    if session.autocast_dtype is torch.float16:
-        log.warning("fp16 autocast runs without loss scaling; prefer bf16 where the GPU has it")
 
 
 def _wire_dtype(session: Session) -> torch.dtype | None:
@@ -220,18 +210,22 @@ class ParallelModel:
 
     # --- one step ----------------------------------------------------------------------------
 
-    def forward_backward(self, rows: torch.Tensor) -> StepOutput:
-        """Forward and backward of this replica's ``rows``; gradients summed over replicas."""
+    def forward_backward(self, rows: torch.Tensor, loss_scale: float = 1.0) -> StepOutput:
+        """Forward and backward of this replica's ``rows``; gradients summed over replicas.
+
+        With ``loss_scale`` (fp16), gradients are left multiplied by it: the caller
+        divides it out (:meth:`unscale_and_clip`); the returned loss and norm are unscaled.
+        """
         rows = rows.to(self.session.device)
         inputs, targets = rows[:, :-1], rows[:, 1:]
         tokens = self._global_tokens(targets)
-        self.loss_fn.scale = 1.0 / max(tokens, 1)
+        self.loss_fn.scale = loss_scale / max(tokens, 1)
         losses: list[torch.Tensor] = []
         self.grad_sync.start()  # buckets start all-reducing as their gradients become final
         with self._loss_context(), self._autocast():
             self._run_schedule(inputs, targets, losses)
         self._timed("dp_sync", self.grad_sync.finish)
-        return self._reduce(losses, tokens)
+        return self._reduce(losses, tokens, loss_scale)
 
     def sync_parameters(self) -> None:
         """After the optimizer step: with ZeRO-1, copy each parameter's update from the
@@ -264,23 +258,29 @@ class ParallelModel:
         dist.all_reduce(total)
         return int(total.item())
 
-    def _reduce(self, losses: list[torch.Tensor], tokens: int) -> StepOutput:
+    def _reduce(self, losses: list[torch.Tensor], tokens: int, loss_scale: float) -> StepOutput:
         loss_sum = 0.0
         if self.layout.is_loss_reporter:
             loss_sum = float(sum(_scalar(loss) for loss in losses))
         totals = torch.tensor([loss_sum, 0.0], dtype=torch.float64, device=self.session.device)
         totals[1] = self.grad_sync.norm_squared()  # small tensors live on the device (nccl)
-        dist.all_reduce(totals)
-        return StepOutput(loss=float(totals[0]), tokens=tokens,
-                          grad_norm=float(totals[1].sqrt()))
+        dist.all_reduce(totals)  # an inf or NaN gradient anywhere makes every rank's sum so
+        norm_squared = float(totals[1])
+        return StepOutput(loss=float(totals[0]) / loss_scale, tokens=tokens,
+                          grad_norm=math.sqrt(norm_squared) / loss_scale
+                          if math.isfinite(norm_squared) else math.inf,
+                          grads_finite=math.isfinite(norm_squared))
 
     def _timed(self, kind: str, fn: Any) -> Any:
         return fn() if self.clock is None else self.clock.run(kind, -1, fn)
 
-    def clip_gradients(self, max_norm: float, grad_norm: float) -> None:
-        """Scale gradients so the global norm is at most ``max_norm`` (as clip_grad_norm_)."""
-        coef = max_norm / (grad_norm + 1e-6)
-        if coef >= 1.0:
+    def unscale_and_clip(self, max_norm: float | None, grad_norm: float,
+                         loss_scale: float = 1.0) -> None:
+        """Divide the loss scale out of the gradients and scale them so the global norm
+        (``grad_norm``, already unscaled) is at most ``max_norm`` (as clip_grad_norm_)."""
+        clip = 1.0 if max_norm is None else min(1.0, max_norm / (grad_norm + 1e-6))
+        coef = clip / loss_scale
+        if coef == 1.0:
             return
         for param in self.parameters():
             if param.grad is not None:

@@ -2,14 +2,18 @@
 
 :class:`Trainer` runs one step as: this replica's rows of global batch ``k``
 -> ``ParallelModel.forward_backward`` (schedule, token-weighted loss,
-gradient sum across replicas) -> gradient clipping by the global norm ->
-optimizer step -> ``ParallelModel.sync_parameters`` (ZeRO-1: each replica
+gradient sum across replicas) -> the loss scale divided out (fp16) and gradient
+clipping by the global norm -> optimizer step ->
+``ParallelModel.sync_parameters`` (ZeRO-1: each replica
 updated only the parameters whose optimizer states it keeps; the updates are
 gathered). Under a ZeRO-1 plan any torch optimizer, the default AdamW or
 one passed in, keeps states for this rank's share only. It measures each
 step and hands :class:`StepMetrics` to its callbacks on rank 0
 (metrics.jsonl, progress bar, TensorBoard). Every rank computes the same
-metrics; only rank 0 reports them.
+metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
+rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
+:class:`~potluck.runtime.loss_scale.DynamicLossScale` makes that the rare overflow
+it is meant to be.
 
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
 one): ``replica_rows(step, start, count)``
@@ -19,6 +23,7 @@ returns rows ``[start, start + count)`` of global batch ``step`` as token ids
 
 from __future__ import annotations
 
+import logging
 import resource
 import sys
 import time
@@ -29,7 +34,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from potluck.runtime.loss_scale import DynamicLossScale
 from potluck.runtime.parallelize import ParallelModel
+
+log = logging.getLogger(__name__)
 
 
 class BatchSource(Protocol):
@@ -57,6 +65,8 @@ class StepMetrics:
     peak_memory_gb: float
     grad_norm: float
     lr: float
+    loss_scale: float | None = None  # fp16 loss scale this step ran with
+    skipped: bool = False  # inf/NaN gradients: no optimizer step
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,8 +93,14 @@ class Trainer:
     def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer | None = None, *,
                  lr: float = 3e-4, max_grad_norm: float | None = 1.0,
                  callbacks: Sequence[Callback] = (),
-                 predicted_step_time_s: float | None = None) -> None:
+                 predicted_step_time_s: float | None = None,
+                 loss_scale: DynamicLossScale | None = None) -> None:
+        """``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast, else none."""
         self.model = model
+        fp16 = model.session.autocast_dtype is torch.float16
+        if loss_scale is None and fp16:
+            loss_scale = DynamicLossScale()
+        self.loss_scale = loss_scale
         self.optimizer = optimizer or default_optimizer(model, lr)
         if model.zero is not None:
             model.zero.attach(self.optimizer)
@@ -99,14 +115,19 @@ class Trainer:
         """One training step on this replica's ``rows`` of the current global batch."""
         with self.model.session.guard():
             start_s = time.perf_counter()
-            output = self.model.forward_backward(rows)
-            if self.max_grad_norm is not None:
-                self.model.clip_gradients(self.max_grad_norm, output.grad_norm)
-            self._timed("optimizer", self._update)
+            scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
+            output = self.model.forward_backward(rows, scale)
+            if output.grads_finite:
+                self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
+                self._timed("optimizer", self._update)
+            else:
+                self._skip_step(scale)
+            if self.loss_scale is not None:
+                self.loss_scale.update(output.grads_finite)
             self.optimizer.zero_grad(set_to_none=False)
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
-            metrics = self._metrics(output, step_time_s)
+            metrics = self._metrics(output, step_time_s, scale)
         for callback in self.callbacks:
             callback.on_step(metrics)
         self.step_index += 1
@@ -128,6 +149,16 @@ class Trainer:
                 callback.close()
         return history
 
+    def _skip_step(self, scale: float) -> None:
+        if self.model.layout.rank != 0:
+            return
+        if self.loss_scale is not None:
+            log.info("step %d: fp16 gradients overflowed at loss scale %g; step skipped, "
+                     "scale lowered", self.step_index, scale)
+        else:
+            log.warning("step %d: gradients are inf or NaN; optimizer step skipped (lower the "
+                        "learning rate if this repeats)", self.step_index)
+
     def _update(self) -> None:
         self.optimizer.step()
         self.model.sync_parameters()
@@ -146,7 +177,7 @@ class Trainer:
             return None
         return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
 
-    def _metrics(self, output: Any, step_time_s: float) -> StepMetrics:
+    def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
         device = self.model.session.device
         peak = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
@@ -156,4 +187,6 @@ class Trainer:
             step_time_s=step_time_s, predicted_step_time_s=self._predicted_s(),
             peak_memory_gb=float(peak) / 1e9, grad_norm=output.grad_norm,
             lr=float(self.optimizer.param_groups[0]["lr"]),
+            loss_scale=scale if self.loss_scale is not None else None,
+            skipped=not output.grads_finite,
         )
