@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -16,6 +17,16 @@ from potluck.plans import Plan, Prediction, plan_to_dict
 from potluck.units import format_duration
 
 GB = 1e9
+
+
+def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
+    """A compact table (no vertical rules) so plans read in an 80-column terminal."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, padding=(0, 1, 0, 0))
+    for column in columns:
+        table.add_column(column, justify="left" if column in left else "right",
+                         no_wrap=column in left)
+    return table
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -79,7 +90,10 @@ def render_result(console: Console, result: SearchResult) -> None:
     best = result.best
     render_plan(console, best)
     if len(result.plans) > 1:
+        console.print()
         console.print(_alternatives_table(result.plans))
+        for note in same_layout_notes(result.plans):
+            console.print(f"[dim]{note}[/dim]")
     console.print(
         f"[dim]searched {result.candidates} candidates in {result.search_time_s:.2f} s[/dim]"
     )
@@ -95,8 +109,10 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
         f"tokens, {shape.dtype.value}"
     )
-    console.print(_stage_table(plan, prediction))
-    console.print(_headline_table(prediction))
+    for table in (_stage_table(plan, prediction), _headline_table(prediction),
+                  _breakdown_table(prediction)):
+        console.print()
+        console.print(table)
     for note in plan.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
 
@@ -104,10 +120,9 @@ def render_plan(console: Console, plan: Plan) -> None:
 def _stage_table(plan: Plan, prediction: Prediction) -> Table:
     cluster = Cluster(plan.cluster)
     memory = {m.device: m.total_bytes for m in prediction.memory}
-    table = Table(title="Pipelines and stages", title_justify="left")
-    for column in ("pipe", "batch", "stage", "devices", "type", "tp", "layers",
-                   "memory GB", "time/µbatch"):
-        table.add_column(column, justify="right" if column != "devices" else "left")
+    table = _table("Pipelines and stages", ("pipe", "batch", "stage", "devices", "type", "tp",
+                                            "layers", "memory GB", "t/µbatch"),
+                   left=("devices", "type", "layers"))
     for k, pipeline in enumerate(plan.pipelines):
         for i, stage in enumerate(pipeline.stages):
             device_type = cluster.device(stage.devices[0]).type
@@ -124,25 +139,30 @@ def _stage_table(plan: Plan, prediction: Prediction) -> Table:
 
 
 def _headline_table(prediction: Prediction) -> Table:
-    table = Table(title="Predicted iteration", title_justify="left")
-    b = prediction.breakdown
-    for column in ("iteration", "tokens/s", "TFLOPS/GPU", "MFU", "compute", "bubble", "TP",
-                   "PP", "DP", "optimizer"):
-        table.add_column(column, justify="right")
+    table = _table("Predicted iteration", ("iteration", "tokens/s", "TFLOPS/GPU", "MFU",
+                                           "peak memory"))
     table.add_row(
         format_duration(prediction.iteration_time_s), f"{prediction.tokens_per_s:,.0f}",
         f"{prediction.tflops_per_gpu:.1f}", f"{prediction.mfu:.1%}",
-        *(format_duration(x) for x in (b.compute_s, b.bubble_s, b.tp_s, b.pp_s, b.dp_s,
-                                       b.optimizer_s)),
+        f"{prediction.peak_memory_bytes / GB:.1f} GB",
     )
     return table
 
 
+def _breakdown_table(prediction: Prediction) -> Table:
+    """The iteration's critical path by kind of work."""
+    table = _table("Where the time goes (critical path)", ("compute", "bubble", "TP", "PP", "DP",
+                                                           "optimizer"))
+    b = prediction.breakdown
+    table.add_row(*(format_duration(x) for x in (b.compute_s, b.bubble_s, b.tp_s, b.pp_s, b.dp_s,
+                                                 b.optimizer_s)))
+    return table
+
+
 def _alternatives_table(plans: tuple[Plan, ...]) -> Table:
-    table = Table(title="Best alternatives", title_justify="left")
-    for column in ("#", "layout", "µbatch", "recompute", "GPUs", "iteration", "tokens/s", "MFU",
-                   "peak GB"):
-        table.add_column(column, justify="right")
+    table = _table("Best alternatives", ("#", "layout", "µb", "recompute", "GPUs",
+                                         "iteration", "tokens/s", "MFU", "peak GB"),
+                   left=("layout",))
     for rank, plan in enumerate(plans, start=1):
         p = _prediction(plan)
         table.add_row(
@@ -151,6 +171,35 @@ def _alternatives_table(plans: tuple[Plan, ...]) -> Table:
             f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GB:.1f}",
         )
     return table
+
+
+def same_layout_notes(plans: tuple[Plan, ...]) -> list[str]:
+    """For alternatives that share a layout and micro-batch size, what tells them apart:
+    the order of their stages (the first pipeline's node groups)."""
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    for rank, plan in enumerate(plans, start=1):
+        key = (plan.layout(), plan.pipelines[0].micro_batch_size, plan.recompute.value)
+        groups.setdefault(key, []).append(rank)
+    notes = []
+    for ranks in groups.values():
+        orders = {rank: stage_order(plans[rank - 1]) for rank in ranks}
+        if len(set(orders.values())) > 1:
+            notes.extend(f"#{rank} stage order: {order}" for rank, order in orders.items())
+    return notes
+
+
+def stage_order(plan: Plan) -> str:
+    """The node groups of the first pipeline's stages in order, runs counted:
+    ``box3090 x2, a100 x2``."""
+    cluster = Cluster(plan.cluster)
+    runs: list[tuple[str, int]] = []
+    for stage in plan.pipelines[0].stages:
+        group = cluster.device(stage.devices[0]).group
+        if runs and runs[-1][0] == group:
+            runs[-1] = (group, runs[-1][1] + 1)
+        else:
+            runs.append((group, 1))
+    return ", ".join(name if count == 1 else f"{name} x{count}" for name, count in runs)
 
 
 def compact_ids(ids: tuple[str, ...]) -> str:
