@@ -46,6 +46,34 @@ def test_targets_follow_the_cost_model_and_the_device():
     assert fast.backward_s < 3 * slow.backward_s
 
 
+TWO_MACHINES = parse_cluster(
+    "nodes:\n"
+    "  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}\n"
+    "  - {name: slow, gpu: rtx3090, gpus_per_node: 2, inter_bandwidth: 10Gb/s}\n",
+    "two-machines.yaml",
+)
+
+
+def test_pipelines_sharing_a_network_card_are_padded_as_the_cost_model_charges_them():
+    """Two pipelines crossing from one machine to the other share its card: each transfer
+    gets half the bandwidth, in the emulation as in the prediction."""
+    from potluck.planner.cost import CostModel, stage_op_times
+
+    one = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)], cluster=TWO_MACHINES,
+                    device_ids=["fast.0:0", "slow.0:0"])
+    two = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)] * 2,
+                    cluster=TWO_MACHINES, device_ids=["fast.0:0", "slow.0:0", "fast.0:1", "slow.0:1"])
+    cost = CostModel.for_plan(two)
+    a, b = cost.cluster.device("fast.0:0"), cost.cluster.device("slow.0:0")
+    sends = []
+    for plan in (one, two):
+        target = stage_targets(plan, Layout.for_local_ranks(plan, 0))[0]
+        sends.append(target.forward_s - stage_op_times(plan)[0][0].forward_s)
+    assert sends[0] == pytest.approx(cost.send_s((a,), (b,), 1))
+    assert sends[1] == pytest.approx(cost.send_s((a,), (b,), 1, {"fast.0": 2, "slow.0": 2}))
+    assert sends[1] > sends[0]
+
+
 def test_calibration_makes_the_dilation_cover_the_slowest_op():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

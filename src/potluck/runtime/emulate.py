@@ -55,13 +55,17 @@ def predict(plan: Plan) -> Prediction:
 
 
 def _send_s(plan: Plan, pipeline: int, a: int, b: int) -> float:
-    from potluck.planner.cost import CostModel
+    """Stage ``a``'s transfer to stage ``b`` as the cost model charges it: pipelines whose
+    transfers leave a machine share its network card (here all ranks share one host, so
+    the emulator must add that contention itself)."""
+    from potluck.planner.cost import CostModel, pipeline_nic_sharing
 
     cost = CostModel.for_plan(plan)
-    stages = plan.pipelines[pipeline].stages
-    sender = tuple(cost.cluster.device(d) for d in stages[a].devices)
-    receiver = tuple(cost.cluster.device(d) for d in stages[b].devices)
-    return cost.send_s(sender, receiver, plan.pipelines[pipeline].micro_batch_size)
+    devices = [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in p.stages]
+               for p in plan.pipelines]
+    stages = devices[pipeline]
+    return cost.send_s(stages[a], stages[b], plan.pipelines[pipeline].micro_batch_size,
+                       pipeline_nic_sharing(devices))
 
 
 def stage_targets(plan: Plan, layout: Layout) -> dict[int, OpTargets]:
