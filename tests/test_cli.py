@@ -60,6 +60,8 @@ def test_plan_table_shows_stages_and_the_time_breakdown(cluster_file):
         (["--model", "gpt3-1.3b", "--global-batch", "10", "--micro-batch-size", "4"],
          "not a multiple"),
         (["--model", "gpt3-1.3b", "--recompute", "some"], "--recompute must be one of"),
+        (["--model", "gpt3-1.3b", "--global-batch", "0"], "--global-batch must be at least 1"),
+        (["--model", "gpt3-1.3b", "--seq-len", "0"], "--seq-len must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment):
