@@ -244,6 +244,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     nodes = plan_nodes(plan)
+    check_counts(options)
     check_trace(options)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
@@ -252,6 +253,16 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
     check_data(plan, options)
+
+
+def check_counts(options: TrainOptions) -> None:
+    """--steps is at least 1, --checkpoint-every not negative."""
+    if options.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, not {options.steps}")
+    if options.checkpoint_every < 0:
+        raise ConfigError(
+            f"--checkpoint-every must be 0 (never) or a number of steps, not {options.checkpoint_every}"
+        )
 
 
 def check_trace(options: TrainOptions) -> None:
