@@ -214,3 +214,15 @@ def test_interleaved_plans_use_micro_batch_counts_torch_accepts(schedule):
         check_plan(plan)
         for pipeline in plan.pipelines:
             assert schedule_accepts(schedule, pipeline.num_micro_batches, pipeline.pp)
+
+
+def test_equally_fast_plans_prefer_no_recomputation():
+    """A tiny model is bound by kernel dispatch, so full recomputation costs no time;
+    the plan that redoes no work comes first."""
+    tiny = load_model("tiny-llama")
+    spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 8}]")
+    result = search(spec, tiny, TrainingShape(16, 256))
+    best = result.best
+    tied = [p for p in result.plans
+            if p.prediction.iteration_time_s == best.prediction.iteration_time_s]
+    assert len(tied) > 1 and best.recompute is Recompute.NONE
