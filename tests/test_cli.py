@@ -60,6 +60,8 @@ def test_plan_table_shows_stages_and_the_time_breakdown(cluster_file):
         (["--model", "gpt3-1.3b", "--global-batch", "10", "--micro-batch-size", "4"],
          "not a multiple"),
         (["--model", "gpt3-1.3b", "--recompute", "some"], "--recompute must be one of"),
+        (["--model", "gpt3-1.3b", "--global-batch", "0"], "--global-batch must be at least 1"),
+        (["--model", "gpt3-1.3b", "--seq-len", "0"], "--seq-len must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment):
@@ -111,6 +113,9 @@ def test_train_plans_first_and_writes_the_run_directory(tmp_path):
         (["--data", "no/such/corpus"], "not found"),
         (["--global-batch", "6"], "differs from the plan's"),
         (["--cluster", "OTHER"], "make a new plan"),
+        (["--steps", "0"], "--steps must be at least 1, not 0"),
+        (["--steps", "-3"], "--steps must be at least 1, not -3"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be 0"),
     ],
 )
 def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
@@ -127,6 +132,13 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_exporting_a_run_without_checkpoints_says_how_to_get_one(tmp_path):
+    (tmp_path / "run").mkdir()
+    result = potluck("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "nothing to export" in result.stderr and "--checkpoint-every" in result.stderr
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(tmp_path):

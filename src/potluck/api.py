@@ -54,8 +54,8 @@ def training_shape(model: ModelSpec, global_batch: int | None = None, seq_len: i
                    dtype: str | DType = DType.BF16) -> TrainingShape:
     """The training shape with potluck's defaults filled in."""
     return TrainingShape(
-        global_batch=global_batch or DEFAULT_GLOBAL_BATCH,
-        seq_len=seq_len or min(model.max_seq_len, DEFAULT_SEQ_LEN),
+        global_batch=DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch,
+        seq_len=min(model.max_seq_len, DEFAULT_SEQ_LEN) if seq_len is None else seq_len,
         dtype=DType(dtype),
     )
 

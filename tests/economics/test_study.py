@@ -137,6 +137,16 @@ def test_no_offer_left_is_one_clear_error(model, shape, offers):
         cost_study(model, shape, offers, CostRequest(TOKENS, max_usd_per_hour=0.01))
 
 
+def test_when_no_offer_is_left_the_error_gives_their_own_reasons(model, shape):
+    """Spot prices missing from every offer is not a matter of more GPUs or a smaller model."""
+    no_spot = parse_offers(OFFERS.replace("  - {name: h100, gpu: h100-sxm, gpus_per_node: 8}\n", ""))
+    with pytest.raises(InfeasibleError) as info:
+        cost_study(model, shape, no_spot, CostRequest(TOKENS, Pricing(spot=True)))
+    message = str(info.value)
+    assert "spot_price_per_hour" in message and "smaller model" not in message
+    assert "\n" not in message
+
+
 def test_buying_changes_the_prices_not_the_plans(model, shape, offers):
     rent = cost_study(model, shape, offers, CostRequest(TOKENS))
     buy = cost_study(model, shape, offers, CostRequest(TOKENS, Pricing(PriceMode.BUY)))

@@ -69,6 +69,14 @@ def test_unknown_model_suggests_presets():
         load_model("llama2-7")
 
 
+def test_a_missing_model_path_says_not_found_not_unknown_preset(tmp_path):
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_model(str(tmp_path / "no-such-model" / "config.json"))
+    assert "preset (" not in str(info.value)
+    with pytest.raises(ConfigError, match="has no config.json"):
+        load_model(str(tmp_path))
+
+
 def test_unsupported_config_is_one_clear_error(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "t5", "d_model": 512}))

@@ -172,6 +172,11 @@ def test_activations_that_do_not_fit_suggest_what_would_help(model):
         (SearchOptions(micro_batch_size=3), "not a multiple of --micro-batch-size 3"),
         (SearchOptions(dp=16), "cannot be split over --dp 16"),
         (SearchOptions(dp=3, partition=Partition.UNIFORM), "cannot be split evenly"),
+        (SearchOptions(dp=0), "--dp must be at least 1, not 0"),
+        (SearchOptions(pp=0), "--pp must be at least 1, not 0"),
+        (SearchOptions(dp=-1), "--dp must be at least 1, not -1"),
+        (SearchOptions(micro_batch_size=0), "--micro-batch-size must be at least 1"),
+        (SearchOptions(tp=2, pp=4, dp=2), "asks for at least 16 devices, the cluster has 8"),
     ],
 )
 def test_impossible_requests_are_one_clear_line(options, fragment, model, a100_node):
@@ -209,3 +214,15 @@ def test_interleaved_plans_use_micro_batch_counts_torch_accepts(schedule):
         check_plan(plan)
         for pipeline in plan.pipelines:
             assert schedule_accepts(schedule, pipeline.num_micro_batches, pipeline.pp)
+
+
+def test_equally_fast_plans_prefer_no_recomputation():
+    """A tiny model is bound by kernel dispatch, so full recomputation costs no time;
+    the plan that redoes no work comes first."""
+    tiny = load_model("tiny-llama")
+    spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 8}]")
+    result = search(spec, tiny, TrainingShape(16, 256))
+    best = result.best
+    tied = [p for p in result.plans
+            if p.prediction.iteration_time_s == best.prediction.iteration_time_s]
+    assert len(tied) > 1 and best.recompute is Recompute.NONE

@@ -102,6 +102,14 @@ def test_emulation_changes_timing_never_numerics():
         assert measured_s == pytest.approx(predicted_s, rel=0.25)
 
 
+def test_calibrating_the_dilation_neither_trains_nor_uses_up_steps():
+    plan = gpu_plan()
+    options = TrainOptions(steps=2, lr=3e-3, emulate=True, progress=False, timeout_s=60)
+    results = run_local(_emulated, plan.devices, (plan, options), timeout_s=120)[0]
+    plain = run_plan(make_plan(TINY_LLAMA, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 4)]), steps=2)
+    assert [loss for loss, _, _ in results] == plain
+
+
 def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
     plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 3)), (2, (3, 4))], 1, 4)])
     computed = compute_plan(plan, TrainOptions(stand_in="tiny"))

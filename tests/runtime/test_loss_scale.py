@@ -9,16 +9,20 @@ gradients (it is nearly scale-invariant).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe
 
-from potluck.plans import Plan
+from potluck.cluster import Cluster, parse_cluster
+from potluck.plans import DType, Plan
 from potluck.runtime import Trainer, build_model, checkpointing, parallelize, start
 from potluck.runtime.batches import RandomTokens
 from potluck.runtime.launch import run_local
+from potluck.runtime.layout import Layout
 from potluck.runtime.loss_scale import DynamicLossScale
+from potluck.runtime.session import Session
 
 STEPS = 4
 POISONED_STEP = 1  # rank 1 makes one gradient inf in this step
@@ -132,3 +136,34 @@ def test_a_resumed_run_continues_with_the_scale_it_had(tmp_path):
                                timeout_s=120)[0]
     assert saved == 32.0
     assert resumed == saved
+
+
+def _gpu_session(gpus: str, dtype: DType, rank: int = 0) -> Session:
+    """A session as a GPU rank would hold it (no GPU needed to ask its dtypes)."""
+    cluster = parse_cluster(f"nodes:\n{gpus}", "gpus.yaml")
+    ids = [d.id for d in Cluster(cluster).devices]
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4)], cluster=cluster,
+                     device_ids=ids)
+    plan = replace(plan, training=replace(plan.training, dtype=dtype))
+    return Session(plan, Layout.for_local_ranks(plan, rank), torch.device("cuda", 0), None)
+
+
+def test_gpus_without_bf16_compute_in_fp16_with_loss_scaling_in_a_bf16_plan():
+    session = _gpu_session("  - {name: v, gpu: v100-32g, gpus_per_node: 2}\n", DType.BF16)
+    assert session.autocast_dtype is torch.float16
+    assert session.any_fp16 and not session.all_bf16
+
+
+def test_a_mixed_plan_scales_the_loss_on_every_rank_and_reduces_in_full_precision():
+    gpus = ("  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 1}\n"
+            "  - {name: t, gpu: t4, gpus_per_node: 1}\n")
+    a100, t4 = _gpu_session(gpus, DType.BF16, 0), _gpu_session(gpus, DType.BF16, 1)
+    assert a100.autocast_dtype is torch.bfloat16 and t4.autocast_dtype is torch.float16
+    assert a100.any_fp16 and t4.any_fp16
+    assert not a100.all_bf16
+
+
+def test_a_bf16_plan_on_bf16_gpus_stays_bf16():
+    session = _gpu_session("  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n", DType.BF16)
+    assert session.autocast_dtype is torch.bfloat16
+    assert session.all_bf16 and not session.any_fp16

@@ -9,8 +9,11 @@ from simkit import SLOW_NETWORK, cluster, flat_model, make_plan
 from typer.testing import CliRunner
 
 from potluck.cli import app
+from potluck.cluster import parse_cluster
 from potluck.errors import ConfigError
-from potluck.plans import Schedule, save_plan
+from potluck.model import load_model
+from potluck.planner.search import SearchOptions, search
+from potluck.plans import Schedule, TrainingShape, save_plan
 from potluck.sim import simulate
 from potluck.sim.outputs import write_outputs
 from potluck.sim.trace import read_trace, simulation_trace, trace_json
@@ -106,3 +109,11 @@ def test_cli_errors_are_one_line(tmp_path) -> None:
     out = CliRunner().invoke(app, ["simulate", str(tmp_path / "missing.json")])
     assert out.exit_code != 0
     assert isinstance(out.exception, ConfigError) and "not found" in str(out.exception)
+
+
+def test_stages_without_tensor_parallelism_spend_exactly_no_time_in_it() -> None:
+    """A TP degree of 1 has no TP collectives: 0 s, not float noise like -8.9e-16 s."""
+    spec = parse_cluster("nodes: [{name: b, gpu: rtx3090, gpus_per_node: 3}]", "b.yaml")
+    plan = search(spec, load_model("gpt3-1.3b"), TrainingShape(64, 2048),
+                  SearchOptions(tp=1, pp=3)).best
+    assert [d.tp_comm_s for d in simulate(plan).devices] == [0.0] * 3

@@ -20,6 +20,8 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.search import SearchOptions
 from potluck.plans import TrainingShape
 
+MAX_REASONS_SHOWN = 3  # offers named in the error when none can train the model
+
 
 @dataclass(frozen=True)
 class CostStudy:
@@ -60,9 +62,7 @@ def cost_study(model: ModelSpec, training: TrainingShape, offers: list[Offer], r
 def _nothing_left(model: ModelSpec, offers: list[Offer], skipped: list[Skipped]) -> str:
     if len(skipped) == 1:
         return f"offer {skipped[0].name!r} cannot train {model.name}: {skipped[0].reason}"
-    example = skipped[-1]
-    return (
-        f"none of the {len(offers)} offers can train {model.name} within the limits given "
-        f"(e.g. {example.name}: {example.reason}); allow more GPUs, a higher --max-usd-per-hour "
-        "or a smaller model"
-    )
+    shown = "; ".join(f"{s.name}: {s.reason}" for s in skipped[:MAX_REASONS_SHOWN])
+    more = len(skipped) - MAX_REASONS_SHOWN
+    rest = f"; and {more} more (--json says why)" if more > 0 else ""
+    return f"none of the {len(offers)} offers can train {model.name}: {shown}{rest}"

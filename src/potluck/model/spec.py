@@ -139,6 +139,11 @@ ALIASES = {
 }
 
 
+def _looks_like_path(name: str) -> bool:
+    """Presets are bare names; a path has a separator or a .json suffix."""
+    return "/" in name or "\\" in name or name.lower().endswith(".json")
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name, a ``config.json`` path or a Hugging Face model directory."""
     key = str(name_or_path).strip().lower()
@@ -147,9 +152,15 @@ def load_model(name_or_path: str) -> ModelSpec:
         return PRESETS[key]
     path = Path(name_or_path)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model directory '{path}' has no config.json; give a Hugging Face "
+                              "model directory, a config.json or a preset name")
         path = path / "config.json"
     if path.is_file():
         return model_from_hf_config(_read_json(path), name=_model_name(path))
+    if _looks_like_path(str(name_or_path)):
+        raise ConfigError(f"model file or directory '{path}' not found; give a local config.json "
+                          "or Hugging Face model directory (nothing is downloaded), or a preset name")
     from potluck.cluster.catalog import closest_names
 
     close = closest_names(str(name_or_path), sorted(PRESETS))

@@ -26,8 +26,11 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
     from potluck.planner.search import Partition
 
     batch = training.global_batch
-    if batch < 1 or training.seq_len < 1:
-        raise ConfigError("global batch and sequence length must be at least 1")
+    _check_at_least_one("--global-batch", batch)
+    _check_at_least_one("--seq-len", training.seq_len)
+    for flag, pin in (("--pp", options.pp), ("--dp", options.dp),
+                      ("--micro-batch-size", options.micro_batch_size)):
+        _check_at_least_one(flag, pin)
     if training.seq_len > model.max_seq_len and model.learned_positions:
         raise ConfigError(
             f"--seq-len {training.seq_len} exceeds {model.name}'s {model.max_seq_len} learned "
@@ -57,6 +60,25 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
             )
     if options.groups is not None and not options.groups:
         raise ConfigError("no node groups left to plan on")
+    _check_device_count(cluster, options)
+
+
+def _check_at_least_one(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{flag} must be at least 1, not {value}")
+
+
+def _check_device_count(cluster: Cluster, options: SearchOptions) -> None:
+    """Every replica has ``pp`` stages of at least ``tp`` devices each."""
+    pins = {"--dp": options.dp, "--pp": options.pp, "--tp": options.tp}
+    needed = (options.dp or 1) * (options.pp or 1) * (options.tp or 1)
+    available = len(cluster.devices)
+    if needed > available:
+        given = ", ".join(f"{flag} {value}" for flag, value in pins.items() if value is not None)
+        raise ConfigError(
+            f"{given} asks for at least {needed} devices, the cluster has {available}; "
+            "pin smaller degrees or add devices"
+        )
 
 
 def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:

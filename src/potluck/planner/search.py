@@ -126,7 +126,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             plans.extend(runner.run(zero1))
             candidates += runner.candidates
         if plans:
-            plans.sort(key=lambda p: p.prediction.iteration_time_s)
+            plans.sort(key=_rank)
             best = tuple(_distinct(plans, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
     raise InfeasibleError(explain_infeasible(cluster, model, training, options))
@@ -170,7 +170,7 @@ class _Search:
                         self._push(heap, combo)
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
-        plans.sort(key=lambda p: p.prediction.iteration_time_s)
+        plans.sort(key=_rank)
         return _distinct(plans, self.options.top_k)
 
     def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
@@ -395,6 +395,11 @@ def _unused_notes(cluster: Cluster, unused: tuple[str, ...]) -> tuple[str, ...]:
         f"{group} left out: the plan is faster without them"
         for group, count in per_group.items()
     )
+
+
+def _rank(plan: Plan) -> tuple[float, int]:
+    """Fastest first; among equally fast plans, the one that recomputes least."""
+    return plan.prediction.iteration_time_s, list(Recompute).index(plan.recompute)
 
 
 def _distinct(plans: list[Plan], top_k: int) -> list[Plan]:

@@ -112,9 +112,14 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     Face directory; the model is the one the run computed (a stand-in, when emulated)."""
     from potluck.model.spec import model_from_dict
     from potluck.plans import load_plan
-    from potluck.runtime.checkpoint import read_trainer_state, resume_checkpoint
+    from potluck.runtime.checkpoint import CHECKPOINTS_DIR, latest_checkpoint, read_trainer_state
 
-    checkpoint = resume_checkpoint(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ConfigError(
+            f"nothing to export: no complete checkpoint under {Path(run_dir) / CHECKPOINTS_DIR}; "
+            "train with --checkpoint-every N to save checkpoints"
+        )
     saved = read_trainer_state(checkpoint)
     if "model" in saved:
         spec = model_from_dict(saved["model"])

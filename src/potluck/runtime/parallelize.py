@@ -137,7 +137,7 @@ def _wire_dtype(session: Session) -> torch.dtype | None:
     """Gradients cross the network in 16 bits when the plan says so and training is in
     bf16 (as the cost model assumes); fp32 runs reduce in fp32."""
     execution = session.plan.training.execution
-    if execution.grad_reduce_bytes == 2 and session.autocast_dtype is torch.bfloat16:
+    if execution.grad_reduce_bytes == 2 and session.all_bf16:
         return torch.bfloat16
     return None
 

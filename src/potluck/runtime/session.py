@@ -20,17 +20,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
+from potluck.planner.cost import effective_dtype
 from potluck.plans import DType, Plan
 from potluck.runtime.failure import RankFailure, Watchdog
 from potluck.runtime.layout import Layout
 
 DEFAULT_TIMEOUT_S = 600.0
+_TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: None}
 
 
 @dataclass
@@ -52,10 +55,32 @@ class Session:
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        """bf16/fp16 autocast on GPUs; CPUs compute in fp32."""
-        if not self.use_gpu or self.plan.training.dtype is DType.FP32:
+        """bf16/fp16 autocast on GPUs (fp16 on devices without bf16, as the planner
+        assumes); CPUs compute in fp32."""
+        if not self.use_gpu:
             return None
-        return torch.bfloat16 if self.plan.training.dtype is DType.BF16 else torch.float16
+        return _TORCH_DTYPES[self._dtype_of(self.layout.role.device)]
+
+    @property
+    def any_fp16(self) -> bool:
+        """Whether some GPU rank of the plan computes in fp16 (then every rank scales the
+        loss, with one scale)."""
+        return self.use_gpu and any(self._dtype_of(d) is DType.FP16 for d in self.plan.devices)
+
+    @property
+    def all_bf16(self) -> bool:
+        """Whether every GPU rank of the plan computes in bf16."""
+        return self.use_gpu and all(self._dtype_of(d) is DType.BF16 for d in self.plan.devices)
+
+    def _dtype_of(self, device_id: str) -> DType:
+        return self._dtypes[device_id]
+
+    @cached_property
+    def _dtypes(self) -> dict[str, DType]:
+        """Each device's compute dtype: the plan's, or fp16 where the device lacks bf16."""
+        cluster = Cluster(self.plan.cluster)
+        return {d: effective_dtype(cluster.device(d).type, self.plan.training.dtype)
+                for d in self.plan.devices}
 
     @contextmanager
     def guard(self) -> Iterator[None]:

@@ -14,6 +14,7 @@ starts.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from potluck.errors import ConfigError
@@ -94,11 +96,42 @@ def _callbacks(options: TrainOptions, session: Session, done_steps: int) -> list
 
 
 def _calibrate(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> None:
-    """Measure a few real steps (they train as usual), then fix the dilation."""
+    """Measure a few real steps, then fix the dilation. The steps are undone (weights,
+    optimizer and loss-scale state, step count): the run then trains exactly its steps,
+    with the numbers of a run without emulation."""
+    saved = _TrainerSnapshot.take(trainer)
     start_row, count = trainer.model.layout.batch_rows
     for _ in range(CALIBRATION_STEPS):
         trainer.step(source.replica_rows(trainer.step_index, start_row, count))
     clock.calibrate()
+    saved.restore(trainer)
+
+
+@dataclass
+class _TrainerSnapshot:
+    """A trainer's state, to undo steps taken only to measure them."""
+
+    parameters: list[torch.Tensor]
+    optimizer: dict[str, Any]
+    loss_scale: dict[str, Any] | None
+    step_index: int
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> _TrainerSnapshot:
+        with torch.no_grad():
+            parameters = [p.detach().clone() for p in trainer.model.parameters()]
+        scale = copy.deepcopy(trainer.loss_scale.state_dict()) if trainer.loss_scale else None
+        return cls(parameters, copy.deepcopy(trainer.optimizer.state_dict()), scale,
+                   trainer.step_index)
+
+    def restore(self, trainer: Trainer) -> None:
+        with torch.no_grad():
+            for param, saved in zip(trainer.model.parameters(), self.parameters, strict=True):
+                param.copy_(saved)
+        trainer.optimizer.load_state_dict(self.optimizer)
+        if self.loss_scale is not None and trainer.loss_scale is not None:
+            trainer.loss_scale.load_state_dict(self.loss_scale)
+        trainer.step_index = self.step_index
 
 
 def compute_plan(plan: Plan, options: TrainOptions) -> Plan:
@@ -211,6 +244,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     nodes = plan_nodes(plan)
+    check_counts(options)
     check_trace(options)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
@@ -219,6 +253,16 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
     check_data(plan, options)
+
+
+def check_counts(options: TrainOptions) -> None:
+    """--steps is at least 1, --checkpoint-every not negative."""
+    if options.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, not {options.steps}")
+    if options.checkpoint_every < 0:
+        raise ConfigError(
+            f"--checkpoint-every must be 0 (never) or a number of steps, not {options.checkpoint_every}"
+        )
 
 
 def check_trace(options: TrainOptions) -> None:

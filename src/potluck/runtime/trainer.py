@@ -97,8 +97,7 @@ class Trainer:
                  loss_scale: DynamicLossScale | None = None) -> None:
         """``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast, else none."""
         self.model = model
-        fp16 = model.session.autocast_dtype is torch.float16
-        if loss_scale is None and fp16:
+        if loss_scale is None and model.session.any_fp16:
             loss_scale = DynamicLossScale()
         self.loss_scale = loss_scale
         self.optimizer = optimizer or default_optimizer(model, lr)

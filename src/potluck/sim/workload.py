@@ -93,6 +93,7 @@ def _chunk(plan: Plan, cost: CostModel, devices: tuple[Device, ...], num_layers:
         device_type, num_layers, False, False, tp, micro_batch, plan.recompute, 0.0)
     return ChunkWork(
         forward_s=work.forward_s, forward_tp_s=forward_tp, backward_s=work.backward_s,
-        backward_tp_s=work.backward_s - backward_compute, weight_grad_s=work.weight_grad_s,
+        backward_tp_s=max(0.0, work.backward_s - backward_compute) if tp > 1 else 0.0,
+        weight_grad_s=work.weight_grad_s,
         activation_bytes=activations, transient_bytes=transient,
     )
