@@ -1,5 +1,5 @@
-"""The plan tables a user reads: they fit an 80-column terminal, and alternatives that
-share a layout say what tells them apart."""
+"""The plan tables a user reads: they fit an 80-column terminal, name the dtype each device
+trains in, and alternatives that share a layout say what tells them apart."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import replace
 from rich.console import Console
 
 from potluck import api
+from potluck.cluster.spec import parse_cluster
 from potluck.examples import example_path
-from potluck.report import render_result, same_layout_notes, stage_order
+from potluck.report import dtype_label, render_result, same_layout_notes, stage_order
 
 
 def _rendered(width: int) -> str:
@@ -48,3 +49,14 @@ def test_alternatives_with_one_layout_in_two_orders_are_told_apart():
     assert notes == [f"#1 stage order: {stage_order(plan)}",
                      f"#2 stage order: {stage_order(reordered)}"]
     assert same_layout_notes((plan, plan)) == []
+
+
+def test_the_header_names_the_devices_that_train_in_another_dtype():
+    cluster = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n"
+                            "  - {name: v, gpu: v100-32g, gpus_per_node: 2}\n", "mixed.yaml")
+    plan = api.plan(cluster, "gpt3-125m", dp=4, pp=1, tp=1).best
+    assert dtype_label(plan) == "bf16 (fp16 on v100-32g)"
+    cpus = parse_cluster("nodes:\n  - {name: c, gpu: cpu, gpus_per_node: 2}\n", "cpu.yaml")
+    assert dtype_label(api.plan(cpus, "tiny-llama").best) == "bf16 (fp32 on cpu)"
+    a100s = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n", "a.yaml")
+    assert dtype_label(api.plan(a100s, "gpt3-125m").best) == "bf16"

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from potluck.cluster.topology import Cluster
+from potluck.planner.cost import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import Plan, Prediction, plan_to_dict
 from potluck.units import format_duration
@@ -107,7 +108,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"({plan.num_gpus} of {plan.cluster.num_gpus} GPUs): {plan.layout()}, "
         f"micro-batch {plan.pipelines[0].micro_batch_size}, recompute {plan.recompute.value}, "
         f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
-        f"tokens, {shape.dtype.value}"
+        f"tokens, {dtype_label(plan)}"
     )
     for table in (_stage_table(plan, prediction), _headline_table(prediction),
                   _breakdown_table(prediction)):
@@ -186,6 +187,23 @@ def same_layout_notes(plans: tuple[Plan, ...]) -> list[str]:
         if len(set(orders.values())) > 1:
             notes.extend(f"#{rank} stage order: {order}" for rank, order in orders.items())
     return notes
+
+
+def dtype_label(plan: Plan) -> str:
+    """The training dtype and the device types that compute in another one:
+    ``bf16 (fp16 on v100-32g)``; CPU ranks train in fp32."""
+    cluster = Cluster(plan.cluster)
+    requested = plan.training.dtype
+    others: dict[str, list[str]] = {}
+    types = {cluster.device(d).type.name: cluster.device(d).type for d in plan.devices}
+    for name, device_type in sorted(types.items()):
+        dtype = effective_dtype(device_type, requested)
+        if dtype is not requested:
+            others.setdefault(dtype.value, []).append(name)
+    if not others:
+        return requested.value
+    exceptions = "; ".join(f"{dtype} on {', '.join(names)}" for dtype, names in others.items())
+    return f"{requested.value} ({exceptions})"
 
 
 def stage_order(plan: Plan) -> str:
