@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -15,19 +14,10 @@ from potluck.cluster.topology import Cluster
 from potluck.planner.cost import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import Plan, Prediction, plan_to_dict
+from potluck.tables import compact_table
 from potluck.units import format_duration
 
 GB = 1e9
-
-
-def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
-    """A compact table (no vertical rules) so plans read in an 80-column terminal."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False, padding=(0, 1, 0, 0))
-    for column in columns:
-        table.add_column(column, justify="left" if column in left else "right",
-                         no_wrap=column in left)
-    return table
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -121,9 +111,10 @@ def render_plan(console: Console, plan: Plan) -> None:
 def _stage_table(plan: Plan, prediction: Prediction) -> Table:
     cluster = Cluster(plan.cluster)
     memory = {m.device: m.total_bytes for m in prediction.memory}
-    table = _table("Pipelines and stages", ("pipe", "batch", "stage", "devices", "type", "tp",
-                                            "layers", "memory GB", "t/µbatch"),
-                   left=("devices", "type", "layers"))
+    table = compact_table("Pipelines and stages",
+                          ("pipe", "batch", "stage", "devices", "type", "tp", "layers",
+                           "memory GB", "t/µbatch"),
+                          left=("devices", "type", "layers"))
     for k, pipeline in enumerate(plan.pipelines):
         for i, stage in enumerate(pipeline.stages):
             device_type = cluster.device(stage.devices[0]).type
@@ -140,8 +131,8 @@ def _stage_table(plan: Plan, prediction: Prediction) -> Table:
 
 
 def _headline_table(prediction: Prediction) -> Table:
-    table = _table("Predicted iteration", ("iteration", "tokens/s", "TFLOPS/GPU", "MFU",
-                                           "peak memory"))
+    table = compact_table("Predicted iteration",
+                          ("iteration", "tokens/s", "TFLOPS/GPU", "MFU", "peak memory"))
     table.add_row(
         format_duration(prediction.iteration_time_s), f"{prediction.tokens_per_s:,.0f}",
         f"{prediction.tflops_per_gpu:.1f}", f"{prediction.mfu:.1%}",
@@ -152,8 +143,8 @@ def _headline_table(prediction: Prediction) -> Table:
 
 def _breakdown_table(prediction: Prediction) -> Table:
     """The iteration's critical path by kind of work."""
-    table = _table("Where the time goes (critical path)", ("compute", "bubble", "TP", "PP", "DP",
-                                                           "optimizer"))
+    table = compact_table("Where the time goes (critical path)",
+                          ("compute", "bubble", "TP", "PP", "DP", "optimizer"))
     b = prediction.breakdown
     table.add_row(*(format_duration(x) for x in (b.compute_s, b.bubble_s, b.tp_s, b.pp_s, b.dp_s,
                                                  b.optimizer_s)))
@@ -161,9 +152,10 @@ def _breakdown_table(prediction: Prediction) -> Table:
 
 
 def _alternatives_table(plans: tuple[Plan, ...]) -> Table:
-    table = _table("Best alternatives", ("#", "layout", "µb", "recompute", "GPUs",
-                                         "iteration", "tokens/s", "MFU", "peak GB"),
-                   left=("layout",))
+    table = compact_table("Best alternatives",
+                          ("#", "layout", "µb", "recompute", "GPUs", "iteration", "tokens/s",
+                           "MFU", "peak GB"),
+                          left=("layout",))
     for rank, plan in enumerate(plans, start=1):
         p = _prediction(plan)
         table.add_row(

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from potluck.calibrate.calibrate_run import CalibrationOutcome
 from potluck.calibrate.fit_links import current_link
 from potluck.sim.compare import TraceComparison
+from potluck.tables import compact_table
 from potluck.units import format_bandwidth, format_duration
 
 
@@ -60,9 +60,8 @@ def render_calibration(console: Console, outcome: CalibrationOutcome) -> None:
     console.print("  " + _step_line("simulator", before, after, "predicted_step_s"), highlight=False)
     console.print("  " + _step_line("cost model", before, after, "cost_model_step_s"),
                   highlight=False)
-    table = Table(title="mean op time per kind")
-    for column in ("op", "measured ms", "before ms", "error", "after ms", "error "):
-        table.add_column(column, justify="left" if column == "op" else "right")
+    table = compact_table("mean op time per kind", ("op", "measured ms", "before ms", "error",
+                                                    "after ms", "error "), left=("op",))
     later = {c.kind: c for c in after.by_kind}
     for c in before.by_kind:
         a = later[c.kind]

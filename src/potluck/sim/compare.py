@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from potluck.errors import ConfigError
 from potluck.sim.trace import Trace, TraceEvent
+from potluck.tables import compact_table
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,8 @@ def render_comparison(console: Console, comparison: TraceComparison) -> None:
         console.print(f"cost model: {comparison.cost_model_step_s:.4g} s, error "
                       f"{comparison.cost_model_error:+.1%}")
     for title, rows in (("per op kind", comparison.by_kind), ("per stage", comparison.by_stage)):
-        table = Table(title=title)
-        for column in ("pipeline", "stage", "op", "predicted ms", "measured ms", "error"):
-            table.add_column(column, justify="left" if column == "op" else "right")
+        table = compact_table(title, ("pipeline", "stage", "op", "predicted ms", "measured ms",
+                                      "error"), left=("op",))
         for c in rows:
             table.add_row("all" if c.pipeline < 0 else str(c.pipeline),
                           "all" if c.stage < 0 else str(c.stage), c.kind,

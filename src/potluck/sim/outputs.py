@@ -18,6 +18,7 @@ from potluck.errors import ConfigError
 from potluck.sim.result import SimulationResult
 from potluck.sim.timeline import write_memory, write_timeline
 from potluck.sim.trace import simulation_trace, write_trace
+from potluck.tables import compact_table
 
 MAX_TABLE_ROWS = 32
 
@@ -68,10 +69,8 @@ def _table(result: SimulationResult) -> Table:
     devices = sorted(result.devices, key=lambda d: -d.busy_s)
     title = "per device" if len(devices) <= MAX_TABLE_ROWS else \
         f"the {MAX_TABLE_ROWS} busiest of {len(devices)} devices"
-    table = Table(title=title)
-    for column in ("device", "pipe", "stage", "busy s", "compute s", "TP s", "transfer s",
-                   "idle s", "peak GB"):
-        table.add_column(column, justify="left" if column == "device" else "right")
+    table = compact_table(title, ("device", "pipe", "stage", "busy s", "compute s", "TP s",
+                                  "transfer s", "idle s", "peak GB"), left=("device",))
     for d in devices[:MAX_TABLE_ROWS]:
         table.add_row(d.device, str(d.pipeline), str(d.stage), f"{d.busy_s:.4g}",
                       f"{d.compute_s:.4g}", f"{d.tp_comm_s:.3g}", f"{d.transfer_s:.3g}",
