@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,10 @@ from calibkit import (
 from potluck.calibrate.calibrate_run import calibrate_run
 from potluck.calibrate.run import load_run
 from potluck.cli import app
-from potluck.cluster.spec import load_cluster
+from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.planner.cost import CostModel
-from potluck.plans import Plan, save_plan
+from potluck.plans import Pipeline, Plan, Stage, save_plan
 
 
 def step_s(plan: Plan) -> float:
@@ -146,3 +147,23 @@ def test_an_emulated_run_is_read_as_the_emulator_padded_it() -> None:
     assert sends == pytest.approx(2 * 2 * cost.send_s((a,), (b,), 2))  # 2 micro-batches, 2 ways
     slowest = cost.evaluate(plan).breakdown.optimizer_s
     assert expected.optimizer_s(plan, devices, emulated=True) == pytest.approx(2 * slowest)
+
+
+def test_calibration_expects_what_the_emulator_pads_where_pipelines_share_a_card() -> None:
+    """dp=2 pipelines from one machine to another share the card: every rank's padded
+    forward and backward (the emulator's targets) is what calibration reads them as."""
+    from potluck.calibrate import expected
+    from potluck.runtime.emulate import stage_targets
+    from potluck.runtime.layout import Layout
+
+    spec = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n"
+                         "  - {name: b, gpu: rtx3090, gpus_per_node: 2}\n", "two.yaml")
+    stages = lambda k: tuple(Stage((f"{g}.0:{k}",), ((2 * i, 2 * i + 2),))  # noqa: E731
+                             for i, g in enumerate("ab"))
+    plan = replace(plan_on(spec, 1, 2), pipelines=(Pipeline(stages(0), 2, 2),
+                                                   Pipeline(stages(1), 2, 2)),
+                   training=replace(plan_on(spec, 1, 2).training, global_batch=8))
+    for rank, device in enumerate(plan.devices):
+        targets = stage_targets(plan, Layout.for_local_ranks(plan, rank)).values()
+        padded = 2 * sum(t.forward_s + t.backward_s for t in targets)  # 2 micro-batches
+        assert expected.compute_s(plan, [device], emulated=True) == pytest.approx(padded)

@@ -11,7 +11,7 @@ compares what was measured with these.
 
 from __future__ import annotations
 
-from potluck.planner.cost import CostModel
+from potluck.planner.cost import CostModel, stage_send_s
 from potluck.plans import Plan
 
 
@@ -44,11 +44,8 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
         work, _ = cost.stage_work(stage_devices[i], stage.num_layers, i == 0, i == pipeline.pp - 1,
                                   pipeline.micro_batch_size, plan.recompute, 0.0)
         sends = 0.0
-        if emulated:
-            for j in (i - 1, i + 1):
-                if 0 <= j < pipeline.pp:
-                    sends += cost.send_s(stage_devices[i], stage_devices[j],
-                                         pipeline.micro_batch_size)
+        if emulated:  # padded as the emulator does (runtime.emulate.stage_targets)
+            sends = sum(stage_send_s(plan, k, i, j) for j in (i - 1, i + 1) if 0 <= j < pipeline.pp)
         total += pipeline.num_micro_batches * (work.total_s + sends)
     return total
 

@@ -410,6 +410,18 @@ class StageOpTimes:
     backward_s: float
 
 
+def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int) -> float:
+    """One micro-batch's transfer from stage ``sender`` to stage ``receiver`` of
+    ``pipeline``, as the plan's evaluation charges it: pipelines whose transfers leave a
+    machine share its network card (:func:`pipeline_nic_sharing`)."""
+    cost = CostModel.for_plan(plan)
+    devices = [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in p.stages]
+               for p in plan.pipelines]
+    stages = devices[pipeline]
+    return cost.send_s(stages[sender], stages[receiver], plan.pipelines[pipeline].micro_batch_size,
+                       pipeline_nic_sharing(devices))
+
+
 def stage_op_times(plan: Plan) -> tuple[tuple[StageOpTimes, ...], ...]:
     """Predicted forward/backward time of one micro-batch on every stage of ``plan``."""
     cost = CostModel.for_plan(plan)

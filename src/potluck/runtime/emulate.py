@@ -54,31 +54,17 @@ def predict(plan: Plan) -> Prediction:
     return CostModel.for_plan(plan).evaluate(plan)
 
 
-def _send_s(plan: Plan, pipeline: int, a: int, b: int) -> float:
-    """Stage ``a``'s transfer to stage ``b`` as the cost model charges it: pipelines whose
-    transfers leave a machine share its network card (here all ranks share one host, so
-    the emulator must add that contention itself)."""
-    from potluck.planner.cost import CostModel, pipeline_nic_sharing
-
-    cost = CostModel.for_plan(plan)
-    devices = [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in p.stages]
-               for p in plan.pipelines]
-    stages = devices[pipeline]
-    return cost.send_s(stages[a], stages[b], plan.pipelines[pipeline].micro_batch_size,
-                       pipeline_nic_sharing(devices))
-
-
 def stage_targets(plan: Plan, layout: Layout) -> dict[int, OpTargets]:
     """This rank's predicted op times, by virtual stage id."""
-    from potluck.planner.cost import stage_op_times
+    from potluck.planner.cost import stage_op_times, stage_send_s
 
     role = layout.role
     times = stage_op_times(plan)[role.pipeline][role.stage]
     forward_s, backward_s = times.forward_s, times.backward_s
     if role.stage < role.pp - 1:
-        forward_s += _send_s(plan, role.pipeline, role.stage, role.stage + 1)
+        forward_s += stage_send_s(plan, role.pipeline, role.stage, role.stage + 1)
     if role.stage > 0:
-        backward_s += _send_s(plan, role.pipeline, role.stage, role.stage - 1)
+        backward_s += stage_send_s(plan, role.pipeline, role.stage, role.stage - 1)
     layers = sum(end - start for start, end in role.layer_ranges)
     targets = {}
     for (start, end), stage_id in zip(role.layer_ranges, role.virtual_stage_ids, strict=True):
