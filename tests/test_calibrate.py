@@ -167,3 +167,33 @@ def test_calibration_expects_what_the_emulator_pads_where_pipelines_share_a_card
         targets = stage_targets(plan, Layout.for_local_ranks(plan, rank)).values()
         padded = 2 * sum(t.forward_s + t.backward_s for t in targets)  # 2 micro-batches
         assert expected.compute_s(plan, [device], emulated=True) == pytest.approx(padded)
+
+
+def test_an_emulated_runs_sends_give_the_pipeline_link_its_figures() -> None:
+    """Forward and backward padded with sends 2.5x as long as the cluster file says: the
+    fit finds the link 2.5x slower (bandwidth divided, latency multiplied), and compute,
+    already right, is left with nothing to absorb."""
+    from potluck.calibrate.fit_sends import fit_sends
+    from potluck.cluster.topology import Cluster
+    from potluck.planner.cost import stage_op_times, stage_send_s
+    from potluck.sim.trace import Trace, TraceEvent
+
+    spec = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 1}\n"
+                         "  - {name: b, gpu: rtx3090, gpus_per_node: 1}\n", "two.yaml")
+    plan = replace(plan_on(spec, 1, 2), pipelines=(Pipeline(
+        (Stage(("a.0:0",), ((0, 2),)), Stage(("b.0:0",), ((2, 4),))), 2, 2),))
+    times, slow = stage_op_times(plan), 2.5
+    events = []
+    for step in range(3):
+        for i, device in enumerate(plan.devices):
+            sends = {"forward": stage_send_s(plan, 0, 0, 1) if i == 0 else 0.0,
+                     "backward": stage_send_s(plan, 0, 1, 0) if i == 1 else 0.0}
+            compute = {"forward": times[0][i].forward_s, "backward": times[0][i].backward_s}
+            for kind in ("forward", "backward"):
+                events += [TraceEvent(device, "compute", kind, 0.0, compute[kind] + slow * sends[kind],
+                                      0, i, mb, 0, step) for mb in range(2)]
+    (fit,) = fit_sends(plan, Trace(list(plan.devices), events))
+    link = Cluster(spec).link(*(Cluster(spec).device(d) for d in plan.devices))
+    assert fit.key.between == ("a", "b")
+    assert fit.bandwidth_bytes_per_s == pytest.approx(link.bandwidth_bytes_per_s / slow, rel=1e-6)
+    assert fit.latency_s == pytest.approx(link.latency_s * slow, rel=1e-6)

@@ -20,6 +20,7 @@ from functools import partial
 from potluck.calibrate.fit_devices import DeviceFit, fit_devices
 from potluck.calibrate.fit_links import LinkFit, fit_exposed, fit_links
 from potluck.calibrate.fit_pipeline import fit_pipeline
+from potluck.calibrate.fit_sends import fit_sends
 from potluck.calibrate.run import RunRecord
 from potluck.cluster.calibration import (
     Calibration,
@@ -32,8 +33,10 @@ from potluck.cluster.calibration import (
 from potluck.cluster.spec import ClusterSpec
 from potluck.plans import Plan
 from potluck.sim.compare import step_time_s
+from potluck.sim.trace import Trace
 
-ROUNDS = 3  # devices, then links; again with the links (TP traffic, emulated sends are compute)
+ROUNDS = 3  # devices, then links; again with the links (TP traffic is in compute)
+EMULATED_ROUNDS = 12  # devices and the sends padded into their ops, in turn until both settle
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,26 @@ def fit_run(record: RunRecord, source: str = "potluck calibrate") -> Fit:
     links: tuple[LinkFit, ...] = ()
     note = ""
     emulated = record.dilation is not None
-    for _ in range(ROUNDS):
+    for _ in range(EMULATED_ROUNDS if emulated else ROUNDS):
         devices = fit_devices(_applied(plan, devices, links), measured, emulated)
         with_devices = _applied(plan, devices, ())
         apply = partial(_with_links, with_devices.cluster)
         if emulated:  # its sends are inside forward and backward, not left in the step
-            links = fit_exposed(with_devices, measured, apply)
+            links = _emulated_links(with_devices, measured)
         else:
             links, note = fit_pipeline(with_devices, fit_links(with_devices, measured), step_s,
                                        apply)
     return Fit(devices, links, source, (note,) if note else ())
+
+
+def _emulated_links(plan: Plan, measured: Trace) -> tuple[LinkFit, ...]:
+    """The pipeline's links from the sends padded into forward and backward, then the
+    all-reduce's other link classes from the padded exposed all-reduce."""
+    sends = fit_sends(plan, measured)
+    with_sends = replace(plan, cluster=_with_links(plan.cluster, sends))
+    exposed = fit_exposed(with_sends, measured, partial(_with_links, with_sends.cluster))
+    fitted = {link.key for link in sends}
+    return (*sends, *(link for link in exposed if link.key not in fitted))
 
 
 def _with_links(spec: ClusterSpec, links: tuple[LinkFit, ...]) -> ClusterSpec:

@@ -41,6 +41,7 @@ from potluck.sim.trace import Trace
 
 SIZE_SPREAD_FOR_LATENCY = 2.0
 EXPOSED_FLOOR_S = 1e-4  # an overlapped all-reduce that left less than this was hidden
+EXPOSED = "the exposed all-reduce an emulated run was padded to"
 SCALE_RANGE = (1e-3, 1e4)
 
 Terms = dict["LinkKey", tuple[float, float]]  # per link class: (bytes over W, latencies)
@@ -65,6 +66,7 @@ class LinkFit:
     bandwidth_bytes_per_s: float
     latency_s: float | None  # None: kept as it was
     observations: int
+    source: str = ""  # what the fit read, where it is not ``observations`` all-reduces
 
 
 def link_key(cluster: Cluster, a: Device, b: Device) -> LinkKey:
@@ -200,10 +202,10 @@ def current_links(spec: ClusterSpec, keys: list[LinkKey]) -> dict[LinkKey, Link]
     return {key: link for key in keys if (link := current_link(spec, key)) is not None}
 
 
-def scaled_links(links: dict[LinkKey, Link], scale: float) -> tuple[LinkFit, ...]:
+def scaled_links(links: dict[LinkKey, Link], scale: float, source: str) -> tuple[LinkFit, ...]:
     """``links`` with transfers ``scale`` times as long (bandwidth divided, latency
     multiplied)."""
-    return tuple(LinkFit(key, link.bandwidth_bytes_per_s / scale, link.latency_s * scale, 0)
+    return tuple(LinkFit(key, link.bandwidth_bytes_per_s / scale, link.latency_s * scale, 0, source)
                  for key, link in links.items())
 
 
@@ -220,10 +222,10 @@ def fit_exposed(plan: Plan, measured: Trace, apply: Callable[[tuple[LinkFit, ...
         return ()
 
     def exposed_s(scale: float) -> float:
-        calibrated = replace(plan, cluster=apply(scaled_links(links, scale)))
+        calibrated = replace(plan, cluster=apply(scaled_links(links, scale, EXPOSED)))
         return CostModel.for_plan(calibrated).evaluate(calibrated).breakdown.dp_s
 
     target_s, (low, high) = statistics.median(shortest), SCALE_RANGE
     if not exposed_s(low) < target_s < exposed_s(high):
         return ()
-    return scaled_links(links, log_bisect(exposed_s, target_s, low, high))
+    return scaled_links(links, log_bisect(exposed_s, target_s, low, high), EXPOSED)

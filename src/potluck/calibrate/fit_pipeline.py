@@ -28,6 +28,7 @@ from potluck.planner.cost import CostModel
 from potluck.plans import Plan
 
 SCALE_RANGE = (1e-3, 1e4)
+FROM_STEP = "pipeline transfers, from the step time"
 
 
 def pipeline_link(plan: Plan) -> LinkKey | None:
@@ -54,7 +55,7 @@ def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
     current = current_links(plan.cluster, [key])
 
     def step_at(scale: float) -> float:
-        trial = (*links, *scaled_links(current, scale))
+        trial = (*links, *scaled_links(current, scale, FROM_STEP))
         calibrated = replace(plan, cluster=apply(trial))
         return CostModel.for_plan(calibrated).evaluate(calibrated).iteration_time_s
 
@@ -63,7 +64,7 @@ def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
         return links, (f"{key.describe()}: the step is faster than predicted with nearly free "
                        "transfers; its figures are kept")
     if step_at(high) <= step_s:
-        return (*links, *scaled_links(current, high)), (
+        return (*links, *scaled_links(current, high, FROM_STEP)), (
             f"{key.describe()}: transfer time capped")
     scale = log_bisect(step_at, step_s, low, high)
-    return (*links, *scaled_links(current, scale)), ""
+    return (*links, *scaled_links(current, scale, FROM_STEP)), ""

@@ -17,7 +17,8 @@ from collections import defaultdict
 
 from potluck.sim.trace import Trace
 
-COMPUTE_KINDS = ("forward", "backward", "backward_input", "backward_weight")
+BACKWARD_KINDS = ("backward", "backward_input", "backward_weight")
+COMPUTE_KINDS = ("forward", *BACKWARD_KINDS)
 OPTIMIZER = "optimizer"
 ALLREDUCE = "dp_allreduce"
 
@@ -41,6 +42,11 @@ def _median_per_step(trace: Trace, kinds: tuple[str, ...]) -> dict[str, float]:
 def compute_s(trace: Trace) -> dict[str, float]:
     """Per device: forward and backward seconds in one step."""
     return _median_per_step(trace, COMPUTE_KINDS)
+
+
+def op_s(trace: Trace, kinds: tuple[str, ...]) -> dict[str, float]:
+    """Per device: seconds in ``kinds`` ops in one step."""
+    return _median_per_step(trace, kinds)
 
 
 def optimizer_s(trace: Trace) -> dict[str, float]:

@@ -33,8 +33,7 @@ def input_lines(outcome: CalibrationOutcome) -> list[str]:
         latency = (f"latency {format_duration(old.latency_s) if old else '?'} -> "
                    f"{format_duration(link.latency_s)}" if link.latency_s is not None
                    else "latency kept")
-        source = (f"{link.observations} all-reduces" if link.observations
-                  else "pipeline transfers, from the step time")
+        source = link.source or f"{link.observations} all-reduces"
         lines.append(f"{link.key.describe()}: bandwidth {before} -> "
                      f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {latency} ({source})")
     if not outcome.fit.links:
