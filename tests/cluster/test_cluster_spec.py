@@ -116,6 +116,9 @@ def test_bad_bandwidth_points_at_its_line():
          "no node group named 'b'"),
         ("nodes:\n  - {name: a, gpu: mine, gpus_per_node: 1}\ndevices:\n  mine: {tflops: 10}\n",
          "missing memory"),
+        ("nodes:\n  - {name: box.1, gpu: t4, gpus_per_node: 1}\n", "cannot contain '.'"),
+        ("nodes:\n  - {name: 'a:b', gpu: t4, gpus_per_node: 1}\n", "cannot contain ':'"),
+        ("nodes:\n  - {name: my box, gpu: t4, gpus_per_node: 1}\n", "cannot contain a space"),
     ],
 )
 def test_invalid_clusters_are_explained_in_one_line(text, fragment):

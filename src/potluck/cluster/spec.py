@@ -185,6 +185,18 @@ def _in_catalog(name: str) -> bool:
     return True
 
 
+def group_name(value: Any) -> str:
+    """A node group's name: device ids are ``<group>.<machine>:<gpu>``, so it cannot hold
+    ``.``, ``:`` or spaces."""
+    name = non_empty_str(value)
+    bad = sorted({c for c in name if c in ".:" or c.isspace()})
+    if bad:
+        shown = ", ".join("a space" if c.isspace() else repr(c) for c in bad)
+        raise ConfigError(f"node group name {name!r} cannot contain {shown} (device ids are "
+                          "<group>.<machine>:<gpu>); use letters, digits, '-' or '_'")
+    return name
+
+
 def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
     node.check_keys(_NODE_KEYS)
     gpu_name = node.get("gpu", non_empty_str)
@@ -194,7 +206,7 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         raise node.error("gpu", str(err)) from None
     nvlink = node.get("nvlink", parse_nvlink_topology, default_nvlink(device_type))
     group = NodeGroup(
-        name=node.get("name", non_empty_str),
+        name=node.get("name", group_name),
         gpu=device_type.name,
         gpus_per_node=node.get("gpus_per_node", positive_int),
         count=node.get("count", positive_int, 1),
