@@ -116,3 +116,17 @@ def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
     assert computed.pipelines == plan.pipelines
     assert computed.model.num_layers == plan.model.num_layers
     assert computed.model.hidden_size == 64 and computed.model.num_heads % 2 == 0
+
+
+@pytest.mark.parametrize(("dilation", "warned"), [(100.0, False), (1000.0, True)])
+def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(caplog, dilation, warned):
+    from types import SimpleNamespace
+
+    from potluck.runtime.train import _warn_if_slow
+
+    trainer = SimpleNamespace(predicted_step_time_s=0.1,
+                              model=SimpleNamespace(layout=SimpleNamespace(rank=0)))
+    clock = EmulationClock({}, 0.0, 0.0, dilation=dilation)  # 10 s or 100 s per step
+    with caplog.at_level("WARNING"):
+        _warn_if_slow(trainer, clock)
+    assert ("--stand-in tiny" in caplog.text) is warned

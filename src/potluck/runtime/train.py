@@ -105,6 +105,22 @@ def _calibrate(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> 
         trainer.step(source.replica_rows(trainer.step_index, start_row, count))
     clock.calibrate()
     saved.restore(trainer)
+    _warn_if_slow(trainer, clock)
+
+
+SLOW_EMULATED_STEP_S = 30.0
+
+
+def _warn_if_slow(trainer: Trainer, clock: EmulationClock) -> None:
+    """Say so when the emulated steps will be long (the real model computes on CPU)."""
+    predicted_s = trainer.predicted_step_time_s
+    if trainer.model.layout.rank != 0 or not predicted_s:
+        return
+    step_s = predicted_s * clock.dilation
+    if step_s > SLOW_EMULATED_STEP_S:
+        log.warning("emulated steps will take about %.0f s each (every op %.0fx its GPU time "
+                    "so the CPU ranks keep pace); --stand-in tiny computes a tiny model with "
+                    "the same blocks and layout, and runs far faster", step_s, clock.dilation)
 
 
 @dataclass
