@@ -31,3 +31,19 @@ def test_one_gpu_bf16_trains_close_to_fp32_reference():
     options = TrainOptions(steps=3, lr=LR, progress=False)
     losses = run_local(_losses, plan.devices, (plan, options), timeout_s=300)[0]
     assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-2)
+
+
+def _metrics(plan, options):
+    return [(m.loss, m.loss_scale, m.skipped) for m in train_rank(plan, options)]
+
+
+def test_one_gpu_fp16_trains_with_a_loss_scale_close_to_fp32_reference():
+    cluster = parse_cluster("nodes:\n  - {name: box, gpu: a100-80g-sxm, gpus_per_node: 1}\n")
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], cluster=cluster,
+                     device_ids=["box.0:0"])
+    plan = replace(plan, training=replace(plan.training, dtype=DType.FP16))
+    options = TrainOptions(steps=3, lr=LR, progress=False)
+    metrics = run_local(_metrics, plan.devices, (plan, options), timeout_s=300)[0]
+    assert all(scale is not None and scale >= 1.0 for _, scale, _ in metrics)
+    kept = [loss for loss, _, skipped in metrics if not skipped]
+    assert kept and kept[0] == pytest.approx(reference_losses(TINY_LLAMA, 4)[0], abs=2e-2)
