@@ -23,11 +23,15 @@ def _losses(plan, options):
     return [m.loss for m in train_rank(plan, options)]
 
 
-def test_one_gpu_bf16_trains_close_to_fp32_reference():
+def _one_gpu_plan(dtype: DType):
     cluster = parse_cluster("nodes:\n  - {name: box, gpu: a100-80g-sxm, gpus_per_node: 1}\n")
     plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], cluster=cluster,
                      device_ids=["box.0:0"])
-    plan = replace(plan, training=replace(plan.training, dtype=DType.BF16))
+    return replace(plan, training=replace(plan.training, dtype=dtype))
+
+
+def test_one_gpu_bf16_trains_close_to_fp32_reference():
+    plan = _one_gpu_plan(DType.BF16)
     options = TrainOptions(steps=3, lr=LR, progress=False)
     losses = run_local(_losses, plan.devices, (plan, options), timeout_s=300)[0]
     assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-2)
@@ -38,10 +42,7 @@ def _metrics(plan, options):
 
 
 def test_one_gpu_fp16_trains_with_a_loss_scale_close_to_fp32_reference():
-    cluster = parse_cluster("nodes:\n  - {name: box, gpu: a100-80g-sxm, gpus_per_node: 1}\n")
-    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], cluster=cluster,
-                     device_ids=["box.0:0"])
-    plan = replace(plan, training=replace(plan.training, dtype=DType.FP16))
+    plan = _one_gpu_plan(DType.FP16)
     options = TrainOptions(steps=3, lr=LR, progress=False)
     metrics = run_local(_metrics, plan.devices, (plan, options), timeout_s=300)[0]
     assert all(scale is not None and scale >= 1.0 for _, scale, _ in metrics)
