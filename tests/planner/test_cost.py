@@ -195,3 +195,18 @@ def test_zero1_pays_the_parameter_all_gather_after_the_optimizer(small_model):
     assert plain == pytest.approx(formulas.adam_step_time_s(params, bandwidth), rel=1e-6)
     assert sharded == pytest.approx(adam_half + gather, rel=1e-6)
     assert sharded > plain
+
+
+def test_zero1_reduce_scatters_gradients_to_their_owners(small_model):
+    """With ZeRO-1 each owner needs only its own parameters' sums: a reduce-scatter, half
+    the all-reduce (exposed in full here: the reduction waits for the backward pass)."""
+    from potluck.plans import Execution
+
+    spec = parse_cluster(TWO_BOXES)
+    pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
+    blocking = Execution(overlap_grad_reduce=False, grad_reduce_bytes=4)
+    cost = CostModel(Cluster(spec), small_model, 1024, execution=blocking)
+    sharded = cost.evaluate(_plan(spec, small_model, pipelines, zero1=True))
+    grads = 4 * counts.total_params(small_model)
+    assert sharded.breakdown.dp_s == pytest.approx(
+        formulas.ring_allgather_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)

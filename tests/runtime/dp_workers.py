@@ -23,6 +23,7 @@ SMALL_BUCKETS = 3000  # elements: several buckets per stage of the tiny models
 @dataclass(frozen=True)
 class RankReport:
     losses: list[float]
+    grad_norms: list[float]
     stats: list[SyncStats]  # per step
     state_bytes: int  # optimizer state on this rank after the last step
 
@@ -47,12 +48,14 @@ def _train(plan: Plan, steps: int, bucket_elements: int,
         trainer = Trainer(model, optimizer(model) if optimizer else None, lr=LR)
         shape = plan.training
         data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
-        losses, stats = [], []
+        losses, norms, stats = [], [], []
         for step in range(steps):
             rows = data.replica_rows(step, *session.layout.batch_rows)
-            losses.append(trainer.step(rows).loss)
+            metrics = trainer.step(rows)
+            losses.append(metrics.loss)
+            norms.append(metrics.grad_norm)
             stats.append(model.grad_sync.stats)
-        return RankReport(losses, stats, optimizer_state_bytes(trainer.optimizer))
+        return RankReport(losses, norms, stats, optimizer_state_bytes(trainer.optimizer))
     finally:
         session.close()
 

@@ -39,7 +39,9 @@ def test_sharded_states_give_the_same_losses_in_a_fraction_of_the_memory(case):
     full = train_plan(with_options(plan, zero1=False), bucket_elements=SMALL_BUCKETS)
     sharded = train_plan(with_options(plan, zero1=True), bucket_elements=SMALL_BUCKETS)
 
-    assert sharded[0].losses == full[0].losses
+    # reduce-scatter may add three replicas' gradients in another order than all-reduce
+    assert sharded[0].losses == pytest.approx(full[0].losses, abs=1e-6)
+    assert sharded[0].grad_norms == pytest.approx(full[0].grad_norms, rel=1e-5)
     assert full[0].losses == pytest.approx(reference_losses(spec, plan.training.global_batch),
                                            abs=2e-5)
     dp = len(pipelines)
@@ -51,11 +53,24 @@ def test_sharded_states_give_the_same_losses_in_a_fraction_of_the_memory(case):
     assert sum(r.state_bytes for r in sharded) == pytest.approx(one_replica, rel=0.01)
 
 
+def test_gradients_are_reduce_scattered_to_their_owners_not_all_reduced():
+    """Under ZeRO-1 every aligned bucket goes to its owners by reduce-scatter (half the
+    traffic of an all-reduce); the tied weight's two copies in pipeline 0 still all-reduce."""
+    spec, pipelines = CASES["dp=2 x pp=2 x tp=2, tied"]
+    plan = make_plan(spec, pipelines)
+    full = train_plan(with_options(plan, zero1=False), bucket_elements=SMALL_BUCKETS)
+    sharded = train_plan(with_options(plan, zero1=True), bucket_elements=SMALL_BUCKETS)
+    assert all(s.scattered == 0 for report in full for s in report.stats)
+    for rank, report in enumerate(sharded):
+        last = report.stats[-1]
+        assert 0 < last.scattered < last.buckets, f"rank {rank}: {last}"
+
+
 def test_any_torch_optimizer_keeps_states_for_its_share_only():
     plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 1, 2), pipe([(2, (0, 4))], 1, 2)])
     full = train_plan(with_options(plan, zero1=False), optimizer=sgd_with_momentum)
     sharded = train_plan(with_options(plan, zero1=True), optimizer=sgd_with_momentum)
-    assert sharded[0].losses == full[0].losses
+    assert sharded[0].losses == pytest.approx(full[0].losses, abs=1e-6)
     for mine, everything in zip(sharded, full, strict=True):
         assert mine.state_bytes == pytest.approx(everything.state_bytes / 2, rel=0.3)
 

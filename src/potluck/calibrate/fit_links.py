@@ -79,11 +79,14 @@ def link_key(cluster: Cluster, a: Device, b: Device) -> LinkKey:
     return LinkKey("network", between=(first, second))
 
 
-def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float) -> Terms:
+def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float, scatter: bool) -> Terms:
+    """A ring collective's bytes and latencies on its slowest link class: an all-reduce, or
+    (ZeRO-1's ``scatter``) a reduce-scatter, half of one."""
     hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
     slowest = min(hops, key=lambda hop: cluster.link(*hop).bandwidth_bytes_per_s)
+    passes = 1.0 if scatter else 2.0
     steps = len(ring) - 1
-    return {link_key(cluster, *slowest): (2.0 * steps / len(ring) * num_bytes, 2.0 * steps)}
+    return {link_key(cluster, *slowest): (passes * steps / len(ring) * num_bytes, passes * steps)}
 
 
 def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
@@ -95,7 +98,7 @@ def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
             continue
         for ring in group.rings:
             for key, (bytes_term, latency_term) in _ring_terms(
-                    cost.cluster, ring, group.grad_bytes / len(group.rings)).items():
+                    cost.cluster, ring, group.grad_bytes / len(group.rings), group.scatter).items():
                 for device in ring:
                     old = terms[device.id].get(key, (0.0, 0.0))
                     terms[device.id][key] = (old[0] + bytes_term, old[1] + latency_term)

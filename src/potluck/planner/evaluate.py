@@ -29,6 +29,15 @@ class DpGroup:
     members: list[tuple[int, int]]  # (pipeline, stage)
     rings: list[list[Device]]  # one ring per tensor-parallel rank
     grad_bytes: float
+    scatter: bool = False  # ZeRO-1: reduce-scattered to the owners, half an all-reduce
+
+    def sync_s(self, cost: CostModel, ring: list[Device], sharing: dict[str, int]) -> float:
+        """One ring's gradient collective: an all-reduce, or (``scatter``) a reduce-scatter."""
+        per_ring_bytes = self.grad_bytes / len(self.rings)
+        if not self.scatter:
+            return cost.allreduce_s(per_ring_bytes, ring, sharing)
+        bandwidth, latency = cost.ring_bandwidth(ring, sharing)
+        return formulas.ring_allgather_time_s(per_ring_bytes, len(ring), bandwidth, latency)
 
 
 class PlanEvaluation:
@@ -92,7 +101,10 @@ class PlanEvaluation:
         groups = []
         for i, stage in enumerate(pipelines[lead].stages):
             members = [(lead, i)] + [(k, _best_overlap(pipelines[k].stages, stage)) for k in others]
-            groups.append(self._group(members, costs[lead][i].params * len(self.devices[lead][i])))
+            group = self._group(members, costs[lead][i].params * len(self.devices[lead][i]))
+            aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
+            group.scatter = self.plan.zero1 and aligned
+            groups.append(group)
         if self.cost.model.tied_embeddings:
             groups.extend(self._embedding_groups())
         return groups
@@ -123,9 +135,7 @@ class PlanEvaluation:
         for group in groups:
             if len(group.members) <= 1:
                 continue
-            per_ring_bytes = group.grad_bytes / len(group.rings)
-            allreduce = max(self.cost.allreduce_s(per_ring_bytes, ring, sharing)
-                            for ring in group.rings)
+            allreduce = max(group.sync_s(self.cost, ring, sharing) for ring in group.rings)
             ready = max(times[k].finish_s[j] for k, j in group.members)
             window = min(costs[k][j].work.backward_s for k, j in group.members)
             if not self.cost.execution.overlap_grad_reduce:

@@ -9,6 +9,9 @@ that hold the same parameter in every pipeline, bucket by bucket
 
 - aligned buckets (all holders shard the unit the same way): local shards are
   flattened and all-reduced, as DDP would;
+- with ZeRO-1, aligned buckets are reduce-scattered instead: each owner gets
+  the sums of the parameters whose optimizer state it keeps
+  (:func:`potluck.runtime.zero.source_rank`), half an all-reduce's traffic;
 - full-layout buckets (holders with different TP degrees): each rank writes
   its shard into a zero tensor of the full parameter's shape (a replicated
   parameter only from TP rank 0), the full tensors are summed, and each rank
@@ -29,8 +32,8 @@ The sums are the same numbers either way.
 torch's DDP and FSDP2 assume one model layout on every replica and average
 gradients, so neither fits uneven shares with per-layer groups; this module
 is the small piece that is missing. It also computes the global gradient norm,
-counting every parameter once (pipeline 0's copy, TP rank 0 for replicated
-parameters).
+counting every parameter once (pipeline 0's copy, or under ZeRO-1 the owner's;
+TP rank 0 for replicated parameters).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from potluck.runtime.buckets import (
 )
 from potluck.runtime.grad_ready import GradReady
 from potluck.runtime.layout import Layout
+from potluck.runtime.zero import scatters, source_rank
 
 
 @dataclass
@@ -63,6 +67,7 @@ class SyncStats:
     buckets: int = 0
     launched_in_backward: int = 0  # started by a gradient hook, before the schedule returned
     launched_with_grads_pending: int = 0  # ... while other gradients were still being computed
+    scattered: int = 0  # ZeRO-1: buckets reduce-scattered to their owners (not all-reduced)
 
 
 @dataclass
@@ -71,6 +76,7 @@ class _Reduction:
     flat: torch.Tensor
     grads: list[torch.Tensor]  # local gradients the sums go back into
     work: dist.Work | None
+    mine: list[int] | None = None  # reduce-scattered: the items whose sums this rank gets
 
 
 class GradSync:
@@ -78,11 +84,16 @@ class GradSync:
 
     def __init__(self, layout: Layout, params: list[SyncedParam],
                  wire_dtype: torch.dtype | None = None, *, micro_batches: int = 1,
-                 overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS) -> None:
+                 overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS,
+                 owners: dict[str, int] | None = None) -> None:
         self.layout = layout
         self.params = params
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
         self.buckets = plan_buckets(layout, params, bucket_elements)
+        self.owners = owners  # ZeRO-1: owner pipeline per parameter; sums go to owners only
+        self._sources = {item.name: source_rank(layout, owners, item)
+                         for bucket in self.buckets if owners is not None and scatters(bucket)
+                         for item in bucket.items}
         self.full = FullLayout(layout.role.tp_rank)
         self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready) if overlap \
             and self.buckets else None
@@ -139,6 +150,9 @@ class GradSync:
         for item in bucket.items:
             _match_grad_layout(item.param)
         grads = [local(_grad(item.param)) for item in bucket.items]
+        if bucket.items[0].name in self._sources:
+            self._inflight.append(self._scatter(bucket, grads))
+            return
         if bucket.aligned:
             flat = torch.cat([g.reshape(-1) for g in grads])
         else:
@@ -148,9 +162,35 @@ class GradSync:
         work = dist.all_reduce(flat, group=bucket.group, async_op=True)
         self._inflight.append(_Reduction(bucket, flat, grads, work))
 
+    def _scatter(self, bucket: Bucket, grads: list[torch.Tensor]) -> _Reduction:
+        """ZeRO-1: reduce-scatter the bucket so each owner gets the sums of its own
+        parameters (the group's ranks in order, each one's items padded to the largest)."""
+        ranks = dist.get_process_group_ranks(bucket.group)
+        members = [[i for i, item in enumerate(bucket.items) if self._sources[item.name] == rank]
+                   for rank in ranks]
+        width = max(sum(grads[i].numel() for i in indices) for indices in members)
+        dtype = self.wire_dtype or grads[0].dtype
+        flat = grads[0].new_zeros(width * len(ranks), dtype=dtype)
+        for slot, indices in enumerate(members):
+            if indices:
+                part = torch.cat([grads[i].reshape(-1) for i in indices])
+                flat[slot * width:slot * width + part.numel()] = part
+        out = flat.new_empty(width)
+        work = dist.reduce_scatter_single(out, flat, group=bucket.group, async_op=True)
+        mine = members[ranks.index(self.layout.rank)]
+        self.stats.scattered += 1
+        return _Reduction(bucket, out, grads, work, mine)
+
     def _write_back(self, reduction: _Reduction) -> None:
         if reduction.work is not None:
             reduction.work.wait()
+        if reduction.mine is not None:  # the other items' sums went to their owners
+            offset = 0
+            for i in reduction.mine:
+                grad = reduction.grads[i]
+                grad.copy_(reduction.flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+            return
         bucket, offset = reduction.bucket, 0
         for item, grad in zip(bucket.items, reduction.grads, strict=True):
             size = grad.numel() if bucket.aligned else item.param.numel()
@@ -168,7 +208,10 @@ class GradSync:
         role = self.layout.role
         squares = []
         for item in self.params:
-            if self.layout.norm_owner(item.unit) != (role.pipeline, role.stage):
+            source = self._sources.get(item.name)
+            if source is not None and source != self.layout.rank:
+                continue  # reduce-scattered: only the owner holds the sum
+            if source is None and self.layout.norm_owner(item.unit) != (role.pipeline, role.stage):
                 continue
             if not is_sharded(item.param) and role.tp_rank != 0:
                 continue

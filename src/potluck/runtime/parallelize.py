@@ -48,7 +48,7 @@ from potluck.runtime.recompute import apply_recompute
 from potluck.runtime.session import Session
 from potluck.runtime.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.tracing import find_blocks, trace_stages
-from potluck.runtime.zero import Zero1
+from potluck.runtime.zero import Zero1, assign_owners
 
 
 @dataclass(frozen=True)
@@ -175,11 +175,14 @@ class ParallelModel:
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters()]
         plan = session.plan
+        owners = assign_owners(self.layout, params) if plan.zero1 else None
         self.grad_sync = GradSync(
             self.layout, params, _wire_dtype(session),
             micro_batches=plan.pipelines[self.layout.role.pipeline].num_micro_batches,
-            overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements)
-        self.zero = Zero1(self.layout, params, self.grad_sync.buckets) if plan.zero1 else None
+            overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements,
+            owners=owners)
+        self.zero = (Zero1(self.layout, params, self.grad_sync.buckets, owners)
+                     if owners is not None else None)
         self.schedule = self._build_schedule()
 
     def _build_schedule(self) -> Any:

@@ -28,9 +28,11 @@ optimizer state (AdamW's moments and step) and update it:
   full-size tensors to which only the owner contributes (``x + 0 = x``).
 
 Numerics equal the unsharded optimizer: every holder would have applied the
-same elementwise update to the same values and gradients. Gradients are still
-all-reduced whole (the global norm and clipping need them), so the parameter
-all-gather is extra traffic, about half an all-reduce, after the step.
+same elementwise update to the same values and gradients. The gradients of
+buckets that :func:`scatters` are reduce-scattered to their owners in the same
+padded layout (:mod:`potluck.runtime.data_parallel`), so gradients and updates
+together cost one all-reduce's traffic; only the owner's copy of such a
+gradient holds the sum, and only it counts in the global norm.
 
 torch's ``ZeroRedundancyOptimizer`` is not used: it shards one parameter list
 over one process group, with the same dense parameters on every rank, while a
@@ -80,6 +82,20 @@ def assign_owners(layout: Layout, params: list[SyncedParam]) -> dict[str, int]:
     return owners
 
 
+def source_rank(layout: Layout, owners: dict[str, int], item: SyncedParam) -> int:
+    """The rank of ``item``'s aligned sync group that keeps its optimizer state and sends
+    its update: the owner pipeline's first holder, at this rank's TP index."""
+    holder = next(h for h in layout.holders(item.unit) if h[0] == owners[item.name])
+    return layout.stage_ranks(*holder)[layout.role.tp_rank]
+
+
+def scatters(bucket: Bucket) -> bool:
+    """Whether ``bucket``'s gradients are reduce-scattered to their owners: aligned, and
+    one holder per pipeline (not the tied weight, whose two copies in pipeline 0 both
+    need the sum)."""
+    return bucket.aligned and all(item.unit != TIED for item in bucket.items)
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state on this rank (local shards of DTensor states)."""
     total = 0
@@ -94,9 +110,10 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 class Zero1:
     """Which local parameters this rank updates, and the gather of everyone's updates."""
 
-    def __init__(self, layout: Layout, params: list[SyncedParam], buckets: list[Bucket]) -> None:
+    def __init__(self, layout: Layout, params: list[SyncedParam], buckets: list[Bucket],
+                 owners: dict[str, int] | None = None) -> None:
         self.layout = layout
-        self.owners = assign_owners(layout, params)
+        self.owners = owners if owners is not None else assign_owners(layout, params)
         pipeline = layout.role.pipeline
         self.owned = {id(i.param) for i in params if self.owners[i.name] == pipeline}
         self._local = {id(i.param) for i in params}
@@ -132,10 +149,7 @@ class Zero1:
             write_back()
 
     def _source(self, item: SyncedParam) -> int:
-        """The rank of this bucket's group whose copy of ``item`` is sent: the owner
-        pipeline's first holder, at this rank's TP index (aligned buckets)."""
-        holder = next(h for h in self.layout.holders(item.unit) if h[0] == self.owners[item.name])
-        return self.layout.stage_ranks(*holder)[self.layout.role.tp_rank]
+        return source_rank(self.layout, self.owners, item)
 
     def _launch(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
         if bucket.aligned:

@@ -90,16 +90,19 @@ class Network:
             cap, latency = min(cap, bandwidth), max(latency, lane_latency)
         return Flow(lane_bytes, latency * latency_factor, cap, tuple(counts.items()))
 
-    def ring_flow(self, rings: Sequence[Sequence[Device]], num_bytes_per_ring: float) -> Flow:
+    def ring_flow(self, rings: Sequence[Sequence[Device]], num_bytes_per_ring: float,
+                  scatter: bool = False) -> Flow:
         """Ring all-reduces of ``num_bytes_per_ring`` over each ring, all at once.
 
         Every hop carries ``2(g-1)/g`` of the bytes and the ring pays ``2(g-1)``
-        latencies (Patarasuk & Yuan 2009, as :func:`potluck.planner.formulas.ring_allreduce_time_s`).
+        latencies (Patarasuk & Yuan 2009, as :func:`potluck.planner.formulas.ring_allreduce_time_s`);
+        a reduce-scatter (``scatter``) is the first half of that.
         """
         g = len(rings[0])
         pairs = [(ring[i], ring[(i + 1) % g]) for ring in rings for i in range(g)]
-        lane_bytes = 2.0 * (g - 1) / g * num_bytes_per_ring
-        return self.lanes_flow(pairs, lane_bytes, latency_factor=2.0 * (g - 1))
+        passes = 1.0 if scatter else 2.0
+        lane_bytes = passes * (g - 1) / g * num_bytes_per_ring
+        return self.lanes_flow(pairs, lane_bytes, latency_factor=passes * (g - 1))
 
 
 def max_min_rates(flows: dict[int, Flow], capacity: dict[Resource, float]) -> dict[int, float]:

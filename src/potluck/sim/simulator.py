@@ -169,7 +169,7 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
     groups = [g for g in cost.gradient_groups(plan) if len(g.members) > 1]
     phase = engine.Program()
     for group in groups:
-        flow = network.ring_flow(group.rings, group.grad_bytes / len(group.rings))
+        flow = network.ring_flow(group.rings, group.grad_bytes / len(group.rings), group.scatter)
         phase.add_transfer(flow, [], release_s=max(window[m] for m in group.members))
     timings = engine.run(phase, network.capacity)
     syncs, done_s = [], dict(ready)
