@@ -69,3 +69,19 @@ def test_rerank_orders_candidates_by_simulated_time() -> None:
     assert [r.plan for r in ranked] == [inside, across, alone]
     times = [r.iteration_time_s for r in ranked]
     assert times == sorted(times)
+
+
+def test_zero1_gradient_scatter_and_parameter_gather_agree_with_the_cost_model() -> None:
+    """ZeRO-1 over a slow network: the gradients are reduce-scattered and the updates
+    all-gathered after the step, in the simulation as in the prediction (one replica per
+    machine: nothing else shares the cards, so the two agree to rounding)."""
+    from dataclasses import replace
+
+    devices = ["box.0:0", "box.1:0", "box.2:0", "box.3:0"]
+    plan = make_plan(cluster(SLOW_NETWORK), flat_model(16), pp=1, micro_batches=8, dp=4,
+                     devices=devices)
+    sharded = simulate(replace(plan, zero1=True))
+    assert sharded.iteration_time_s == pytest.approx(sharded.predicted_time_s, rel=0.005)
+    gather_s = sharded.optimizer_steps[0].end_s - sharded.optimizer_steps[0].start_s
+    plain = simulate(plan)
+    assert gather_s > 10 * (plain.optimizer_steps[0].end_s - plain.optimizer_steps[0].start_s)

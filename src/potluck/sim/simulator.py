@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from potluck.errors import ConfigError
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import DpGroup
 from potluck.plans import Plan, Schedule, check_plan
 from potluck.sim import engine, program
 from potluck.sim.critical import critical_path
@@ -183,7 +184,26 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
         for i, stage in enumerate(work.stages):
             start = done_s[(k, i)]
             steps.append(OptimizerStep(k, i, start, start + stage.optimizer_s))
+    if plan.zero1:
+        steps = _with_parameter_gather(groups, network, steps)
     return syncs, steps
+
+
+def _with_parameter_gather(groups: list[DpGroup], network: Network, steps: list[OptimizerStep]
+                           ) -> list[OptimizerStep]:
+    """ZeRO-1: each group all-gathers its owners' updated parameters once all its members
+    have stepped (the traffic of a reduce-scatter); a step ends with its gather."""
+    end_of = {(s.pipeline, s.stage): s.end_s for s in steps}
+    phase = engine.Program()
+    for group in groups:
+        flow = network.ring_flow(group.rings, group.grad_bytes / len(group.rings), scatter=True)
+        phase.add_transfer(flow, [], release_s=max(end_of[m] for m in group.members))
+    timings = engine.run(phase, network.capacity)
+    for op, group in enumerate(groups):
+        for member in group.members:
+            end_of[member] = max(end_of[member], timings.end_s[op])
+    return [OptimizerStep(s.pipeline, s.stage, s.start_s, end_of[(s.pipeline, s.stage)])
+            for s in steps]
 
 
 def _gradient_ready(runs: list[PipelineRun]
