@@ -11,7 +11,8 @@ that hold the same parameter in every pipeline, bucket by bucket
   flattened and all-reduced, as DDP would;
 - with ZeRO-1, aligned buckets are reduce-scattered instead: each owner gets
   the sums of the parameters whose optimizer state it keeps
-  (:func:`potluck.runtime.zero.source_rank`), half an all-reduce's traffic;
+  (:func:`potluck.runtime.zero.owner_slots`, the layout of the parameter all-gather),
+  half an all-reduce's traffic;
 - full-layout buckets (holders with different TP degrees): each rank writes
   its shard into a zero tensor of the full parameter's shape (a replicated
   parameter only from TP rank 0), the full tensors are summed, and each rank
@@ -57,7 +58,7 @@ from potluck.runtime.buckets import (
 )
 from potluck.runtime.grad_ready import GradReady
 from potluck.runtime.layout import Layout
-from potluck.runtime.zero import scatters, source_rank
+from potluck.runtime.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
 
 
 @dataclass
@@ -76,7 +77,7 @@ class _Reduction:
     flat: torch.Tensor
     grads: list[torch.Tensor]  # local gradients the sums go back into
     work: dist.Work | None
-    mine: list[int] | None = None  # reduce-scattered: the items whose sums this rank gets
+    mine: tuple[int, ...] | None = None  # reduce-scattered: the items whose sums it gets
 
 
 class GradSync:
@@ -90,10 +91,12 @@ class GradSync:
         self.params = params
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
         self.buckets = plan_buckets(layout, params, bucket_elements)
-        self.owners = owners  # ZeRO-1: owner pipeline per parameter; sums go to owners only
-        self._sources = {item.name: source_rank(layout, owners, item)
-                         for bucket in self.buckets if owners is not None and scatters(bucket)
-                         for item in bucket.items}
+        # ZeRO-1: the buckets whose sums go to their owners only, and per item of those
+        # whether this rank is its owner
+        self._slots = {id(b): owner_slots(layout, owners, b) for b in self.buckets
+                       if owners is not None and scatters(b)}
+        self._owns = {item.name: i in self._slots[id(b)].mine for b in self.buckets
+                      if id(b) in self._slots for i, item in enumerate(b.items)}
         self.full = FullLayout(layout.role.tp_rank)
         self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready) if overlap \
             and self.buckets else None
@@ -150,8 +153,9 @@ class GradSync:
         for item in bucket.items:
             _match_grad_layout(item.param)
         grads = [local(_grad(item.param)) for item in bucket.items]
-        if bucket.items[0].name in self._sources:
-            self._inflight.append(self._scatter(bucket, grads))
+        slots = self._slots.get(id(bucket))
+        if slots is not None:
+            self._inflight.append(self._scatter(bucket, grads, slots))
             return
         if bucket.aligned:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -162,34 +166,24 @@ class GradSync:
         work = dist.all_reduce(flat, group=bucket.group, async_op=True)
         self._inflight.append(_Reduction(bucket, flat, grads, work))
 
-    def _scatter(self, bucket: Bucket, grads: list[torch.Tensor]) -> _Reduction:
+    def _scatter(self, bucket: Bucket, grads: list[torch.Tensor], slots: OwnerSlots
+                 ) -> _Reduction:
         """ZeRO-1: reduce-scatter the bucket so each owner gets the sums of its own
-        parameters (the group's ranks in order, each one's items padded to the largest)."""
-        ranks = dist.get_process_group_ranks(bucket.group)
-        members = [[i for i, item in enumerate(bucket.items) if self._sources[item.name] == rank]
-                   for rank in ranks]
-        width = max(sum(grads[i].numel() for i in indices) for indices in members)
-        dtype = self.wire_dtype or grads[0].dtype
-        flat = grads[0].new_zeros(width * len(ranks), dtype=dtype)
-        for slot, indices in enumerate(members):
-            if indices:
-                part = torch.cat([grads[i].reshape(-1) for i in indices])
-                flat[slot * width:slot * width + part.numel()] = part
-        out = flat.new_empty(width)
+        parameters (in the slots the parameter all-gather uses)."""
+        flat = grads[0].new_zeros(slots.width * len(slots.members),
+                                  dtype=self.wire_dtype or grads[0].dtype)
+        for slot, indices in enumerate(slots.members):
+            write_slot(flat[slot * slots.width:], grads, indices)
+        out = flat.new_empty(slots.width)
         work = dist.reduce_scatter_single(out, flat, group=bucket.group, async_op=True)
-        mine = members[ranks.index(self.layout.rank)]
         self.stats.scattered += 1
-        return _Reduction(bucket, out, grads, work, mine)
+        return _Reduction(bucket, out, grads, work, slots.mine)
 
     def _write_back(self, reduction: _Reduction) -> None:
         if reduction.work is not None:
             reduction.work.wait()
         if reduction.mine is not None:  # the other items' sums went to their owners
-            offset = 0
-            for i in reduction.mine:
-                grad = reduction.grads[i]
-                grad.copy_(reduction.flat[offset:offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
+            read_slot(reduction.flat, reduction.grads, reduction.mine)
             return
         bucket, offset = reduction.bucket, 0
         for item, grad in zip(bucket.items, reduction.grads, strict=True):
@@ -208,10 +202,10 @@ class GradSync:
         role = self.layout.role
         squares = []
         for item in self.params:
-            source = self._sources.get(item.name)
-            if source is not None and source != self.layout.rank:
+            owns = self._owns.get(item.name)
+            if owns is False:
                 continue  # reduce-scattered: only the owner holds the sum
-            if source is None and self.layout.norm_owner(item.unit) != (role.pipeline, role.stage):
+            if owns is None and self.layout.norm_owner(item.unit) != (role.pipeline, role.stage):
                 continue
             if not is_sharded(item.param) and role.tp_rank != 0:
                 continue

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
@@ -89,6 +90,47 @@ def source_rank(layout: Layout, owners: dict[str, int], item: SyncedParam) -> in
     return layout.stage_ranks(*holder)[layout.role.tp_rank]
 
 
+@dataclass(frozen=True)
+class OwnerSlots:
+    """An aligned bucket laid out for ZeRO-1's collectives: one slot per rank of the
+    bucket's process group, in group-rank order (as reduce-scatter and all-gather number
+    them), holding the bucket's items that rank owns, back to back, padded to ``width``."""
+
+    members: tuple[tuple[int, ...], ...]  # per slot: indices into the bucket's items
+    width: int  # elements per slot
+    index: int  # this rank's slot
+
+    @property
+    def mine(self) -> tuple[int, ...]:
+        return self.members[self.index]
+
+
+def owner_slots(layout: Layout, owners: dict[str, int], bucket: Bucket) -> OwnerSlots:
+    """The slots of aligned ``bucket`` (see :class:`OwnerSlots`)."""
+    ranks = dist.get_process_group_ranks(bucket.group)
+    sources = [source_rank(layout, owners, item) for item in bucket.items]
+    members = tuple(tuple(i for i, s in enumerate(sources) if s == rank) for rank in ranks)
+    width = max(sum(local(bucket.items[i].param).numel() for i in indices)
+                for indices in members)
+    return OwnerSlots(members, width, ranks.index(layout.rank))
+
+
+def write_slot(slot: torch.Tensor, tensors: list[torch.Tensor], indices: tuple[int, ...]) -> None:
+    """Put ``tensors[i]`` for ``i`` in ``indices`` back to back at the start of ``slot``."""
+    if indices:
+        part = torch.cat([tensors[i].reshape(-1) for i in indices])
+        slot[:part.numel()] = part
+
+
+def read_slot(slot: torch.Tensor, tensors: list[torch.Tensor], indices: tuple[int, ...]) -> None:
+    """Copy :func:`write_slot`'s layout of ``slot`` into ``tensors[i]`` for ``i`` in ``indices``."""
+    offset = 0
+    for i in indices:
+        size = tensors[i].numel()
+        tensors[i].copy_(slot[offset:offset + size].view_as(tensors[i]))
+        offset += size
+
+
 def scatters(bucket: Bucket) -> bool:
     """Whether ``bucket``'s gradients are reduce-scattered to their owners: aligned, and
     one holder per pipeline (not the tied weight, whose two copies in pipeline 0 both
@@ -118,6 +160,7 @@ class Zero1:
         self.owned = {id(i.param) for i in params if self.owners[i.name] == pipeline}
         self._local = {id(i.param) for i in params}
         self.buckets = buckets
+        self.slots = {id(b): owner_slots(layout, self.owners, b) for b in buckets if b.aligned}
         self.full = FullLayout(layout.role.tp_rank)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
@@ -148,37 +191,24 @@ class Zero1:
             work.wait()
             write_back()
 
-    def _source(self, item: SyncedParam) -> int:
-        return source_rank(self.layout, self.owners, item)
-
     def _launch(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
         if bucket.aligned:
             return self._launch_aligned(bucket)
         return self._launch_full(bucket)
 
     def _launch_aligned(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
-        sources = [self._source(item) for item in bucket.items]
-        members = [[i for i, s in enumerate(sources) if s == rank] for rank in bucket.ranks]
+        slots = self.slots[id(bucket)]
         locals_ = [local(item.param) for item in bucket.items]
-        sizes = [sum(locals_[i].numel() for i in indices) for indices in members]
         dtype = reduce(torch.promote_types, (t.dtype for t in locals_))
-        mine = members[bucket.ranks.index(self.layout.rank)]
-        send = locals_[0].new_zeros(max(sizes), dtype=dtype)
-        if mine:
-            send[:sizes[bucket.ranks.index(self.layout.rank)]] = torch.cat(
-                [locals_[i].reshape(-1) for i in mine])
-        received = [torch.empty_like(send) for _ in bucket.ranks]
+        send = locals_[0].new_zeros(slots.width, dtype=dtype)
+        write_slot(send, locals_, slots.mine)
+        received = [torch.empty_like(send) for _ in slots.members]
         work = dist.all_gather(received, send, group=bucket.group, async_op=True)
 
         def write_back() -> None:
-            for indices, flat in zip(members, received, strict=True):
-                if indices is mine:
-                    continue
-                offset = 0
-                for i in indices:
-                    size = locals_[i].numel()
-                    locals_[i].copy_(flat[offset:offset + size].view_as(locals_[i]))
-                    offset += size
+            for slot, (indices, flat) in enumerate(zip(slots.members, received, strict=True)):
+                if slot != slots.index:
+                    read_slot(flat, locals_, indices)
 
         return work, write_back
 
