@@ -11,7 +11,7 @@ compares what was measured with these.
 
 from __future__ import annotations
 
-from potluck.planner.cost import CostModel, stage_send_s
+from potluck.planner.cost import CostModel, stage_devices, stage_send_s
 from potluck.plans import Plan
 
 
@@ -35,17 +35,18 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
     """Forward and backward seconds of ``devices`` in one step, summed."""
     cost = CostModel.for_plan(plan)
     where = stages_of(plan)
+    placed = stage_devices(cost, plan)
     total = 0.0
     for device in devices:
         k, i = where[device]
         pipeline = plan.pipelines[k]
-        stage_devices = [tuple(cost.cluster.device(d) for d in s.devices) for s in pipeline.stages]
         stage = pipeline.stages[i]
-        work, _ = cost.stage_work(stage_devices[i], stage.num_layers, i == 0, i == pipeline.pp - 1,
+        work, _ = cost.stage_work(placed[k][i], stage.num_layers, i == 0, i == pipeline.pp - 1,
                                   pipeline.micro_batch_size, plan.recompute, 0.0)
         sends = 0.0
         if emulated:  # padded as the emulator does (runtime.emulate.stage_targets)
-            sends = sum(stage_send_s(plan, k, i, j) for j in (i - 1, i + 1) if 0 <= j < pipeline.pp)
+            sends = sum(stage_send_s(plan, k, i, j, cost) for j in (i - 1, i + 1)
+                        if 0 <= j < pipeline.pp)
         total += pipeline.num_micro_batches * (work.total_s + sends)
     return total
 

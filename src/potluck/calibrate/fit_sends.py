@@ -22,8 +22,7 @@ import numpy as np
 
 from potluck.calibrate.fit_links import LinkFit, LinkKey, current_links, link_key, scaled_links
 from potluck.calibrate.measure import BACKWARD_KINDS, op_s
-from potluck.cluster.topology import Cluster
-from potluck.planner.cost import stage_op_times, stage_send_s
+from potluck.planner.cost import CostModel, stage_op_times, stage_send_s
 from potluck.plans import Plan
 from potluck.sim.trace import Trace
 
@@ -55,7 +54,8 @@ Terms = dict[LinkKey, float]
 def _equations(plan: Plan, measured: Trace) -> list[tuple[Terms, float, float]]:
     """Per device and direction: the sends' seconds per link class at current figures, the
     measured seconds less the predicted compute, and the measured seconds."""
-    cluster = Cluster(plan.cluster)
+    cost = CostModel.for_plan(plan)
+    cluster = cost.cluster
     forward, backward = op_s(measured, ("forward",)), op_s(measured, BACKWARD_KINDS)
     times = stage_op_times(plan)
     rows = []
@@ -71,7 +71,7 @@ def _equations(plan: Plan, measured: Trace) -> list[tuple[Terms, float, float]]:
                     if 0 <= peer < pipeline.pp:
                         a = cluster.device(stage.devices[0])
                         b = cluster.device(pipeline.stages[peer].devices[0])
-                        terms[link_key(cluster, a, b)] += m * stage_send_s(plan, k, i, peer)
+                        terms[link_key(cluster, a, b)] += m * stage_send_s(plan, k, i, peer, cost)
                     rows.append((dict(terms), seen[device] - m * compute_s, seen[device]))
     return rows
 

@@ -410,13 +410,20 @@ class StageOpTimes:
     backward_s: float
 
 
-def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int) -> float:
+def stage_devices(cost: CostModel, plan: Plan) -> list[list[tuple[Device, ...]]]:
+    """Per pipeline, per stage: the stage's devices."""
+    return [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in pipeline.stages]
+            for pipeline in plan.pipelines]
+
+
+def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int,
+                 cost: CostModel | None = None) -> float:
     """One micro-batch's transfer from stage ``sender`` to stage ``receiver`` of
     ``pipeline``, as the plan's evaluation charges it: pipelines whose transfers leave a
-    machine share its network card (:func:`pipeline_nic_sharing`)."""
-    cost = CostModel.for_plan(plan)
-    devices = [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in p.stages]
-               for p in plan.pipelines]
+    machine share its network card (:func:`pipeline_nic_sharing`). ``cost``: the plan's
+    cost model, when the caller has it."""
+    cost = cost or CostModel.for_plan(plan)
+    devices = stage_devices(cost, plan)
     stages = devices[pipeline]
     return cost.send_s(stages[sender], stages[receiver], plan.pipelines[pipeline].micro_batch_size,
                        pipeline_nic_sharing(devices))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from potluck.cluster.topology import Device
 from potluck.model import counts
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel, StageCost, pipeline_nic_sharing
+from potluck.planner.cost import CostModel, StageCost, pipeline_nic_sharing, stage_devices
 from potluck.planner.formulas import PipelineTime
 from potluck.plans import DeviceMemory, Plan, Prediction, Stage, TimeBreakdown
 
@@ -46,10 +46,7 @@ class PlanEvaluation:
     def __init__(self, cost: CostModel, plan: Plan) -> None:
         self.cost = cost
         self.plan = plan
-        self.devices = [
-            [tuple(cost.cluster.device(d) for d in stage.devices) for stage in pipeline.stages]
-            for pipeline in plan.pipelines
-        ]
+        self.devices = stage_devices(cost, plan)
 
     def prediction(self) -> Prediction:
         pp_sharing = self._pp_nic_sharing()
