@@ -29,11 +29,12 @@ from potluck.cli import app
 from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.plans import Pipeline, Plan, Stage, save_plan
 
 
 def step_s(plan: Plan) -> float:
-    return CostModel.for_plan(plan).evaluate(plan).iteration_time_s
+    return predict(plan).iteration_time_s
 
 
 def test_calibration_recovers_the_true_efficiency_and_bandwidths(tmp_path) -> None:
@@ -145,7 +146,7 @@ def test_an_emulated_run_is_read_as_the_emulator_padded_it() -> None:
     cost = CostModel.for_plan(plan)
     a, b = (cost.cluster.device(d) for d in devices)
     assert sends == pytest.approx(2 * 2 * cost.send_s((a,), (b,), 2))  # 2 micro-batches, 2 ways
-    slowest = cost.evaluate(plan).breakdown.optimizer_s
+    slowest = predict(plan, cost).breakdown.optimizer_s
     assert expected.optimizer_s(plan, devices, emulated=True) == pytest.approx(2 * slowest)
 
 
@@ -175,7 +176,7 @@ def test_an_emulated_runs_sends_give_the_pipeline_link_its_figures() -> None:
     already right, is left with nothing to absorb."""
     from potluck.calibrate.fit_sends import fit_sends
     from potluck.cluster.topology import Cluster
-    from potluck.planner.cost import stage_op_times, stage_send_s
+    from potluck.planner.evaluate import stage_op_times, stage_send_s
     from potluck.sim.trace import Trace, TraceEvent
 
     spec = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 1}\n"

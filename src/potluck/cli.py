@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +21,22 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from potluck import api
 from potluck.economics import prices
 from potluck.errors import PotluckError
+from potluck.model.counts import Recompute
+from potluck.planner.options import Partition
+from potluck.plans import DType
+from potluck.schedules import Schedule
+
+TRAINED_DTYPES = (DType.BF16, DType.FP16)  # what --dtype plans for (fp32: CPU ranks only)
+
+
+def _names(choices: Iterable[Enum]) -> tuple[str, ...]:
+    return tuple(choice.value for choice in choices)
+
+
+def _or(choices: Iterable[Enum]) -> str:
+    """``a, b, c or d``: the values a flag accepts, for its help."""
+    *rest, last = _names(choices)
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -51,9 +69,10 @@ def plan(
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
     dp: Annotated[int | None, typer.Option(help="Pin the number of data-parallel replicas.")] = None,
     micro_batch_size: Annotated[int | None, typer.Option(help="Pin the micro-batch size.")] = None,
-    recompute: Annotated[str | None, typer.Option(help="Pin recomputation: none|selective|full.")] = None,
+    recompute: Annotated[str | None, typer.Option(
+        help=f"Pin recomputation: {'|'.join(_names(Recompute))}.")] = None,
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
-    schedule: Annotated[str, typer.Option(help="1f1b (default), gpipe, interleaved or zb.")] = "1f1b",
+    schedule: Annotated[str, typer.Option(help=f"Pipeline schedule: {_or(Schedule)}.")] = "1f1b",
     zero1: Annotated[bool | None, typer.Option(
         "--zero1/--no-zero1", help="Shard optimizer states (default: only if needed to fit).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
@@ -77,12 +96,12 @@ def plan(
     from potluck.report import render_result, result_json
     from potluck.units import parse_count
 
-    _check_choice("--dtype", dtype, ("bf16", "fp16"))
-    _check_choice("--partition", partition, ("balanced", "uniform"))
-    _check_choice("--schedule", schedule, ("1f1b", "gpipe", "interleaved", "zb"))
+    _check_choice("--dtype", dtype, TRAINED_DTYPES)
+    _check_choice("--partition", partition, Partition)
+    _check_choice("--schedule", schedule, Schedule)
     if recompute is not None:
-        _check_choice("--recompute", recompute, ("none", "selective", "full"))
-    _check_choice("--objective", objective, ("time", "cost"))
+        _check_choice("--recompute", recompute, Recompute)
+    _check_choice("--objective", objective, api.Objective)
     pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
     with _progress("planning", enabled=not as_json) as report:
         result = api.plan(
@@ -135,7 +154,7 @@ def cost(
     """Which GPUs to rent or buy: rank offers by USD per million tokens, with plans and RCC."""
     from potluck.economics.report import render_study, study_json
 
-    _check_choice("--dtype", dtype, ("bf16", "fp16"))
+    _check_choice("--dtype", dtype, TRAINED_DTYPES)
     pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
     with _progress("planning offers", enabled=not as_json) as report:
         study = api.cost(
@@ -159,7 +178,7 @@ def cost(
 def simulate(
     plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
     schedule: Annotated[str | None, typer.Option(
-        help="gpipe, 1f1b, interleaved or zb (default: the plan's).")] = None,
+        help=f"{_or(Schedule)} (default: the plan's).")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Folder for timeline.png, memory.png, trace.json (default: <plan>-sim).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
@@ -168,7 +187,7 @@ def simulate(
     from potluck.sim.outputs import render_summary, write_outputs
 
     if schedule is not None:
-        _check_choice("--schedule", schedule, ("gpipe", "1f1b", "interleaved", "zb"))
+        _check_choice("--schedule", schedule, Schedule)
     result = api.simulate(plan_file, schedule=schedule)
     files = write_outputs(result, out or Path(f"{plan_file.stem}-sim"))
     if as_json:
@@ -399,12 +418,13 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
 
 def _pricing(mode: str, spot: bool, lifetime_years: float, utilization: float,
              electricity_usd_per_kwh: float, pue: float) -> prices.Pricing:
-    _check_choice("--mode", mode, ("rent", "buy"))
+    _check_choice("--mode", mode, prices.PriceMode)
     return prices.Pricing(prices.PriceMode(mode), spot, lifetime_years, utilization,
                           electricity_usd_per_kwh, pue)
 
 
-def _check_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+def _check_choice(flag: str, value: str, choices: Iterable[Enum]) -> None:
+    allowed = _names(choices)
     if value not in allowed:
         raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
 

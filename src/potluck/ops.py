@@ -34,6 +34,10 @@ class OpKind(str, Enum):
     TP_ALLREDUCE = "tp_allreduce"  # a forward's or backward's tensor-parallel collectives
     DP_ALLREDUCE = "dp_allreduce"  # the gradient reduction across data-parallel replicas
 
+    def __str__(self) -> str:
+        """The trace name, also in f-strings (as on every Python version)."""
+        return self.value
+
     @property
     def is_comm(self) -> bool:
         """Whether the op moves data between devices (it runs on a ``comm`` stream)."""

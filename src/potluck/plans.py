@@ -29,6 +29,7 @@ from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
+from potluck.schedules import Schedule, schedule_for
 
 PLAN_VERSION = 1
 
@@ -41,15 +42,6 @@ class DType(str, Enum):
     @property
     def bytes(self) -> int:
         return 4 if self is DType.FP32 else 2
-
-
-class Schedule(str, Enum):
-    """Pipeline schedules, as in ``torch.distributed.pipelining``."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"  # interleaved 1F1B with virtual stages
-    ZERO_BUBBLE = "zb"  # interleaved zero bubble (backward split into input and weight)
 
 
 @dataclass(frozen=True)
@@ -122,6 +114,11 @@ class Pipeline:
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(d for stage in self.stages for d in stage.devices)
+
+
+def mixed_tp(pipeline: Pipeline) -> bool:
+    """Whether the stages of ``pipeline`` have different tensor-parallel degrees."""
+    return len({stage.tp for stage in pipeline.stages}) > 1
 
 
 @dataclass(frozen=True)
@@ -253,15 +250,6 @@ def plan_json_schema() -> dict[str, Any]:
     return _adapter().json_schema()
 
 
-def schedule_accepts(schedule: Schedule, micro_batches: int, stages: int) -> bool:
-    """Whether torch's schedule runs ``micro_batches`` over ``stages`` ranks: interleaved
-    1F1B and zero bubble go in rounds of ``max(1, m // p)`` and need ``m`` to be a
-    multiple of the round count."""
-    if schedule not in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE):
-        return True
-    return micro_batches % max(1, micro_batches // stages) == 0
-
-
 def check_plan(plan: Plan) -> None:
     """Raise a one-line ConfigError if the plan is inconsistent with itself or its cluster."""
     from potluck.cluster.topology import Cluster
@@ -288,13 +276,10 @@ def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) ->
     model = plan.model
     if pipeline.micro_batch_size < 1 or pipeline.num_micro_batches < 1:
         raise ConfigError(f"pipeline {index}: micro-batch size and count must be at least 1")
-    if not schedule_accepts(plan.schedule, pipeline.num_micro_batches, pipeline.pp):
-        rounds = max(1, pipeline.num_micro_batches // pipeline.pp)
-        raise ConfigError(
-            f"pipeline {index}: the {plan.schedule.value} schedule runs micro-batches in "
-            f"{rounds} rounds and needs their count ({pipeline.num_micro_batches}) to be a "
-            f"multiple of {rounds}; change the micro-batch count or the schedule"
-        )
+    problem = schedule_for(plan.schedule).problem(
+        pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
+    if problem is not None:
+        raise ConfigError(f"pipeline {index}: {problem}")
     chunks = _virtual_chunks(pipeline, plan.virtual_stages, index)
     expected_start = 0
     for start, end in chunks:

@@ -70,9 +70,9 @@ def result_json(result: SearchResult) -> dict[str, Any]:
 
 def _prediction(plan: Plan) -> Prediction:
     if plan.prediction is None:
-        from potluck.planner.cost import CostModel
+        from potluck.planner.evaluate import predict
 
-        return CostModel.for_plan(plan).evaluate(plan)
+        return predict(plan)
     return plan.prediction
 
 

@@ -12,7 +12,7 @@ from potluck.economics.cheapest import machine_counts, plan_cheapest, restrict
 from potluck.economics.figures import plan_figures
 from potluck.economics.prices import Pricing
 from potluck.errors import ConfigError, InfeasibleError
-from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.plans import check_plan
 
 TOKENS = 10**9
@@ -144,5 +144,5 @@ def test_the_rehomed_plan_keeps_the_prediction_of_its_training_shape(lab):
                                                fused_kernels=not shape.execution.fused_kernels))
     plan = plan_cheapest(lab, model, unfused).best
     assert plan.training == unfused
-    again = CostModel.for_plan(plan).evaluate(plan)
+    again = predict(plan)
     assert plan.prediction.tokens_per_s == pytest.approx(again.tokens_per_s)

@@ -6,7 +6,8 @@ from potluck.cluster import Cluster, parse_cluster
 from potluck.model import counts, load_model
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
-from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel, effective_dtype
+from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel, StageShape, effective_dtype
+from potluck.planner.evaluate import predict
 from potluck.plans import DType, Pipeline, Plan, Stage, TrainingShape
 
 TWO_BOXES = """
@@ -29,10 +30,11 @@ def test_a_single_device_plan_is_micro_batches_times_forward_plus_backward(small
     spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 1}]")
     cost = CostModel(Cluster(spec), small_model, 1024)
     plan = _plan(spec, small_model, [Pipeline((_stage(["a.0:0"], 0, 8),), 2, 4)])
-    prediction = cost.evaluate(plan)
+    prediction = predict(plan, cost)
     device = Cluster(spec).devices[0]
-    work, _ = cost.stage_work((device,), 8, True, True, 2, Recompute.NONE, 0.0)
-    params = cost.stage_params(8, True, True, 1, 1)
+    shape = StageShape(8, first=True, last=True, micro_batch=2)
+    work = cost.stage_time((device,), shape).work
+    params = cost.stage_params(shape, 1)
     optimizer = formulas.adam_step_time_s(params, device.type.memory_bandwidth_bytes_per_s)
     assert prediction.iteration_time_s == pytest.approx(4 * work.total_s + optimizer)
     assert prediction.tokens_per_s == pytest.approx(8 * 1024 / prediction.iteration_time_s)
@@ -43,7 +45,7 @@ def test_memory_of_a_single_device_is_states_activations_and_overhead(small_mode
     spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 1}]")
     cost = CostModel(Cluster(spec), small_model, 1024)
     plan = _plan(spec, small_model, [Pipeline((_stage(["a.0:0"], 0, 8),), 2, 4)])
-    memory = cost.evaluate(plan).memory[0]
+    memory = predict(plan, cost).memory[0]
     m, s, b = small_model, 1024, 2
     params = counts.total_params(m)
     activations = (8 * counts.block_activation_bytes(m, b, s, 1, Recompute.NONE, flash_attention=True)
@@ -61,7 +63,7 @@ def test_first_stages_hold_more_activations_under_1f1b(small_model):
     ids = [d.id for d in Cluster(spec).devices]
     stages = tuple(_stage([ids[i]], 2 * i, 2 * i + 2) for i in range(4))
     plan = _plan(spec, small_model, [Pipeline(stages, 1, 8)])
-    memory = CostModel(Cluster(spec), small_model, 1024).evaluate(plan).memory
+    memory = predict(plan, CostModel(Cluster(spec), small_model, 1024)).memory
     activations = [m.activations_bytes for m in memory]
     per_micro_batch = 2 * counts.block_activation_bytes(small_model, 1, 1024, 1, Recompute.NONE, True)
     assert activations[1] - activations[2] == pytest.approx(per_micro_batch)
@@ -72,9 +74,9 @@ def test_zero1_shards_optimizer_states_over_replicas(small_model):
     spec = parse_cluster(TWO_BOXES)
     ids = [d.id for d in Cluster(spec).devices]
     pipelines = [Pipeline((_stage([i], 0, 8),), 1, 2) for i in ids[:4]]
-    plain = CostModel(Cluster(spec), small_model, 1024).evaluate(_plan(spec, small_model, pipelines))
-    sharded = CostModel(Cluster(spec), small_model, 1024).evaluate(
-        _plan(spec, small_model, pipelines, zero1=True))
+    plain = predict(_plan(spec, small_model, pipelines), CostModel(Cluster(spec), small_model, 1024))
+    sharded = predict(
+        _plan(spec, small_model, pipelines, zero1=True), CostModel(Cluster(spec), small_model, 1024))
     params = counts.total_params(small_model)
     assert plain.memory[0].optimizer_bytes == pytest.approx(8 * params)  # Adam moments
     assert sharded.memory[0].optimizer_bytes == pytest.approx(8 * params / 4)
@@ -97,11 +99,11 @@ def test_data_parallel_over_the_network_costs_the_gradient_all_reduce(small_mode
     cost = CostModel(cluster, small_model, 1024)
     one_node = [Pipeline((_stage([f"box.0:{i}"], 0, 8),), 1, 1) for i in (0, 1)]
     two_nodes = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
-    local = cost.evaluate(_plan(spec, small_model, one_node)).breakdown.dp_s
-    remote = cost.evaluate(_plan(spec, small_model, two_nodes))
+    local = predict(_plan(spec, small_model, one_node), cost).breakdown.dp_s
+    remote = predict(_plan(spec, small_model, two_nodes), cost)
     grads = 2 * counts.total_params(small_model)
     allreduce = formulas.ring_allreduce_time_s(grads, 2, 1.25e9, 30e-6)
-    work, _ = cost.stage_work((cluster.devices[0],), 8, True, True, 1, Recompute.NONE, 0.0)
+    work = cost.stage_time((cluster.devices[0],), StageShape(8, first=True, last=True)).work
     assert remote.breakdown.dp_s == pytest.approx(allreduce - work.backward_s, rel=1e-6)
     assert local < remote.breakdown.dp_s
 
@@ -110,9 +112,9 @@ def test_uneven_batch_shares_make_the_slower_replica_the_critical_path(small_mod
     spec = parse_cluster(TWO_BOXES)
     pipelines = [Pipeline((_stage(["box.0:0"], 0, 8),), 1, 6),
                  Pipeline((_stage(["box.0:1"], 0, 8),), 1, 2)]
-    prediction = CostModel(Cluster(spec), small_model, 1024).evaluate(_plan(spec, small_model, pipelines))
-    work, _ = CostModel(Cluster(spec), small_model, 1024).stage_work(
-        (Cluster(spec).devices[0],), 8, True, True, 1, Recompute.NONE, 0.0)
+    prediction = predict(_plan(spec, small_model, pipelines), CostModel(Cluster(spec), small_model, 1024))
+    work = CostModel(Cluster(spec), small_model, 1024).stage_time(
+        (Cluster(spec).devices[0],), StageShape(8, first=True, last=True)).work
     assert prediction.iteration_time_s >= 6 * work.total_s
 
 
@@ -122,7 +124,7 @@ def test_recomputation_trades_time_for_memory(small_model):
     results = {}
     for mode in Recompute:
         plan = _plan(spec, small_model, [Pipeline((_stage(["a.0:0"], 0, 8),), 4, 1)], recompute=mode)
-        results[mode] = cost.evaluate(plan)
+        results[mode] = predict(plan, cost)
     times = [results[m].iteration_time_s for m in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]
     memory = [results[m].peak_memory_bytes for m in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]
     assert times == sorted(times) and memory == sorted(memory, reverse=True)
@@ -149,7 +151,7 @@ def test_mfu_counts_model_flops_against_the_peak_of_the_devices_used():
     model = load_model("gpt3-1.3b")
     spec = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 1}]")
     plan = _plan(spec, model, [Pipeline((_stage(["a.0:0"], 0, 24),), 4, 4)], seq_len=2048)
-    prediction = CostModel(Cluster(spec), model, 2048).evaluate(plan)
+    prediction = predict(plan, CostModel(Cluster(spec), model, 2048))
     flops = counts.model_flops_per_token(model, 2048) * prediction.tokens_per_s
     assert prediction.mfu == pytest.approx(flops / 312e12)
     assert prediction.tflops_per_gpu == pytest.approx(flops / 1e12)
@@ -176,7 +178,7 @@ def test_gradient_reduction_after_the_backward_pass_is_fully_exposed(small_model
     pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
     plan = _plan(spec, small_model, pipelines)
     blocking = Execution(overlap_grad_reduce=False, grad_reduce_bytes=4)
-    exposed = CostModel(Cluster(spec), small_model, 1024, execution=blocking).evaluate(plan)
+    exposed = predict(plan, CostModel(Cluster(spec), small_model, 1024, execution=blocking))
     grads = 4 * counts.total_params(small_model)
     assert exposed.breakdown.dp_s == pytest.approx(
         formulas.ring_allreduce_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)
@@ -186,8 +188,8 @@ def test_zero1_pays_the_parameter_all_gather_after_the_optimizer(small_model):
     spec = parse_cluster(TWO_BOXES)
     pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
     cost = CostModel(Cluster(spec), small_model, 1024)
-    plain = cost.evaluate(_plan(spec, small_model, pipelines)).breakdown.optimizer_s
-    sharded = cost.evaluate(_plan(spec, small_model, pipelines, zero1=True)).breakdown.optimizer_s
+    plain = predict(_plan(spec, small_model, pipelines), cost).breakdown.optimizer_s
+    sharded = predict(_plan(spec, small_model, pipelines, zero1=True), cost).breakdown.optimizer_s
     params = counts.total_params(small_model)
     gather = formulas.ring_allgather_time_s(2 * params, 2, 1.25e9, 30e-6)
     bandwidth = Cluster(spec).devices[0].type.memory_bandwidth_bytes_per_s
@@ -206,7 +208,7 @@ def test_zero1_reduce_scatters_gradients_to_their_owners(small_model):
     pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, 8),), 1, 1) for n in (0, 1)]
     blocking = Execution(overlap_grad_reduce=False, grad_reduce_bytes=4)
     cost = CostModel(Cluster(spec), small_model, 1024, execution=blocking)
-    sharded = cost.evaluate(_plan(spec, small_model, pipelines, zero1=True))
+    sharded = predict(_plan(spec, small_model, pipelines, zero1=True), cost)
     grads = 4 * counts.total_params(small_model)
     assert sharded.breakdown.dp_s == pytest.approx(
         formulas.ring_allgather_time_s(grads, 2, 1.25e9, 30e-6), rel=1e-6)

@@ -11,7 +11,8 @@ from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.planner.exhaustive import exhaustive_best
 from potluck.planner.search import Partition, SearchOptions, search
-from potluck.plans import Schedule, TrainingShape, check_plan, schedule_accepts
+from potluck.plans import Schedule, TrainingShape, check_plan, mixed_tp
+from potluck.schedules import schedule_for
 
 SMALL_CLUSTERS = {
     "a100-pair+3090-pair": """
@@ -213,7 +214,8 @@ def test_interleaved_plans_use_micro_batch_counts_torch_accepts(schedule):
     for plan in result.plans:
         check_plan(plan)
         for pipeline in plan.pipelines:
-            assert schedule_accepts(schedule, pipeline.num_micro_batches, pipeline.pp)
+            assert schedule_for(schedule).accepts(pipeline.num_micro_batches, pipeline.pp,
+                                                  plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
 
 
 def test_equally_fast_plans_prefer_no_recomputation():

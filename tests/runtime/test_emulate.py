@@ -57,7 +57,9 @@ TWO_MACHINES = parse_cluster(
 def test_pipelines_sharing_a_network_card_are_padded_as_the_cost_model_charges_them():
     """Two pipelines crossing from one machine to the other share its card: each transfer
     gets half the bandwidth, in the emulation as in the prediction."""
-    from potluck.planner.cost import CostModel, stage_op_times
+    from potluck.planner.cost import CostModel
+    from potluck.planner.evaluate import stage_op_times
+    from potluck.planner.network import NicSharing
 
     one = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)], cluster=TWO_MACHINES,
                     device_ids=["fast.0:0", "slow.0:0"])
@@ -70,7 +72,7 @@ def test_pipelines_sharing_a_network_card_are_padded_as_the_cost_model_charges_t
         target = stage_targets(plan, Layout.for_local_ranks(plan, 0))[0]
         sends.append(target.forward_s - stage_op_times(plan)[0][0].forward_s)
     assert sends[0] == pytest.approx(cost.send_s((a,), (b,), 1))
-    assert sends[1] == pytest.approx(cost.send_s((a,), (b,), 1, {"fast.0": 2, "slow.0": 2}))
+    assert sends[1] == pytest.approx(cost.send_s((a,), (b,), 1, NicSharing({"fast.0": 2, "slow.0": 2})))
     assert sends[1] > sends[0]
 
 

@@ -60,7 +60,8 @@ CASES = {
     "qwen2 (qkv bias, tied), pp=2 x tp=2": (
         TINY_QWEN2, [pipe([(2, (0, 2)), (2, (2, 4))], 1, 4)], {}),
     "mistral, dp=2 x pp=2": (TINY_MISTRAL, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2),
-                                            pipe([(1, (0, 3)), (1, (3, 4))], 2, 1)], {}),
+                                            pipe([(1, (0, 3)), (1, (3, 4))], 2, 1)],
+                             {"schedule": Schedule.GPIPE}),  # 1F1B needs m >= p
     "gpt2, tp=2 (fused qkv)": (TINY_GPT2, [pipe([(2, (0, 4))], 2, 2)], {}),
     "gpt2, heterogeneous with tied head": (
         TINY_GPT2, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 3), pipe([(2, (0, 4))], 1, 2)], {}),

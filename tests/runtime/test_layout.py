@@ -64,7 +64,7 @@ def test_world_size_must_match_plan():
 
 
 def test_stages_with_different_tp_run_on_their_leaders():
-    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (1, (2, 3)), (2, (3, 4))], 1, 2)])
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (1, (2, 3)), (2, (3, 4))], 1, 3)])
     leader, follower = Layout.for_local_ranks(plan, 0), Layout.for_local_ranks(plan, 4)
     assert leader.mixed_tp(0) and leader.num_lanes(0) == 1
     assert leader.lane_ranks(0, 0) == (0, 2, 3)

@@ -14,6 +14,7 @@ import pytest
 from dp_workers import SMALL_BUCKETS, sgd_with_momentum, train_plan, with_options
 from runtime_helpers import LR, TINY_GPT2, TINY_LLAMA, make_plan, pipe, reference_losses
 
+from potluck.plans import Schedule
 from potluck.runtime import TrainOptions
 from potluck.runtime.launch import run_local
 from potluck.runtime.layout import Layout
@@ -28,14 +29,14 @@ CASES = {
         TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2), pipe([(2, (0, 4))], 1, 3)]),
     "three replicas, mixed tp pipeline, tied gpt2": (
         TINY_GPT2, [pipe([(1, (0, 1)), (2, (1, 4))], 1, 2), pipe([(1, (0, 4))], 1, 2),
-                    pipe([(1, (0, 3)), (1, (3, 4))], 1, 1)]),
+                    pipe([(1, (0, 3)), (1, (3, 4))], 1, 1)], {"schedule": Schedule.GPIPE}),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_states_give_the_same_losses_in_a_fraction_of_the_memory(case):
-    spec, pipelines = CASES[case]
-    plan = make_plan(spec, pipelines)
+    spec, pipelines, *options = CASES[case]
+    plan = make_plan(spec, pipelines, **(options[0] if options else {}))
     full = train_plan(with_options(plan, zero1=False), bucket_elements=SMALL_BUCKETS)
     sharded = train_plan(with_options(plan, zero1=True), bucket_elements=SMALL_BUCKETS)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from simkit import SLOW_NETWORK, cluster, flat_model, make_plan
 
+from potluck.planner.evaluate import predict
 from potluck.plans import Schedule
 from potluck.sim import simulate
 
@@ -37,7 +38,7 @@ def test_peak_memory_agrees_with_the_cost_model(schedule: Schedule) -> None:
     plan = make_plan(cluster(), flat_model(16), pp=4, micro_batches=8, tp=2, dp=2,
                      schedule=schedule)
     cost = CostModel.for_plan(plan)
-    predicted = {m.device: m.total_bytes for m in cost.evaluate(plan).memory}
+    predicted = {m.device: m.total_bytes for m in predict(plan, cost).memory}
     for device in simulate(plan).devices:
         assert device.peak_memory_bytes == pytest.approx(predicted[device.device], rel=0.01)
 

@@ -15,6 +15,7 @@ import pytest
 from simkit import SLOW_NETWORK, cluster, flat_model, make_plan, synthetic_pipeline
 
 from potluck.plans import Schedule
+from potluck.schedules import schedule_for
 from potluck.sim import simulate
 from potluck.sim.simulator import run_pipelines
 from potluck.sim.stats import bubble_fraction, pipeline_end_s
@@ -24,7 +25,7 @@ F, B, W = 1.0, 2.0, 0.5
 
 def _run(schedule: str, p: int, m: int, v: int = 1, weight_grad_s: float = 0.0):
     work, network = synthetic_pipeline(p, m, v, F, B, weight_grad_s)
-    runs, _ = run_pipelines([work], schedule, v, network)
+    runs, _ = run_pipelines([work], schedule_for(schedule), v, network)
     return work, runs
 
 

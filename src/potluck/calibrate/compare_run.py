@@ -16,7 +16,7 @@ from pathlib import Path
 
 from potluck.calibrate.run import RunRecord, device_seconds, load_run, record_of
 from potluck.errors import ConfigError
-from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.plans import Plan, load_plan
 from potluck.sim import simulate
 from potluck.sim.compare import TraceComparison, compare_traces, side_by_side
@@ -35,7 +35,7 @@ def compare_run(record: RunRecord, plan: Plan | None = None) -> TraceComparison:
     """``plan`` (default: the run's own) predicted against what the run measured."""
     plan = plan or record.plan
     comparison = compare_traces(predicted_trace(plan), record.measured)
-    cost_model_s = CostModel.for_plan(plan).evaluate(plan).iteration_time_s
+    cost_model_s = predict(plan).iteration_time_s
     return replace(comparison, cost_model_step_s=cost_model_s)
 
 

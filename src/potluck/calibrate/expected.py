@@ -11,7 +11,8 @@ compares what was measured with these.
 
 from __future__ import annotations
 
-from potluck.planner.cost import CostModel, stage_devices, stage_send_s
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict, stage_devices, stage_send_s, stage_shape, stage_sharding
 from potluck.plans import Plan
 
 
@@ -23,12 +24,8 @@ def stages_of(plan: Plan) -> dict[str, tuple[int, int]]:
 
 def backward_s(cost: CostModel, plan: Plan, k: int, i: int) -> float:
     """One micro-batch's backward on stage ``i`` of pipeline ``k`` (TP traffic included)."""
-    pipeline = plan.pipelines[k]
-    stage = pipeline.stages[i]
-    work, _ = cost.stage_work(tuple(cost.cluster.device(d) for d in stage.devices),
-                              stage.num_layers, i == 0, i == pipeline.pp - 1,
-                              pipeline.micro_batch_size, plan.recompute, 0.0)
-    return work.backward_s
+    devices = tuple(cost.cluster.device(d) for d in plan.pipelines[k].stages[i].devices)
+    return cost.stage_time(devices, stage_shape(plan, k, i)).work.backward_s
 
 
 def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
@@ -40,9 +37,7 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
     for device in devices:
         k, i = where[device]
         pipeline = plan.pipelines[k]
-        stage = pipeline.stages[i]
-        work, _ = cost.stage_work(placed[k][i], stage.num_layers, i == 0, i == pipeline.pp - 1,
-                                  pipeline.micro_batch_size, plan.recompute, 0.0)
+        work = cost.stage_time(placed[k][i], stage_shape(plan, k, i)).work
         sends = 0.0
         if emulated:  # padded as the emulator does (runtime.emulate.stage_targets)
             sends = sum(stage_send_s(plan, k, i, j, cost) for j in (i - 1, i + 1)
@@ -55,15 +50,12 @@ def optimizer_s(plan: Plan, devices: list[str], emulated: bool = False) -> float
     """Optimizer seconds of ``devices`` in one step, summed."""
     cost = CostModel.for_plan(plan)
     if emulated:
-        return len(devices) * cost.evaluate(plan).breakdown.optimizer_s
+        return len(devices) * predict(plan, cost).breakdown.optimizer_s
     where = stages_of(plan)
     total = 0.0
     for device in devices:
         k, i = where[device]
-        pipeline = plan.pipelines[k]
-        stage = pipeline.stages[i]
-        params = cost.stage_params(stage.num_layers, i == 0, i == pipeline.pp - 1, pipeline.pp,
-                                   stage.tp)
-        total += cost.optimizer_step_s(cost.cluster.device(device).type, params, plan.dp,
-                                       plan.zero1)
+        params = cost.stage_params(stage_shape(plan, k, i), plan.pipelines[k].stages[i].tp)
+        total += cost.optimizer_step_s(cost.cluster.device(device).type, params,
+                                       stage_sharding(plan))
     return total

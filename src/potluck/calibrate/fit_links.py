@@ -36,6 +36,7 @@ from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, Device, Link
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import gradient_groups, predict
 from potluck.plans import Plan
 from potluck.sim.trace import Trace
 
@@ -93,12 +94,12 @@ def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
     """Per device: the all-reduce terms of every ring it is in (summed per link class)."""
     cost = CostModel.for_plan(plan)
     terms: dict[str, Terms] = defaultdict(dict)
-    for group in cost.gradient_groups(plan):
+    for group in gradient_groups(cost, plan):
         if len(group.members) < 2:
             continue
         for ring in group.rings:
             for key, (bytes_term, latency_term) in _ring_terms(
-                    cost.cluster, ring, group.grad_bytes / len(group.rings), group.scatter).items():
+                    cost.cluster, ring, group.bytes_per_ring, group.scatter).items():
                 for device in ring:
                     old = terms[device.id].get(key, (0.0, 0.0))
                     terms[device.id][key] = (old[0] + bytes_term, old[1] + latency_term)
@@ -112,7 +113,7 @@ def overlap_windows(plan: Plan) -> dict[str, float]:
         return {}
     cost = CostModel.for_plan(plan)
     windows: dict[str, float] = {}
-    for group in cost.gradient_groups(plan):
+    for group in gradient_groups(cost, plan):
         window = min(expected.backward_s(cost, plan, k, j) for k, j in group.members)
         for device in (d for ring in group.rings for d in ring):
             windows[device.id] = min(windows.get(device.id, window), window)
@@ -226,7 +227,7 @@ def fit_exposed(plan: Plan, measured: Trace, apply: Callable[[tuple[LinkFit, ...
 
     def exposed_s(scale: float) -> float:
         calibrated = replace(plan, cluster=apply(scaled_links(links, scale, EXPOSED)))
-        return CostModel.for_plan(calibrated).evaluate(calibrated).breakdown.dp_s
+        return predict(calibrated).breakdown.dp_s
 
     target_s, (low, high) = statistics.median(shortest), SCALE_RANGE
     if not exposed_s(low) < target_s < exposed_s(high):

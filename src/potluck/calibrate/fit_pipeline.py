@@ -25,6 +25,7 @@ from potluck.calibrate.fit_links import LinkFit, LinkKey, current_links, link_ke
 from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.plans import Plan
 
 SCALE_RANGE = (1e-3, 1e4)
@@ -57,7 +58,7 @@ def fit_pipeline(plan: Plan, links: tuple[LinkFit, ...], step_s: float,
     def step_at(scale: float) -> float:
         trial = (*links, *scaled_links(current, scale, FROM_STEP))
         calibrated = replace(plan, cluster=apply(trial))
-        return CostModel.for_plan(calibrated).evaluate(calibrated).iteration_time_s
+        return predict(calibrated).iteration_time_s
 
     low, high = SCALE_RANGE
     if step_at(low) >= step_s:

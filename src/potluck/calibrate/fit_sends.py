@@ -22,7 +22,8 @@ import numpy as np
 
 from potluck.calibrate.fit_links import LinkFit, LinkKey, current_links, link_key, scaled_links
 from potluck.calibrate.measure import BACKWARD_KINDS, op_s
-from potluck.planner.cost import CostModel, stage_op_times, stage_send_s
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import stage_op_times, stage_send_s
 from potluck.plans import Plan
 from potluck.sim.trace import Trace
 

@@ -28,6 +28,7 @@ from potluck.economics.prices import Pricing
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.planner.search import SearchOptions, SearchResult, search
 from potluck.plans import Plan, TrainingShape
 
@@ -149,7 +150,7 @@ def _rehome(plan: Plan, spec: ClusterSpec, cost: CostModel, notes: tuple[str, ..
     used = set(plan.devices)
     unused = tuple(d.id for d in Cluster(spec).devices if d.id not in used)
     moved = replace(plan, cluster=spec, unused_devices=unused, notes=notes, prediction=None)
-    return replace(moved, prediction=cost.evaluate(moved))
+    return replace(moved, prediction=predict(moved, cost))
 
 
 def _used_per_group(plan: Plan) -> dict[str, int]:

@@ -1,6 +1,13 @@
-"""Planner layer: the cost model and the heterogeneity-aware search that produce Plans."""
+"""Planner layer: the cost model and the heterogeneity-aware search that produce Plans.
 
-from potluck.planner.cost import CostModel, stage_op_times
-from potluck.planner.search import Partition, SearchOptions, SearchResult, search
+:class:`CostModel` prices one pipeline stage; :func:`predict` a whole plan;
+:func:`search` finds the fastest plans under :class:`SearchOptions`.
+"""
 
-__all__ = ["CostModel", "Partition", "SearchOptions", "SearchResult", "search", "stage_op_times"]
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict, stage_op_times
+from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.search import SearchResult, search
+
+__all__ = ["CostModel", "Partition", "SearchOptions", "SearchResult", "predict", "search",
+           "stage_op_times"]

@@ -5,17 +5,13 @@ Every message is one line that says what is wrong and what would help.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
+from potluck.planner.options import Partition, SearchOptions
 from potluck.plans import TrainingShape
-
-if TYPE_CHECKING:
-    from potluck.planner.search import SearchOptions
 
 GB = 1e9
 
@@ -23,8 +19,6 @@ GB = 1e9
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions) -> None:
     """Reject requests that no plan could satisfy, before searching."""
-    from potluck.planner.search import Partition
-
     batch = training.global_batch
     _check_at_least_one("--global-batch", batch)
     _check_at_least_one("--seq-len", training.seq_len)

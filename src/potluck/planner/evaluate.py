@@ -1,133 +1,219 @@
 """Whole-plan evaluation: every pipeline, every gradient ring, every device's memory.
 
-:class:`PlanEvaluation` composes the per-stage costs of
+:func:`predict` composes the per-stage costs of
 :class:`~potluck.planner.cost.CostModel` into a :class:`~potluck.plans.Prediction`:
-pipeline times per replica (unequal stages, the plan's schedule), the data-parallel
-all-reduce of each stage's gradients over the ring of replicas holding the same layers
-(network cards shared by the rings that cross them, overlapped with the last backward
-pass), the tied-embedding exchange, the optimizer step, the critical-path breakdown and
-per-device memory.
+pipeline times per replica (unequal stages, under the plan's schedule,
+:mod:`potluck.schedules`), the data-parallel reduction of each stage's
+gradients over the ring of replicas holding the same layers
+(:func:`potluck.placement.replica_stages`; network cards shared by the rings
+that cross them, overlapped with the last backward pass), the tied-embedding
+exchange, the optimizer step (with ZeRO-1's parameter all-gather), the
+critical-path breakdown and per-device memory.
+
+The per-stage figures the emulator and calibration need for a plan
+(:func:`stage_op_times`, :func:`stage_send_s`) and the gradient groups the
+simulator replays (:func:`gradient_groups`) come from here too, so they are
+the very ones the prediction adds up.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from potluck import placement
 from potluck.cluster.topology import Device
 from potluck.model import counts
-from potluck.planner import formulas
-from potluck.planner.cost import CostModel, StageCost, pipeline_nic_sharing, stage_devices
-from potluck.planner.formulas import PipelineTime
-from potluck.plans import DeviceMemory, Plan, Prediction, Stage, TimeBreakdown
+from potluck.placement import StageRef
+from potluck.planner.cost import CostModel, StageShape
+from potluck.planner.formulas import StateSharding
+from potluck.planner.network import NicSharing
+from potluck.plans import DeviceMemory, Plan, Prediction, TimeBreakdown
+from potluck.schedules import PipelineTime, StageWork, schedule_for
+
+StageDevices = list[list[tuple[Device, ...]]]  # per pipeline, per stage: its TP group
 
 
 @dataclass
-class DpGroup:
-    """Replicas of one stage's parameters that all-reduce their gradients together."""
+class GradientGroup:
+    """Replicas of one stage's parameters that reduce their gradients together."""
 
-    members: list[tuple[int, int]]  # (pipeline, stage)
+    members: list[StageRef]
     rings: list[list[Device]]  # one ring per tensor-parallel rank
     grad_bytes: float
     scatter: bool = False  # ZeRO-1: reduce-scattered to the owners, half an all-reduce
 
-    def sync_s(self, cost: CostModel, ring: list[Device], sharing: dict[str, int]) -> float:
+    @property
+    def bytes_per_ring(self) -> float:
+        return self.grad_bytes / len(self.rings)
+
+    def sync_s(self, cost: CostModel, ring: list[Device], sharing: NicSharing) -> float:
         """One ring's gradient collective: an all-reduce, or (``scatter``) a reduce-scatter."""
-        per_ring_bytes = self.grad_bytes / len(self.rings)
         if not self.scatter:
-            return cost.allreduce_s(per_ring_bytes, ring, sharing)
-        bandwidth, latency = cost.ring_bandwidth(ring, sharing)
-        return formulas.ring_allgather_time_s(per_ring_bytes, len(ring), bandwidth, latency)
+            return cost.network.allreduce_s(self.bytes_per_ring, ring, sharing)
+        return cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
+
+    def gather_s(self, cost: CostModel, sharing: NicSharing) -> float:
+        """ZeRO-1: the owners' updated parameters all-gathered over the slowest ring."""
+        return max(cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
+                   for ring in self.rings)
 
 
+@dataclass(frozen=True)
+class StageCost:
+    """A stage's shape, its work per micro-batch, its parameters and its memory at peak."""
+
+    shape: StageShape
+    work: StageWork
+    compute_s: float  # forward + backward compute, without TP communication
+    params: float  # parameters held by each device of the stage
+    activations_bytes: float  # peak activation bytes on each device
+
+
+def predict(plan: Plan, cost: CostModel | None = None) -> Prediction:
+    """Predict iteration time, throughput and per-device memory of ``plan`` (with the plan's
+    own cost model unless ``cost`` is given)."""
+    return PlanEvaluation(cost or CostModel.for_plan(plan), plan).prediction()
+
+
+def stage_devices(cost: CostModel, plan: Plan) -> StageDevices:
+    """Per pipeline, per stage: the stage's devices."""
+    return [[tuple(cost.cluster.device(d) for d in stage.devices) for stage in pipeline.stages]
+            for pipeline in plan.pipelines]
+
+
+def stage_shape(plan: Plan, pipeline: int, stage: int, num_layers: int | None = None) -> StageShape:
+    """Stage ``stage`` of pipeline ``pipeline`` as the cost model sees it (``num_layers``: one
+    chunk's blocks instead of the whole stage's)."""
+    p = plan.pipelines[pipeline]
+    layers = p.stages[stage].num_layers if num_layers is None else num_layers
+    return StageShape(layers, stage == 0, stage == p.pp - 1, p.pp, p.micro_batch_size,
+                      plan.recompute)
+
+
+def stage_sharding(plan: Plan) -> StateSharding:
+    """How the plan shards its model states over the replicas."""
+    return StateSharding.zero1(plan.dp, plan.zero1)
+
+
+def gradient_groups(cost: CostModel, plan: Plan) -> list[GradientGroup]:
+    """The gradient groups of ``plan`` (stage replicas, tied embeddings) :func:`predict` prices."""
+    evaluation = PlanEvaluation(cost, plan)
+    return evaluation.gradient_groups([evaluation.stage_params(k) for k in range(plan.dp)])
+
+
+def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int,
+                 cost: CostModel | None = None) -> float:
+    """One micro-batch's transfer from stage ``sender`` to stage ``receiver`` of
+    ``pipeline``, as the plan's evaluation charges it: pipelines whose transfers leave a
+    machine share its network card (:meth:`NicSharing.of_pipelines`). ``cost``: the plan's
+    cost model, when the caller has it."""
+    cost = cost or CostModel.for_plan(plan)
+    devices = stage_devices(cost, plan)
+    stages = devices[pipeline]
+    return cost.send_s(stages[sender], stages[receiver], plan.pipelines[pipeline].micro_batch_size,
+                       NicSharing.of_pipelines(devices))
+
+
+@dataclass(frozen=True)
+class StageOpTimes:
+    """Per-micro-batch op times of one stage, for the emulator."""
+
+    forward_s: float
+    backward_s: float
+
+
+def stage_op_times(plan: Plan) -> tuple[tuple[StageOpTimes, ...], ...]:
+    """Predicted forward/backward time of one micro-batch on every stage of ``plan``."""
+    cost = CostModel.for_plan(plan)
+    devices = stage_devices(cost, plan)
+    return tuple(
+        tuple(_op_times(cost.stage_time(devices[k][i], stage_shape(plan, k, i)).work)
+              for i in range(pipeline.pp))
+        for k, pipeline in enumerate(plan.pipelines)
+    )
+
+
+def _op_times(work: StageWork) -> StageOpTimes:
+    return StageOpTimes(work.forward_s, work.backward_s)
+
+
+@dataclass
 class PlanEvaluation:
     """One evaluation of a whole plan; split out to keep each step short."""
 
-    def __init__(self, cost: CostModel, plan: Plan) -> None:
-        self.cost = cost
-        self.plan = plan
-        self.devices = stage_devices(cost, plan)
+    cost: CostModel
+    plan: Plan
+    devices: StageDevices = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.devices = stage_devices(self.cost, self.plan)
 
     def prediction(self) -> Prediction:
-        pp_sharing = self._pp_nic_sharing()
+        schedule = schedule_for(self.plan.schedule)
+        pp_sharing = NicSharing.of_pipelines(self.devices)
         costs = [self._pipeline_stage_costs(k, pp_sharing) for k in range(len(self.devices))]
         times = [
-            formulas.pipeline_time([c.work for c in costs[k]], p.num_micro_batches,
-                                   self.plan.schedule.value, self.plan.virtual_stages,
-                                   self.cost.execution.overlap_p2p)
+            schedule.pipeline_time([c.work for c in costs[k]], p.num_micro_batches,
+                                   self.plan.virtual_stages,
+                                   overlap_p2p=self.cost.execution.overlap_p2p)
             for k, p in enumerate(self.plan.pipelines)
         ]
-        groups = self._dp_groups(costs)
-        dp_end_s = self._dp_end_s(groups, costs, times)
+        groups = self.gradient_groups([[c.params for c in stage_costs] for stage_costs in costs])
+        rings_sharing = NicSharing.of_rings(ring for group in groups for ring in group.rings)
+        dp_end_s = self._dp_end_s(groups, costs, times, rings_sharing)
         pipe_end_s = max(t.total_s for t in times)
-        optimizer_s = self._optimizer_s(costs, groups)
+        optimizer_s = self._optimizer_s(costs, groups, rings_sharing)
         iteration_s = max(pipe_end_s, dp_end_s) + optimizer_s
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
-        memory = self._memory(costs, groups)
-        return self._summary(iteration_s, breakdown, memory, costs)
+        return self._summary(iteration_s, breakdown, self._memory(costs), costs)
 
-    def _pipeline_stage_costs(self, k: int, pp_sharing: dict[str, int]) -> list[StageCost]:
+    def _pipeline_stage_costs(self, k: int, pp_sharing: NicSharing) -> list[StageCost]:
         pipeline, plan = self.plan.pipelines[k], self.plan
+        schedule = schedule_for(plan.schedule)
         stages = self.devices[k]
         pp, b = len(stages), pipeline.micro_batch_size
         result = []
         for i, devices in enumerate(stages):
-            first, last = i == 0, i == pp - 1
-            stage = pipeline.stages[i]
-            send = 0.0 if last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing)
-            work, compute = self.cost.stage_work(devices, stage.num_layers, first, last, b,
-                                                 plan.recompute, send)
-            in_flight = formulas.in_flight_micro_batches(
-                plan.schedule.value, i, pp, pipeline.num_micro_batches, plan.virtual_stages)
+            shape = stage_shape(plan, k, i)
+            send = 0.0 if shape.last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing)
+            timing = self.cost.stage_time(devices, shape, send)
+            in_flight = schedule.in_flight(i, pp, pipeline.num_micro_batches, plan.virtual_stages)
             activations = self.cost.stage_peak_activation_bytes(
-                devices[0].type, stage.num_layers, first, last, len(devices), b,
-                plan.recompute, in_flight)
-            params = self.cost.stage_params(stage.num_layers, first, last, pp, len(devices))
-            result.append(StageCost(work, compute, params, activations))
+                devices[0].type, len(devices), shape, in_flight)
+            params = self.cost.stage_params(shape, len(devices))
+            result.append(StageCost(shape, timing.work, timing.compute_s, params, activations))
         return result
 
-    def _pp_nic_sharing(self) -> dict[str, int]:
-        return pipeline_nic_sharing(self.devices)
+    def stage_params(self, k: int) -> list[float]:
+        """Parameters each device of every stage of pipeline ``k`` holds."""
+        return [self.cost.stage_params(stage_shape(self.plan, k, i), len(devices))
+                for i, devices in enumerate(self.devices[k])]
 
-    def _dp_groups(self, costs: list[list[StageCost]]) -> list[DpGroup]:
-        """Group each stage of the longest pipeline with the stages of the other pipelines
-        that hold the most of the same layers; add the tied-embedding groups."""
-        pipelines = self.plan.pipelines
-        lead = max(range(len(pipelines)), key=lambda k: pipelines[k].pp)
-        others = [k for k in range(len(pipelines)) if k != lead]
+    def gradient_groups(self, params: list[list[float]]) -> list[GradientGroup]:
+        """Each stage of the longest pipeline with its replicas in the other pipelines
+        (:func:`potluck.placement.replica_stages`), then the tied-embedding groups."""
         groups = []
-        for i, stage in enumerate(pipelines[lead].stages):
-            members = [(lead, i)] + [(k, _best_overlap(pipelines[k].stages, stage)) for k in others]
-            group = self._group(members, costs[lead][i].params * len(self.devices[lead][i]))
+        for members in placement.replica_stages(self.plan):
+            lead, i = members[0]
+            group = self._group(list(members), params[lead][i] * len(self.devices[lead][i]))
             aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
             group.scatter = self.plan.zero1 and aligned
             groups.append(group)
-        if self.cost.model.tied_embeddings:
-            groups.extend(self._embedding_groups())
+        m = self.cost.model
+        for first, last in placement.tied_ends(self.plan):
+            groups.append(self._group([first, last], m.vocab_size * m.hidden_size))
         return groups
 
-    def _group(self, members: list[tuple[int, int]], full_params: float) -> DpGroup:
+    def _group(self, members: list[StageRef], full_params: float) -> GradientGroup:
         tp = min(len(self.devices[k][j]) for k, j in members)
         rings = [[self.devices[k][j][r] for k, j in members] for r in range(tp)]
         element = self.cost.grad_bytes(self.devices[members[0][0]][members[0][1]][0].type)
-        return DpGroup(members, rings, element * full_params)
+        return GradientGroup(members, rings, element * full_params)
 
-    def _embedding_groups(self) -> list[DpGroup]:
-        """With pipeline parallelism a tied embedding lives on the first and the last stage;
-        their gradients are summed after the backward pass (Megatron's embedding group)."""
-        m = self.cost.model
-        groups = []
-        for k, stages in enumerate(self.devices):
-            if len(stages) > 1:
-                members = [(k, 0), (k, len(stages) - 1)]
-                groups.append(self._group(members, m.vocab_size * m.hidden_size))
-        return groups
-
-    def _dp_end_s(self, groups: list[DpGroup], costs: list[list[StageCost]],
-                  times: list[PipelineTime]) -> float:
-        """When the last gradient all-reduce ends; each starts when all its replicas are done
+    def _dp_end_s(self, groups: list[GradientGroup], costs: list[list[StageCost]],
+                  times: list[PipelineTime], sharing: NicSharing) -> float:
+        """When the last gradient reduction ends; each starts when all its replicas are done
         and overlaps with the last micro-batch's backward of the slowest replica."""
-        sharing = self._dp_nic_sharing(groups)
         end = 0.0
         for group in groups:
             if len(group.members) <= 1:
@@ -140,38 +226,17 @@ class PlanEvaluation:
             end = max(end, ready + max(0.0, allreduce - window))
         return end
 
-    def _dp_nic_sharing(self, groups: list[DpGroup]) -> dict[str, int]:
-        sharing: dict[str, int] = defaultdict(int)
-        for group in groups:
-            for ring in group.rings:
-                nodes = {d.node for d in ring}
-                if len(nodes) > 1:
-                    for node in nodes:
-                        sharing[node] += 1
-        return sharing
-
-    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> float:
-        dp = len(self.plan.pipelines)
+    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[GradientGroup],
+                     sharing: NicSharing) -> float:
+        sharding = stage_sharding(self.plan)
         step = max(
-            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, dp, self.plan.zero1)
+            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, sharding)
             for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
         )
-        return step + (self._zero1_gather_s(groups) if self.plan.zero1 and dp > 1 else 0.0)
-
-    def _zero1_gather_s(self, groups: list[DpGroup]) -> float:
-        """ZeRO-1: each owner's updated parameters are all-gathered over its replicas
-        after the optimizer step (half a ring all-reduce of the stage's parameters)."""
-        sharing = self._dp_nic_sharing(groups)
-        slowest = 0.0
-        for group in groups:
-            if len(group.members) <= 1:
-                continue
-            per_ring_bytes = group.grad_bytes / len(group.rings)
-            for ring in group.rings:
-                bandwidth, latency = self.cost.ring_bandwidth(ring, sharing)
-                slowest = max(slowest, formulas.ring_allgather_time_s(
-                    per_ring_bytes, len(ring), bandwidth, latency))
-        return slowest
+        if not (self.plan.zero1 and self.plan.dp > 1):
+            return step
+        gathers = [g.gather_s(self.cost, sharing) for g in groups if len(g.members) > 1]
+        return step + max(gathers, default=0.0)
 
     def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
                    dp_s: float, optimizer_s: float) -> TimeBreakdown:
@@ -184,19 +249,15 @@ class PlanEvaluation:
         bubble = max(0.0, t.total_s - compute - tp - pp)
         return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
 
-    def _memory(self, costs: list[list[StageCost]], groups: list[DpGroup]) -> list[DeviceMemory]:
-        dp = len(self.plan.pipelines)
-        memory = []
-        for k, stage_costs in enumerate(costs):
-            for j, c in enumerate(stage_costs):
-                for device in self.devices[k][j]:
-                    memory.append(self._device_memory(device, k, j, c, dp))
-        return memory
+    def _memory(self, costs: list[list[StageCost]]) -> list[DeviceMemory]:
+        return [self._device_memory(device, k, j, c)
+                for k, stage_costs in enumerate(costs)
+                for j, c in enumerate(stage_costs)
+                for device in self.devices[k][j]]
 
-    def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
-                       dp: int) -> DeviceMemory:
+    def _device_memory(self, device: Device, k: int, j: int, c: StageCost) -> DeviceMemory:
         layout = self.cost.state_layout(device.type)
-        states = self.cost.model_state_bytes(device.type, c.params, dp, self.plan.zero1)
+        states = self.cost.model_state_bytes(device.type, c.params, stage_sharding(self.plan))
         weights = layout.weights * c.params
         grads = layout.grads * c.params
         optimizer = states - weights - grads
@@ -223,18 +284,3 @@ class PlanEvaluation:
             stage_times_s=tuple(tuple(c.work.total_s for c in s) for s in costs),
         )
 
-
-def _best_overlap(stages: tuple[Stage, ...], target: Stage) -> int:
-    """The stage of another pipeline that shares the most layers with ``target``."""
-    wanted = {layer for start, end in target.layer_ranges for layer in range(start, end)}
-    return max(
-        range(len(stages)),
-        key=lambda j: len(wanted & {x for s, e in stages[j].layer_ranges for x in range(s, e)}),
-    )
-
-
-def gradient_groups(cost: CostModel, plan: Plan) -> list[DpGroup]:
-    """The gradient all-reduce groups of ``plan`` (stage replicas, tied embeddings)."""
-    evaluation = PlanEvaluation(cost, plan)
-    costs = [evaluation._pipeline_stage_costs(k, {}) for k in range(len(plan.pipelines))]
-    return evaluation._dp_groups(costs)

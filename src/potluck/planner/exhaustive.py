@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.space import Unit, tp_options
-from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape
+from potluck.plans import Pipeline, Plan, Stage, TrainingShape
+from potluck.schedules import Schedule, schedule_for
 
 
 def arrangements(units: list[Unit]) -> Iterator[tuple[tuple[Unit, ...], ...]]:
@@ -91,13 +94,16 @@ def _best_plan(cluster: Cluster, cost: CostModel, families: FamilyEvaluator,
     shares = split_micro_batches(slots, setting.micro_batches)
     if shares is None or any(s[0] == 0 for s in shares):
         return None
+    schedule = schedule_for(setting.schedule)
+    if not all(schedule.accepts(s[0], o.pp) for o, s in zip(options, shares, strict=True)):
+        return None
     pipelines = tuple(
         Pipeline(_stages(o), b, share[0]) for o, share in zip(options, shares, strict=True)
     )
     used = {d for p in pipelines for d in p.devices}
     plan = Plan(cluster.spec, cost.model, training, pipelines, recompute=recompute,
                 unused_devices=tuple(d.id for d in cluster.devices if d.id not in used))
-    return Plan(**{**plan.__dict__, "prediction": cost.evaluate(plan)})
+    return replace(plan, prediction=predict(plan, cost))
 
 
 def _stages(option: FamilyOption) -> tuple[Stage, ...]:

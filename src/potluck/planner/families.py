@@ -19,11 +19,12 @@ from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
-from potluck.planner.cost import CostModel, pipeline_nic_sharing, usable_memory_bytes
-from potluck.planner.formulas import StageWork
+from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
+from potluck.planner.formulas import StateSharding
+from potluck.planner.network import NicSharing, RingLink
 from potluck.planner.partition import StageSlot, split_layers
-from potluck.planner.space import Unit, group_units
-from potluck.plans import Schedule
+from potluck.planner.space import Unit, UnitLayout, Wrap, group_units
+from potluck.schedules import Schedule, StageWork, schedule_for
 
 PATTERN_SAMPLES = 8  # pipelines sampled for link patterns (layouts repeat within a machine)
 
@@ -64,6 +65,11 @@ class FamilyOption:
     def pp(self) -> int:
         return len(self.layers)
 
+    @property
+    def mixed_tp(self) -> bool:
+        """Whether its stages have different tensor-parallel degrees."""
+        return len({unit.tp for unit in self.pipelines[0]}) > 1
+
     def time_s(self, micro_batches: int) -> float:
         return self.fill_s + micro_batches * self.period_s
 
@@ -86,8 +92,8 @@ class FamilyEvaluator:
     def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
         return tuple(group_units(self.cluster, group, tp))
 
-    def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                 setting: FamilySetting, wrap: str = "none") -> FamilyOption | None:
+    def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
+                 setting: FamilySetting, wrap: Wrap = Wrap.NONE) -> FamilyOption | None:
         """``dp`` identical pipelines over the units of ``order``'s groups.
 
         ``wrap`` puts part of the first units at the far end of each pipeline, so the
@@ -103,17 +109,17 @@ class FamilyEvaluator:
             return None
         pipelines, sharing = assembled
         groups = tuple((g.name, tp) for g, tp in order)
-        name = layout if wrap == "none" else f"{layout}+wrap-{wrap}"
+        name = layout.value if wrap is Wrap.NONE else f"{layout.value}+wrap-{wrap.value}"
         option = self.evaluate_pipelines(pipelines, sharing, dp, setting, groups, name)
         if option is None:
             return None
         return replace(option, key=(order, dp, layout, wrap))
 
-    def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> dict[str, int]:
+    def layout_sharing(self, pipelines: tuple[tuple[Unit, ...], ...]) -> NicSharing:
         """Pipeline transfers crossing each machine's network card at once."""
-        return pipeline_nic_sharing([u.devices for u in p] for p in pipelines)
+        return NicSharing.of_pipelines([u.devices for u in p] for p in pipelines)
 
-    def evaluate_pipelines(self, pipelines: tuple[tuple[Unit, ...], ...], sharing: dict[str, int],
+    def evaluate_pipelines(self, pipelines: tuple[tuple[Unit, ...], ...], sharing: NicSharing,
                            dp: int, setting: FamilySetting,
                            groups: tuple[tuple[str, int], ...] = (),
                            layout: str = "explicit") -> FamilyOption | None:
@@ -131,21 +137,21 @@ class FamilyEvaluator:
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
-        optimizer = self._optimizer_s(pipelines[0], layers, dp if setting.zero1 else 1)
+        optimizer = self._optimizer_s(pipelines[0], layers, StateSharding.zero1(dp, setting.zero1))
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
                             optimizer)
 
-    def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int], shards: int) -> float:
+    def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int],
+                     sharding: StateSharding) -> float:
         pp = len(layers)
         return max(
-            formulas.adam_step_time_s(
-                self.cost.stage_params(n, i == 0, i == pp - 1, pp, unit.tp) / shards,
-                unit.devices[0].type.memory_bandwidth_bytes_per_s)
+            self.cost.optimizer_step_s(
+                unit.devices[0].type, self.cost.stage_params(_shape(n, i, pp), unit.tp), sharding)
             for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
         )
 
-    def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: str,
-                  wrap: str) -> tuple[tuple[tuple[Unit, ...], ...], dict[str, int]] | None:
+    def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
+                  wrap: Wrap) -> tuple[tuple[tuple[Unit, ...], ...], NicSharing] | None:
         """The family's pipelines and, per machine, the pipeline transfers crossing its
         network card at once (all boundaries are busy in the steady state)."""
         per_group = []
@@ -154,26 +160,26 @@ class FamilyEvaluator:
             per_pipeline = len(units) // dp
             if per_pipeline == 0:
                 return None
-            if layout == "pipeline":
+            if layout is UnitLayout.PIPELINE:
                 chunks = [units[j * per_pipeline:(j + 1) * per_pipeline] for j in range(dp)]
             else:
                 chunks = [units[j::dp][:per_pipeline] for j in range(dp)]
             per_group.append(chunks)
-        if wrap == "group":
+        if wrap is Wrap.GROUP:
             if len(per_group) < 2 or len(per_group[0][0]) < 2:
                 return None
             front = [c[: (len(c) + 1) // 2] for c in per_group[0]]
             back = [c[(len(c) + 1) // 2:] for c in per_group[0]]
             per_group = [front, *per_group[1:], back]
         pipelines = tuple(tuple(u for chunks in per_group for u in chunks[j]) for j in range(dp))
-        if wrap == "node":
+        if wrap is Wrap.NODE:
             pipelines = tuple(_wrap_first_machine(p) for p in pipelines)
             if any(p is None for p in pipelines):
                 return None
         return pipelines, self.layout_sharing(pipelines)
 
     def _sends_cached(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
-                      sharing: dict[str, int]) -> list[float]:
+                      sharing: NicSharing) -> list[float]:
         key = (id(pipelines), micro_batch)
         cached = self._sends_by_layout.get(key)
         if cached is None or cached[0] is not pipelines:
@@ -182,7 +188,7 @@ class FamilyEvaluator:
         return cached[1]
 
     def _sends(self, pipelines: tuple[tuple[Unit, ...], ...], micro_batch: int,
-               sharing: dict[str, int]) -> list[float]:
+               sharing: NicSharing) -> list[float]:
         """Worst transfer time after each stage over the sampled pipelines."""
         pp = len(pipelines[0])
         sample = _sample(pipelines)
@@ -191,13 +197,14 @@ class FamilyEvaluator:
             sends.append(max(self._send(p[i], p[i + 1], micro_batch, sharing) for p in sample))
         return sends + [0.0]
 
-    def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: dict[str, int]) -> float:
-        shares = (sharing.get(a.node, 1), sharing.get(b.node, 1)) if a.node != b.node else (1, 1)
+    def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: NicSharing) -> float:
+        """Cached by what the time depends on: the units' places, not which machines they are."""
+        share = sharing.share(a.devices[0], b.devices[0])
         key = (a.group, a.devices[0].local_index, b.group, b.devices[0].local_index,
-               a.node == b.node, a.tp, b.tp, micro_batch, shares)
+               a.node == b.node, a.tp, b.tp, micro_batch, share)
         if key not in self._send_cache:
             self._send_cache[key] = self.cost.send_s(
-                a.devices, b.devices, micro_batch, {a.node: shares[0], b.node: shares[1]})
+                a.devices, b.devices, micro_batch, NicSharing({a.node: share, b.node: share}))
         return self._send_cache[key]
 
     def _split(self, pipeline: tuple[Unit, ...], dp: int, setting: FamilySetting) -> list[int] | None:
@@ -223,30 +230,29 @@ class FamilyEvaluator:
         key = (unit.group, unit.tp, first, last, pp, dp, setting)
         coefficients = self._coefficient_cache.get(key)
         if coefficients is None:
-            coefficients = self._slot_coefficients(unit.devices[0].type, unit.devices, first, last,
-                                                   pp, setting.micro_batch, setting.recompute, dp,
-                                                   setting.zero1)
+            shape = StageShape(0, first, last, pp, setting.micro_batch, setting.recompute)
+            coefficients = self._slot_coefficients(unit.devices, shape,
+                                                   StateSharding.zero1(dp, setting.zero1))
             self._coefficient_cache[key] = coefficients
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
-        in_flight = formulas.in_flight_micro_batches(
-            setting.schedule.value, i, pp, setting.micro_batches, setting.virtual_stages)
+        in_flight = schedule_for(setting.schedule).in_flight(
+            i, pp, setting.micro_batches, setting.virtual_stages)
         capacity = usable_memory_bytes(unit.devices[0].type) - fixed - in_flight * per_flight
         per_layer = per_layer_states + in_flight * per_layer_act
         if capacity < per_layer * setting.virtual_stages:
             return None
         return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))
 
-    def _slot_coefficients(self, device_type, devices: tuple[Device, ...], first: bool,
-                           last: bool, pp: int, b: int, recompute: Recompute, dp: int,
-                           zero1: bool) -> tuple[float, float, float, float, float, float]:
+    def _slot_coefficients(self, devices: tuple[Device, ...], shape: StageShape,
+                           sharding: StateSharding) -> tuple[float, float, float, float, float, float]:
         """Linear coefficients of a stage's time and memory in its block count."""
-        cost, tp = self.cost, len(devices)
-        w0, _ = cost.stage_work(devices, 0, first, last, b, recompute, 0.0)
-        w1, _ = cost.stage_work(devices, 1, first, last, b, recompute, 0.0)
+        cost, tp, device_type = self.cost, len(devices), devices[0].type
+        w0 = cost.stage_time(devices, shape.with_layers(0)).work
+        w1 = cost.stage_time(devices, shape.with_layers(1)).work
 
         def memory(layers: int, in_flight: float) -> float:
-            return cost.stage_memory_bytes(device_type, layers, first, last, pp, tp, b,
-                                           recompute, in_flight, dp, zero1)
+            return cost.stage_memory_bytes(device_type, tp, shape.with_layers(layers), in_flight,
+                                           sharding)
 
         fixed = memory(0, 0.0)
         per_flight = memory(0, 1.0) - fixed
@@ -261,9 +267,9 @@ class FamilyEvaluator:
                setting.micro_batch, setting.recompute, send_s)
         work = self._works.get(key)
         if work is None:
-            work, _ = self.cost.stage_work(unit.devices, layers, i == 0, i == pp - 1,
-                                           setting.micro_batch, setting.recompute, send_s)
-            self._works[key] = work
+            shape = StageShape(layers, i == 0, i == pp - 1, pp, setting.micro_batch,
+                               setting.recompute)
+            work = self._works[key] = self.cost.stage_time(unit.devices, shape, send_s).work
         return work
 
     def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],
@@ -276,17 +282,19 @@ class FamilyEvaluator:
             return embedding
         rings = self._ring_links(pipelines)
         exposed, behind = embedding, 0.0
-        for i, (bandwidth, latency) in enumerate(rings):
+        for i, link in enumerate(rings):
             unit = pipelines[0][i]
-            params = self.cost.stage_params(layers[i], i == 0, i == pp - 1, pp, unit.tp)
+            params = self.cost.stage_params(_shape(layers[i], i, pp), unit.tp)
             num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
-            allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, bandwidth, latency)
+            allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, link.bandwidth_bytes_per_s,
+                                                       link.latency_s)
             behind += works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
             exposed = max(exposed, allreduce - behind)
         return exposed
 
-    def _ring_links(self, pipelines: tuple[tuple[Unit, ...], ...]) -> list[tuple[float, float]]:
-        """Per stage, the bottleneck bandwidth and latency of its gradient ring (cached per layout)."""
+    def _ring_links(self, pipelines: tuple[tuple[Unit, ...], ...]) -> list[RingLink]:
+        """Per stage, the bottleneck of its gradient ring, every GPU of a machine crossing its
+        card (rings sampled; cached per layout)."""
         key = id(pipelines)
         cached = self._rings.get(key)
         if cached is not None and cached[0] is pipelines:
@@ -294,10 +302,7 @@ class FamilyEvaluator:
         links = []
         for i in range(len(pipelines[0])):
             ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            bandwidth, latency = self.cost.ring_bandwidth(ring)
-            if len({d.node for d in ring}) > 1:
-                bandwidth /= self._devices_per_node(pipelines[0][i])
-            links.append((bandwidth, latency))
+            links.append(self.cost.network.ring_link(ring, NicSharing.whole_machines(self.cluster, ring)))
         self._rings[key] = (pipelines, links)
         return links
 
@@ -309,7 +314,7 @@ class FamilyEvaluator:
             return 0.0
         num_bytes = (model.vocab_size * model.hidden_size / first.tp
                      * self.cost.element_bytes(first.devices[0].type))
-        return self.cost.allreduce_s(num_bytes, [first.devices[0], last.devices[0]])
+        return self.cost.network.allreduce_s(num_bytes, [first.devices[0], last.devices[0]])
 
     def cross_family_dp_s(self, families: tuple[FamilyOption, ...]) -> float:
         """Quick estimate of the exposed gradient all-reduce between families: the
@@ -317,27 +322,20 @@ class FamilyEvaluator:
         of the slowest link between families, shared by every GPU of a machine."""
         if len(families) <= 1:
             return 0.0
-        firsts = [f.pipelines[0][0] for f in families]
-        bandwidth, latency = float("inf"), 0.0
-        for a, b in zip(firsts, firsts[1:] + firsts[:1], strict=True):
-            link = self.cluster.link(a.devices[0], b.devices[0])
-            share = 1 if a.node == b.node else self._devices_per_node(a)
-            bandwidth = min(bandwidth, link.bandwidth_bytes_per_s / share)
-            latency = max(latency, link.latency_s)
+        ring = [f.pipelines[0][0].devices[0] for f in families]
+        link = self.cost.network.ring_link(ring, NicSharing.whole_machines(self.cluster, ring))
         ranks = sum(f.dp for f in families)
         worst = 0.0
         for family in families:
             pp = family.pp
             for i, unit in enumerate(family.pipelines[0]):
-                params = self.cost.stage_params(family.layers[i], i == 0, i == pp - 1, pp, unit.tp)
+                params = self.cost.stage_params(_shape(family.layers[i], i, pp), unit.tp)
                 num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
-                allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+                allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, link.bandwidth_bytes_per_s,
+                                                           link.latency_s)
                 overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
                 worst = max(worst, allreduce - overlap)
         return max(0.0, worst)
-
-    def _devices_per_node(self, unit: Unit) -> int:
-        return self.cluster.groups[unit.group].gpus_per_node
 
 
 def _wrap_first_machine(pipeline: tuple[Unit, ...]) -> tuple[Unit, ...] | None:
@@ -354,11 +352,16 @@ def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], 
     return pipelines[:PATTERN_SAMPLES]
 
 
+def _shape(num_layers: int, i: int, pp: int) -> StageShape:
+    """Stage ``i`` of ``pp`` as far as its parameters go."""
+    return StageShape(num_layers, i == 0, i == pp - 1, pp)
+
+
 def _fill_and_period(works: list[StageWork], setting: FamilySetting,
                      overlap_p2p: bool) -> tuple[float, float]:
     """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
-    schedule, v = setting.schedule.value, setting.virtual_stages
-    one = formulas.pipeline_time(works, 1, schedule, v, overlap_p2p).total_s
-    two = formulas.pipeline_time(works, 2, schedule, v, overlap_p2p).total_s
+    schedule, v = schedule_for(setting.schedule), setting.virtual_stages
+    one = schedule.pipeline_time(works, 1, v, overlap_p2p=overlap_p2p).total_s
+    two = schedule.pipeline_time(works, 2, v, overlap_p2p=overlap_p2p).total_s
     period = two - one
     return one - period, period

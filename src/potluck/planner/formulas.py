@@ -11,9 +11,6 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
   (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
   multiprocessors (NVIDIA, "Matrix Multiplication Background User's Guide");
-- pipeline schedules (GPipe, 1F1B): ``T = sum_i (f_i + b_i) + (m - 1) * max_i (f_i + b_i)``
-  for unequal stages; interleaving divides the bubble by ``v`` (Narayanan et al.,
-  SC'21); zero bubble (Qi et al. 2024, ZB-H1) shrinks it to ``(f + b - 2w)`` per stage;
 - model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
   Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
@@ -98,114 +95,28 @@ FP32_PARAMS_AUTOCAST = StateBytes(6.0, 4.0, 8.0)
 FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (CPU ranks)
 
 
-def model_state_bytes(params: float, dp: int, zero1: bool,
-                      layout: StateBytes = MIXED_PRECISION_MASTER) -> float:
+@dataclass(frozen=True)
+class StateSharding:
+    """How the model states of the replicas holding the same parameters are split among them."""
+
+    optimizer_shards: int = 1  # ZeRO-1: each replica keeps 1/shards of the optimizer states
+
+    @classmethod
+    def zero1(cls, replicas: int, enabled: bool) -> StateSharding:
+        """Optimizer states over ``replicas`` replicas with ZeRO-1, else whole on each."""
+        return cls(replicas if (enabled and replicas > 1) else 1)
+
+
+NOT_SHARDED = StateSharding()
+
+
+def model_state_bytes(params: float, layout: StateBytes = MIXED_PRECISION_MASTER,
+                      sharding: StateSharding = NOT_SHARDED) -> float:
     """Weights, gradients and Adam states of ``params`` parameters on one device."""
-    shards = dp if (zero1 and dp > 1) else 1
-    return params * (layout.weights + layout.grads + layout.optimizer / shards)
+    return params * (layout.weights + layout.grads + layout.optimizer / sharding.optimizer_shards)
 
 
 def adam_step_time_s(params: float, memory_bandwidth_bytes_per_s: float) -> float:
     return params * ADAM_TRAFFIC_BYTES_PER_PARAM / (
         memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY
     )
-
-
-@dataclass(frozen=True)
-class StageWork:
-    """One pipeline stage's time per micro-batch, in seconds.
-
-    ``forward_s``/``backward_s`` include the stage's tensor-parallel
-    communication; ``weight_grad_s`` is the part of the backward that a
-    zero-bubble schedule can defer; ``send_s`` is the transfer of one
-    micro-batch's activations to the next stage (and of gradients back).
-    """
-
-    forward_s: float
-    backward_s: float
-    weight_grad_s: float = 0.0
-    send_s: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        return self.forward_s + self.backward_s
-
-
-@dataclass(frozen=True)
-class PipelineTime:
-    """The time of one pipeline's forward and backward passes over m micro-batches."""
-
-    total_s: float
-    period_s: float  # steady-state time per micro-batch (the slowest stage or link)
-    fill_s: float  # warm-up and cool-down on top of m periods
-    fill_transfer_s: float  # the part of the fill spent in transfers
-    bottleneck_stage: int
-    finish_s: tuple[float, ...]  # when each stage's last backward ends
-
-
-def pipeline_time(stages: list[StageWork], micro_batches: int, schedule: str,
-                  virtual_stages: int = 1, overlap_p2p: bool = True) -> PipelineTime:
-    """Schedule time for unequal stages (SC'21; interleaving and zero bubble as cited above).
-
-    With blocking sends and receives every stage also waits for its transfers: one
-    activation out and one gradient back per micro-batch and chunk. torch's 1F1B posts
-    them in batches and waits on each batch, so it blocks even where ``overlap_p2p``;
-    this matches the discrete-event simulator (``potluck.sim``) to within one transfer
-    per stage.
-    """
-    v = max(1, virtual_stages) if schedule in ("interleaved", "zb") else 1
-    blocking = not overlap_p2p or schedule == "1f1b"
-    if blocking:
-        stages = _with_blocking_transfers(stages, v)
-    busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
-    link_period = max((s.send_s * v for s in stages), default=0.0)
-    period = max(stages[busiest].total_s, link_period)
-    work = sum(s.total_s for s in stages)
-    if schedule == "zb":
-        # ZB-H1: the bubble is (p-1)(F + B - W) with B the input-gradient half of the
-        # backward, i.e. (f + b - 2w) in terms of the whole backward b.
-        work = sum(s.total_s - 2.0 * s.weight_grad_s for s in stages)
-        fill = max(0.0, work - (period - 2.0 * stages[busiest].weight_grad_s)) / v
-    else:
-        fill = max(0.0, work - period) / v
-    fill_transfer = 0.0 if blocking else 2.0 * sum(s.send_s for s in stages[:-1])
-    total = micro_batches * period + fill + fill_transfer
-    finish = _stage_finish_times(stages, total)
-    return PipelineTime(total, period, fill + fill_transfer, fill_transfer, busiest, finish)
-
-
-def _with_blocking_transfers(stages: list[StageWork], v: int) -> list[StageWork]:
-    """A stage that blocks on its transfers waits, per micro-batch and chunk, for the
-    activation it sends on and the gradient it sends back (forward), and for the
-    gradient from the next stage and the one it passes back (backward)."""
-    result = []
-    for i, s in enumerate(stages):
-        incoming = stages[i - 1].send_s if i > 0 else 0.0
-        wait = v * (incoming + s.send_s) / 2.0
-        result.append(StageWork(s.forward_s + wait, s.backward_s + wait, s.weight_grad_s, s.send_s))
-    return result
-
-
-def _stage_finish_times(stages: list[StageWork], total_s: float) -> tuple[float, ...]:
-    """Stage i's last backward ends before stage 0's by the backwards of stages < i."""
-    finish = []
-    earlier = 0.0
-    for stage in stages:
-        finish.append(total_s - earlier)
-        earlier += stage.backward_s + stage.send_s
-    return tuple(finish)
-
-
-def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int,
-                            virtual_stages: int = 1) -> float:
-    """Micro-batches whose activations a stage holds at its peak.
-
-    GPipe keeps all m; 1F1B and zero bubble (ZB-H1) keep ``p - i`` on stage i; interleaved
-    1F1B keeps ``(p - i) * (1 + (p - 1)/(p * v))`` (Korthikanti et al. 2022, Sec. 4.2.3).
-    """
-    if schedule == "gpipe":
-        return float(micro_batches)
-    in_flight = float(min(micro_batches, stages - stage))
-    if schedule in ("interleaved", "zb") and virtual_stages > 1:
-        in_flight *= 1.0 + (stages - 1) / (stages * virtual_stages)
-    return min(in_flight, float(micro_batches * max(1, virtual_stages)))

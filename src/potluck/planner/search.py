@@ -30,56 +30,34 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
+from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.space import (
+    UnitLayout,
+    Wrap,
     dp_candidates,
     machine_subsets,
     set_partitions,
     stage_orders,
     tp_options,
 )
-from potluck.plans import Pipeline, Plan, Schedule, Stage, TrainingShape, schedule_accepts
+from potluck.plans import Pipeline, Plan, Stage, TrainingShape
+from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)
 
 TP_CHOICES_IN_PAIRS = 2  # TP degrees per group in mixed families of up to three groups (one beyond)
 SMALL_CLUSTER_GPUS = 64  # up to this size mixed families try every order of their groups
-
-
-class Partition(str, Enum):
-    BALANCED = "balanced"  # layers and batch in proportion to speed (default)
-    UNIFORM = "uniform"  # even split of layers and batch over every device (Megatron-style)
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """Pins and knobs of the search; ``None`` means 'let the search choose'."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    micro_batch_size: int | None = None
-    recompute: Recompute | None = None
-    partition: Partition = Partition.BALANCED
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = 2
-    zero1: bool | None = None
-    top_k: int = 5
-    groups: tuple[str, ...] | None = None  # only these node groups may be used
-    group_tp: tuple[tuple[str, int], ...] | None = None  # TP degree pinned per node group
-    family_beam: int = 3
-    structure_beam: int = 64
-    exact_beam: int = 32
-    max_micro_batch_size: int = 32
 
 
 @dataclass(frozen=True)
@@ -110,8 +88,6 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
            options: SearchOptions | None = None,
            progress: Callable[[float], None] | None = None) -> SearchResult:
     """Find the fastest plans for training ``model`` on ``spec`` with ``training``."""
-    from potluck.planner.checks import check_request, explain_infeasible
-
     options = options or SearchOptions()
     started = time.perf_counter()
     cluster = Cluster(spec)
@@ -226,8 +202,7 @@ class _Search:
         else:
             sizes = [b for b in (1, 2, 4, 8, 16, 32, 64)
                      if b <= min(batch, options.max_micro_batch_size) and batch % b == 0]
-        interleaved = options.schedule in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
-        virtual = options.virtual_stages if interleaved else 1
+        virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM
         for b in sizes:
             yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform, batch // b)
@@ -275,10 +250,10 @@ class _Search:
                 continue
             if (self.options.pp and pp != self.options.pp) or (self.options.dp and dp > self.options.dp):
                 continue
-            layouts = ("pipeline", "data") if dp > 1 and pp > 1 else ("pipeline",)
-            wraps = self._wraps(len(order))
+            layouts = tuple(UnitLayout) if dp > 1 and pp > 1 else (UnitLayout.PIPELINE,)
+            wraps = self._wraps(len(order)) if pp > 2 else (Wrap.NONE,)
             options = [self.families.evaluate(order, dp, layout, setting, wrap)
-                       for layout, wrap in itertools.product(layouts, wraps if pp > 2 else ("none",))]
+                       for layout, wrap in itertools.product(layouts, wraps)]
             feasible = [o for o in options if o is not None]
             if not feasible and not self.options.pp:
                 break  # fewer, fuller stages only need more memory
@@ -288,14 +263,14 @@ class _Search:
     def _pinned_tp(self, group: NodeGroup) -> int | None:
         return dict(self.options.group_tp or ()).get(group.name, self.options.tp)
 
-    def _wraps(self, groups: int) -> tuple[str, ...]:
+    def _wraps(self, groups: int) -> tuple[Wrap, ...]:
         """Wrap-around orders worth trying: by group for mixed families; by machine only
         when a tied embedding makes the first and last stage exchange gradients."""
-        wraps = ["none"]
+        wraps = [Wrap.NONE]
         if groups > 1:
-            wraps.append("group")
+            wraps.append(Wrap.GROUP)
         if self.cost.model.tied_embeddings:
-            wraps.append("node")
+            wraps.append(Wrap.NODE)
         return tuple(wraps)
 
     def _combos(self, setting: FamilySetting):
@@ -328,7 +303,8 @@ class _Search:
             return None
         if self.options.dp and any(m == 0 for share in shares for m in share):
             return None
-        if not all(schedule_accepts(setting.schedule, m, f.pp)
+        schedule = schedule_for(setting.schedule)
+        if not all(schedule.accepts(m, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
                    for f, share in zip(families, shares, strict=True) for m in share if m):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
@@ -363,7 +339,7 @@ class _Search:
         )
 
     def _evaluate(self, plan: Plan) -> Plan:
-        return replace(plan, prediction=self.cost.evaluate(plan))
+        return replace(plan, prediction=predict(plan, self.cost))
 
 
 def _partitions(names: tuple[str, ...]) -> list[list[tuple[str, ...]]]:

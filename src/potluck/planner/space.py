@@ -3,7 +3,9 @@
 A *unit* is one tensor-parallel group: ``tp`` GPUs of one machine, aligned so
 that NVLink-bridged pairs stay together. A *family* is a set of node groups
 whose units form identical pipelines: each of its ``dp`` pipelines takes
-``k_g`` units of every group ``g`` in the family, in a fixed group order.
+``k_g`` units of every group ``g`` in the family, in a fixed group order,
+dealt pipeline- or data-major (:class:`UnitLayout`), optionally wrapped
+around (:class:`Wrap`).
 Families run side by side as data-parallel replicas with their own share of
 the batch; a group may also be left out entirely.
 """
@@ -12,12 +14,28 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.spec import ModelSpec
 
 MAX_TP = 8
+
+
+class UnitLayout(str, Enum):
+    """How a family's units are dealt to its ``dp`` pipelines."""
+
+    PIPELINE = "pipeline"  # pipeline-major: consecutive units of a machine form one pipeline
+    DATA = "data"  # data-major: consecutive units of a machine belong to different replicas
+
+
+class Wrap(str, Enum):
+    """Which units go to the far end of each pipeline, next to the head."""
+
+    NONE = "none"
+    GROUP = "group"  # half the first group's units: embedding and head on one kind of device
+    NODE = "node"  # half the first machine's units: embedding and head on one machine
 
 
 @dataclass(frozen=True)

@@ -49,14 +49,14 @@ def predict(plan: Plan) -> Prediction:
     """The plan's own prediction, or the cost model's if the plan carries none."""
     if plan.prediction is not None:
         return plan.prediction
-    from potluck.planner.cost import CostModel
+    from potluck.planner.evaluate import predict as cost_model_prediction
 
-    return CostModel.for_plan(plan).evaluate(plan)
+    return cost_model_prediction(plan)
 
 
 def stage_targets(plan: Plan, layout: Layout) -> dict[int, OpTargets]:
     """This rank's predicted op times, by virtual stage id."""
-    from potluck.planner.cost import stage_op_times, stage_send_s
+    from potluck.planner.evaluate import stage_op_times, stage_send_s
 
     role = layout.role
     times = stage_op_times(plan)[role.pipeline][role.stage]

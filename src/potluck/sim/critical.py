@@ -14,25 +14,25 @@ from collections import defaultdict
 
 from potluck.sim.engine import Timings
 from potluck.sim.program import MARKER, OpInfo
-from potluck.sim.result import PathShare
+from potluck.sim.result import PathKind, PathShare
 
 
 def critical_path(info: list[OpInfo], owner: list[int], timings: Timings,
                   position: int) -> tuple[PathShare, ...]:
     """Shares of the critical path of pipeline ``position`` of a program, largest first."""
-    ops = [op for op in range(len(info)) if owner[op] == position and info[op].kind != MARKER]
+    ops = [op for op in range(len(info)) if owner[op] == position and info[op].kind is not MARKER]
     op = max(ops, key=lambda o: timings.end_s[o])
-    totals: dict[tuple[str, int, int], float] = defaultdict(float)
+    totals: dict[tuple[PathKind, int, int], float] = defaultdict(float)
     while op >= 0:
         what = info[op]
         cause = timings.cause[op]
-        if what.kind != MARKER:
-            kind = "compute" if what.peer == -1 else "transfer"
+        if what.kind is not MARKER:
+            kind = PathKind.COMPUTE if what.peer == -1 else PathKind.TRANSFER
             totals[(kind, what.stage, what.peer)] += timings.end_s[op] - timings.start_s[op]
         start_s = timings.start_s[op]
         waited_from = timings.end_s[cause] if cause >= 0 else 0.0
         if start_s > waited_from + 1e-12:  # held back by a release time or a latency
-            totals[("wait", what.stage, what.peer)] += start_s - waited_from
+            totals[(PathKind.WAIT, what.stage, what.peer)] += start_s - waited_from
         op = cause
     length = sum(totals.values())
     shares = [PathShare(kind, stage, peer, seconds, seconds / length)

@@ -1,7 +1,9 @@
-"""Send and receive calls of torch's single-stage schedules (GPipe, 1F1B), as the runtime makes them.
+"""Send and receive calls of torch's single-stage schedules (GPipe, 1F1B), as ops of a program.
 
 ``ScheduleGPipe`` and ``Schedule1F1B`` post their point-to-point ops in
-batches at fixed places and wait on them; with NCCL each batch runs on the
+batches at fixed places and wait on them (where: each schedule's
+:meth:`~potluck.schedules.PipelineSchedule.post_p2p`, which drives a
+:class:`StageCalls`); with NCCL each batch runs on the
 stream of its peer pair, after the batches posted before it on that stream,
 and a transfer moves once both ends have reached it. Under 1F1B this couples
 neighbours tightly: a stage's backward waits for its forward send
@@ -21,10 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from potluck.ops import OpKind
+from potluck.schedules.base import P2PKey as Key
 from potluck.sim.engine import Program
-from potluck.sim.orders import OpKind
-
-Key = tuple[str, int]  # ("F" or "B", micro-batch) of a stage's output
 
 
 @dataclass
@@ -37,7 +38,8 @@ class _Batch:
 
 @dataclass
 class StageCalls:
-    """One stage's compute ops and the batches it posts, in the order it posts them."""
+    """One stage's compute ops and the batches it posts, in the order it posts them
+    (a :class:`potluck.schedules.P2PCalls`)."""
 
     program: Program
     compute_stream: int
@@ -55,7 +57,8 @@ class StageCalls:
         self.last_compute = op
         return op
 
-    def post(self, peer: int | None, sends: list[Key], recvs: list[Key], wait: bool = True) -> int | None:
+    def post(self, peer: int | None, sends: list[Key], recvs: list[Key], *,
+             wait: bool = True) -> int | None:
         """Post one batch towards ``peer``; the next compute waits for it when ``wait``."""
         if peer is None or not (sends or recvs):
             return None
@@ -73,57 +76,6 @@ class StageCalls:
     def wait(self, end: int | None) -> None:
         if end is not None:
             self.pending.append(end)
-
-
-def gpipe_calls(stage: StageCalls, s: int, p: int, m: int, forward_s: float,
-                backward_s: float) -> None:
-    """``ScheduleGPipe._step_microbatches``: receive, compute and send each micro-batch."""
-    up, down = (s - 1 if s > 0 else None), (s + 1 if s < p - 1 else None)
-    sends = []
-    for i in range(m):
-        stage.post(up, [], [("F", i)])
-        stage.run(OpKind.FORWARD, i, forward_s)
-        sends.append(stage.post(down, [("F", i)], [], wait=False))
-    for end in sends:
-        stage.wait(end)
-    for i in range(m):
-        stage.post(down, [], [("B", i)])
-        stage.run(OpKind.BACKWARD, i, backward_s)
-        stage.post(up, [("B", i)], [], wait=False)
-
-
-def one_f_one_b_calls(stage: StageCalls, s: int, p: int, m: int, forward_s: float,
-                      backward_s: float) -> None:
-    """``Schedule1F1B._step_microbatches``: warm-up, fused 1B1F batches, cool-down."""
-    up, down = (s - 1 if s > 0 else None), (s + 1 if s < p - 1 else None)
-    warmup = min(m, p - s)
-    forward = backward = 0
-    send_work = held = None
-    for _ in range(warmup):
-        stage.post(up, [], [("F", forward)])
-        stage.run(OpKind.FORWARD, forward, forward_s)
-        stage.wait(send_work)
-        if forward != warmup - 1:
-            send_work = stage.post(down, [("F", forward)], [], wait=False)
-        else:
-            held = ("F", forward)  # fused with the first backward's receive below
-        forward += 1
-    while True:
-        stage.post(down, [held] if held else [], [("B", backward)])
-        stage.run(OpKind.BACKWARD, backward, backward_s)
-        backward += 1
-        if forward == m:
-            break
-        stage.post(up, [("B", backward - 1)], [("F", forward)])
-        stage.run(OpKind.FORWARD, forward, forward_s)
-        held, forward = ("F", forward), forward + 1
-    send_work = stage.post(up, [("B", backward - 1)], [], wait=False)
-    while backward < m:
-        stage.post(down, [], [("B", backward)])
-        stage.run(OpKind.BACKWARD, backward, backward_s)
-        stage.wait(send_work)
-        send_work = stage.post(up, [("B", backward)], [], wait=False)
-        backward += 1
 
 
 def match_transfers(stages: list[StageCalls]) -> list[tuple[int, int, Key, list[int], list[int]]]:

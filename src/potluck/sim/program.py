@@ -12,12 +12,14 @@ and each op waits for what it consumes:
 - a deferred weight backward waits for the input backward of the same chunk
   and micro-batch.
 
-How transfers meet compute follows the runtime. GPipe and 1F1B with one
-stage per device run torch's single-stage schedules, whose batched send and
-receive calls :mod:`potluck.sim.p2p` reproduces. Interleaved and zero-bubble
-schedules run torch's schedule runtime, which posts receives ahead and waits
-for sends only at the end of the step: their transfers start as soon as the
-data exists. Transfers between two stages are one
+How transfers meet compute follows the runtime. Schedules that run torch's
+single-stage classes (:attr:`~potluck.schedules.PipelineSchedule.single_stage_torch`:
+GPipe, 1F1B) post batched sends and receives where the schedule's module says
+(:meth:`~potluck.schedules.PipelineSchedule.post_p2p`), which :mod:`potluck.sim.p2p`
+turns into ops. The others run torch's schedule runtime, which posts receives
+ahead and waits for sends only at the end of the step: their transfers start
+as soon as the data exists, in the schedule's op order
+(:meth:`~potluck.schedules.PipelineSchedule.rank_orders`). Transfers between two stages are one
 :class:`~potluck.sim.network.Flow` with a lane per pair of tensor-parallel
 ranks, each carrying its share of the activations, as the cost model prices them.
 """
@@ -27,21 +29,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from potluck.ops import OpKind
+from potluck.schedules import PipelineSchedule
 from potluck.sim import p2p
 from potluck.sim.engine import Program
 from potluck.sim.network import Flow, Network
-from potluck.sim.orders import OpKind, schedule_orders
 from potluck.sim.workload import ChunkWork, PipelineWorkload
 
-SEND_FORWARD = "send_forward"
-SEND_BACKWARD = "send_backward"
-MARKER = "p2p_batch"  # zero-duration start or end of a batch of sends and receives
+MARKER = None  # the kind of a zero-duration start or end of a batch of sends and receives
 
 
 class OpInfo(NamedTuple):
-    """What an op is: its kind, stage (the sender's, for a transfer), chunk and micro-batch."""
+    """What an op is: its kind (``MARKER`` for a batch's start or end), stage (the sender's,
+    for a transfer), chunk and micro-batch."""
 
-    kind: str
+    kind: OpKind | None
     stage: int
     chunk: int
     micro_batch: int
@@ -78,8 +80,8 @@ def _flow(work: PipelineWorkload, src: int, dst: int, network: Network) -> Flow:
     return network.lanes_flow(pairs, sender.send_bytes / lanes)
 
 
-def build(workloads: list[PipelineWorkload], schedule: str, virtual_stages: int,
-          network: Network, overlap_p2p: bool = True) -> PipelineProgram:
+def build(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual_stages: int,
+          network: Network, *, overlap_p2p: bool = True) -> PipelineProgram:
     """One program running ``workloads`` side by side (they may share links).
 
     ``overlap_p2p=False`` makes the schedule runtime's sends blocking (torch's single-stage
@@ -87,73 +89,97 @@ def build(workloads: list[PipelineWorkload], schedule: str, virtual_stages: int,
     """
     built = PipelineProgram()
     for position, work in enumerate(workloads):
-        _add_pipeline(built, position, work, schedule, virtual_stages, network, overlap_p2p)
+        adder = _PipelineAdder(built, position, work, network, virtual_stages)
+        if len(work.stages) > 1 and schedule.single_stage_torch:
+            adder.add_torch_calls(schedule)
+        else:
+            adder.add_eager(schedule, overlap_p2p=overlap_p2p)
     return built
 
 
-def _add_pipeline(built: PipelineProgram, position: int, work: PipelineWorkload, schedule: str,
-                  virtual_stages: int, network: Network, overlap_p2p: bool) -> None:
-    p = len(work.stages)
-    if p > 1 and virtual_stages == 1 and schedule in ("gpipe", "1f1b"):
-        _add_torch_calls(built, position, work, schedule, network)
-    else:
-        _add_eager(built, position, work, schedule, virtual_stages, network, overlap_p2p)
+@dataclass
+class _PipelineAdder:
+    """Adds one pipeline's ops to a program being built."""
 
+    built: PipelineProgram
+    position: int  # the pipeline's place among those the program runs
+    work: PipelineWorkload
+    network: Network
+    virtual_stages: int
 
-def _add_torch_calls(built: PipelineProgram, position: int, work: PipelineWorkload,
-                     schedule: str, network: Network) -> None:
-    """A single-stage torch schedule with its send and receive batches (:mod:`potluck.sim.p2p`)."""
-    program, p, m = built.program, len(work.stages), work.micro_batches
-    calls = p2p.one_f_one_b_calls if (schedule == "1f1b" and m >= p) else p2p.gpipe_calls
-    stages = []
-    for s, stage in enumerate(work.stages):
-        compute = program.add_stream()
-        pairs = {peer: program.add_stream() for peer in (s - 1, s + 1) if 0 <= peer < p}
-        stages.append(p2p.StageCalls(program, compute, pairs, stage.devices[0].type.is_cpu))
-        first, chunk = len(program), stage.chunks[0]
-        calls(stages[-1], s, p, m, chunk.forward_s, chunk.backward_s)
-        what = {op: key for key, op in stages[-1].compute.items()}
-        for op in range(first, len(program)):
-            built.info.append(_torch_call_info(what.get(op), s, chunk))
-            built.owner.append(position)
-    flows = boundary_flows(work, 1, network)
-    for src, dst, (what, micro_batch), preds, waiters in p2p.match_transfers(stages):
-        op = program.add_transfer(flows[(src, dst)], preds)
-        kind = SEND_FORWARD if what == "F" else SEND_BACKWARD
-        built.info.append(OpInfo(kind, src, 0, micro_batch, 0.0, dst))
-        built.owner.append(position)
-        for end in waiters:
-            program.preds[end].append(op)
+    def _note(self, info: OpInfo) -> None:
+        self.built.info.append(info)
+        self.built.owner.append(self.position)
+
+    def add_torch_calls(self, schedule: PipelineSchedule) -> None:
+        """A single-stage torch schedule with its send and receive batches (:mod:`potluck.sim.p2p`)."""
+        program, work = self.built.program, self.work
+        p, m = len(work.stages), work.micro_batches
+        stages = []
+        for s, stage in enumerate(work.stages):
+            compute = program.add_stream()
+            pairs = {peer: program.add_stream() for peer in (s - 1, s + 1) if 0 <= peer < p}
+            stages.append(p2p.StageCalls(program, compute, pairs, stage.devices[0].type.is_cpu))
+            first, chunk = len(program), stage.chunks[0]
+            schedule.post_p2p(stages[-1], s, p, m, chunk.forward_s, chunk.backward_s)
+            what = {op: key for key, op in stages[-1].compute.items()}
+            for op in range(first, len(program)):
+                self._note(_torch_call_info(what.get(op), s, chunk))
+        flows = boundary_flows(work, 1, self.network)
+        for src, dst, (what, micro_batch), preds, waiters in p2p.match_transfers(stages):
+            op = program.add_transfer(flows[(src, dst)], preds)
+            kind = OpKind.SEND_FORWARD if what == "F" else OpKind.SEND_BACKWARD
+            self._note(OpInfo(kind, src, 0, micro_batch, 0.0, dst))
+            for end in waiters:
+                program.preds[end].append(op)
+
+    def add_eager(self, schedule: PipelineSchedule, *, overlap_p2p: bool) -> None:
+        """Torch's schedule runtime: receives posted ahead, transfers start when data exists."""
+        program, work, v = self.built.program, self.work, self.virtual_stages
+        p = len(work.stages)
+        ids: dict[tuple[OpKind, int, int], int] = {}
+        for rank, order in enumerate(schedule.rank_orders(p, work.micro_batches, v)):
+            stream = program.add_stream()
+            for kind, chunk, micro_batch in order:
+                duration_s, tp_s = _duration(kind, work.stages[rank].chunks[chunk])
+                ids[(kind, chunk * p + rank, micro_batch)] = program.add_compute(stream, duration_s, [])
+                self._note(OpInfo(kind, rank, chunk, micro_batch, tp_s, -1))
+        flows = boundary_flows(work, v, self.network)
+        first_transfer = len(program)
+        for (kind, virtual, micro_batch), op in list(ids.items()):
+            program.preds[op] = self._preds(ids, flows, kind, virtual, micro_batch)
+        if not overlap_p2p:
+            _block_on_sends(program, range(first_transfer, len(program)))
+
+    def _preds(self, ids: dict, flows: dict[tuple[int, int], Flow], kind: OpKind, virtual: int,
+               micro_batch: int) -> list[int]:
+        """What the op ``kind`` of virtual stage ``virtual`` waits for (a transfer it adds)."""
+        p = len(self.work.stages)
+        if kind is OpKind.BACKWARD_WEIGHT:
+            return [ids[(OpKind.BACKWARD_INPUT, virtual, micro_batch)]]
+        if kind is OpKind.FORWARD:
+            if virtual == 0:
+                return []
+            source, transfer = virtual - 1, OpKind.SEND_FORWARD
+        elif virtual == p * self.virtual_stages - 1:
+            return [ids[(OpKind.FORWARD, virtual, micro_batch)]]
+        else:
+            source, transfer = virtual + 1, OpKind.SEND_BACKWARD
+        producer = ids[(kind, source, micro_batch)]
+        src, dst = source % p, virtual % p
+        if src == dst:
+            return [producer]
+        op = self.built.program.add_transfer(flows[(src, dst)], [producer])
+        self._note(OpInfo(transfer, src, source // p, micro_batch, 0.0, dst))
+        return [op]
 
 
 def _torch_call_info(key: tuple[str, int] | None, s: int, chunk: ChunkWork) -> OpInfo:
     if key is None:
         return OpInfo(MARKER, s, 0, -1, 0.0, -2)
     if key[0] == "F":
-        return OpInfo(OpKind.FORWARD.value, s, 0, key[1], chunk.forward_tp_s, -1)
-    return OpInfo(OpKind.BACKWARD.value, s, 0, key[1], chunk.backward_tp_s, -1)
-
-
-def _add_eager(built: PipelineProgram, position: int, work: PipelineWorkload, schedule: str,
-               virtual_stages: int, network: Network, overlap_p2p: bool) -> None:
-    """Torch's schedule runtime: receives posted ahead, transfers start when data exists."""
-    program, p = built.program, len(work.stages)
-    orders = schedule_orders(schedule, p, work.micro_batches, virtual_stages)
-    ids: dict[tuple[OpKind, int, int], int] = {}
-    for rank, order in enumerate(orders):
-        stream = program.add_stream()
-        for kind, chunk, micro_batch in order:
-            duration_s, tp_s = _duration(kind, work.stages[rank].chunks[chunk])
-            ids[(kind, chunk * p + rank, micro_batch)] = program.add_compute(stream, duration_s, [])
-            built.info.append(OpInfo(kind.value, rank, chunk, micro_batch, tp_s, -1))
-            built.owner.append(position)
-    flows = boundary_flows(work, virtual_stages, network)
-    last = p * virtual_stages - 1
-    first_transfer = len(program)
-    for (kind, virtual, micro_batch), op in list(ids.items()):
-        program.preds[op] = _preds(built, ids, flows, position, p, last, kind, virtual, micro_batch)
-    if not overlap_p2p:
-        _block_on_sends(program, range(first_transfer, len(program)))
+        return OpInfo(OpKind.FORWARD, s, 0, key[1], chunk.forward_tp_s, -1)
+    return OpInfo(OpKind.BACKWARD, s, 0, key[1], chunk.backward_tp_s, -1)
 
 
 def _block_on_sends(program: Program, transfers: range) -> None:
@@ -175,27 +201,3 @@ def _duration(kind: OpKind, chunk: ChunkWork) -> tuple[float, float]:
     if kind is OpKind.BACKWARD_INPUT:
         return chunk.backward_s - chunk.weight_grad_s, chunk.backward_tp_s
     return chunk.weight_grad_s, 0.0
-
-
-def _preds(built: PipelineProgram, ids: dict, flows: dict[tuple[int, int], Flow], position: int,
-           p: int, last: int, kind: OpKind, virtual: int, micro_batch: int) -> list[int]:
-    if kind is OpKind.BACKWARD_WEIGHT:
-        return [ids[(OpKind.BACKWARD_INPUT, virtual, micro_batch)]]
-    if kind is OpKind.FORWARD:
-        if virtual == 0:
-            return []
-        source = virtual - 1
-        transfer = SEND_FORWARD
-    elif virtual == last:
-        return [ids[(OpKind.FORWARD, virtual, micro_batch)]]
-    else:
-        source = virtual + 1
-        transfer = SEND_BACKWARD
-    producer = ids[(kind, source, micro_batch)]
-    src, dst = source % p, virtual % p
-    if src == dst:
-        return [producer]
-    op = built.program.add_transfer(flows[(src, dst)], [producer])
-    built.info.append(OpInfo(transfer, src, source // p, micro_batch, 0.0, dst))
-    built.owner.append(position)
-    return [op]

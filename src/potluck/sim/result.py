@@ -8,17 +8,17 @@ objects share one tuple of ops (``twin_of`` names the pipeline that was run).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, NamedTuple
 
+from potluck.ops import OpKind
 from potluck.plans import Plan, Schedule
-
-COMPUTE_KINDS = ("forward", "backward", "backward_input", "backward_weight")
 
 
 class OpRecord(NamedTuple):
     """One executed op of a pipeline (for a transfer, ``stage`` sends to ``peer``)."""
 
-    kind: str
+    kind: OpKind
     stage: int
     chunk: int
     micro_batch: int
@@ -28,21 +28,29 @@ class OpRecord(NamedTuple):
     peer: int  # transfers: the receiving stage; -1 for compute ops
 
 
+class PathKind(str, Enum):
+    """Where the critical path spends its time."""
+
+    COMPUTE = "compute"  # a stage computing
+    TRANSFER = "transfer"  # a transfer between two stages
+    WAIT = "wait"  # a latency or a release time
+
+
 @dataclass(frozen=True)
 class PathShare:
     """Time the critical path spends in one place: compute on a stage, a transfer between
     two stages, or waiting (a latency, a release)."""
 
-    kind: str  # "compute", "transfer" or "wait"
+    kind: PathKind
     stage: int
     peer: int  # transfers: the receiving stage; -1 otherwise
     seconds: float
     fraction: float
 
     def label(self) -> str:
-        if self.kind == "transfer":
+        if self.kind is PathKind.TRANSFER:
             return f"transfers s{self.stage}->s{self.peer}"
-        return f"{self.kind} s{self.stage}"
+        return f"{self.kind.value} s{self.stage}"
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ class SimulationResult:
             "predicted_iteration_time_s": self.predicted_time_s,
             "bottleneck_device": self.bottleneck.device,
             "critical_path": [
-                {"kind": s.kind, "stage": s.stage, "peer": s.peer, "seconds": s.seconds,
+                {"kind": s.kind.value, "stage": s.stage, "peer": s.peer, "seconds": s.seconds,
                  "fraction": s.fraction} for s in self.critical_path],
             "peak_memory_gb": max(d.peak_memory_bytes for d in self.devices) / 1e9,
             "per_device": [d.as_dict() for d in self.devices],

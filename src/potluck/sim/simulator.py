@@ -21,9 +21,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from potluck.errors import ConfigError
+from potluck.ops import OpKind
 from potluck.planner.cost import CostModel
-from potluck.planner.evaluate import DpGroup
-from potluck.plans import Plan, Schedule, check_plan
+from potluck.planner.evaluate import GradientGroup, gradient_groups, predict
+from potluck.plans import Plan, check_plan, mixed_tp
+from potluck.schedules import PipelineSchedule, Schedule, schedule_for
 from potluck.sim import engine, program
 from potluck.sim.critical import critical_path
 from potluck.sim.memory import stage_memory
@@ -43,39 +45,45 @@ from potluck.sim.workload import PipelineWorkload, plan_workloads
 def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationResult:
     """Simulate one iteration of ``plan`` (under ``schedule``, default the plan's own)."""
     check_plan(plan)
-    schedule = Schedule(schedule) if schedule is not None else plan.schedule
+    name = Schedule(schedule) if schedule is not None else plan.schedule
+    pipeline_schedule = _runnable(plan, schedule_for(name))
     cost = CostModel.for_plan(plan)
-    virtual = plan.virtual_stages if schedule in (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE) else 1
-    if virtual != plan.virtual_stages:
-        raise _chunks_error(plan, schedule)
     network = Network(cost.cluster)
     workloads = plan_workloads(plan, cost)
-    runs, simulated = run_pipelines(workloads, schedule.value, virtual, network,
-                                    plan.training.execution.overlap_p2p)
+    runs, simulated = run_pipelines(workloads, pipeline_schedule, plan.virtual_stages, network,
+                                    overlap_p2p=plan.training.execution.overlap_p2p)
     syncs, steps = _gradients_and_steps(plan, cost, network, workloads, runs)
-    memory = _memory(runs, workloads, schedule is Schedule.ZERO_BUBBLE)
+    memory = _memory(runs, workloads, pipeline_schedule.frees_activations_after)
     iteration_s = max(step.end_s for step in steps)
     devices = device_stats(workloads, runs, syncs, steps, memory, iteration_s)
     return SimulationResult(
-        plan=plan, schedule=schedule, iteration_time_s=iteration_s,
+        plan=plan, schedule=name, iteration_time_s=iteration_s,
         pipeline_time_s=max(pipeline_end_s(run) for run in runs),
         bubble_fraction=bubble_fraction(workloads, runs),
         pipelines=tuple(runs), gradient_syncs=tuple(syncs), optimizer_steps=tuple(steps),
         memory=memory, devices=devices,
-        predicted_time_s=cost.evaluate(plan).iteration_time_s, simulated_pipelines=simulated,
+        predicted_time_s=predict(plan, cost).iteration_time_s, simulated_pipelines=simulated,
     )
 
 
-def _chunks_error(plan: Plan, schedule: Schedule) -> ConfigError:
-    return ConfigError(
-        f"the plan has {plan.virtual_stages} virtual stages per device; schedule "
-        f"{schedule.value} runs one: simulate it with --schedule interleaved or zb, "
-        "or plan again with this schedule"
-    )
+def _runnable(plan: Plan, schedule: PipelineSchedule) -> PipelineSchedule:
+    """``schedule``, if it runs every pipeline of ``plan`` as the plan lays it out."""
+    if schedule.chunks(plan.virtual_stages) != plan.virtual_stages:
+        raise ConfigError(
+            f"the plan has {plan.virtual_stages} virtual stages per device; schedule "
+            f"{schedule.name.value} runs one: simulate it with --schedule interleaved or zb, "
+            "or plan again with this schedule"
+        )
+    for index, pipeline in enumerate(plan.pipelines):
+        problem = schedule.problem(pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages,
+                                   mixed_tp=mixed_tp(pipeline))
+        if problem is not None:
+            raise ConfigError(f"pipeline {index}: {problem}")
+    return schedule
 
 
 def _memory(runs: list[PipelineRun], workloads: list[PipelineWorkload],
-            zero_bubble: bool) -> tuple[tuple[MemoryTrace, ...], ...]:
+            frees_on: OpKind) -> tuple[tuple[MemoryTrace, ...], ...]:
     """Memory over time of every stage; twins share their traces."""
     traces: dict[int, tuple[MemoryTrace, ...]] = {}
     for run in runs:
@@ -85,12 +93,12 @@ def _memory(runs: list[PipelineRun], workloads: list[PipelineWorkload],
                 by_stage[op.stage].append(op)
             stages = workloads[run.twin_of].stages
             traces[run.twin_of] = tuple(
-                stage_memory(by_stage[i], i, work, zero_bubble) for i, work in enumerate(stages))
+                stage_memory(by_stage[i], i, work, frees_on) for i, work in enumerate(stages))
     return tuple(traces[run.twin_of] for run in runs)
 
 
-def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int,
-                  network: Network, overlap_p2p: bool = True) -> tuple[list[PipelineRun], int]:
+def run_pipelines(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual: int,
+                  network: Network, *, overlap_p2p: bool = True) -> tuple[list[PipelineRun], int]:
     """Phase 1: every pipeline's ops with their times, and how many pipelines actually ran.
 
     Pipelines that share links run together, once per distinct set (same work, same links
@@ -109,11 +117,11 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: str, virtual: int
                                       runs[twin].critical_path)
             continue
         built = program.build([workloads[k] for k in members], schedule, virtual, network,
-                              overlap_p2p)
+                              overlap_p2p=overlap_p2p)
         timings = engine.run(built.program, network.capacity)
         ops: list[list[OpRecord]] = [[] for _ in members]
         for op, info in enumerate(built.info):
-            if info.kind == program.MARKER:
+            if info.kind is program.MARKER:
                 continue
             ops[built.owner[op]].append(OpRecord(
                 info.kind, info.stage, info.chunk, info.micro_batch,
@@ -167,10 +175,10 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
     ready, window = _gradient_ready(runs)
     if not plan.training.execution.overlap_grad_reduce:
         window = ready  # the all-reduce waits for the whole backward pass
-    groups = [g for g in cost.gradient_groups(plan) if len(g.members) > 1]
+    groups = [g for g in gradient_groups(cost, plan) if len(g.members) > 1]
     phase = engine.Program()
     for group in groups:
-        flow = network.ring_flow(group.rings, group.grad_bytes / len(group.rings), group.scatter)
+        flow = network.ring_flow(group.rings, group.bytes_per_ring, group.scatter)
         phase.add_transfer(flow, [], release_s=max(window[m] for m in group.members))
     timings = engine.run(phase, network.capacity)
     syncs, done_s = [], dict(ready)
@@ -189,14 +197,14 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
     return syncs, steps
 
 
-def _with_parameter_gather(groups: list[DpGroup], network: Network, steps: list[OptimizerStep]
+def _with_parameter_gather(groups: list[GradientGroup], network: Network, steps: list[OptimizerStep]
                            ) -> list[OptimizerStep]:
     """ZeRO-1: each group all-gathers its owners' updated parameters once all its members
     have stepped (the traffic of a reduce-scatter); a step ends with its gather."""
     end_of = {(s.pipeline, s.stage): s.end_s for s in steps}
     phase = engine.Program()
     for group in groups:
-        flow = network.ring_flow(group.rings, group.grad_bytes / len(group.rings), scatter=True)
+        flow = network.ring_flow(group.rings, group.bytes_per_ring, scatter=True)
         phase.add_transfer(flow, [], release_s=max(end_of[m] for m in group.members))
     timings = engine.run(phase, network.capacity)
     for op, group in enumerate(groups):
@@ -213,7 +221,7 @@ def _gradient_ready(runs: list[PipelineRun]
     window: dict[tuple[int, int], float] = {}
     for run in runs:
         for op in run.ops:
-            if op.kind in ("backward", "backward_weight"):
+            if op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_WEIGHT):
                 key = (run.index, op.stage)
                 if op.end_s >= ready.get(key, -1.0):
                     ready[key], window[key] = op.end_s, op.start_s

@@ -15,7 +15,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from potluck.sim.result import (
-    COMPUTE_KINDS,
     DeviceStats,
     GradientSync,
     MemoryTrace,
@@ -80,7 +79,7 @@ def _stage_totals(runs: list[PipelineRun]) -> dict[int, dict[int, _StageTotals]]
             continue
         stages: dict[int, _StageTotals] = defaultdict(_StageTotals)
         for op in run.ops:
-            if op.kind in COMPUTE_KINDS:
+            if not op.kind.is_comm:
                 stages[op.stage].compute_s += op.end_s - op.start_s - op.tp_s
                 stages[op.stage].tp_s += op.tp_s
             else:

@@ -22,17 +22,23 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from potluck.ops import OpKind
 from potluck.sim.result import SimulationResult
 
 MAX_DEVICE_ROWS = 64
-COLOURS = {
-    "forward": "#4C72B0", "backward": "#DD8452", "backward_input": "#DD8452",
-    "backward_weight": "#E8C547", "tp_allreduce": "#8172B3", "optimizer": "#937860",
-    "transfer": "#55A868", "dp_allreduce": "#2A9D8F", "idle": "#EEEEEE",
+TRANSFER, IDLE = "transfer", "idle"  # bars that are no single op kind: any send, no op
+COLOURS: dict[str, str] = {
+    OpKind.FORWARD: "#4C72B0", OpKind.BACKWARD: "#DD8452", OpKind.BACKWARD_INPUT: "#DD8452",
+    OpKind.BACKWARD_WEIGHT: "#E8C547", OpKind.TP_ALLREDUCE: "#8172B3", OpKind.OPTIMIZER: "#937860",
+    TRANSFER: "#55A868", OpKind.DP_ALLREDUCE: "#2A9D8F", IDLE: "#EEEEEE",
 }
-LEGEND = [("forward", "forward"), ("backward", "backward"), ("backward_weight", "weight backward"),
-          ("tp_allreduce", "TP collective"), ("transfer", "pipeline send/recv"),
-          ("dp_allreduce", "gradient all-reduce"), ("optimizer", "optimizer"), ("idle", "idle")]
+LEGEND = [(OpKind.FORWARD, "forward"), (OpKind.BACKWARD, "backward"),
+          (OpKind.BACKWARD_WEIGHT, "weight backward"), (OpKind.TP_ALLREDUCE, "TP collective"),
+          (TRANSFER, "pipeline send/recv"), (OpKind.DP_ALLREDUCE, "gradient all-reduce"),
+          (OpKind.OPTIMIZER, "optimizer"), (IDLE, "idle")]
+COMPUTE_BARS = (OpKind.FORWARD, OpKind.BACKWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT,
+                OpKind.OPTIMIZER, OpKind.TP_ALLREDUCE)
+COMM_BARS = (TRANSFER, OpKind.DP_ALLREDUCE)
 
 
 @dataclass
@@ -108,29 +114,28 @@ def _fill_bars(result: SimulationResult, rows: list[_Row]) -> None:
         for op in result.pipelines[k].ops:
             span = (op.start_s, op.end_s - op.start_s)
             if op.peer != -1:
-                bars[(k, op.stage)]["transfer"].append(span)
-                bars[(k, op.peer)]["transfer"].append(span)
+                bars[(k, op.stage)][TRANSFER].append(span)
+                bars[(k, op.peer)][TRANSFER].append(span)
                 continue
             bars[(k, op.stage)][op.kind].append(span)
             if op.tp_s > 0:
-                bars[(k, op.stage)]["tp_allreduce"].append((op.end_s - op.tp_s, op.tp_s))
+                bars[(k, op.stage)][OpKind.TP_ALLREDUCE].append((op.end_s - op.tp_s, op.tp_s))
     for sync in result.gradient_syncs:
         for member in sync.members:
-            bars[member]["dp_allreduce"].append((sync.start_s, sync.end_s - sync.start_s))
+            bars[member][OpKind.DP_ALLREDUCE].append((sync.start_s, sync.end_s - sync.start_s))
     for step in result.optimizer_steps:
-        bars[(step.pipeline, step.stage)]["optimizer"].append((step.start_s, step.end_s - step.start_s))
+        bars[(step.pipeline, step.stage)][OpKind.OPTIMIZER].append((step.start_s, step.end_s - step.start_s))
     for row in rows:
         row.bars = bars[(row.pipeline, row.stage)]
 
 
 def _draw_row(ax, y: int, row: _Row, total_s: float, scale: float) -> None:
-    ax.broken_barh([(0, total_s * scale)], (y - 0.4, 0.8), color=COLOURS["idle"])
-    for kind in ("forward", "backward", "backward_input", "backward_weight", "optimizer",
-                 "tp_allreduce"):
+    ax.broken_barh([(0, total_s * scale)], (y - 0.4, 0.8), color=COLOURS[IDLE])
+    for kind in COMPUTE_BARS:
         spans = [(start * scale, width * scale) for start, width in row.bars.get(kind, ())]
         if spans:
             ax.broken_barh(spans, (y - 0.4, 0.8), color=COLOURS[kind], linewidth=0)
-    for kind in ("transfer", "dp_allreduce"):
+    for kind in COMM_BARS:
         spans = [(start * scale, width * scale) for start, width in row.bars.get(kind, ())]
         if spans:
             ax.broken_barh(spans, (y + 0.22, 0.18), color=COLOURS[kind], linewidth=0)

@@ -12,10 +12,11 @@ is 0 and the head when it is the last).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from potluck.cluster.topology import Device
-from potluck.planner.cost import CostModel
+from potluck.planner.cost import CostModel, StageShape
+from potluck.planner.evaluate import stage_shape, stage_sharding
 from potluck.plans import Pipeline, Plan
 
 
@@ -58,39 +59,38 @@ def plan_workloads(plan: Plan, cost: CostModel) -> list[PipelineWorkload]:
 
 
 def _pipeline(plan: Plan, cost: CostModel, k: int, pipeline: Pipeline) -> PipelineWorkload:
-    p = pipeline.pp
+    p, sharding = pipeline.pp, stage_sharding(plan)
     stages = []
     for i, stage in enumerate(pipeline.stages):
         devices = tuple(cost.cluster.device(d) for d in stage.devices)
+        shape = stage_shape(plan, k, i)
         chunks = tuple(
-            _chunk(plan, cost, devices, end - start, first=(c == 0 and i == 0),
-                   last=(c == len(stage.layer_ranges) - 1 and i == p - 1),
-                   micro_batch=pipeline.micro_batch_size)
+            _chunk(cost, devices, replace(shape.with_layers(end - start), first=(c == 0 and i == 0),
+                                          last=(c == len(stage.layer_ranges) - 1 and i == p - 1)))
             for c, (start, end) in enumerate(stage.layer_ranges)
         )
-        params = cost.stage_params(stage.num_layers, i == 0, i == p - 1, p, len(devices))
-        static = (cost.model_state_bytes(devices[0].type, params, plan.dp, plan.zero1)
+        params = cost.stage_params(shape, len(devices))
+        static = (cost.model_state_bytes(devices[0].type, params, sharding)
                   + cost.overhead_bytes(devices[0].type))
-        optimizer = cost.optimizer_step_s(devices[0].type, params, plan.dp, plan.zero1)
+        optimizer = cost.optimizer_step_s(devices[0].type, params, sharding)
         send = cost.send_bytes(devices[0].type, pipeline.micro_batch_size)
         stages.append(StageWorkload(devices, chunks, static, optimizer, send))
     return PipelineWorkload(k, tuple(stages), pipeline.num_micro_batches)
 
 
-def _chunk(plan: Plan, cost: CostModel, devices: tuple[Device, ...], num_layers: int,
-           first: bool, last: bool, micro_batch: int) -> ChunkWork:
+def _chunk(cost: CostModel, devices: tuple[Device, ...], shape: StageShape) -> ChunkWork:
+    """One chunk (virtual stage) of ``shape.num_layers`` blocks."""
     device_type, tp = devices[0].type, len(devices)
-    work, compute_s = cost.stage_work(devices, num_layers, first, last, micro_batch,
-                                      plan.recompute, 0.0)
-    forward_tp = num_layers * cost.tp_block_comm_s(devices, micro_batch)
+    timing = cost.stage_time(devices, shape)
+    work, compute_s = timing.work, timing.compute_s
+    forward_tp = shape.num_layers * cost.tp_block_comm_s(devices, shape.micro_batch)
     backward_compute = compute_s - (work.forward_s - forward_tp)
-    activations = cost.activation_bytes_per_micro_batch(
-        device_type, num_layers, first, tp, micro_batch, plan.recompute)
-    if last:  # the head's logits, kept for the loss's backward
-        activations += cost.stage_peak_activation_bytes(
-            device_type, 0, False, True, tp, micro_batch, plan.recompute, 0.0)
-    transient = cost.stage_peak_activation_bytes(
-        device_type, num_layers, False, False, tp, micro_batch, plan.recompute, 0.0)
+    activations = cost.activation_bytes_per_micro_batch(device_type, tp, shape)
+    if shape.last:  # the head's logits, kept for the loss's backward
+        head_only = replace(shape.with_layers(0), first=False)
+        activations += cost.stage_peak_activation_bytes(device_type, tp, head_only, 0.0)
+    body_only = replace(shape, first=False, last=False)
+    transient = cost.stage_peak_activation_bytes(device_type, tp, body_only, 0.0)
     return ChunkWork(
         forward_s=work.forward_s, forward_tp_s=forward_tp, backward_s=work.backward_s,
         backward_tp_s=max(0.0, work.backward_s - backward_compute) if tp > 1 else 0.0,

@@ -1,4 +1,4 @@
-"""Schedule orders: the same as torch.distributed.pipelining's, complete and well formed."""
+"""Each schedule's op order: the same as torch.distributed.pipelining's, complete and well formed."""
 
 from __future__ import annotations
 
@@ -8,15 +8,20 @@ from collections import Counter
 import pytest
 
 from potluck.errors import ConfigError
+from potluck.ops import OpKind
+from potluck.schedules import SCHEDULES, Schedule, schedule_for
 from potluck.sim import p2p
 from potluck.sim.engine import Program
-from potluck.sim.orders import OpKind, schedule_orders
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
 # one stage of one chunk runs the runtime's LocalSchedule instead (tested below)
 CASES = [(p, v, m) for p in (1, 2, 3, 4, 6) for v in (1, 2, 3) for m in (1, 2, 4, 5, 6, 8, 12)
          if m % max(1, m // p) == 0 and p * v > 1]
+
+
+def schedule_orders(name: str, p: int, m: int, v: int = 1) -> list[list]:
+    return schedule_for(name).rank_orders(p, m, v)
 
 
 def _torch_kind(action) -> OpKind:
@@ -80,7 +85,7 @@ def test_1f1b_order_is_the_one_torch_executes(p: int, m: int) -> None:
         program = Program()
         pairs = {peer: program.add_stream() for peer in (s - 1, s + 1) if 0 <= peer < p}
         calls = p2p.StageCalls(program, program.add_stream(), pairs, host_blocking=False)
-        p2p.one_f_one_b_calls(calls, s, p, m, 1.0, 2.0)
+        schedule_for(Schedule.ONE_F_ONE_B).post_p2p(calls, s, p, m, 1.0, 2.0)
         executed = sorted(calls.compute.items(), key=lambda item: item[1])
         assert [(k, mb) for (k, mb), _ in executed] == [
             ("F" if a.kind is OpKind.FORWARD else "B", a.micro_batch) for a in order]
@@ -102,11 +107,24 @@ def test_every_chunk_and_micro_batch_runs_each_pass_exactly_once(schedule: str, 
                 assert position[(OpKind.FORWARD, chunk, mb)] < position[(kind, chunk, mb)]
 
 
-def test_1f1b_with_fewer_micro_batches_than_stages_runs_gpipe_as_the_runtime_does() -> None:
-    assert schedule_orders("1f1b", 4, 2) == schedule_orders("gpipe", 4, 2)
+def test_1f1b_with_fewer_micro_batches_than_stages_is_refused_as_torch_refuses_it() -> None:
+    with pytest.raises(ConfigError, match="at least as many micro-batches"):
+        schedule_orders("1f1b", 4, 2)
+    with pytest.raises(ValueError, match="must be greater than or equal to the number of stages"):
+        schedules.Schedule1F1B(_FakeStage(4), 2)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb"])
+class _FakeStage:
+    """What torch's single-stage schedules read of a stage before they check the count."""
+
+    def __init__(self, num_stages: int) -> None:
+        self.num_stages = num_stages
+        self.group_size = num_stages
+        self.stage_index = 0
+        self.is_first, self.is_last = True, False
+
+
+@pytest.mark.parametrize("schedule", [s.value for s in SCHEDULES])
 def test_one_stage_runs_forward_then_backward_per_micro_batch(schedule: str) -> None:
     assert [tuple(a)[:3:2] for a in schedule_orders(schedule, 1, 3)[0]] == [
         (OpKind.FORWARD, 0), (OpKind.BACKWARD, 0), (OpKind.FORWARD, 1), (OpKind.BACKWARD, 1),

@@ -1,0 +1,115 @@
+"""Where each parameter of a plan lives, and so which replicas' stages reduce gradients together.
+
+A model's parameters come in *units*: the embedding, each transformer block,
+the head (final norm and output projection) and, when the output projection
+is tied to the embedding, the tied weight, held by both ends of a pipeline.
+Every pipeline of a plan holds every unit once, on the stage whose layer
+ranges cover it (:func:`holders`). This module is the one answer to "which
+stages hold the same parameters", used by
+
+- the runtime's layout (:class:`potluck.runtime.layout.Layout`), which sums
+  each unit's gradients over exactly its holders;
+- the cost model and the simulator (:func:`replica_stages`), which price one
+  gradient collective per stage of the longest pipeline over the stages of
+  the other pipelines that hold most of its layers. For identical pipelines
+  the two coincide; for pipelines of different depth the price groups whole
+  stages where the runtime sums unit by unit.
+
+The planner prices a tied embedding the way Megatron-LM exchanges it: in
+each stage's ring, plus a sum between each pipeline's first and last stage;
+potluck's runtime sums the tied weight over all of its holders at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from potluck.model.spec import ModelSpec
+from potluck.plans import Plan, Stage
+
+EMBED = "embed"
+HEAD = "head"
+TIED = "embed+head"
+
+StageRef = tuple[int, int]  # (pipeline, stage)
+
+
+def block_unit(index: int) -> str:
+    return f"block.{index}"
+
+
+def block_index(unit: str) -> int:
+    """The block number of a :func:`block_unit` name."""
+    return int(unit.split(".", 1)[1])
+
+
+def parameter_units(model: ModelSpec) -> tuple[str, ...]:
+    """Every unit of ``model``, in the order one backward pass finishes them reversed."""
+    tied = (TIED,) if model.tied_embeddings else ()
+    return (EMBED, *(block_unit(i) for i in range(model.num_layers)), HEAD, *tied)
+
+
+def stage_holds(stage: Stage, index: int, pp: int, unit: str) -> bool:
+    """Whether stage ``index`` of a pipeline of ``pp`` stages holds ``unit``."""
+    if unit == EMBED:
+        return index == 0
+    if unit == HEAD:
+        return index == pp - 1
+    if unit == TIED:
+        return index in (0, pp - 1)
+    layer = block_index(unit)
+    return any(start <= layer < end for start, end in stage.layer_ranges)
+
+
+def holders(plan: Plan, unit: str) -> tuple[StageRef, ...]:
+    """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order."""
+    return tuple(
+        (k, i)
+        for k, pipeline in enumerate(plan.pipelines)
+        for i, stage in enumerate(pipeline.stages)
+        if stage_holds(stage, i, pipeline.pp, unit)
+    )
+
+
+def replica_stages(plan: Plan) -> list[tuple[StageRef, ...]]:
+    """Per stage of the longest pipeline, that stage and, in every other pipeline, the stage
+    that holds most of its blocks (the earlier one on a tie): the stages that reduce
+    gradients together, as the cost model and the simulator price them."""
+    pipelines = plan.pipelines
+    lead = max(range(len(pipelines)), key=lambda k: pipelines[k].pp)
+    splits = [tuple(stage.layer_ranges for stage in p.stages) for p in pipelines]
+    replica: dict[tuple, int] = {}  # (a pipeline's split, lead stage) -> its stage in that split
+    groups = []
+    for i, stage in enumerate(pipelines[lead].stages):
+        layers = [layer for start, end in stage.layer_ranges for layer in range(start, end)]
+        members = [(lead, i)]
+        for k in range(len(pipelines)):
+            if k != lead:
+                if (splits[k], i) not in replica:
+                    replica[(splits[k], i)] = _most_held(_layer_stages(pipelines[k].stages), layers)
+                members.append((k, replica[(splits[k], i)]))
+        groups.append(tuple(members))
+    return groups
+
+
+def _layer_stages(stages: tuple[Stage, ...]) -> list[int]:
+    """The stage of a pipeline that holds each block (what :func:`stage_holds` answers)."""
+    owner: dict[int, int] = {}
+    for i, stage in enumerate(stages):
+        for start, end in stage.layer_ranges:
+            owner.update(dict.fromkeys(range(start, end), i))
+    return [owner[layer] for layer in range(len(owner))]
+
+
+def _most_held(layer_stage: list[int], layers: list[int]) -> int:
+    counts = Counter(layer_stage[layer] for layer in layers)
+    best = max(counts.values())
+    return min(j for j, count in counts.items() if count == best)
+
+
+def tied_ends(plan: Plan) -> list[tuple[StageRef, StageRef]]:
+    """Per pipeline of more than one stage, its first and last stage: where a tied embedding
+    and its head copy sum their gradients (Megatron-LM's embedding group)."""
+    if not plan.model.tied_embeddings:
+        return []
+    return [((k, 0), (k, p.pp - 1)) for k, p in enumerate(plan.pipelines) if p.pp > 1]

@@ -1,0 +1,158 @@
+"""Compute time of a transformer's pieces on one device: blocks, attention and the head.
+
+A block's forward is its four GEMMs under the roofline with wave quantization
+(:func:`potluck.planner.formulas.gemm_time_s`), its attention core
+(FlashAttention at published efficiencies, or materialized scores: two
+batched GEMMs and a softmax over the ``b*a*s^2`` scores) and its element-wise
+traffic, op by op (eager PyTorch, or fused kernels); the backward is twice
+the GEMMs and the element-wise traffic plus the attention's backward, and
+recomputation adds the forward again. Host dispatch of eager kernels is a
+floor. No communication: the cost model (:mod:`potluck.planner.cost`) adds
+tensor-parallel collectives and transfers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from potluck.cluster.catalog import DeviceType
+from potluck.model import counts
+from potluck.model.counts import Recompute
+from potluck.model.spec import MlpKind, ModelSpec
+from potluck.planner import formulas
+from potluck.plans import DType, Execution
+
+OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
+# FlashAttention-2 (Dao 2023): the backward pass does ~2.5x the forward FLOPs (it recomputes
+# the scores); on A100 the forward reaches 73% and the backward 63% of peak where large GEMMs
+# reach 87% (stas00 MAMF), i.e. 0.84 and 0.72 of GEMM throughput. Causal kernels skip the
+# masked half of the scores.
+FLASH_BACKWARD_FACTOR = 2.5
+FLASH_FORWARD_OF_GEMM = 0.73 / 0.87
+FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87
+CAUSAL_FRACTION = 0.5
+
+
+def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
+    """CPU ranks train in FP32; devices without BF16 fall back to FP16."""
+    if device_type.is_cpu:
+        return DType.FP32
+    if requested is DType.BF16 and not device_type.bf16:
+        return DType.FP16
+    return requested
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Compute time of one transformer block for one micro-batch on one device (no comms)."""
+
+    forward_s: float
+    backward_s: float
+    weight_grad_s: float
+
+
+class ComputeModel:
+    """Compute times of one model's blocks and head at one sequence length, per device type."""
+
+    def __init__(self, model: ModelSpec, seq_len: int, dtype: DType = DType.BF16,
+                 execution: Execution = Execution()) -> None:
+        self.model = model
+        self.seq_len = seq_len
+        self.dtype = dtype
+        self.fused_kernels = execution.fused_kernels
+        self.flash_attention = execution.flash_attention
+        self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
+        self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
+
+    def element_bytes(self, device_type: DeviceType) -> int:
+        """Bytes per activation element in the dtype ``device_type`` computes in."""
+        return effective_dtype(device_type, self.dtype).bytes
+
+    def element_scale(self, device: DeviceType) -> float:
+        """Element-wise traffic is counted in 16-bit elements; FP32 doubles it."""
+        return self.element_bytes(device) / 2.0
+
+    def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
+                    recompute: Recompute) -> BlockTimes:
+        """One block's forward and backward of one micro-batch, on ``tp`` devices of a type."""
+        return self._block_times(device_type, tp, micro_batch, recompute)
+
+    def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
+        """The output projection and the loss of one micro-batch."""
+        return self._head_times(device_type, tp, micro_batch)
+
+    def _compute_block_times(self, device: DeviceType, tp: int, b: int,
+                             recompute: Recompute) -> BlockTimes:
+        m, s = self.model, self.seq_len
+        gemms = self._block_gemms_s(device, tp, b)
+        attention = self._attention_s(device, tp, b)
+        elementwise = (counts.block_elementwise_bytes(m, b, s, self.fused_kernels) / tp
+                       * self.element_scale(device))
+        elementwise_s = formulas.roofline_time_s(
+            0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s
+        )
+        forward = gemms + attention.forward_s + elementwise_s
+        backward = 2.0 * gemms + attention.backward_s + 2.0 * elementwise_s
+        if recompute is Recompute.FULL:
+            backward += forward
+        elif recompute is Recompute.SELECTIVE and not self.flash_attention:
+            backward += attention.forward_s  # flash kernels recompute the scores anyway
+        dispatch = OPS_PER_BLOCK_FORWARD * formulas.KERNEL_DISPATCH_S
+        forward_total = max(forward, dispatch)
+        backward_total = max(backward, 2.0 * dispatch)
+        return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)
+
+    def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
+        if self.flash_attention:
+            forward = self._flash_attention_s(device, tp, b)
+            backward = forward * FLASH_BACKWARD_FACTOR * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM
+            return BlockTimes(forward, backward, 0.0)
+        forward = self._materialized_attention_s(device, tp, b)
+        return BlockTimes(forward, 2.0 * forward, 0.0)
+
+    def _block_gemms_s(self, device: DeviceType, tp: int, b: int) -> float:
+        m = self.model
+        rows, h, kv, f = b * self.seq_len, m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
+        up_cols = (2 if m.mlp is MlpKind.SWIGLU else 1) * f
+        shapes = [(rows, h, (h + 2 * kv) // tp), (rows, h // tp, h),
+                  (rows, h, up_cols // tp), (rows, f // tp, h)]
+        return sum(self._gemm_s(device, *shape) for shape in shapes)
+
+    def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
+        return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), device.achievable_flops,
+                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
+                                    device.sm_count)
+
+    def _flash_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """FlashAttention: causal scores never leave the chip; Q, K, V read, output written."""
+        m, s = self.model, self.seq_len
+        flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
+        traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
+        traffic *= self.element_scale(device)
+        return formulas.roofline_time_s(flops, traffic, device.achievable_flops * FLASH_FORWARD_OF_GEMM,
+                                        device.memory_bandwidth_bytes_per_s)
+
+    def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
+        """Scores in memory (Megatron before FlashAttention, eager attention): two batched
+        GEMMs over every head plus a fused scale-mask-softmax that reads and writes the
+        ``b*a*s^2`` scores, and a dropout on them when the model has one (5 bytes each)."""
+        m, s = self.model, self.seq_len
+        heads = b * m.num_heads // tp
+        scale = self.element_scale(device)
+        scores = self._gemm_s(device, heads * s, m.head_dim, s)
+        values = self._gemm_s(device, heads * s, s, m.head_dim)
+        softmax_bytes = (4.0 + (5.0 if m.dropout else 0.0)) * heads * s * s * scale
+        softmax = formulas.roofline_time_s(0.0, softmax_bytes, device.achievable_flops,
+                                           device.memory_bandwidth_bytes_per_s)
+        return scores + values + softmax
+
+    def _compute_head_times(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
+        m = self.model
+        rows = b * self.seq_len
+        projection = self._gemm_s(device, rows, m.hidden_size, m.vocab_size // tp)
+        # FP32 logits: softmax and cross-entropy read and write them about three times
+        loss_traffic = 12.0 * rows * m.vocab_size / tp
+        loss = formulas.roofline_time_s(0.0, loss_traffic, device.achievable_flops,
+                                        device.memory_bandwidth_bytes_per_s)
+        return BlockTimes(projection + loss, 2.0 * projection + loss, weight_grad_s=projection)

@@ -1,0 +1,146 @@
+"""The cost model's network: links, rings, shared network cards and collective times.
+
+Every time the planner charges for moving bytes between devices comes from
+here, so a hop's bandwidth, a ring's bottleneck and a network card's sharing
+are computed in one place:
+
+- a *hop* ``a -> b`` is the cluster's link between the two devices
+  (:meth:`potluck.cluster.topology.Cluster.link`); when it leaves a machine,
+  its network card is shared by the other flows crossing that card at the
+  same time: the hop gets ``1 / max(flows at a's card, flows at b's card)``
+  of the link (:class:`NicSharing`);
+- a *ring* runs at its slowest hop's bandwidth and pays its worst hop's
+  latency (:meth:`Network.ring_link`); a ring all-reduce, reduce-scatter or
+  all-gather over it takes :func:`potluck.planner.formulas.ring_allreduce_time_s`
+  (or half of it);
+- a *send* between pipeline stages runs one lane per pair of tensor-parallel
+  ranks side by side, each with its share of the bytes; it takes as long as
+  its slowest lane (:meth:`Network.send_s`).
+
+How many flows share each card depends on what runs at once, which only the
+caller knows: the pipeline's stage boundaries (:meth:`NicSharing.of_pipelines`),
+the gradient rings of a step (:meth:`NicSharing.of_rings`), or, for the
+search's quick estimates, every GPU of a machine (:meth:`NicSharing.whole_machines`).
+The simulator (:mod:`potluck.sim.network`) shares the same links max-min
+fairly instead, op by op.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from potluck.cluster.topology import Cluster, Device
+from potluck.planner import formulas
+
+
+@dataclass(frozen=True)
+class NicSharing:
+    """How many flows cross each machine's network card at once (machines not named: 1)."""
+
+    flows: Mapping[str, int] = field(default_factory=dict)
+
+    def share(self, a: Device, b: Device) -> int:
+        """Flows sharing the hop ``a -> b``: 1 inside a machine, else the busier card's."""
+        if a.node == b.node or not self.flows:
+            return 1
+        return max(self.flows.get(a.node, 1), self.flows.get(b.node, 1))
+
+    @classmethod
+    def of_pipelines(cls, pipelines: Iterable[Sequence[Sequence[Device]]]) -> NicSharing:
+        """Pipeline transfers sharing each card in one direction.
+
+        Every stage boundary that crosses machines carries one flow per TP lane:
+        activations one way, gradients back at other times. A card is shared by the
+        flows leaving it (or arriving at it, whichever are more); pipelines crossing
+        the same card share it.
+        """
+        leaving: dict[str, int] = defaultdict(int)
+        arriving: dict[str, int] = defaultdict(int)
+        for stages in pipelines:
+            for sender, receiver in zip(stages, stages[1:], strict=False):
+                for a, b in zip(sender, receiver, strict=False):
+                    if a.node != b.node:
+                        leaving[a.node] += 1
+                        arriving[b.node] += 1
+        return cls({node: max(leaving.get(node, 0), arriving.get(node, 0))
+                    for node in set(leaving) | set(arriving)})
+
+    @classmethod
+    def of_rings(cls, rings: Iterable[Sequence[Device]]) -> NicSharing:
+        """Rings that run at once: each ring crossing machines uses each of their cards."""
+        flows: dict[str, int] = defaultdict(int)
+        for ring in rings:
+            nodes = {d.node for d in ring}
+            if len(nodes) > 1:
+                for node in nodes:
+                    flows[node] += 1
+        return cls(dict(flows))
+
+    @classmethod
+    def whole_machines(cls, cluster: Cluster, devices: Iterable[Device]) -> NicSharing:
+        """Every GPU of each machine of ``devices`` crosses the machine's card at once (the
+        search's quick estimates, before it knows which flows overlap)."""
+        return cls({d.node: cluster.groups[d.group].gpus_per_node for d in devices})
+
+
+NO_SHARING = NicSharing()
+
+
+@dataclass(frozen=True)
+class RingLink:
+    """A ring's bottleneck: its slowest hop's bandwidth and its worst hop's latency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+class Network:
+    """Transfer and collective times over one cluster's links."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def hop(self, a: Device, b: Device, sharing: NicSharing = NO_SHARING) -> RingLink:
+        """The link ``a -> b`` with its share of the network cards it crosses."""
+        link = self.cluster.link(a, b)
+        return RingLink(link.bandwidth_bytes_per_s / sharing.share(a, b), link.latency_s)
+
+    def ring_link(self, ring: Sequence[Device], sharing: NicSharing = NO_SHARING) -> RingLink:
+        """The bottleneck of a ring through ``ring`` in order (the last device back to the first)."""
+        bandwidth, latency = float("inf"), 0.0
+        for index, device in enumerate(ring):
+            hop = self.hop(device, ring[(index + 1) % len(ring)], sharing)
+            bandwidth = min(bandwidth, hop.bandwidth_bytes_per_s)
+            latency = max(latency, hop.latency_s)
+        return RingLink(bandwidth, latency)
+
+    def allreduce_s(self, num_bytes: float, ring: Sequence[Device],
+                    sharing: NicSharing = NO_SHARING) -> float:
+        """Ring all-reduce of ``num_bytes`` over ``ring``."""
+        if len(ring) <= 1:
+            return 0.0
+        link = self.ring_link(ring, sharing)
+        return formulas.ring_allreduce_time_s(num_bytes, len(ring), link.bandwidth_bytes_per_s,
+                                              link.latency_s)
+
+    def reduce_scatter_s(self, num_bytes: float, ring: Sequence[Device],
+                         sharing: NicSharing = NO_SHARING) -> float:
+        """Reduce-scatter (or all-gather) of a ``num_bytes`` result over ``ring``."""
+        link = self.ring_link(ring, sharing)
+        return formulas.ring_allgather_time_s(num_bytes, len(ring), link.bandwidth_bytes_per_s,
+                                              link.latency_s)
+
+    def send_s(self, sender: Sequence[Device], receiver: Sequence[Device], num_bytes: float,
+               sharing: NicSharing = NO_SHARING) -> float:
+        """``num_bytes`` from one stage to the next, split over lanes of TP ranks side by side."""
+        lanes = min(len(sender), len(receiver))
+        lane_bytes = num_bytes / lanes
+        worst = 0.0
+        for rank in range(lanes):
+            a, b = sender[rank], receiver[rank]
+            link = self.cluster.link(a, b)
+            share = sharing.share(a, b)
+            worst = max(worst, link.latency_s + lane_bytes * share / link.bandwidth_bytes_per_s)
+        return worst

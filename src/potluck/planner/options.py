@@ -1,0 +1,44 @@
+"""What a search may choose and what it is pinned to: :class:`SearchOptions`.
+
+Every field is a pin of ``potluck plan`` (``None``: let the search choose) or a
+knob of the search's beams. Kept apart from the search so that the input checks
+(:mod:`potluck.planner.checks`) and the search both read it without importing
+each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from potluck.model.counts import Recompute
+from potluck.schedules import Schedule
+
+
+class Partition(str, Enum):
+    """How layers and the batch are split over a plan's devices."""
+
+    BALANCED = "balanced"  # layers and batch in proportion to speed (default)
+    UNIFORM = "uniform"  # even split of layers and batch over every device (Megatron-style)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Pins and knobs of the search; ``None`` means 'let the search choose'."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch_size: int | None = None
+    recompute: Recompute | None = None
+    partition: Partition = Partition.BALANCED
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 2
+    zero1: bool | None = None
+    top_k: int = 5
+    groups: tuple[str, ...] | None = None  # only these node groups may be used
+    group_tp: tuple[tuple[str, int], ...] | None = None  # TP degree pinned per node group
+    family_beam: int = 3
+    structure_beam: int = 64
+    exact_beam: int = 32
+    max_micro_batch_size: int = 32

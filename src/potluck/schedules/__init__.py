@@ -1,0 +1,46 @@
+"""Pipeline schedules, one module each, and the one place that maps a schedule's name to it.
+
+Everything potluck knows about a schedule lives in its module
+(:mod:`~potluck.schedules.gpipe`, :mod:`~potluck.schedules.one_f_one_b`,
+:mod:`~potluck.schedules.interleaved`, :mod:`~potluck.schedules.zero_bubble`):
+the micro-batches it keeps in flight (memory), its pipeline time and bubble
+(cost model), each rank's op order (simulator), and the torch class that runs
+it with that class's constraints (runtime); see :mod:`potluck.schedules.base`.
+The planner, the simulator and the runtime ask :func:`schedule_for` and never
+compare schedule names. A new schedule is one module with a
+:class:`~potluck.schedules.base.PipelineSchedule` subclass, registered here.
+"""
+
+from potluck.schedules.base import (
+    Action,
+    P2PCalls,
+    PipelineSchedule,
+    RankOrder,
+    Schedule,
+    local_order,
+)
+from potluck.schedules.gpipe import GPipe
+from potluck.schedules.interleaved import Interleaved
+from potluck.schedules.one_f_one_b import OneFOneB
+from potluck.schedules.timing import PipelineTime, StageWork
+from potluck.schedules.zero_bubble import ZeroBubble
+
+SCHEDULES: dict[Schedule, PipelineSchedule] = {
+    schedule.name: schedule for schedule in (GPipe(), OneFOneB(), Interleaved(), ZeroBubble())
+}
+
+
+def schedule_for(name: Schedule | str) -> PipelineSchedule:
+    """The schedule called ``name`` (a :class:`Schedule` or its value, e.g. ``"1f1b"``)."""
+    return SCHEDULES[Schedule(name)]
+
+
+def schedule_names() -> tuple[str, ...]:
+    """The names a plan file or ``--schedule`` accepts."""
+    return tuple(schedule.value for schedule in Schedule)
+
+
+__all__ = [
+    "SCHEDULES", "Action", "P2PCalls", "PipelineSchedule", "PipelineTime", "RankOrder", "Schedule",
+    "StageWork", "local_order", "schedule_for", "schedule_names",
+]

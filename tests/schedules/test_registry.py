@@ -1,0 +1,87 @@
+"""Every schedule has one module that answers for it, and what torch cannot run is never planned."""
+
+import pytest
+
+from potluck.cluster import parse_cluster
+from potluck.errors import ConfigError
+from potluck.model import load_model
+from potluck.ops import OpKind
+from potluck.planner.search import SearchOptions, search
+from potluck.plans import Pipeline, Plan, Stage, TrainingShape, check_plan, mixed_tp
+from potluck.schedules import SCHEDULES, Schedule, schedule_for, schedule_names
+
+
+def test_every_schedule_name_has_exactly_its_module():
+    assert set(SCHEDULES) == set(Schedule)
+    for name, schedule in SCHEDULES.items():
+        assert schedule.name is name
+        assert schedule_for(name.value) is schedule
+    assert schedule_names() == ("gpipe", "1f1b", "interleaved", "zb")
+
+
+@pytest.mark.parametrize("name", list(Schedule))
+def test_a_pipeline_of_one_stage_runs_forward_then_backward_per_micro_batch(name):
+    order = schedule_for(name).rank_orders(1, 2)
+    assert [(a.kind, a.micro_batch) for a in order[0]] == [
+        (OpKind.FORWARD, 0), (OpKind.BACKWARD, 0), (OpKind.FORWARD, 1), (OpKind.BACKWARD, 1)]
+
+
+def test_what_torch_cannot_run_is_said_in_one_line():
+    assert schedule_for("1f1b").problem(3, 4) is not None  # torch's Schedule1F1B needs m >= p
+    assert schedule_for("1f1b").problem(4, 4) is None
+    assert schedule_for("1f1b").problem(1, 1) is None  # one stage: the runtime's own loop
+    assert schedule_for("gpipe").problem(1, 8) is None
+    assert "multiple of 2" in schedule_for("interleaved").problem(9, 4, 2)  # rounds of 4
+    assert schedule_for("interleaved").problem(8, 4, 2) is None
+    assert "virtual stages" in schedule_for("gpipe").problem(8, 4, 2)
+    assert "tensor-parallel" in schedule_for("zb").problem(8, 4, 2, mixed_tp=True)
+    assert schedule_for("interleaved").problem(8, 4, 2, mixed_tp=True) is None
+    assert ConfigError is type(_raised(lambda: schedule_for("zb").check(9, 4, 2)))
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the type is what the test looks at
+        return err
+    return None
+
+
+SPEC = parse_cluster("""
+nodes:
+  - {name: a, gpu: a100-80g-pcie, gpus_per_node: 1}
+  - {name: b, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs}
+""")
+MODEL = load_model("tiny-llama")
+
+
+def _plan(schedule: Schedule, micro_batches: int, tps: tuple[int, ...], virtual: int = 1) -> Plan:
+    devices = iter(["a.0:0", "b.0:0", "b.0:1"])
+    layers = MODEL.num_layers // (len(tps) * virtual)
+    stages = []
+    for i, tp in enumerate(tps):
+        ranges = tuple(((c * len(tps) + i) * layers, (c * len(tps) + i + 1) * layers)
+                       for c in range(virtual))
+        stages.append(Stage(tuple(next(devices) for _ in range(tp)), ranges))
+    pipeline = Pipeline(tuple(stages), 1, micro_batches)
+    return Plan(SPEC, MODEL, TrainingShape(micro_batches, 64), (pipeline,), schedule, virtual)
+
+
+def test_plans_torch_cannot_run_as_written_are_refused():
+    check_plan(_plan(Schedule.GPIPE, 1, (1, 1)))
+    with pytest.raises(ConfigError, match="pipeline 0: torch's 1F1B needs at least as many"):
+        check_plan(_plan(Schedule.ONE_F_ONE_B, 1, (1, 1)))
+    check_plan(_plan(Schedule.INTERLEAVED, 4, (1, 2), virtual=2))
+    with pytest.raises(ConfigError, match="different tensor-parallel degrees"):
+        check_plan(_plan(Schedule.ZERO_BUBBLE, 4, (1, 2), virtual=2))
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_the_search_only_emits_plans_the_runtime_runs_as_written(schedule):
+    options = SearchOptions(schedule=schedule, top_k=5, max_micro_batch_size=2)
+    result = search(SPEC, MODEL, TrainingShape(4, 64), options)
+    for plan in result.plans:
+        check_plan(plan)
+        for pipeline in plan.pipelines:
+            assert schedule_for(schedule).accepts(pipeline.num_micro_batches, pipeline.pp,
+                                                  plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
