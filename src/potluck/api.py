@@ -28,7 +28,7 @@ from potluck.units import parse_count
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.profiler import ProfileOutcome
-    from potluck.runtime.metrics import StepMetrics
+    from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.train import TrainOptions
     from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult

@@ -9,9 +9,9 @@ import torch.distributed as dist
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.cluster.spec import parse_cluster
-from potluck.runtime.emulate import EmulationClock, OpTargets, predict, stage_targets
-from potluck.runtime.launch import run_local
-from potluck.runtime.layout import Layout
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
 from potluck.runtime.train import TrainOptions, compute_plan, train_rank
 
 FAST_AND_SLOW = parse_cluster(

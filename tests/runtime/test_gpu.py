@@ -10,7 +10,7 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import DType
-from potluck.runtime.launch import run_local
+from potluck.runtime.launch.local import run_local
 from potluck.runtime.train import TrainOptions, train_rank
 
 pytestmark = [

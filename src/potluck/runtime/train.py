@@ -28,16 +28,17 @@ from torch import nn
 from potluck.errors import ConfigError
 from potluck.model.spec import MlpKind, ModelSpec, load_model
 from potluck.plans import Plan, check_plan, load_plan
-from potluck.runtime import checkpointing
-from potluck.runtime.batches import RandomTokens
-from potluck.runtime.build import build_model
-from potluck.runtime.emulate import EmulationClock, emulate, predict
-from potluck.runtime.launch import plan_nodes, run_local
-from potluck.runtime.metrics import MetricsLog, ProgressBar, TensorBoardLog
-from potluck.runtime.parallelize import parallelize
-from potluck.runtime.recorder import OpRecorder, TraceWindow, attach_recorder
-from potluck.runtime.session import Session, start, wants_gpu
-from potluck.runtime.trainer import BatchSource, Callback, StepMetrics, Trainer
+from potluck.runtime.checkpoints import training_run
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.session import Session, start, wants_gpu
+from potluck.runtime.launch.torchrun import plan_nodes
+from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.loop.metrics import MetricsLog, ProgressBar, TensorBoardLog
+from potluck.runtime.loop.trainer import BatchSource, Callback, StepMetrics, Trainer
+from potluck.runtime.models.build import build_model
+from potluck.runtime.parallel.parallelize import parallelize
+from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
+from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
 
 log = logging.getLogger(__name__)
 CALIBRATION_STEPS = 2
@@ -204,7 +205,7 @@ def train_rank(plan: Plan, options: TrainOptions,
             if clock is not None and options.dilation is None:
                 _calibrate(trainer, clock, source)
             if options.resume:
-                checkpointing.resume(trainer, source, _out_dir(options))
+                training_run.resume(trainer, source, _out_dir(options))
             trainer.callbacks = _callbacks(options, session, trainer.step_index)
             if recorder is not None:
                 recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
@@ -250,7 +251,7 @@ def _checkpoint_hook(trainer: Trainer, source: BatchSource, options: TrainOption
     def hook(metrics: StepMetrics) -> None:
         done = metrics.step + 1
         if done % every == 0 or done == options.steps:
-            checkpointing.save(trainer, source, out_dir, options.keep_checkpoints)
+            training_run.save(trainer, source, out_dir, options.keep_checkpoints)
 
     return hook
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.plans import Plan, Prediction
-from potluck.runtime.layout import Layout
+from potluck.runtime.parallel.layout import Layout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -19,7 +19,7 @@ the gradient sync and the ZeRO-1 sharding. :meth:`ParallelModel.forward_backward
 takes this replica's rows of a global batch (``[rows, seq_len + 1]`` token
 ids), runs the schedule with the token-weighted loss, sums gradients across
 replicas and returns the global loss and gradient norm. The optimizer step is
-the caller's (:class:`potluck.runtime.trainer.Trainer` does it, then
+the caller's (:class:`potluck.runtime.loop.trainer.Trainer` does it, then
 :meth:`ParallelModel.sync_parameters`).
 """
 
@@ -37,18 +37,18 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.errors import ConfigError
-from potluck.runtime.buckets import BUCKET_ELEMENTS, SyncedParam
-from potluck.runtime.build import init_kinds, materialize
-from potluck.runtime.data_parallel import GradSync
-from potluck.runtime.families import Family, blocks_of, check_sequence, detect_family, is_tied
-from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
-from potluck.runtime.loss import IGNORE_INDEX, TokenLoss
-from potluck.runtime.pipeline import build_schedule, split_stages
-from potluck.runtime.recompute import apply_recompute
-from potluck.runtime.session import Session
-from potluck.runtime.tensor_parallel import apply_tp, check_tp
-from potluck.runtime.tracing import find_blocks, trace_stages
-from potluck.runtime.zero import Zero1, assign_owners
+from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
+from potluck.runtime.grads.data_parallel import GradSync
+from potluck.runtime.grads.zero import Zero1, assign_owners
+from potluck.runtime.launch.session import Session
+from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
+from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
+from potluck.runtime.models.build import init_kinds, materialize
+from potluck.runtime.models.traced import find_blocks, trace_stages
+from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, block_unit
+from potluck.runtime.parallel.pipeline import build_schedule, split_stages
+from potluck.runtime.parallel.recompute import apply_recompute
+from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
 
 
 @dataclass(frozen=True)

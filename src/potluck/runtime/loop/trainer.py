@@ -12,7 +12,7 @@ step and hands :class:`StepMetrics` to its callbacks on rank 0
 (metrics.jsonl, progress bar, TensorBoard). Every rank computes the same
 metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
 rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
-:class:`~potluck.runtime.loss_scale.DynamicLossScale` makes that the rare overflow
+:class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` makes that the rare overflow
 it is meant to be.
 
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
@@ -34,8 +34,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from potluck.runtime.loss_scale import DynamicLossScale
-from potluck.runtime.parallelize import ParallelModel
+from potluck.runtime.loop.loss_scale import DynamicLossScale
+from potluck.runtime.parallel.parallelize import ParallelModel
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ the blocks of its layer range, the final norm and head (last stage). It
 mounts those submodules under the model's own attribute paths, so its
 parameter names are the model's (``model.layers.5.mlp.up_proj.weight``) and
 state dicts reshard across plans. Its ``forward`` is the model family's own
-sequence of calls (:mod:`potluck.runtime.families`).
+sequence of calls (:mod:`potluck.runtime.models.adapters`).
 
 Schedules are torch's (GPipe, 1F1B, interleaved 1F1B, interleaved zero
 bubble), with ``scale_grads=False``: the loss is already a token-weighted
@@ -36,9 +36,9 @@ from torch.utils.checkpoint import checkpoint
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.plans import Schedule
-from potluck.runtime.families import Family, get_path
-from potluck.runtime.layout import Layout
-from potluck.runtime.mixed_tp import (
+from potluck.runtime.models.adapters import Family, get_path
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.parallel.mixed_tp import (
     BACKWARD,
     FORWARD,
     INFER_BACKWARD,
@@ -208,7 +208,7 @@ class HookedStage(PipelineStage):
         return self._tag(super().get_bwd_send_ops(bwd_chunk_id), "send_backward", bwd_chunk_id)
 
     def _tag(self, ops: list, kind: str, micro_batch: int) -> list:
-        """Name the ops for a tracing clock (:mod:`potluck.runtime.recorder`)."""
+        """Name the ops for a tracing clock (:mod:`potluck.runtime.timing.recorder`)."""
         tag = getattr(self.clock, "tag_p2p", None)
         return ops if tag is None else tag(ops, kind, self.stage_index, micro_batch)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
-from potluck.runtime.trainer import StepMetrics
+from potluck.runtime.loop.trainer import StepMetrics
 
 
 class MetricsLog:

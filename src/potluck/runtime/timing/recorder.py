@@ -7,7 +7,7 @@ with its padding) and, during the traced steps, notes when the op started
 and ended: forward, backward (``backward_input``/``backward_weight`` under
 zero bubble) and optimizer on the ``compute`` stream, the gradient
 all-reduce (``dp_allreduce``) and the schedule's send/receive waits
-(:mod:`potluck.runtime.p2p_waits`) on ``comm``. Micro-batches are numbered by
+(:mod:`potluck.runtime.timing.p2p_waits`) on ``comm``. Micro-batches are numbered by
 counting: torch runs each virtual stage's forwards (and backwards) in
 micro-batch order.
 
@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from potluck.runtime.layout import Layout
-from potluck.runtime.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
 from potluck.sim.trace import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
 log = logging.getLogger(__name__)

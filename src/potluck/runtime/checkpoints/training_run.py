@@ -1,6 +1,6 @@
 """Checkpoints of a training run: save every N steps, resume from the newest.
 
-The bridge between the trainer and :mod:`potluck.runtime.checkpoint`: the
+The bridge between the trainer and :mod:`potluck.runtime.checkpoints.storage`: the
 model's state under its own parameter names (``ParallelModel.module``), the
 optimizer's state flattened per parameter, the step and the data position.
 Ranks of replica 0 write (every replica holds the whole model, possibly laid
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.model.spec import model_to_dict
-from potluck.runtime.checkpoint import (
+from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     load_checkpoint,
     load_rng_state,
@@ -26,7 +26,7 @@ from potluck.runtime.checkpoint import (
     save_checkpoint,
     training_state,
 )
-from potluck.runtime.trainer import Trainer
+from potluck.runtime.loop.trainer import Trainer
 
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
