@@ -9,6 +9,7 @@ import torch.distributed as dist
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.cluster.spec import parse_cluster
+from potluck.ops import OpKind
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
@@ -31,9 +32,9 @@ def test_clock_pads_each_op_to_dilated_prediction():
     clock = EmulationClock({0: OpTargets(forward_s=0.01, backward_s=0.02)}, dp_sync_s=0.0,
                            optimizer_s=0.0, dilation=3.0)
     began = time.perf_counter()
-    assert clock.run("forward", 0, lambda: 7) == 7
+    assert clock.run(OpKind.FORWARD, 0, lambda: 7) == 7
     assert time.perf_counter() - began == pytest.approx(0.03, abs=0.01)
-    clock.run("backward", 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
+    clock.run(OpKind.BACKWARD, 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
     assert clock.overruns == 1
 
 
@@ -78,7 +79,7 @@ def test_calibration_makes_the_dilation_cover_the_slowest_op():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         clock = EmulationClock({0: OpTargets(1e-4, 2e-4)}, 0.0, 0.0)
-        clock.run("forward", 0, lambda: time.sleep(0.01))
+        clock.run(OpKind.FORWARD, 0, lambda: time.sleep(0.01))
         assert clock.calibrate(margin=1.5) == pytest.approx(150, rel=0.3)
     finally:
         dist.destroy_process_group()

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from potluck.ops import OpKind
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.parallel.parallelize import ParallelModel
 
@@ -118,7 +119,7 @@ class Trainer:
             output = self.model.forward_backward(rows, scale)
             if output.grads_finite:
                 self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
-                self._timed("optimizer", self._update)
+                self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
             else:
                 self._skip_step(scale)
             if self.loss_scale is not None:
@@ -162,19 +163,17 @@ class Trainer:
         self.optimizer.step()
         self.model.sync_parameters()
 
-    def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        clock = self.model.clock
-        return fn() if clock is None else clock.run(kind, -1, fn)
-
     def _synchronize(self) -> None:
         if self.model.session.use_gpu:
             torch.cuda.synchronize(self.model.session.device)
 
     def _predicted_s(self) -> float | None:
-        clock = self.model.clock
-        if self.predicted_step_time_s is None or (clock is not None and not clock.dilation):
+        """The predicted step time stretched as the clock stretches ops (1x without
+        emulation); none while an emulation's dilation is not yet calibrated (0)."""
+        dilation = self.model.clock.dilation
+        if self.predicted_step_time_s is None or not dilation:
             return None
-        return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
+        return self.predicted_step_time_s * dilation
 
     def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
         device = self.model.session.device

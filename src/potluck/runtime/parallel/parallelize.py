@@ -37,6 +37,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.errors import ConfigError
+from potluck.ops import OpKind
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.zero import Zero1, assign_owners
@@ -49,6 +50,7 @@ from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, block_uni
 from potluck.runtime.parallel.pipeline import build_schedule, split_stages
 from potluck.runtime.parallel.recompute import apply_recompute
 from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
+from potluck.runtime.timing.clock import Clock, NullClock
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ class ParallelModel:
         self.layout = session.layout
         self.stages = stages
         self.loss_fn = TokenLoss()
-        self.clock: Any = None
+        self.clock: Clock = NullClock()
         self.module = nn.Module()
         for stage in stages:
             _merge_into(self.module, stage)
@@ -190,8 +192,8 @@ class ParallelModel:
         return build_schedule(self.stages, self.layout, self.loss_fn, self.session.device,
                               self.clock, weight_pass)
 
-    def set_clock(self, clock: Any) -> None:
-        """Route compute through an emulation clock (rebuilds the schedule)."""
+    def set_clock(self, clock: Clock) -> None:
+        """Route every op through ``clock``: emulation, tracing (rebuilds the schedule)."""
         self.clock = clock
         self.schedule = self._build_schedule()
 
@@ -227,7 +229,7 @@ class ParallelModel:
         self.grad_sync.start()  # buckets start all-reducing as their gradients become final
         with self._loss_context(), self._autocast():
             self._run_schedule(inputs, targets, losses)
-        self._timed("dp_sync", self.grad_sync.finish)
+        self.clock.run(OpKind.DP_ALLREDUCE, -1, self.grad_sync.finish)
         return self._reduce(losses, tokens, loss_scale)
 
     def sync_parameters(self) -> None:
@@ -273,9 +275,6 @@ class ParallelModel:
                           grad_norm=math.sqrt(norm_squared) / loss_scale
                           if math.isfinite(norm_squared) else math.inf,
                           grads_finite=math.isfinite(norm_squared))
-
-    def _timed(self, kind: str, fn: Any) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, -1, fn)
 
     def unscale_and_clip(self, max_norm: float | None, grad_norm: float,
                          loss_scale: float = 1.0) -> None:
