@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.profiler import ProfileOutcome
     from potluck.runtime.loop.metrics import StepMetrics
-    from potluck.runtime.train import TrainOptions
+    from potluck.runtime.options import TrainOptions
     from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult
 
@@ -186,7 +186,7 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
                   out: str | Path | None = None, **fields: object) -> TrainOptions:
     """:class:`TrainOptions` with potluck's defaults: ``data`` is the shipped corpus."""
     from potluck.data.corpus import builtin_corpus_path
-    from potluck.runtime.train import TrainOptions
+    from potluck.runtime.options import TrainOptions
 
     return TrainOptions(
         data=str(data if data is not None else builtin_corpus_path()),
@@ -213,7 +213,7 @@ def train(cluster: str | Path | ClusterSpec | None = None,
           **options: object) -> TrainResult:
     """Plan (unless ``plan_file`` is given) and train on this machine's ranks.
 
-    Further keyword arguments are :class:`potluck.runtime.train.TrainOptions` fields
+    Further keyword arguments are :class:`potluck.runtime.options.TrainOptions` fields
     (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
     ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
     """

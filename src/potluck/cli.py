@@ -256,7 +256,7 @@ def demo(
     """Plan mixed clusters (3090 pairs, 4090s, A100s), then dry-run a plan on this CPU."""
     from potluck import demo as demo_steps
     from potluck.report import render_plan
-    from potluck.runtime.train import summarize
+    from potluck.runtime.loop.metrics import summarize
 
     lab = demo_steps.plan_lab()
     console.rule(f"1. plan {demo_steps.DEMO_MODEL} for {lab.balanced.cluster.name}")
@@ -343,7 +343,7 @@ def train(
 ) -> None:
     """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine."""
     from potluck.runtime.launch.torchrun import plan_nodes
-    from potluck.runtime.train import summarize
+    from potluck.runtime.loop.metrics import summarize
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")

@@ -11,9 +11,11 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 from potluck.cluster.spec import parse_cluster
 from potluck.ops import OpKind
 from potluck.runtime.launch.local import run_local
+from potluck.runtime.models.stand_in import compute_plan
+from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
-from potluck.runtime.train import TrainOptions, compute_plan, train_rank
+from potluck.runtime.train import train_rank
 
 FAST_AND_SLOW = parse_cluster(
     "nodes:\n"
@@ -123,7 +125,7 @@ def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
 def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(caplog, dilation, warned):
     from types import SimpleNamespace
 
-    from potluck.runtime.train import _warn_if_slow
+    from potluck.runtime.timing.dilation import _warn_if_slow
 
     trainer = SimpleNamespace(predicted_step_time_s=0.1,
                               model=SimpleNamespace(layout=SimpleNamespace(rank=0)))

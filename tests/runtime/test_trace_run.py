@@ -8,8 +8,9 @@ import pytest
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.errors import ConfigError
+from potluck.runtime.launch.checks import check_local
+from potluck.runtime.options import TrainOptions
 from potluck.runtime.timing.recorder import TRACE_FILE, TraceWindow
-from potluck.runtime.train import TrainOptions, check_local
 from potluck.sim.trace import read_trace
 
 STEPS = 4

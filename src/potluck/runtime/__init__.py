@@ -5,7 +5,7 @@ A few lines turn a single-device script into multi-device training::
     with potluck.runtime.meta_init():             # parameters cost nothing yet
         model = LlamaForCausalLM(config)
     session = potluck.runtime.start(plan)          # process groups from the plan
-    model = potluck.runtime.parallel.parallelize(model, session)  # TP, PP, init, recompute, DP
+    model = potluck.runtime.parallelize(model, session)  # TP, PP, init, recompute, DP
     trainer = potluck.runtime.Trainer(model, lr=3e-4)
     for step in range(steps):
         trainer.step(data.replica_rows(step, *session.layout.batch_rows))
@@ -23,10 +23,11 @@ from potluck.runtime.launch.torchrun import NodeCommand, torchrun_commands
 from potluck.runtime.launch.watchdog import RankFailure
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import build_model, materialize, meta_init, model_spec
+from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallel.layout import Layout, Role
 from potluck.runtime.parallel.parallelize import ParallelModel, StepOutput, parallelize
 from potluck.runtime.timing.emulate import EmulationClock, emulate
-from potluck.runtime.train import TrainOptions, train, train_rank
+from potluck.runtime.train import train, train_rank
 
 __all__ = [
     "BatchSource", "EmulationClock", "Layout", "NodeCommand", "ParallelModel", "RankFailure",

@@ -1,14 +1,35 @@
-"""Random token batches, for dry runs and tests without a corpus.
+"""What a run reads: a corpus, or random token batches for dry runs and tests.
 
-:class:`RandomTokens` serves the same interface as ``potluck.data``'s
-datasets: ``replica_rows(step, start, count)`` is rows ``[start, start +
-count)`` of global batch ``step``, drawn from a generator seeded by
-``(seed, step)``, so every replica and every layout sees the same global batch.
+:func:`batch_source` gives a run its data: the corpus at ``--data`` (through
+``potluck.data``), else :class:`RandomTokens`, which serves the same interface
+as ``potluck.data``'s datasets: ``replica_rows(step, start, count)`` is rows
+``[start, start + count)`` of global batch ``step``, drawn from a generator
+seeded by ``(seed, step)``, so every replica and every layout sees the same
+global batch.
 """
 
 from __future__ import annotations
 
 import torch
+
+from potluck.errors import ConfigError
+from potluck.plans import Plan
+from potluck.runtime.loop.trainer import BatchSource
+from potluck.runtime.options import TrainOptions
+
+
+def batch_source(plan: Plan, options: TrainOptions) -> BatchSource:
+    """The run's data: the corpus at ``options.data`` or random tokens."""
+    shape = plan.training
+    if options.data is None:
+        return RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch, options.seed)
+    try:
+        from potluck.data.dataset import build_dataset
+        from potluck.data.tokenizer import load_tokenizer
+    except ImportError as err:
+        raise ConfigError(f"--data needs potluck.data, which is missing ({err})") from None
+    tokenizer = load_tokenizer(options.tokenizer)
+    return build_dataset(options.data, tokenizer, shape.seq_len, shape.global_batch, options.seed)
 
 
 class RandomTokens:
