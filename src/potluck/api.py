@@ -184,7 +184,8 @@ def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | No
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
                   out: str | Path | None = None, **fields: object) -> TrainOptions:
-    """:class:`TrainOptions` with potluck's defaults: ``data`` is the shipped corpus."""
+    """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults: ``data`` is
+    the shipped corpus."""
     from potluck.data.corpus import builtin_corpus_path
     from potluck.runtime.options import TrainOptions
 

@@ -1,25 +1,31 @@
 """Turn a plain model into this rank's part of a plan, and run one training step.
 
 :func:`parallelize` applies parallelism to an unmodified model in a fixed
-order:
+order (the step names are torchtitan's):
 
-1. ``apply_tp``: shard the blocks (and embedding/head) this rank holds over
-   its stage's tensor-parallel mesh (on the meta device: no memory yet);
-2. ``apply_pp``: keep this rank's virtual stages (family adapter, or the
-   tracing split for other models); everything else is dropped;
+1. ``apply_tp`` (:func:`~potluck.runtime.parallel.tensor_parallel.apply_tp`):
+   shard the blocks (and embedding/head) this rank holds over its stage's
+   tensor-parallel mesh (on the meta device: no memory yet);
+2. ``apply_pp``: keep this rank's virtual stages (the family adapter's
+   :func:`~potluck.runtime.parallel.pipeline.split_stages`, or the tracing
+   split :func:`~potluck.runtime.models.traced.trace_stages` for other models);
+   everything else is dropped; their schedule is
+   :func:`~potluck.runtime.parallel.pipeline.build_schedule`'s;
 3. materialize the local parameters with their layout-independent initial
-   values, then recomputation (``apply_recompute``);
+   values, then recomputation
+   (:func:`~potluck.runtime.parallel.recompute.apply_recompute`);
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
-   (their all-reduces overlap the backward pass when the plan's execution
-   says so) and, with ``plan.zero1``, which replica keeps the optimizer
-   states of which parameter.
+   (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
+   overlap the backward pass when the plan's execution says so) and, with
+   ``plan.zero1``, which replica keeps the optimizer states of which parameter
+   (:func:`~potluck.runtime.grads.zero.assign_owners`).
 
 The result, :class:`ParallelModel`, owns the stage modules, the schedule,
 the gradient sync and the ZeRO-1 sharding. :meth:`ParallelModel.forward_backward`
 takes this replica's rows of a global batch (``[rows, seq_len + 1]`` token
 ids), runs the schedule with the token-weighted loss, sums gradients across
 replicas and returns the global loss and gradient norm. The optimizer step is
-the caller's (:class:`potluck.runtime.loop.trainer.Trainer` does it, then
+the caller's (:class:`~potluck.runtime.loop.trainer.Trainer` does it, then
 :meth:`ParallelModel.sync_parameters`).
 """
 
