@@ -53,7 +53,8 @@ from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import PRESETS
 from potluck.planner.cost import CostModel
 from potluck.plans import Plan, save_plan
-from potluck.runtime.train import TrainOptions, train
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.train import train
 
 MODEL = replace(PRESETS["tiny-llama"], name="llama-h256-l8", hidden_size=256, ffn_hidden_size=688,
                 num_heads=4, num_kv_heads=4, num_layers=8, max_seq_len=256)

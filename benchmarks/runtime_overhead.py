@@ -21,7 +21,7 @@ from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import PRESETS
 from potluck.plans import DType, Pipeline, Plan, Stage, TrainingShape
 from potluck.runtime import Trainer, build_model, materialize, parallelize, start
-from potluck.runtime.batches import RandomTokens
+from potluck.runtime.loop.batches import RandomTokens
 
 WARMUP = 3
 

@@ -28,8 +28,8 @@ from potluck.units import parse_count
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.profiler import ProfileOutcome
-    from potluck.runtime.metrics import StepMetrics
-    from potluck.runtime.train import TrainOptions
+    from potluck.runtime.loop.metrics import StepMetrics
+    from potluck.runtime.options import TrainOptions
     from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult
 
@@ -184,9 +184,10 @@ def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | No
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
                   out: str | Path | None = None, **fields: object) -> TrainOptions:
-    """:class:`TrainOptions` with potluck's defaults: ``data`` is the shipped corpus."""
+    """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults: ``data`` is
+    the shipped corpus."""
     from potluck.data.corpus import builtin_corpus_path
-    from potluck.runtime.train import TrainOptions
+    from potluck.runtime.options import TrainOptions
 
     return TrainOptions(
         data=str(data if data is not None else builtin_corpus_path()),
@@ -213,7 +214,7 @@ def train(cluster: str | Path | ClusterSpec | None = None,
           **options: object) -> TrainResult:
     """Plan (unless ``plan_file`` is given) and train on this machine's ranks.
 
-    Further keyword arguments are :class:`potluck.runtime.train.TrainOptions` fields
+    Further keyword arguments are :class:`potluck.runtime.options.TrainOptions` fields
     (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
     ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
     """

@@ -275,7 +275,7 @@ def demo(
     """Plan mixed clusters (3090 pairs, 4090s, A100s), then dry-run a plan on this CPU."""
     from potluck import demo as demo_steps
     from potluck.report import render_plan
-    from potluck.runtime.train import summarize
+    from potluck.runtime.loop.metrics import summarize
 
     lab = demo_steps.plan_lab()
     console.rule(f"1. plan {demo_steps.DEMO_MODEL} for {lab.balanced.cluster.name}")
@@ -361,8 +361,8 @@ def train(
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
 ) -> None:
     """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine."""
-    from potluck.runtime.launch import plan_nodes
-    from potluck.runtime.train import summarize
+    from potluck.runtime.launch.torchrun import plan_nodes
+    from potluck.runtime.loop.metrics import summarize
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
@@ -390,7 +390,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
 ) -> None:
     """Export the newest checkpoint of a run as a Hugging Face model (safetensors)."""
-    from potluck.runtime.export import export_run
+    from potluck.runtime.checkpoints.export import export_run
 
     path = export_run(run, out)
     console.print(f"exported to {path}: AutoModelForCausalLM.from_pretrained({str(path)!r})",
@@ -401,7 +401,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
                              master_port: int) -> None:
     """One torchrun command per machine; the plan is written where they can read it."""
     from potluck.plans import save_plan
-    from potluck.runtime.launch import torchrun_commands
+    from potluck.runtime.launch.torchrun import torchrun_commands
     from potluck.runtime.worker import worker_args
 
     path = plan_file

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from potluck.errors import ConfigError
-from potluck.runtime.checkpoint import (
+from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     latest_checkpoint,
     load_checkpoint,

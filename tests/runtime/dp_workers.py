@@ -11,11 +11,11 @@ from runtime_helpers import LR, STEPS
 
 from potluck.plans import Plan
 from potluck.runtime import ParallelModel, Trainer, build_model, parallelize, start
-from potluck.runtime.batches import RandomTokens
-from potluck.runtime.buckets import BUCKET_ELEMENTS
-from potluck.runtime.data_parallel import SyncStats
-from potluck.runtime.launch import run_local
-from potluck.runtime.zero import optimizer_state_bytes
+from potluck.runtime.grads.buckets import BUCKET_ELEMENTS
+from potluck.runtime.grads.data_parallel import SyncStats
+from potluck.runtime.grads.zero import optimizer_state_bytes
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.loop.batches import RandomTokens
 
 SMALL_BUCKETS = 3000  # elements: several buckets per stage of the tiny models
 
@@ -70,7 +70,7 @@ def train_plan(plan: Plan, steps: int = STEPS, bucket_elements: int = BUCKET_ELE
 
 
 def _tied_group_is_not_the_lane(plan: Plan) -> bool:
-    from potluck.runtime.layout import TIED
+    from potluck.runtime.parallel.layout import TIED
 
     session = start(plan, timeout_s=60)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from potluck.runtime import checkpoint
+from potluck.runtime.checkpoints import storage
 
 
 def _kill_after(function):
@@ -31,24 +31,24 @@ def _arm(where: str) -> None:
     if where == "writing":
         FileSystemWriter.write_data = _kill_after(FileSystemWriter.write_data)
     elif where == "marker":
-        original = checkpoint._write_synced
+        original = storage._write_synced
 
         def write_then_die(path: Path, text: str) -> None:
             original(path, text)
-            if path.name == checkpoint.MARKER:
+            if path.name == storage.MARKER:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint._write_synced = write_then_die
+        storage._write_synced = write_then_die
     else:
         raise SystemExit(f"unknown kill point {where!r}")
 
 
 def main(out_dir: str, where: str) -> None:
     state = {"model": {"w": torch.arange(1000.0)}}
-    checkpoint.save_checkpoint(out_dir, 1, state, {"step": 1})
+    storage.save_checkpoint(out_dir, 1, state, {"step": 1})
     _arm(where)
     state["model"]["w"] += 1
-    checkpoint.save_checkpoint(out_dir, 2, state, {"step": 2})
+    storage.save_checkpoint(out_dir, 2, state, {"step": 2})
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ from potluck.cluster.spec import parse_cluster
 from potluck.model.counts import Recompute
 from potluck.model.spec import PRESETS, ModelSpec
 from potluck.plans import DType, Pipeline, Plan, Schedule, Stage, TrainingShape
-from potluck.runtime.batches import RandomTokens
-from potluck.runtime.build import build_model, materialize
-from potluck.runtime.launch import run_local
-from potluck.runtime.train import TrainOptions, train_rank
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.models.build import build_model, materialize
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.train import train_rank
 
 CPU_CLUSTER = parse_cluster(
     "nodes:\n  - name: cpu\n    gpu: cpu\n    gpus_per_node: 8\n", "cpu.yaml"
@@ -152,7 +153,7 @@ class ToyLM(nn.Module):
 
 
 def toy_on_meta() -> nn.Module:
-    from potluck.runtime.build import meta_init
+    from potluck.runtime.models.build import meta_init
 
     with meta_init():
         return ToyLM()

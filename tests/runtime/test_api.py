@@ -32,7 +32,7 @@ from potluck.runtime import (
     start,
     train_rank,
 )
-from potluck.runtime.batches import RandomTokens
+from potluck.runtime.loop.batches import RandomTokens
 
 SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
@@ -114,7 +114,7 @@ def _metrics_of_rank(plan, options):
 
 
 def test_resume_under_another_plan_continues_the_same_loss_curve(tmp_path):
-    from potluck.runtime.launch import run_local
+    from potluck.runtime.launch.local import run_local
 
     first = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
     second = make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 1, 1), pipe([(1, (0, 2)), (1, (2, 4))],

@@ -14,7 +14,7 @@ import torch
 from dist_harness import run_ranks
 
 from potluck.errors import ConfigError
-from potluck.runtime.checkpoint import (
+from potluck.runtime.checkpoints.storage import (
     MARKER,
     checkpoint_path,
     latest_checkpoint,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from potluck.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from potluck.runtime.checkpoints.storage import latest_checkpoint, load_checkpoint, save_checkpoint
 
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from potluck.data import ByteTokenizer, TokenDataset, build_dataset, builtin_corpus_path
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import PRESETS
-from potluck.runtime.checkpoint import (
+from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     latest_checkpoint,
     load_checkpoint,

@@ -9,10 +9,13 @@ import torch.distributed as dist
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.cluster.spec import parse_cluster
-from potluck.runtime.emulate import EmulationClock, OpTargets, predict, stage_targets
-from potluck.runtime.launch import run_local
-from potluck.runtime.layout import Layout
-from potluck.runtime.train import TrainOptions, compute_plan, train_rank
+from potluck.ops import OpKind
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.models.stand_in import compute_plan
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
+from potluck.runtime.train import train_rank
 
 FAST_AND_SLOW = parse_cluster(
     "nodes:\n"
@@ -31,9 +34,9 @@ def test_clock_pads_each_op_to_dilated_prediction():
     clock = EmulationClock({0: OpTargets(forward_s=0.01, backward_s=0.02)}, dp_sync_s=0.0,
                            optimizer_s=0.0, dilation=3.0)
     began = time.perf_counter()
-    assert clock.run("forward", 0, lambda: 7) == 7
+    assert clock.run(OpKind.FORWARD, 0, lambda: 7) == 7
     assert time.perf_counter() - began == pytest.approx(0.03, abs=0.01)
-    clock.run("backward", 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
+    clock.run(OpKind.BACKWARD, 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
     assert clock.overruns == 1
 
 
@@ -80,7 +83,7 @@ def test_calibration_makes_the_dilation_cover_the_slowest_op():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         clock = EmulationClock({0: OpTargets(1e-4, 2e-4)}, 0.0, 0.0)
-        clock.run("forward", 0, lambda: time.sleep(0.01))
+        clock.run(OpKind.FORWARD, 0, lambda: time.sleep(0.01))
         assert clock.calibrate(margin=1.5) == pytest.approx(150, rel=0.3)
     finally:
         dist.destroy_process_group()
@@ -124,7 +127,7 @@ def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
 def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(caplog, dilation, warned):
     from types import SimpleNamespace
 
-    from potluck.runtime.train import _warn_if_slow
+    from potluck.runtime.timing.dilation import _warn_if_slow
 
     trainer = SimpleNamespace(predicted_step_time_s=0.1,
                               model=SimpleNamespace(layout=SimpleNamespace(rank=0)))

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import PRESETS, ModelSpec, model_from_hf_config
-from potluck.runtime.checkpoint import latest_checkpoint, save_checkpoint, training_state
-from potluck.runtime.export import export_checkpoint, export_hf, merge_state_dicts
+from potluck.runtime.checkpoints.export import export_checkpoint, export_hf, merge_state_dicts
+from potluck.runtime.checkpoints.storage import latest_checkpoint, save_checkpoint, training_state
 
 TINY_QWEN_TIED = replace(PRESETS["tiny-llama"], name="tiny-qwen2", family="qwen2",
                          tied_embeddings=True, qkv_bias=True)

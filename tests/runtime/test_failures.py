@@ -11,14 +11,15 @@ import pytest
 from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
 from potluck.errors import ConfigError
-from potluck.runtime.batches import RandomTokens
-from potluck.runtime.build import build_model
-from potluck.runtime.failure import RankFailure
-from potluck.runtime.launch import run_local
-from potluck.runtime.parallelize import parallelize
-from potluck.runtime.session import start
-from potluck.runtime.train import TrainOptions, check_local
-from potluck.runtime.trainer import Trainer
+from potluck.runtime.launch.checks import check_local
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.session import start
+from potluck.runtime.launch.watchdog import RankFailure
+from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.loop.trainer import Trainer
+from potluck.runtime.models.build import build_model
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.parallel.parallelize import parallelize
 
 BOUND_S = 30.0
 

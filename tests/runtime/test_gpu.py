@@ -10,8 +10,9 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import DType
-from potluck.runtime.launch import run_local
-from potluck.runtime.train import TrainOptions, train_rank
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.train import train_rank
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,9 +14,10 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import save_plan
-from potluck.runtime.launch import free_port, plan_nodes, torchrun_commands
-from potluck.runtime.session import local_device_id
-from potluck.runtime.train import TrainOptions
+from potluck.runtime.launch.local import free_port
+from potluck.runtime.launch.session import local_device_id
+from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands
+from potluck.runtime.options import TrainOptions
 from potluck.runtime.worker import parse_options, worker_args
 
 TWO_MACHINES = parse_cluster(

@@ -6,7 +6,7 @@ import pytest
 from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 
 from potluck.errors import ConfigError
-from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
+from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, block_unit
 
 
 def hetero_plan():

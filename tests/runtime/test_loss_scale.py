@@ -17,12 +17,13 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe
 
 from potluck.cluster import Cluster, parse_cluster
 from potluck.plans import DType, Plan
-from potluck.runtime import Trainer, build_model, checkpointing, parallelize, start
-from potluck.runtime.batches import RandomTokens
-from potluck.runtime.launch import run_local
-from potluck.runtime.layout import Layout
-from potluck.runtime.loss_scale import DynamicLossScale
-from potluck.runtime.session import Session
+from potluck.runtime import Trainer, build_model, parallelize, start
+from potluck.runtime.checkpoints import training_run
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.session import Session
+from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.loop.loss_scale import DynamicLossScale
+from potluck.runtime.parallel.layout import Layout
 
 STEPS = 4
 POISONED_STEP = 1  # rank 1 makes one gradient inf in this step
@@ -121,10 +122,10 @@ def _scale_after_resume(plan: Plan, out_dir: str) -> tuple[float, float]:
         trainer = Trainer(model, loss_scale=DynamicLossScale(scale=8.0, growth_interval=1))
         for step in range(2):
             trainer.step(data.replica_rows(step, *session.layout.batch_rows))
-        checkpointing.save(trainer, data, out_dir)
+        training_run.save(trainer, data, out_dir)
         fresh = Trainer(parallelize(build_model(plan.model), session),
                         loss_scale=DynamicLossScale())
-        checkpointing.resume(fresh, data, out_dir)
+        training_run.resume(fresh, data, out_dir)
         return trainer.loss_scale.scale, fresh.loss_scale.scale
     finally:
         session.close()

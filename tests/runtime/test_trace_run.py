@@ -8,8 +8,9 @@ import pytest
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.errors import ConfigError
-from potluck.runtime.recorder import TRACE_FILE, TraceWindow
-from potluck.runtime.train import TrainOptions, check_local
+from potluck.runtime.launch.checks import check_local
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.timing.recorder import TRACE_FILE, TraceWindow
 from potluck.sim.trace import read_trace
 
 STEPS = 4
@@ -84,8 +85,8 @@ def test_tracing_needs_a_run_directory() -> None:
 
 def test_an_emulated_trace_shows_the_padded_times(tmp_path) -> None:
     from potluck.cluster.spec import parse_cluster
-    from potluck.runtime.emulate import stage_targets
-    from potluck.runtime.layout import Layout
+    from potluck.runtime.parallel.layout import Layout
+    from potluck.runtime.timing.emulate import stage_targets
 
     cluster = parse_cluster("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 2}\n")
     plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2), pipe([(1, (0, 4))], 1, 2)],

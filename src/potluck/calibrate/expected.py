@@ -2,7 +2,7 @@
 
 In a real run a device's forward and backward are its stage's work in the
 cost model (TP traffic included) and its optimizer step is its own. An
-emulated run's ops were padded by the emulator (:mod:`potluck.runtime.emulate`)
+emulated run's ops were padded by the emulator (:mod:`potluck.runtime.timing.emulate`)
 to other sums: forward and backward also hold the stage's send to the next
 (previous) stage, and every rank's optimizer step and gradient sync is the
 plan's (the slowest device's optimizer, the exposed all-reduce). Calibration
@@ -39,7 +39,7 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
         pipeline = plan.pipelines[k]
         work = cost.stage_time(placed[k][i], stage_shape(plan, k, i)).work
         sends = 0.0
-        if emulated:  # padded as the emulator does (runtime.emulate.stage_targets)
+        if emulated:  # padded as the emulator does (runtime.timing.emulate.stage_targets)
             sends = sum(stage_send_s(plan, k, i, j, cost) for j in (i - 1, i + 1)
                         if 0 <= j < pipeline.pp)
         total += pipeline.num_micro_batches * (work.total_s + sends)

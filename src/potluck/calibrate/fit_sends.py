@@ -2,7 +2,7 @@
 
 The emulator pads a rank's forward to its stage's forward plus the send to the
 next stage, and its backward to the stage's backward plus the send to the
-previous one (:func:`potluck.runtime.emulate.stage_targets`). Once the device
+previous one (:func:`potluck.runtime.timing.emulate.stage_targets`). Once the device
 types' compute is fitted, what is left of each device's forward and of its
 backward is its sends: ``m x s_c x S_c`` for the link class ``c`` the send
 crosses, where ``S_c`` is the send at the link's current figures and ``s_c``

@@ -12,20 +12,22 @@ A few lines turn a single-device script into multi-device training::
 
 Run it under torchrun (one command per machine: :func:`torchrun_commands`),
 or let :func:`train` start the ranks of one machine. Checkpoints
-(:mod:`potluck.runtime.checkpoint`) and Hugging Face export
-(:mod:`potluck.runtime.export`) take the model's state dicts under its own
+(:mod:`potluck.runtime.checkpoints.storage`) and Hugging Face export
+(:mod:`potluck.runtime.checkpoints.export`) take the model's state dicts under its own
 parameter names (``ParallelModel.module``).
 """
 
-from potluck.runtime.build import build_model, materialize, meta_init, model_spec
-from potluck.runtime.emulate import EmulationClock, emulate
-from potluck.runtime.failure import RankFailure
-from potluck.runtime.launch import NodeCommand, run_local, torchrun_commands
-from potluck.runtime.layout import Layout, Role
-from potluck.runtime.parallelize import ParallelModel, StepOutput, parallelize
-from potluck.runtime.session import Session, start
-from potluck.runtime.train import TrainOptions, train, train_rank
-from potluck.runtime.trainer import BatchSource, StepMetrics, Trainer
+from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.session import Session, start
+from potluck.runtime.launch.torchrun import NodeCommand, torchrun_commands
+from potluck.runtime.launch.watchdog import RankFailure
+from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
+from potluck.runtime.models.build import build_model, materialize, meta_init, model_spec
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.parallel.layout import Layout, Role
+from potluck.runtime.parallel.parallelize import ParallelModel, StepOutput, parallelize
+from potluck.runtime.timing.emulate import EmulationClock, emulate
+from potluck.runtime.train import train, train_rank
 
 __all__ = [
     "BatchSource", "EmulationClock", "Layout", "NodeCommand", "ParallelModel", "RankFailure",

@@ -15,7 +15,8 @@ from dataclasses import fields
 
 from potluck.errors import PotluckError
 from potluck.plans import load_plan
-from potluck.runtime.train import TrainOptions, train_rank
+from potluck.runtime.options import TrainOptions
+from potluck.runtime.train import train_rank
 
 log = logging.getLogger("potluck.worker")
 _DEFAULTS = TrainOptions()

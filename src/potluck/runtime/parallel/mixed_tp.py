@@ -32,6 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from potluck.ops import OpKind
+from potluck.runtime.timing.clock import Clock, NullClock
+
 DONE, FORWARD, BACKWARD, INFER_FORWARD, INFER_BACKWARD = 0, 1, 2, 3, 4
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEADER = 8
@@ -139,7 +142,8 @@ class FollowerSchedule:
     """A follower's schedule: run whatever the leader announces, until it says done."""
 
     def __init__(self, modules: dict[int, Any], commands: Commands, n_microbatches: int,
-                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], clock: Any = None) -> None:
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+                 clock: Clock = NullClock()) -> None:
         self.modules = modules
         self.commands = commands
         self.n_microbatches = n_microbatches
@@ -158,13 +162,13 @@ class FollowerSchedule:
             key = (stage_id, micro_batch)
             if op in (FORWARD, INFER_FORWARD):
                 run = partial(self._forward, stage_id, micro_batch, inputs, targets)
-                pending[key] = run() if op == INFER_FORWARD else self._timed(
-                    "forward", stage_id, run)
+                pending[key] = run() if op == INFER_FORWARD else self.clock.run(
+                    OpKind.FORWARD, stage_id, run)
             elif op == INFER_BACKWARD:
                 _input_grads(*pending.pop(key))
             else:
                 output, _ = pending.pop(key)
-                self._timed("backward", stage_id, partial(_backward, output))
+                self.clock.run(OpKind.BACKWARD, stage_id, partial(_backward, output))
 
     def _forward(self, stage_id: int, micro_batch: int, inputs: Any, targets: Any
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -175,9 +179,6 @@ class FollowerSchedule:
         if module.last:
             out = self.loss_fn(out, targets[micro_batch])
         return out, (None if module.first else x)
-
-    def _timed(self, kind: str, stage_id: int, fn: Callable[[], Any]) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, stage_id, fn)
 
 
 def _input_grads(output: torch.Tensor, x: torch.Tensor | None) -> None:

@@ -1,6 +1,9 @@
 """Checkpoints of a training run: save every N steps, resume from the newest.
 
-The bridge between the trainer and :mod:`potluck.runtime.checkpoint`: the
+:func:`checkpoint_hook` saves after every ``--checkpoint-every`` steps and
+after the last one; :func:`save` and :func:`resume` do the work.
+
+The bridge between the trainer and :mod:`potluck.runtime.checkpoints.storage`: the
 model's state under its own parameter names (``ParallelModel.module``), the
 optimizer's state flattened per parameter, the step and the data position.
 Ranks of replica 0 write (every replica holds the whole model, possibly laid
@@ -13,11 +16,13 @@ another plan, with or without ZeRO-1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
-from potluck.runtime.checkpoint import (
+from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     load_checkpoint,
     load_rng_state,
@@ -26,7 +31,31 @@ from potluck.runtime.checkpoint import (
     save_checkpoint,
     training_state,
 )
-from potluck.runtime.trainer import Trainer
+from potluck.runtime.loop.trainer import StepMetrics, Trainer
+from potluck.runtime.options import TrainOptions
+
+
+def checkpoint_dir(options: TrainOptions) -> str:
+    """Where a run's checkpoints go: its output directory, which it must have."""
+    if not options.out_dir:
+        raise ConfigError("checkpoints need an output directory: give --out DIR")
+    return options.out_dir
+
+
+def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
+                    ) -> Callable[[StepMetrics], None] | None:
+    """Save every ``checkpoint_every`` steps and after the last one (None: never)."""
+    every = options.checkpoint_every
+    if every <= 0:
+        return None
+    out_dir = checkpoint_dir(options)
+
+    def hook(metrics: StepMetrics) -> None:
+        done = metrics.step + 1
+        if done % every == 0 or done == options.steps:
+            save(trainer, source, out_dir, options.keep_checkpoints)
+
+    return hook
 
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:

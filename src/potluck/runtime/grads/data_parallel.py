@@ -5,13 +5,13 @@ losses summed, divided by the global batch's token count), so the gradient of
 the whole batch is the plain **sum** of the replicas' gradients, whatever
 their shares. :class:`GradSync` sums each parameter's gradient over the ranks
 that hold the same parameter in every pipeline, bucket by bucket
-(:mod:`potluck.runtime.buckets`):
+(:mod:`potluck.runtime.grads.buckets`):
 
 - aligned buckets (all holders shard the unit the same way): local shards are
   flattened and all-reduced, as DDP would;
 - with ZeRO-1, aligned buckets are reduce-scattered instead: each owner gets
   the sums of the parameters whose optimizer state it keeps
-  (:func:`potluck.runtime.zero.owner_slots`, the layout of the parameter all-gather),
+  (:func:`potluck.runtime.grads.zero.owner_slots`, the layout of the parameter all-gather),
   half an all-reduce's traffic;
 - full-layout buckets (holders with different TP degrees): each rank writes
   its shard into a zero tensor of the full parameter's shape (a replicated
@@ -23,7 +23,7 @@ that hold the same parameter in every pipeline, bucket by bucket
 the cost model assumes): a bucket's asynchronous all-reduce starts as soon as
 every gradient in it is final for the step, while the schedule is still
 running. A gradient is final once it has been accumulated once per
-micro-batch: :class:`potluck.runtime.grad_ready.GradReady` counts
+micro-batch: :class:`potluck.runtime.grads.grad_ready.GradReady` counts
 accumulations (post-accumulate-grad hooks, plus zero-bubble's separate
 weight passes, which write ``.grad`` without them). Buckets start in the
 fixed bucket order; :meth:`GradSync.finish` starts whatever has not started
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from potluck.runtime.buckets import (
+from potluck.runtime.grads.buckets import (
     BUCKET_ELEMENTS,
     Bucket,
     FullLayout,
@@ -56,9 +56,9 @@ from potluck.runtime.buckets import (
     local,
     plan_buckets,
 )
-from potluck.runtime.grad_ready import GradReady
-from potluck.runtime.layout import Layout
-from potluck.runtime.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
+from potluck.runtime.grads.grad_ready import GradReady
+from potluck.runtime.grads.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
+from potluck.runtime.parallel.layout import Layout
 
 
 @dataclass

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from potluck.runtime.buckets import Bucket
+from potluck.runtime.grads.buckets import Bucket
 
 
 class GradReady:

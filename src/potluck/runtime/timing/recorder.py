@@ -1,15 +1,16 @@
 """Tracing a training run: real per-op timings of a few steps, merged into ``DIR/trace.json``.
 
-:class:`OpRecorder` is a clock, like the emulation clock: the schedule, the
-gradient sync and the trainer hand it every op (``run(kind, stage_id, fn)``).
-It passes each op on to the clock it wraps (so an emulated op is recorded
-with its padding) and, during the traced steps, notes when the op started
-and ended: forward, backward (``backward_input``/``backward_weight`` under
-zero bubble) and optimizer on the ``compute`` stream, the gradient
-all-reduce (``dp_allreduce``) and the schedule's send/receive waits
-(:mod:`potluck.runtime.p2p_waits`) on ``comm``. Micro-batches are numbered by
-counting: torch runs each virtual stage's forwards (and backwards) in
-micro-batch order.
+:class:`OpRecorder` is a :class:`~potluck.runtime.timing.clock.Clock`, like the
+emulation clock: the schedule, the gradient sync and the trainer hand it every
+op (``run(kind, stage_id, fn)``). It passes each op on to the clock it wraps
+(so an emulated op is recorded with its padding) and, during the traced steps,
+notes when the op started and ended: forward, backward
+(``backward_input``/``backward_weight`` under zero bubble) and optimizer on the
+``compute`` stream, the gradient all-reduce (``dp_allreduce``) and the
+schedule's send/receive waits (:mod:`potluck.runtime.timing.p2p_waits`) on
+``comm``; each event is named by its :class:`~potluck.ops.OpKind`'s value.
+Micro-batches are numbered by counting: torch runs each virtual stage's
+forwards (and backwards) in micro-batch order.
 
 Times are wall-clock seconds from a common origin taken right after a
 barrier (every rank leaves it together), or CUDA events on GPUs (the time
@@ -34,15 +35,16 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from potluck.runtime.layout import Layout
-from potluck.runtime.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
+from potluck.ops import OpKind
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.timing.clock import Clock, NullClock
+from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
 from potluck.sim.trace import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TRACE_FILE = "trace.json"
 WARMUP_STEPS = 2  # traced steps start after these (the first steps warm caches up)
-TRACE_KINDS = {"dp_sync": "dp_allreduce"}  # clock names that differ from the trace's
 
 
 class WallTimer:
@@ -98,7 +100,7 @@ class TraceWindow:
 
 @dataclass(frozen=True)
 class _Record:
-    kind: str
+    kind: OpKind
     stage_id: int
     micro_batch: int
     step: int
@@ -109,7 +111,8 @@ class _Record:
 class OpRecorder:
     """Records this rank's ops during the traced steps; passes them to ``inner``."""
 
-    def __init__(self, layout: Layout, inner: Any = None, use_gpu: bool = False) -> None:
+    def __init__(self, layout: Layout, inner: Clock = NullClock(), use_gpu: bool = False
+                 ) -> None:
         self.layout = layout
         self.inner = inner
         self.timer = CudaTimer() if use_gpu else WallTimer()
@@ -117,14 +120,14 @@ class OpRecorder:
         self.step = 0
         self.done = False
         self._records: list[_Record] = []
-        self._counts: dict[tuple[str, int], int] = defaultdict(int)
+        self._counts: dict[tuple[OpKind, int], int] = defaultdict(int)
         self._tagger = P2PTagger()
         self._patches = ExitStack()
 
     @property
     def dilation(self) -> float:
         """The emulation's time stretch (1 when not emulating)."""
-        return self.inner.dilation if self.inner is not None else 1.0
+        return self.inner.dilation
 
     @property
     def recording(self) -> bool:
@@ -137,22 +140,23 @@ class OpRecorder:
         self.timer.origin()
         self._patches.enter_context(timing_p2p_waits(self._tagger, self._on_wait, self.timer.mark))
 
-    def run(self, kind: str, stage_id: int, fn: Callable[[], T]) -> T:
+    def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
         """Run ``fn`` (through the inner clock); note its start and end while tracing."""
-        call = fn if self.inner is None else (lambda: self.inner.run(kind, stage_id, fn))
         if not self.recording:
-            return call()
+            return self.inner.run(kind, stage_id, fn)
         start = self.timer.mark()
-        result = call()
+        result = self.inner.run(kind, stage_id, fn)
         key = (kind, stage_id)
         micro_batch = self._counts[key] if stage_id != -1 else -1
         self._counts[key] += 1
-        self._records.append(_Record(TRACE_KINDS.get(kind, kind), stage_id, micro_batch,
-                                     self.step, start, self.timer.mark()))
+        self._records.append(_Record(kind, stage_id, micro_batch, self.step, start,
+                                     self.timer.mark()))
         return result
 
-    def tag_p2p(self, ops: list[Any], kind: str, stage_id: int, micro_batch: int) -> list[Any]:
-        """Name the point-to-point ops a stage is about to post (see :mod:`p2p_waits`)."""
+    def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
+                ) -> list[Any]:
+        """Name the point-to-point ops a stage is about to post (see
+        :mod:`potluck.runtime.timing.p2p_waits`)."""
         return self._tagger.tag(ops, kind, stage_id, micro_batch) if self.recording else ops
 
     def _on_wait(self, tag: P2PTag, start: Any, end: Any) -> None:
@@ -188,7 +192,7 @@ class OpRecorder:
         role = self.layout.role
         chunks = {stage_id: chunk for chunk, stage_id in enumerate(role.virtual_stage_ids)}
         return [
-            TraceEvent(role.device, COMM if _is_comm(r.kind) else COMPUTE, r.kind,
+            TraceEvent(role.device, COMM if r.kind.is_comm else COMPUTE, r.kind.value,
                        self.timer.seconds(r.start),
                        self.timer.seconds(r.end) - self.timer.seconds(r.start),
                        role.pipeline, role.stage, r.micro_batch, chunks.get(r.stage_id, -1), r.step)
@@ -197,7 +201,7 @@ class OpRecorder:
 
     def trace(self, events: list[TraceEvent]) -> Trace:
         plan = self.layout.plan
-        emulated = self.inner is not None
+        emulated = not isinstance(self.inner, NullClock)
         return Trace(list(plan.devices), sorted(events, key=lambda e: e.start_s), metadata={
             "source": "runtime", "layout": plan.layout(), "schedule": plan.schedule.value,
             "steps": [self.window.first_step, self.window.last_step] if self.window else [],
@@ -205,12 +209,9 @@ class OpRecorder:
         })
 
 
-def _is_comm(kind: str) -> bool:
-    return kind.startswith(("send_", "recv_")) or kind.endswith("allreduce")
-
-
 def attach_recorder(model: Any) -> OpRecorder:
-    """Route a :class:`ParallelModel`'s ops through a new recorder (wrapping its clock)."""
+    """Route a :class:`~potluck.runtime.parallel.parallelize.ParallelModel`'s ops through
+    a new recorder (wrapping its clock)."""
     recorder = OpRecorder(model.layout, model.clock, model.session.use_gpu)
     model.set_clock(recorder)
     return recorder

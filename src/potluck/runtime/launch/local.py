@@ -1,4 +1,4 @@
-"""Starting the ranks: on this machine, or with one torchrun command per machine.
+"""Starting the ranks of a plan on this machine.
 
 :func:`run_local` starts one process per rank of a plan on this machine (as
 torchrun would, with ``RANK``/``WORLD_SIZE``/``MASTER_*`` and
@@ -9,10 +9,8 @@ error raised names the rank that failed first and why. A run that exceeds
 ``timeout_s`` is stopped the same way. The launcher hosts the rendezvous store
 itself (as torchrun's agent does), so it outlives every rank.
 
-:func:`torchrun_commands` gives the command for each machine of a plan that
-spans several; machines with different GPU counts get different
-``--nproc-per-node`` (torchrun numbers ranks per node, potluck maps them to
-devices through ``POTLUCK_NODE`` and ``LOCAL_RANK``).
+A plan that spans several machines starts with one torchrun command per
+machine instead (:mod:`potluck.runtime.launch.torchrun`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import shlex
 import socket
 import time
 import traceback
@@ -32,10 +29,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from potluck.cluster.topology import Cluster
 from potluck.errors import PotluckError
-from potluck.plans import Plan
-from potluck.runtime.failure import RankFailure, one_line
+from potluck.runtime.launch.watchdog import RankFailure, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -194,40 +189,3 @@ def _stop(processes: list) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=5)
-
-
-@dataclass(frozen=True)
-class NodeCommand:
-    """What to run on one machine of a multi-machine plan."""
-
-    node: str
-    node_rank: int
-    nproc: int
-    command: str
-
-
-def plan_nodes(plan: Plan) -> list[tuple[str, int]]:
-    """``(machine id, ranks on it)`` for every machine the plan uses, in plan order."""
-    cluster = Cluster(plan.cluster)
-    counts: dict[str, int] = {}
-    for device_id in plan.devices:
-        node = cluster.device(device_id).node
-        counts[node] = counts.get(node, 0) + 1
-    return list(counts.items())
-
-
-def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port: int = 29500,
-                      worker_args: Sequence[str] = ()) -> list[NodeCommand]:
-    """One ``torchrun`` command per machine; run them all (any order) to start the job."""
-    nodes = plan_nodes(plan)
-    commands = []
-    for node_rank, (node, nproc) in enumerate(nodes):
-        parts = [
-            f"POTLUCK_NODE={node}", "torchrun", f"--nnodes={len(nodes)}",
-            f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
-            f"--master-addr={master_addr}", f"--master-port={master_port}",
-            "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
-        ]
-        command = " ".join([parts[0], *(shlex.quote(part) for part in parts[1:])])
-        commands.append(NodeCommand(node, node_rank, nproc, command))
-    return commands

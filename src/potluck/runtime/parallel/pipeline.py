@@ -5,7 +5,7 @@ the blocks of its layer range, the final norm and head (last stage). It
 mounts those submodules under the model's own attribute paths, so its
 parameter names are the model's (``model.layers.5.mlp.up_proj.weight``) and
 state dicts reshard across plans. Its ``forward`` is the model family's own
-sequence of calls (:mod:`potluck.runtime.families`).
+sequence of calls (:mod:`potluck.runtime.models.adapters`).
 
 Schedules are torch's (GPipe, 1F1B, interleaved 1F1B, interleaved zero
 bubble), with ``scale_grads=False``: the loss is already a token-weighted
@@ -35,10 +35,11 @@ from torch.utils.checkpoint import checkpoint
 
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.ops import OpKind
 from potluck.plans import Schedule
-from potluck.runtime.families import Family, get_path
-from potluck.runtime.layout import Layout
-from potluck.runtime.mixed_tp import (
+from potluck.runtime.models.adapters import Family, get_path
+from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.parallel.mixed_tp import (
     BACKWARD,
     FORWARD,
     INFER_BACKWARD,
@@ -49,6 +50,7 @@ from potluck.runtime.mixed_tp import (
     from_leader,
     to_leader,
 )
+from potluck.runtime.timing.clock import Clock, NullClock
 
 log = logging.getLogger(__name__)
 WHOLE_RANK = -2  # emulation clock: all of this rank's virtual stages at once
@@ -139,7 +141,7 @@ class LocalSchedule:
     """A pipeline of one stage: forward and backward each micro-batch in turn."""
 
     def __init__(self, module: nn.Module, n_microbatches: int, loss_fn: LossFn,
-                 clock: Any = None, stage_id: int = 0) -> None:
+                 clock: Clock = NullClock(), stage_id: int = 0) -> None:
         self.module = module
         self.n_microbatches = n_microbatches
         self.loss_fn = loss_fn
@@ -151,13 +153,11 @@ class LocalSchedule:
         (inputs,) = args
         for x, y in zip(inputs.tensor_split(self.n_microbatches),
                         target.tensor_split(self.n_microbatches), strict=True):
-            loss = self._timed("forward", lambda x=x, y=y: self.loss_fn(self.module(x), y))
-            self._timed("backward", loss.backward)
+            loss = self.clock.run(OpKind.FORWARD, self.stage_id,
+                                  lambda x=x, y=y: self.loss_fn(self.module(x), y))
+            self.clock.run(OpKind.BACKWARD, self.stage_id, loss.backward)
             if losses is not None:
                 losses.append(loss.detach())
-
-    def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, self.stage_id, fn)
 
 
 def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
@@ -168,49 +168,48 @@ class HookedStage(PipelineStage):
     """A PipelineStage that announces each op to its followers (mixed-TP pipelines) and
     times it with a clock (emulation, tracing); both optional."""
 
-    clock: Any = None
+    clock: Clock = NullClock()
     commands: Commands | None = None
     weight_pass: WeightPass | None = None  # the gradient sync's wrapper of zero-bubble W passes
 
-    def _run(self, kind: str, fn: Callable[[], Any]) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, self.stage_index, fn)
+    def _run(self, kind: OpKind, fn: Callable[[], Any]) -> Any:
+        return self.clock.run(kind, self.stage_index, fn)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         if self.commands is not None:
             chunk = _chunk_id(args, kwargs, "fwd_chunk_id")
             self.commands.announce(FORWARD, self.stage_index, chunk)
         run = super().forward_one_chunk
-        return self._run("forward", lambda: run(*args, **kwargs))
+        return self._run(OpKind.FORWARD, lambda: run(*args, **kwargs))
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         if self.commands is not None:
             chunk = _chunk_id(args, kwargs, "bwd_chunk_id")
             self.commands.announce(BACKWARD, self.stage_index, chunk)
         run = super().backward_one_chunk
-        kind = "backward" if kwargs.get("full_backward", True) else "backward_input"
+        kind = OpKind.BACKWARD if kwargs.get("full_backward", True) else OpKind.BACKWARD_INPUT
         return self._run(kind, lambda: run(*args, **kwargs))
 
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         run = super().backward_weight_one_chunk
         with self.weight_pass(self.submod) if self.weight_pass else nullcontext():
-            return self._run("backward_weight", lambda: run(*args, **kwargs))
+            return self._run(OpKind.BACKWARD_WEIGHT, lambda: run(*args, **kwargs))
 
     def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
-        return self._tag(super().get_fwd_recv_ops(fwd_chunk_id), "recv_forward", fwd_chunk_id)
+        return self._tag(super().get_fwd_recv_ops(fwd_chunk_id), OpKind.RECV_FORWARD, fwd_chunk_id)
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:
-        return self._tag(super().get_fwd_send_ops(fwd_chunk_id), "send_forward", fwd_chunk_id)
+        return self._tag(super().get_fwd_send_ops(fwd_chunk_id), OpKind.SEND_FORWARD, fwd_chunk_id)
 
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
-        return self._tag(super().get_bwd_recv_ops(bwd_chunk_id), "recv_backward", bwd_chunk_id)
+        return self._tag(super().get_bwd_recv_ops(bwd_chunk_id), OpKind.RECV_BACKWARD, bwd_chunk_id)
 
     def get_bwd_send_ops(self, bwd_chunk_id: int) -> list:
-        return self._tag(super().get_bwd_send_ops(bwd_chunk_id), "send_backward", bwd_chunk_id)
+        return self._tag(super().get_bwd_send_ops(bwd_chunk_id), OpKind.SEND_BACKWARD, bwd_chunk_id)
 
-    def _tag(self, ops: list, kind: str, micro_batch: int) -> list:
-        """Name the ops for a tracing clock (:mod:`potluck.runtime.recorder`)."""
-        tag = getattr(self.clock, "tag_p2p", None)
-        return ops if tag is None else tag(ops, kind, self.stage_index, micro_batch)
+    def _tag(self, ops: list, kind: OpKind, micro_batch: int) -> list:
+        """Name the ops for a tracing clock (:mod:`potluck.runtime.timing.recorder`)."""
+        return self.clock.tag_p2p(ops, kind, self.stage_index, micro_batch)
 
     def _compute_outputs(self, *args: Any, module: nn.Module, **kwargs: Any) -> Any:
         """Shape inference's forward (first step): followers run it too."""
@@ -262,7 +261,7 @@ def _schedule_class(schedule: Schedule, virtual_stages: int, n_microbatches: int
 
 
 def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn,
-                   device: torch.device, clock: Any = None,
+                   device: torch.device, clock: Clock = NullClock(),
                    weight_pass: WeightPass | None = None) -> Any:
     """The plan's schedule over this rank's stage modules (apply_pp, second half);
     ``weight_pass`` wraps zero bubble's separate weight-gradient passes."""
@@ -277,7 +276,7 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
     if layout.is_follower:
         by_stage = dict(zip(role.virtual_stage_ids, modules, strict=True))
         return FollowerSchedule(by_stage, commands, n_microbatches, loss_fn, clock)
-    hooked = clock is not None or commands is not None or weight_pass is not None
+    hooked = not isinstance(clock, NullClock) or commands is not None or weight_pass is not None
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
         stage = (HookedStage if hooked else PipelineStage)(

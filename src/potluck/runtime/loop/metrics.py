@@ -1,10 +1,12 @@
-"""What a user sees of a run: metrics.jsonl, a progress bar, optional TensorBoard.
+"""What a user sees of a run: metrics.jsonl, a progress bar, optional TensorBoard, a summary.
 
-Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only.
+Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
+(:func:`run_callbacks` picks them from the run's options).
 ``metrics.jsonl`` gets one JSON object per step with at least ``step``,
 ``loss``, ``tokens_per_s``, ``step_time_s``, ``predicted_step_time_s`` and
 ``peak_memory_gb``. The progress bar shows loss, tokens/s, step time and
-predicted against measured step time.
+predicted against measured step time. :func:`summarize` is the line printed
+after a run.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
-from potluck.runtime.trainer import StepMetrics
+from potluck.runtime.loop.trainer import Callback, StepMetrics
+from potluck.runtime.options import TrainOptions
 
 
 class MetricsLog:
@@ -78,3 +81,34 @@ class ProgressBar:
 
     def close(self) -> None:
         self._progress.stop()
+
+
+def run_callbacks(options: TrainOptions, rank: int, done_steps: int) -> list[Callback]:
+    """Rank 0's callbacks for a run (none on other ranks): metrics.jsonl and TensorBoard
+    under ``out_dir``, the progress bar from ``done_steps`` on."""
+    if rank != 0:
+        return []
+    callbacks: list[Callback] = []
+    if options.out_dir:
+        callbacks.append(MetricsLog(options.out_dir))
+        if options.tensorboard:
+            callbacks.append(TensorBoardLog(options.out_dir))
+    if options.progress:
+        callbacks.append(ProgressBar(options.steps, done_steps))
+    return callbacks
+
+
+def summarize(history: list[StepMetrics]) -> str:
+    """One line about a finished run: loss, throughput, measured against predicted step time."""
+    if not history:
+        return "no steps run"
+    timed = history[len(history) // 2:] or history  # skip warm-up
+    step_s = sum(m.step_time_s for m in timed) / len(timed)
+    tokens_per_s = sum(m.tokens_per_s for m in timed) / len(timed)
+    line = (f"{len(history)} steps: loss {history[0].loss:.4f} -> {history[-1].loss:.4f}, "
+            f"{tokens_per_s:,.0f} tokens/s, step {step_s:.3g} s")
+    predicted = [m.predicted_step_time_s for m in timed if m.predicted_step_time_s]
+    if predicted:
+        mean_predicted = sum(predicted) / len(predicted)
+        line += f" (predicted {mean_predicted:.3g} s, measured/predicted {step_s / mean_predicted:.2f})"
+    return line

@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from potluck.ops import OpKind
 from potluck.plans import Plan, Prediction
-from potluck.runtime.layout import Layout
+from potluck.runtime.parallel.layout import Layout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +75,8 @@ def stage_targets(plan: Plan, layout: Layout) -> dict[int, OpTargets]:
 
 
 class EmulationClock:
-    """Times each op of this rank and pads it to ``dilation x predicted``."""
+    """Times each op of this rank and pads it to ``dilation x predicted`` (a
+    :class:`~potluck.runtime.timing.clock.Clock`)."""
 
     def __init__(self, targets: dict[int, OpTargets], dp_sync_s: float, optimizer_s: float,
                  dilation: float | None = None) -> None:
@@ -92,27 +94,27 @@ class EmulationClock:
         breakdown = prediction.breakdown
         return cls(stage_targets(plan, layout), breakdown.dp_s, breakdown.optimizer_s, dilation)
 
-    def predicted_s(self, kind: str, stage_id: int) -> float:
-        if kind == "dp_sync":
+    def predicted_s(self, kind: OpKind, stage_id: int) -> float:
+        if kind is OpKind.DP_ALLREDUCE:
             return self.dp_sync_s
-        if kind == "optimizer":
+        if kind is OpKind.OPTIMIZER:
             return self.optimizer_s
         target = self.targets.get(stage_id) or OpTargets(  # WHOLE_RANK: all virtual stages
             sum(t.forward_s for t in self.targets.values()),
             sum(t.backward_s for t in self.targets.values()))
-        if kind == "forward":
+        if kind is OpKind.FORWARD:
             return target.forward_s
-        if kind == "backward":
+        if kind is OpKind.BACKWARD:
             return target.backward_s
         return 0.5 * target.backward_s  # backward_input / backward_weight (zero bubble)
 
-    def run(self, kind: str, stage_id: int, fn: Callable[[], T]) -> T:
+    def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
         """Run ``fn``; then sleep until it has taken ``dilation x`` its predicted time."""
         start_s = time.perf_counter()
         result = fn()
         elapsed_s = time.perf_counter() - start_s
         predicted_s = self.predicted_s(kind, stage_id)
-        if predicted_s > 0 and kind not in ("dp_sync", "optimizer"):
+        if predicted_s > 0 and kind not in (OpKind.DP_ALLREDUCE, OpKind.OPTIMIZER):
             self.max_ratio = max(self.max_ratio, elapsed_s / predicted_s)
         target_s = self.dilation * predicted_s
         if self.dilation > 0:
@@ -121,6 +123,11 @@ class EmulationClock:
             else:
                 time.sleep(target_s - elapsed_s)
         return result
+
+    def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
+                ) -> list[Any]:
+        """Sends and receives are padded inside their compute ops: nothing to tag."""
+        return ops
 
     def calibrate(self, margin: float = CALIBRATION_MARGIN) -> float:
         """Set the dilation from the ops measured so far, the same on every rank."""
@@ -135,7 +142,8 @@ class EmulationClock:
 
 def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
             ) -> EmulationClock:
-    """Put a :class:`ParallelModel` on emulated time; returns its clock.
+    """Put a :class:`~potluck.runtime.parallel.parallelize.ParallelModel` on emulated
+    time; returns its clock.
 
     ``timing`` is the plan whose devices and model set the targets (default: the
     plan being run; differs when a stand-in model is computed).

@@ -12,7 +12,7 @@ step and hands :class:`StepMetrics` to its callbacks on rank 0
 (metrics.jsonl, progress bar, TensorBoard). Every rank computes the same
 metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
 rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
-:class:`~potluck.runtime.loss_scale.DynamicLossScale` makes that the rare overflow
+:class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` makes that the rare overflow
 it is meant to be.
 
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
@@ -34,8 +34,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from potluck.runtime.loss_scale import DynamicLossScale
-from potluck.runtime.parallelize import ParallelModel
+from potluck.ops import OpKind
+from potluck.runtime.loop.loss_scale import DynamicLossScale
+from potluck.runtime.parallel.parallelize import ParallelModel
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Trainer:
             output = self.model.forward_backward(rows, scale)
             if output.grads_finite:
                 self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
-                self._timed("optimizer", self._update)
+                self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
             else:
                 self._skip_step(scale)
             if self.loss_scale is not None:
@@ -162,19 +163,17 @@ class Trainer:
         self.optimizer.step()
         self.model.sync_parameters()
 
-    def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        clock = self.model.clock
-        return fn() if clock is None else clock.run(kind, -1, fn)
-
     def _synchronize(self) -> None:
         if self.model.session.use_gpu:
             torch.cuda.synchronize(self.model.session.device)
 
     def _predicted_s(self) -> float | None:
-        clock = self.model.clock
-        if self.predicted_step_time_s is None or (clock is not None and not clock.dilation):
+        """The predicted step time stretched as the clock stretches ops (1x without
+        emulation); none while an emulation's dilation is not yet calibrated (0)."""
+        dilation = self.model.clock.dilation
+        if self.predicted_step_time_s is None or not dilation:
             return None
-        return self.predicted_step_time_s * (clock.dilation if clock is not None else 1.0)
+        return self.predicted_step_time_s * dilation
 
     def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
         device = self.model.session.device

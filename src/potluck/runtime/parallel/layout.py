@@ -12,7 +12,7 @@ like), and answers for this rank:
   stage of its pipeline (lane ``r`` passes the ``r``-th sequence shard from
   stage to stage); when the stages of a pipeline have different TP degrees,
   only the leaders' lane (TP rank 0) exists and the other ranks follow their
-  leader (:mod:`potluck.runtime.mixed_tp`);
+  leader (:mod:`potluck.runtime.parallel.mixed_tp`);
 - for every parameter unit (the embedding, each block, the head) the group
   that sums its gradients: the ranks that hold that unit in every pipeline.
   When all holders use the same TP degree, the group is aligned (ranks with
@@ -138,7 +138,7 @@ class Layout:
 
     def mixed_tp(self, pipeline: int) -> bool:
         """Whether the stages of ``pipeline`` have different TP degrees (it then runs on its
-        leaders; see :mod:`potluck.runtime.mixed_tp`)."""
+        leaders; see :mod:`potluck.runtime.parallel.mixed_tp`)."""
         return len({stage.tp for stage in self.plan.pipelines[pipeline].stages}) > 1
 
     def num_lanes(self, pipeline: int) -> int:

@@ -23,14 +23,14 @@ optimizer state (AdamW's moments and step) and update it:
   are all there is to shard.
 - :meth:`Zero1.gather_parameters` then copies the owners' updated values to
   the other holders, bucket by bucket (the gradient buckets,
-  :mod:`potluck.runtime.buckets`): aligned buckets all-gather each member's
+  :mod:`potluck.runtime.grads.buckets`): aligned buckets all-gather each member's
   owned local shards (padded to the largest); full-layout buckets sum
   full-size tensors to which only the owner contributes (``x + 0 = x``).
 
 Numerics equal the unsharded optimizer: every holder would have applied the
 same elementwise update to the same values and gradients. The gradients of
 buckets that :func:`scatters` are reduce-scattered to their owners in the same
-padded layout (:mod:`potluck.runtime.data_parallel`), so gradients and updates
+padded layout (:mod:`potluck.runtime.grads.data_parallel`), so gradients and updates
 together cost one all-reduce's traffic; only the owner's copy of such a
 gradient holds the sum, and only it counts in the global norm.
 
@@ -54,8 +54,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from potluck.runtime.buckets import Bucket, FullLayout, SyncedParam, local
-from potluck.runtime.layout import TIED, Layout
+from potluck.runtime.grads.buckets import Bucket, FullLayout, SyncedParam, local
+from potluck.runtime.parallel.layout import TIED, Layout
 
 Holder = tuple[int, int]  # (pipeline, stage)
 

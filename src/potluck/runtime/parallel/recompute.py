@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from potluck.model.counts import Recompute
-from potluck.runtime.pipeline import StageModule
+from potluck.runtime.parallel.pipeline import StageModule
 
 log = logging.getLogger(__name__)
 

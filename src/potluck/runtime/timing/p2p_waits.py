@@ -25,14 +25,17 @@ from typing import Any
 
 from torch.distributed.pipelining import schedules
 
+from potluck.ops import OpKind
+
 log = logging.getLogger(__name__)
+_RECEIVES = (OpKind.RECV_FORWARD, OpKind.RECV_BACKWARD)
 
 
 @dataclass(frozen=True)
 class P2PTag:
     """What one point-to-point op is for."""
 
-    kind: str  # recv_forward, send_forward, recv_backward or send_backward
+    kind: OpKind  # RECV_FORWARD, SEND_FORWARD, RECV_BACKWARD or SEND_BACKWARD
     stage_id: int  # the virtual stage that posts it
     micro_batch: int
 
@@ -53,7 +56,7 @@ class P2PTagger:
     def __init__(self) -> None:
         self._tags: dict[int, P2PTag] = {}
 
-    def tag(self, ops: list[Any], kind: str, stage_id: int, micro_batch: int) -> list[Any]:
+    def tag(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int) -> list[Any]:
         for op in ops:
             self._tags[id(op)] = P2PTag(kind, stage_id, micro_batch)
         return ops
@@ -63,7 +66,7 @@ class P2PTagger:
 
 
 def _blocking_tag(tags: tuple[P2PTag, ...]) -> P2PTag | None:
-    receives = [tag for tag in tags if tag.kind.startswith("recv")]
+    receives = [tag for tag in tags if tag.kind in _RECEIVES]
     return (receives or list(tags) or [None])[0]
 
 

@@ -9,7 +9,7 @@ without touching the model's code.
 
 Supported: LLaMA-style models (``LlamaForCausalLM``, ``MistralForCausalLM``,
 ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``) and ``GPT2LMHeadModel``. Any other
-module goes through the tracing split (:mod:`potluck.runtime.tracing`).
+module goes through the tracing split (:mod:`potluck.runtime.models.traced`).
 
 Hidden states between blocks may be sequence shards (sequence parallel):
 ``seq_len`` given to :meth:`Family.context` is the full length.

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import ModelSpec
-from potluck.runtime.checkpoint import load_full_state_dict
+from potluck.runtime.checkpoints.storage import load_full_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     Face directory; the model is the one the run computed (a stand-in, when emulated)."""
     from potluck.model.spec import model_from_dict
     from potluck.plans import load_plan
-    from potluck.runtime.checkpoint import CHECKPOINTS_DIR, latest_checkpoint, read_trainer_state
+    from potluck.runtime.checkpoints.storage import CHECKPOINTS_DIR, latest_checkpoint, read_trainer_state
 
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:

@@ -47,7 +47,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from potluck.errors import ConfigError
-from potluck.runtime.families import Family, get_path, is_tied
+from potluck.runtime.models.adapters import Family, get_path, is_tied
 
 
 def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement: Placement) -> None:

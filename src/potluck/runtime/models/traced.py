@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
-from potluck.runtime.layout import EMBED, HEAD, Layout, block_unit
+from potluck.runtime.parallel.layout import EMBED, HEAD, Layout, block_unit
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:

@@ -2,7 +2,7 @@
 
 Every local parameter belongs to a unit (the embedding, block ``i``, the head,
 or the tied embedding/head) and the unit to a sync group: the ranks that hold
-it in every pipeline (:meth:`potluck.runtime.layout.Layout.sync_group`). A
+it in every pipeline (:meth:`potluck.runtime.parallel.layout.Layout.sync_group`). A
 :class:`Bucket` is a run of parameters of one group that cross the wire as
 one flat tensor: at most ``bucket_elements`` elements, local shards where the
 group is aligned (every member shards the unit alike), full tensors where it
@@ -13,8 +13,8 @@ the blocks from last to first, then the embedding, then the tied weight. The
 order is a pure function of the plan, so every rank sorts the buckets it
 shares with any other rank alike, and launching collectives in that order
 never deadlocks (NCCL needs one order across communicators; DDP does the same).
-Both the gradient sum (:mod:`potluck.runtime.data_parallel`) and ZeRO-1's
-parameter gather (:mod:`potluck.runtime.zero`) walk these buckets.
+Both the gradient sum (:mod:`potluck.runtime.grads.data_parallel`) and ZeRO-1's
+parameter gather (:mod:`potluck.runtime.grads.zero`) walk these buckets.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, SyncGroup
+from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, SyncGroup
 
 BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
 

@@ -1,25 +1,31 @@
 """Turn a plain model into this rank's part of a plan, and run one training step.
 
 :func:`parallelize` applies parallelism to an unmodified model in a fixed
-order:
+order (the step names are torchtitan's):
 
-1. ``apply_tp``: shard the blocks (and embedding/head) this rank holds over
-   its stage's tensor-parallel mesh (on the meta device: no memory yet);
-2. ``apply_pp``: keep this rank's virtual stages (family adapter, or the
-   tracing split for other models); everything else is dropped;
+1. ``apply_tp`` (:func:`~potluck.runtime.parallel.tensor_parallel.apply_tp`):
+   shard the blocks (and embedding/head) this rank holds over its stage's
+   tensor-parallel mesh (on the meta device: no memory yet);
+2. ``apply_pp``: keep this rank's virtual stages (the family adapter's
+   :func:`~potluck.runtime.parallel.pipeline.split_stages`, or the tracing
+   split :func:`~potluck.runtime.models.traced.trace_stages` for other models);
+   everything else is dropped; their schedule is
+   :func:`~potluck.runtime.parallel.pipeline.build_schedule`'s;
 3. materialize the local parameters with their layout-independent initial
-   values, then recomputation (``apply_recompute``);
+   values, then recomputation
+   (:func:`~potluck.runtime.parallel.recompute.apply_recompute`);
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
-   (their all-reduces overlap the backward pass when the plan's execution
-   says so) and, with ``plan.zero1``, which replica keeps the optimizer
-   states of which parameter.
+   (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
+   overlap the backward pass when the plan's execution says so) and, with
+   ``plan.zero1``, which replica keeps the optimizer states of which parameter
+   (:func:`~potluck.runtime.grads.zero.assign_owners`).
 
 The result, :class:`ParallelModel`, owns the stage modules, the schedule,
 the gradient sync and the ZeRO-1 sharding. :meth:`ParallelModel.forward_backward`
 takes this replica's rows of a global batch (``[rows, seq_len + 1]`` token
 ids), runs the schedule with the token-weighted loss, sums gradients across
 replicas and returns the global loss and gradient norm. The optimizer step is
-the caller's (:class:`potluck.runtime.trainer.Trainer` does it, then
+the caller's (:class:`~potluck.runtime.loop.trainer.Trainer` does it, then
 :meth:`ParallelModel.sync_parameters`).
 """
 
@@ -37,18 +43,20 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.errors import ConfigError
-from potluck.runtime.buckets import BUCKET_ELEMENTS, SyncedParam
-from potluck.runtime.build import init_kinds, materialize
-from potluck.runtime.data_parallel import GradSync
-from potluck.runtime.families import Family, blocks_of, check_sequence, detect_family, is_tied
-from potluck.runtime.layout import EMBED, HEAD, TIED, Layout, block_unit
-from potluck.runtime.loss import IGNORE_INDEX, TokenLoss
-from potluck.runtime.pipeline import build_schedule, split_stages
-from potluck.runtime.recompute import apply_recompute
-from potluck.runtime.session import Session
-from potluck.runtime.tensor_parallel import apply_tp, check_tp
-from potluck.runtime.tracing import find_blocks, trace_stages
-from potluck.runtime.zero import Zero1, assign_owners
+from potluck.ops import OpKind
+from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
+from potluck.runtime.grads.data_parallel import GradSync
+from potluck.runtime.grads.zero import Zero1, assign_owners
+from potluck.runtime.launch.session import Session
+from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
+from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
+from potluck.runtime.models.build import init_kinds, materialize
+from potluck.runtime.models.traced import find_blocks, trace_stages
+from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, block_unit
+from potluck.runtime.parallel.pipeline import build_schedule, split_stages
+from potluck.runtime.parallel.recompute import apply_recompute
+from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
+from potluck.runtime.timing.clock import Clock, NullClock
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,7 @@ class ParallelModel:
         self.layout = session.layout
         self.stages = stages
         self.loss_fn = TokenLoss()
-        self.clock: Any = None
+        self.clock: Clock = NullClock()
         self.module = nn.Module()
         for stage in stages:
             _merge_into(self.module, stage)
@@ -190,8 +198,8 @@ class ParallelModel:
         return build_schedule(self.stages, self.layout, self.loss_fn, self.session.device,
                               self.clock, weight_pass)
 
-    def set_clock(self, clock: Any) -> None:
-        """Route compute through an emulation clock (rebuilds the schedule)."""
+    def set_clock(self, clock: Clock) -> None:
+        """Route every op through ``clock``: emulation, tracing (rebuilds the schedule)."""
         self.clock = clock
         self.schedule = self._build_schedule()
 
@@ -227,7 +235,7 @@ class ParallelModel:
         self.grad_sync.start()  # buckets start all-reducing as their gradients become final
         with self._loss_context(), self._autocast():
             self._run_schedule(inputs, targets, losses)
-        self._timed("dp_sync", self.grad_sync.finish)
+        self.clock.run(OpKind.DP_ALLREDUCE, -1, self.grad_sync.finish)
         return self._reduce(losses, tokens, loss_scale)
 
     def sync_parameters(self) -> None:
@@ -273,9 +281,6 @@ class ParallelModel:
                           grad_norm=math.sqrt(norm_squared) / loss_scale
                           if math.isfinite(norm_squared) else math.inf,
                           grads_finite=math.isfinite(norm_squared))
-
-    def _timed(self, kind: str, fn: Any) -> Any:
-        return fn() if self.clock is None else self.clock.run(kind, -1, fn)
 
     def unscale_and_clip(self, max_norm: float | None, grad_norm: float,
                          loss_scale: float = 1.0) -> None:

@@ -1,0 +1,9 @@
+"""Gradients across data-parallel replicas: summed in buckets, optionally sharded.
+
+- :mod:`~potluck.runtime.grads.data_parallel`: the gradient sum
+  (:class:`~potluck.runtime.grads.data_parallel.GradSync`);
+- :mod:`~potluck.runtime.grads.buckets`: which parameters cross the wire together;
+- :mod:`~potluck.runtime.grads.grad_ready`: when a bucket's gradients are final,
+  so its reduction overlaps the backward pass;
+- :mod:`~potluck.runtime.grads.zero`: ZeRO-1, optimizer states on one replica each.
+"""

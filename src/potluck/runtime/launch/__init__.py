@@ -1,0 +1,11 @@
+"""Starting the ranks of a plan and joining the job.
+
+- :mod:`~potluck.runtime.launch.local`: one process per device on this machine
+  (:func:`~potluck.runtime.launch.local.run_local`);
+- :mod:`~potluck.runtime.launch.torchrun`: one torchrun command per machine;
+- :mod:`~potluck.runtime.launch.checks`: one clear error before any rank starts;
+- :mod:`~potluck.runtime.launch.session`: a rank joins the job (process groups,
+  device, layout);
+- :mod:`~potluck.runtime.launch.watchdog`: heartbeats, and the error that names
+  the rank that failed.
+"""

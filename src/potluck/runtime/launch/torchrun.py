@@ -1,0 +1,54 @@
+"""One ``torchrun`` command per machine, for a plan that spans several.
+
+:func:`torchrun_commands` gives the command for each machine of a plan;
+machines with different GPU counts get different ``--nproc-per-node``
+(torchrun numbers ranks per node, potluck maps them to devices through
+``POTLUCK_NODE`` and ``LOCAL_RANK``). Each command runs
+``python -m potluck.runtime.worker`` on every rank of its machine.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from potluck.cluster.topology import Cluster
+from potluck.plans import Plan
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What to run on one machine of a multi-machine plan."""
+
+    node: str
+    node_rank: int
+    nproc: int
+    command: str
+
+
+def plan_nodes(plan: Plan) -> list[tuple[str, int]]:
+    """``(machine id, ranks on it)`` for every machine the plan uses, in plan order."""
+    cluster = Cluster(plan.cluster)
+    counts: dict[str, int] = {}
+    for device_id in plan.devices:
+        node = cluster.device(device_id).node
+        counts[node] = counts.get(node, 0) + 1
+    return list(counts.items())
+
+
+def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port: int = 29500,
+                      worker_args: Sequence[str] = ()) -> list[NodeCommand]:
+    """One ``torchrun`` command per machine; run them all (any order) to start the job."""
+    nodes = plan_nodes(plan)
+    commands = []
+    for node_rank, (node, nproc) in enumerate(nodes):
+        parts = [
+            f"POTLUCK_NODE={node}", "torchrun", f"--nnodes={len(nodes)}",
+            f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
+            f"--master-addr={master_addr}", f"--master-port={master_port}",
+            "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
+        ]
+        command = " ".join([parts[0], *(shlex.quote(part) for part in parts[1:])])
+        commands.append(NodeCommand(node, node_rank, nproc, command))
+    return commands

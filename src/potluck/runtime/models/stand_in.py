@@ -1,0 +1,75 @@
+"""Stand-in models: compute a smaller model with the plan's layout and timing.
+
+A stand-in lets a laptop dry-run (``--emulate``) a plan for a model it could
+never hold: :func:`compute_plan` keeps the plan's layout (and the emulation
+keeps the plan's timing) but swaps in the model that is actually computed,
+``--stand-in NAME`` or ``tiny`` (:func:`tiny_stand_in`: the plan's model
+shrunk to hidden size 64 and a byte vocabulary, same blocks and family). A
+stand-in must have as many blocks as the plan's model, so every stage keeps
+its layer range. :func:`with_stand_in_if_too_big` picks the tiny one when an
+emulated model would not fit in this machine's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+
+from potluck.errors import ConfigError
+from potluck.model.spec import MlpKind, ModelSpec, load_model
+from potluck.plans import Plan
+from potluck.runtime.options import TrainOptions
+
+log = logging.getLogger(__name__)
+TINY = "tiny"
+TINY_SEQ_LEN = 128
+
+
+def compute_plan(plan: Plan, options: TrainOptions) -> Plan:
+    """The plan's layout with the model and sequence length that are actually computed."""
+    if options.stand_in is None and options.seq_len is None:
+        return plan
+    if options.stand_in == TINY:
+        model = tiny_stand_in(plan)
+    else:
+        model = load_model(options.stand_in) if options.stand_in else plan.model
+    if model.num_layers != plan.model.num_layers:
+        raise ConfigError(
+            f"stand-in {model.name} has {model.num_layers} blocks; the plan's {plan.model.name} "
+            f"has {plan.model.num_layers}; a stand-in must have the same number of blocks"
+        )
+    seq_len = options.seq_len or min(plan.training.seq_len, model.max_seq_len)
+    return replace(plan, model=model, training=replace(plan.training, seq_len=seq_len))
+
+
+def tiny_stand_in(plan: Plan) -> ModelSpec:
+    """The plan's model shrunk to hidden size 64 and a byte vocabulary, same blocks and
+    family, heads divisible by every TP degree of the plan."""
+    max_tp = max(stage.tp for pipeline in plan.pipelines for stage in pipeline.stages)
+    heads = max(4, max_tp)
+    model = plan.model
+    return replace(model, name=f"{model.name}-tiny", hidden_size=64, num_heads=heads,
+                   num_kv_heads=heads, ffn_hidden_size=172 if model.mlp is MlpKind.SWIGLU
+                   else 256, vocab_size=260, max_seq_len=TINY_SEQ_LEN, dropout=False,
+                   hf_config=None)
+
+
+def with_stand_in_if_too_big(plan: Plan, options: TrainOptions) -> TrainOptions:
+    """``options``, with the tiny stand-in when emulating a model (no stand-in chosen)
+    that does not fit in this machine's memory."""
+    if not options.emulate or options.stand_in is not None or _fits_in_memory(plan):
+        return options
+    log.warning("%s does not fit in this machine's memory; emulating with the tiny "
+                "stand-in (same layout and timing; --stand-in to choose)", plan.model.name)
+    return replace(options, stand_in=TINY)
+
+
+def _fits_in_memory(plan: Plan) -> bool:
+    """Whether every replica's weights, gradients and Adam states fit in half this
+    machine's memory (16 bytes per parameter)."""
+    from potluck.model.counts import total_params
+
+    needed_bytes = 16.0 * total_params(plan.model) * plan.dp
+    available_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return needed_bytes < 0.5 * available_bytes

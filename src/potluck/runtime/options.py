@@ -1,0 +1,35 @@
+"""How to train a plan: :class:`TrainOptions`, one field per flag of ``potluck train``.
+
+The entry points read them (:mod:`potluck.runtime.train` on this machine,
+:mod:`potluck.runtime.worker` under torchrun, which turns them into flags and
+back), and so do the pieces that act on one option each: the pre-launch
+checks, the stand-in model, the batches a run reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to train a plan; every field has a flag in ``potluck train``."""
+
+    steps: int = 20  # total steps of the run (a resumed run continues up to it)
+    lr: float = 3e-4
+    seed: int = 0
+    max_grad_norm: float | None = 1.0
+    out_dir: str | None = None  # metrics.jsonl (and tensorboard/) go here
+    data: str | None = None  # a .txt/.jsonl file or directory; None: random tokens
+    tokenizer: str | None = None  # a local HF tokenizer directory; None: bytes
+    emulate: bool = False  # run the plan's devices as CPU ranks, timed like them
+    dilation: float | None = None  # emulation time stretch; None: calibrate
+    stand_in: str | None = None  # compute with this model (same layer count), or "tiny"
+    seq_len: int | None = None  # compute with this sequence length (default: the plan's)
+    timeout_s: float = 600.0  # how long a rank waits for the others
+    tensorboard: bool = False
+    progress: bool = True
+    checkpoint_every: int = 0  # save to out_dir/checkpoints every N steps and at the end
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    resume: bool = False  # continue from the newest checkpoint in out_dir
+    trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)

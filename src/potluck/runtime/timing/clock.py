@@ -1,0 +1,61 @@
+"""The clock every op of a training step runs through, and the null clock.
+
+The schedules, the gradient sync and the trainer hand each op to their clock
+as ``clock.run(kind, stage_id, fn)``: ``kind`` an :class:`~potluck.ops.OpKind`,
+``stage_id`` the virtual stage (``-1`` for ops of the whole rank: the gradient
+reduction, the optimizer step). A clock runs ``fn`` and returns its result;
+what it does around it is its own business: the emulation clock
+(:mod:`potluck.runtime.timing.emulate`) pads the op to its predicted time, the
+recorder (:mod:`potluck.runtime.timing.recorder`) notes when it ran. Before a
+pipeline stage posts its sends and receives it hands them to
+``clock.tag_p2p`` (the recorder names them to time their waits).
+
+:class:`NullClock` is what every holder of a clock starts with: it runs the op
+and nothing else, with no time stretch (``dilation`` 1), so code that runs ops
+never asks whether there is a clock. Where a real clock changes more than the
+timing (a pipeline stage with a clock is a hooked stage, a trace says whether
+its run was emulated), the holder asks ``isinstance(clock, NullClock)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from potluck.ops import OpKind
+
+T = TypeVar("T")
+
+
+class Clock(Protocol):
+    """Runs the ops of a step; may time, pad or record them."""
+
+    @property
+    def dilation(self) -> float:
+        """How much slower than the plan's devices ops run (emulation; 1 otherwise,
+        0 while an emulation is not yet calibrated)."""
+        ...
+
+    def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
+        """Run ``fn``, an op of ``kind`` on virtual stage ``stage_id``; its result."""
+        ...
+
+    def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
+                ) -> list[Any]:
+        """The point-to-point ops a stage is about to post, possibly named for timing."""
+        ...
+
+
+class NullClock:
+    """The clock that runs ops and does nothing else."""
+
+    @property
+    def dilation(self) -> float:
+        return 1.0
+
+    def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
+                ) -> list[Any]:
+        return ops

@@ -1,0 +1,77 @@
+"""Fixing an emulation's dilation before a run: measure a few real steps, then undo them.
+
+:func:`calibrate_dilation` runs :data:`CALIBRATION_STEPS` steps through the
+emulation clock (which notes how much slower than predicted each op ran on
+this CPU), sets the dilation from them, the same on every rank
+(:meth:`~potluck.runtime.timing.emulate.EmulationClock.calibrate`), and puts
+the trainer back as it was (:class:`TrainerSnapshot`: weights, optimizer and
+loss-scale state, step count): the run then trains exactly its steps, with
+the numbers of a run without emulation. Rank 0 warns when the emulated steps
+will be long.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from potluck.runtime.loop.trainer import BatchSource, Trainer
+from potluck.runtime.timing.emulate import EmulationClock
+
+log = logging.getLogger(__name__)
+CALIBRATION_STEPS = 2
+SLOW_EMULATED_STEP_S = 30.0
+
+
+def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> None:
+    """Measure a few real steps, then fix the dilation; the steps are undone."""
+    saved = TrainerSnapshot.take(trainer)
+    start_row, count = trainer.model.layout.batch_rows
+    for _ in range(CALIBRATION_STEPS):
+        trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+    clock.calibrate()
+    saved.restore(trainer)
+    _warn_if_slow(trainer, clock)
+
+
+def _warn_if_slow(trainer: Trainer, clock: EmulationClock) -> None:
+    """Say so when the emulated steps will be long (the real model computes on CPU)."""
+    predicted_s = trainer.predicted_step_time_s
+    if trainer.model.layout.rank != 0 or not predicted_s:
+        return
+    step_s = predicted_s * clock.dilation
+    if step_s > SLOW_EMULATED_STEP_S:
+        log.warning("emulated steps will take about %.0f s each (every op %.0fx its GPU time "
+                    "so the CPU ranks keep pace); --stand-in tiny computes a tiny model with "
+                    "the same blocks and layout, and runs far faster", step_s, clock.dilation)
+
+
+@dataclass
+class TrainerSnapshot:
+    """A trainer's state, to undo steps taken only to measure them."""
+
+    parameters: list[torch.Tensor]
+    optimizer: dict[str, Any]
+    loss_scale: dict[str, Any] | None
+    step_index: int
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> TrainerSnapshot:
+        with torch.no_grad():
+            parameters = [p.detach().clone() for p in trainer.model.parameters()]
+        scale = copy.deepcopy(trainer.loss_scale.state_dict()) if trainer.loss_scale else None
+        return cls(parameters, copy.deepcopy(trainer.optimizer.state_dict()), scale,
+                   trainer.step_index)
+
+    def restore(self, trainer: Trainer) -> None:
+        with torch.no_grad():
+            for param, saved in zip(trainer.model.parameters(), self.parameters, strict=True):
+                param.copy_(saved)
+        trainer.optimizer.load_state_dict(self.optimizer)
+        if self.loss_scale is not None and trainer.loss_scale is not None:
+            trainer.loss_scale.load_state_dict(self.loss_scale)
+        trainer.step_index = self.step_index
