@@ -10,7 +10,7 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 from potluck.errors import ConfigError
 from potluck.runtime.recorder import TRACE_FILE, TraceWindow
 from potluck.runtime.train import TrainOptions, check_local
-from potluck.sim.trace import read_trace
+from potluck.traces import read_trace
 
 STEPS = 4
 TRACED = 2

@@ -33,7 +33,7 @@ from potluck.cluster.calibration import (
 from potluck.cluster.spec import ClusterSpec
 from potluck.plans import Plan
 from potluck.sim.compare import step_time_s
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 ROUNDS = 3  # devices, then links; again with the links (TP traffic is in compute)
 EMULATED_ROUNDS = 12  # devices and the sends padded into their ops, in turn until both settle

@@ -37,7 +37,7 @@ from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, Device, Link
 from potluck.planner.cost import CostModel
 from potluck.plans import Plan
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 SIZE_SPREAD_FOR_LATENCY = 2.0
 EXPOSED_FLOOR_S = 1e-4  # an overlapped all-reduce that left less than this was hidden

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from potluck.runtime.layout import Layout
 from potluck.runtime.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
-from potluck.sim.trace import COMM, COMPUTE, Trace, TraceEvent, write_trace
+from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from potluck.errors import ConfigError
-from potluck.sim.trace import Trace, TraceEvent
 from potluck.tables import compact_table
+from potluck.traces import Trace, TraceEvent
 
 
 @dataclass(frozen=True)
