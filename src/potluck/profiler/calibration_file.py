@@ -32,6 +32,7 @@ from potluck.planner.cost import effective_dtype
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
 from potluck.plans import DType
 from potluck.profiler.run import ProfileResult
+from potluck.version import __version__
 
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "tesla")
 
@@ -98,8 +99,6 @@ def _links(result: ProfileResult, device_type: DeviceType, groups: list[str]) ->
 
 
 def _source(result: ProfileResult) -> str:
-    from potluck import __version__
-
     day = datetime.date.today().isoformat()
     return (f"potluck profile {__version__} (torch {torch.__version__.split('+')[0]}, "
             f"{len(result.devices)} ranks, {day})")
