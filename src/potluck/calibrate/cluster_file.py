@@ -64,7 +64,7 @@ def section(found: Calibration) -> dict[str, Any]:
         devices[entry.device] = {k: float(f"{v:.5g}") for k, v in fields.items() if v is not None}
     links = []
     for link in found.links:
-        entry: dict[str, Any] = {"kind": link.kind}
+        entry: dict[str, Any] = {"kind": link.kind.value}
         if link.between:
             entry = {"between": list(link.between)}
         elif link.groups:

@@ -35,11 +35,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from potluck.cluster.catalog import DeviceType
+from potluck.cluster.nodes import (
+    DEFAULT_INTER_LATENCY_S,
+    LinkSpec,
+    NodeGroup,
+    NvlinkTopology,
+    PathKind,
+)
 from potluck.errors import ConfigError
 from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
 from potluck.yamlio import Fields, LineList
 
-LINK_KINDS = ("pcie", "nvlink", "network")
+LINK_KINDS = (PathKind.PCIE, PathKind.NVLINK, PathKind.NETWORK)  # what an entry can name
 _DEVICE_KEYS = ("matmul_efficiency", "memory_bandwidth_factor", "measured")
 _LINK_KEYS = ("kind", "groups", "between", "bandwidth", "latency", "measured")
 
@@ -57,7 +64,7 @@ class LinkCalibration:
 
     bandwidth_bytes_per_s: float
     latency_s: float | None = None
-    kind: str = "network"
+    kind: PathKind = PathKind.NETWORK
     groups: tuple[str, ...] = ()  # empty: every group
     between: tuple[str, str] | None = None
 
@@ -108,8 +115,8 @@ def _link(entry: Fields, group_names: set[str]) -> LinkCalibration:
                               f"no node group named {name!r} (groups: {', '.join(sorted(group_names))})")
     if between is not None and len(between) != 2:
         raise entry.error("between", "must name two node groups")
-    kind = entry.get("kind", _kind, "network")
-    if between is not None and kind != "network":
+    kind = entry.get("kind", _kind, PathKind.NETWORK)
+    if between is not None and kind is not PathKind.NETWORK:
         raise entry.error("kind", "a link between two node groups is the network")
     return LinkCalibration(
         bandwidth_bytes_per_s=entry.get("bandwidth", parse_bandwidth_bytes_per_s),
@@ -125,10 +132,10 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: Any) -> PathKind:
     if value not in LINK_KINDS:
-        raise ConfigError(f"must be one of {', '.join(LINK_KINDS)}, not {value!r}")
-    return str(value)
+        raise ConfigError(f"must be one of {', '.join(k.value for k in LINK_KINDS)}, not {value!r}")
+    return PathKind(value)
 
 
 def _positive_float(value: Any) -> float:
@@ -155,8 +162,8 @@ def calibrate_device(device_type: DeviceType, calibration: Calibration) -> Devic
     return device_type
 
 
-def calibrate_group(group: Any, calibration: Calibration) -> Any:
-    """A :class:`~potluck.cluster.spec.NodeGroup` with its measured link figures."""
+def calibrate_group(group: NodeGroup, calibration: Calibration) -> NodeGroup:
+    """``group`` with its measured link figures."""
     for link in calibration.links:
         if link.between is not None or (link.groups and group.name not in link.groups):
             continue
@@ -164,15 +171,13 @@ def calibrate_group(group: Any, calibration: Calibration) -> Any:
     return group
 
 
-def _group_fields(group: Any, link: LinkCalibration) -> dict[str, Any]:
-    from potluck.cluster.spec import NvlinkTopology
-
-    if link.kind == "network":
+def _group_fields(group: NodeGroup, link: LinkCalibration) -> dict[str, Any]:
+    if link.kind is PathKind.NETWORK:
         fields = {"inter_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
         if link.latency_s is not None:
             fields["inter_latency_s"] = link.latency_s
         return fields
-    if link.kind == "nvlink":
+    if link.kind is PathKind.NVLINK:
         fields = {"nvlink_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
         if group.nvlink is NvlinkTopology.ALL:
             fields["intra_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
@@ -185,10 +190,8 @@ def _group_fields(group: Any, link: LinkCalibration) -> dict[str, Any]:
     return fields
 
 
-def calibrated_links(links: tuple[Any, ...], calibration: Calibration) -> tuple[Any, ...]:
+def calibrated_links(links: tuple[LinkSpec, ...], calibration: Calibration) -> tuple[LinkSpec, ...]:
     """Declared links with the measured ones between node groups in their place."""
-    from potluck.cluster.spec import DEFAULT_INTER_LATENCY_S, LinkSpec
-
     result = list(links)
     for link in calibration.links:
         if link.between is None:
