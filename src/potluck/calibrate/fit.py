@@ -29,6 +29,7 @@ from potluck.cluster.calibration import (
     calibrate_device,
     calibrate_group,
     calibrated_links,
+    uncalibrated_device,
 )
 from potluck.cluster.spec import ClusterSpec
 from potluck.plans import Plan
@@ -93,11 +94,7 @@ def _applied(plan: Plan, devices: tuple[DeviceFit, ...], links: tuple[LinkFit, .
 
 def uncalibrated_bandwidth(spec: ClusterSpec, name: str) -> float:
     """Type ``name``'s memory bandwidth before ``spec``'s own calibration scaled it."""
-    bandwidth = spec.device_type(name).memory_bandwidth_bytes_per_s
-    for entry in spec.calibration.devices if spec.calibration else ():
-        if entry.device == name and entry.memory_bandwidth_factor:
-            bandwidth /= entry.memory_bandwidth_factor
-    return bandwidth
+    return uncalibrated_device(spec.device_type(name), spec.calibration).memory_bandwidth_bytes_per_s
 
 
 def calibration(fit: Fit, spec: ClusterSpec, relative_to_calibrated: bool = False) -> Calibration:

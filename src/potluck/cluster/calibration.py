@@ -1,8 +1,10 @@
-"""Measured figures for a cluster: the ``calibration:`` section of a cluster file.
+"""Measured figures for a cluster: the ``calibration:`` section of a cluster file, read and applied.
 
-``potluck profile`` (and, later, ``potluck calibrate`` from training traces)
-writes what it measured here; the planner reads it with the rest of the file.
-Calibration changes the cost model's *inputs* only, never its formulas::
+``potluck profile`` (from microbenchmarks) and ``potluck calibrate`` (from a
+traced training run) build a :class:`Calibration` and write it with
+:mod:`potluck.cluster.calibration_file`; the planner reads it here with the
+rest of the file. Calibration changes the cost model's *inputs* only, never
+its formulas::
 
     calibration:
       source: potluck profile 0.1.0 (torch 2.13, 2026-11-29)
@@ -21,7 +23,9 @@ Calibration changes the cost model's *inputs* only, never its formulas::
           latency: 18ms
 
 A device entry replaces the type's ``matmul_efficiency`` and multiplies its
-``memory_bandwidth``. A link entry replaces a node group's figures:
+``memory_bandwidth`` (the factor is relative to the file's own figures:
+:func:`uncalibrated_device` undoes it). ``measured`` figures are written for
+people and never read back. A link entry replaces a node group's figures:
 ``network`` its ``inter_bandwidth``/``inter_latency``, ``pcie`` its
 ``intra_bandwidth``, ``nvlink`` its ``nvlink_bandwidth`` (both on NVSwitch
 nodes, where every pair is NVLink), and either kind its ``intra_latency``; a
@@ -52,10 +56,29 @@ _LINK_KEYS = ("kind", "groups", "between", "bandwidth", "latency", "measured")
 
 
 @dataclass(frozen=True)
+class MeasuredDevice:
+    """What the profiler measured on a device type, for people (the planner does not read it)."""
+
+    matmul_flops_per_s: tuple[tuple[str, float], ...]  # (dtype name, FLOP/s), in the order measured
+    memory_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """The all-reduce the profiler ran over a link kind's ranks, for people (not read)."""
+
+    allreduce_bus_bandwidth_bytes_per_s: float
+    allreduce_ranks: int
+
+
+@dataclass(frozen=True)
 class DeviceCalibration:
+    """The cost-model inputs of one device type, as measured."""
+
     device: str  # a device type name of the cluster
     matmul_efficiency: float | None = None
     memory_bandwidth_factor: float | None = None
+    measured: MeasuredDevice | None = None  # written, never read back
 
 
 @dataclass(frozen=True)
@@ -67,10 +90,13 @@ class LinkCalibration:
     kind: PathKind = PathKind.NETWORK
     groups: tuple[str, ...] = ()  # empty: every group
     between: tuple[str, str] | None = None
+    measured: MeasuredLink | None = None  # written, never read back
 
 
 @dataclass(frozen=True)
 class Calibration:
+    """A cluster file's ``calibration:`` section: what was measured, and by what (``source``)."""
+
     devices: tuple[DeviceCalibration, ...] = ()
     links: tuple[LinkCalibration, ...] = ()
     source: str = ""
@@ -160,6 +186,16 @@ def calibrate_device(device_type: DeviceType, calibration: Calibration) -> Devic
             sources["memory_bandwidth"] = calibration.source or "calibration"
         device_type = replace(device_type, sources=sources, **changes)
     return device_type
+
+
+def uncalibrated_device(device_type: DeviceType, calibration: Calibration | None) -> DeviceType:
+    """``device_type`` with the memory bandwidth it had before ``calibration`` scaled it (a
+    new calibration's factor is relative to the file's own figures, not to an older one's)."""
+    bandwidth = device_type.memory_bandwidth_bytes_per_s
+    for entry in calibration.devices if calibration is not None else ():
+        if entry.device == device_type.name and entry.memory_bandwidth_factor:
+            bandwidth /= entry.memory_bandwidth_factor
+    return replace(device_type, memory_bandwidth_bytes_per_s=bandwidth)
 
 
 def calibrate_group(group: NodeGroup, calibration: Calibration) -> NodeGroup:
