@@ -1,4 +1,4 @@
-"""Cluster layer: device catalog, cluster files, devices and links."""
+"""Cluster layer: device catalog, cluster files and their calibration, devices and links."""
 
 from potluck.cluster.catalog import DeviceType, LinkKind, catalog, lookup
 from potluck.cluster.nodes import LinkSpec, NodeGroup, NvlinkTopology, PathKind
