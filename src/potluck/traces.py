@@ -78,6 +78,10 @@ class TraceEvent:
     chunk: int = -1
     step: int = 0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.stream, Stream):  # "compute" or "comm" as written
+            object.__setattr__(self, "stream", Stream(self.stream))
+
     @property
     def end_s(self) -> float:
         return self.start_s + self.duration_s
