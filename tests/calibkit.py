@@ -12,7 +12,8 @@ from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import PRESETS
 from potluck.plans import DType, Execution, Pipeline, Plan, Stage, TrainingShape, save_plan
 from potluck.sim import simulate
-from potluck.sim.trace import Trace, simulation_trace, write_trace
+from potluck.sim.trace import simulation_trace
+from potluck.traces import Trace, write_trace
 
 CLUSTER_TEXT = "name: lab\nnodes:\n  - {name: cpu, gpu: cpu, gpus_per_node: 4}\n"
 CLAIMED = parse_cluster(CLUSTER_TEXT, "lab.yaml")  # the catalog's cpu: efficiency 0.8, 5 GB/s

@@ -177,7 +177,7 @@ def test_an_emulated_runs_sends_give_the_pipeline_link_its_figures() -> None:
     from potluck.calibrate.fit_sends import fit_sends
     from potluck.cluster.topology import Cluster
     from potluck.planner.evaluate import stage_op_times, stage_send_s
-    from potluck.sim.trace import Trace, TraceEvent
+    from potluck.traces import Trace, TraceEvent
 
     spec = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 1}\n"
                          "  - {name: b, gpu: rtx3090, gpus_per_node: 1}\n", "two.yaml")

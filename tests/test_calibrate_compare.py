@@ -12,7 +12,7 @@ from potluck.calibrate.compare_run import compare_paths
 from potluck.errors import ConfigError
 from potluck.plans import save_plan
 from potluck.sim.compare import compare_traces, step_time_s
-from potluck.sim.trace import COMM, COMPUTE, Trace, TraceEvent, read_trace, write_trace
+from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, read_trace, write_trace
 
 DEVICES = ["cpu.0:0", "cpu.0:1"]
 

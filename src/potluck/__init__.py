@@ -11,8 +11,7 @@ from potluck.cluster import ClusterSpec, load_cluster
 from potluck.errors import ConfigError, InfeasibleError, PotluckError
 from potluck.model import ModelSpec, load_model
 from potluck.plans import Plan, load_plan, save_plan
-
-__version__ = "0.1.0"
+from potluck.version import __version__ as __version__
 
 __all__ = [
     "ClusterSpec", "ConfigError", "InfeasibleError", "ModelSpec", "Plan", "PotluckError",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from potluck.cluster import Cluster, parse_cluster
+from potluck.cluster import Cluster, PathKind, parse_cluster
 
 LAB = """
 nodes:
@@ -30,8 +30,8 @@ def test_bridged_pairs_use_nvlink_and_other_pairs_pcie(cluster):
     d = cluster.by_id
     bridged = cluster.link(d["box3090.0:0"], d["box3090.0:1"])
     across_pairs = cluster.link(d["box3090.0:1"], d["box3090.0:2"])
-    assert bridged.kind == "nvlink" and bridged.bandwidth_bytes_per_s == 53e9
-    assert across_pairs.kind == "pcie"
+    assert bridged.kind is PathKind.NVLINK and bridged.bandwidth_bytes_per_s == 53e9
+    assert across_pairs.kind is PathKind.PCIE
     assert across_pairs.bandwidth_bytes_per_s < bridged.bandwidth_bytes_per_s
 
 
@@ -54,3 +54,9 @@ def test_declared_links_override_the_network(cluster):
 def test_transfer_time_is_latency_plus_bytes_over_bandwidth(cluster):
     link = cluster.link(cluster.by_id["box3090.0:0"], cluster.by_id["box3090.1:0"])
     assert link.transfer_time_s(1.25e9) == pytest.approx(1.0 + link.latency_s)
+
+
+def test_path_kinds_keep_the_names_files_and_messages_use(cluster):
+    assert [kind.value for kind in PathKind] == ["local", "nvlink", "pcie", "network", "declared"]
+    same = cluster.by_id["far.0:0"]
+    assert cluster.link(same, same).kind == "local"  # a str enum: equal to its name

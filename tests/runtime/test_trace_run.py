@@ -11,7 +11,7 @@ from potluck.errors import ConfigError
 from potluck.runtime.launch.checks import check_local
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.timing.recorder import TRACE_FILE, TraceWindow
-from potluck.sim.trace import read_trace
+from potluck.traces import read_trace
 
 STEPS = 4
 TRACED = 2

@@ -10,7 +10,8 @@ from simkit import cluster, flat_model, make_plan
 from potluck.errors import ConfigError
 from potluck.sim import simulate
 from potluck.sim.compare import compare_traces, step_time_s
-from potluck.sim.trace import Trace, read_trace, simulation_trace, write_trace
+from potluck.sim.trace import simulation_trace
+from potluck.traces import Trace, read_trace, write_trace
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from potluck.planner.search import SearchOptions, search
 from potluck.plans import Schedule, TrainingShape, save_plan
 from potluck.sim import simulate
 from potluck.sim.outputs import write_outputs
-from potluck.sim.trace import read_trace, simulation_trace, trace_json
+from potluck.sim.trace import simulation_trace
+from potluck.traces import read_trace, trace_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

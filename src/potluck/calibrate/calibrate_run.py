@@ -20,6 +20,7 @@ from potluck.calibrate.run import RunRecord, load_run
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.plans import Plan, check_plan_matches
 from potluck.sim.compare import TraceComparison
+from potluck.version import __version__
 
 CALIBRATED_FILE = "calibrated.yaml"
 
@@ -49,8 +50,6 @@ def default_output(run_dir: str | Path, cluster: str | Path | None) -> Path:
 
 
 def _source(record: RunRecord) -> str:
-    from potluck import __version__
-
     steps = kept_steps(record.measured)
     day = datetime.date.today().isoformat()
     return (f"potluck calibrate {__version__} from {record.run_dir} ({record.plan.layout()}, "

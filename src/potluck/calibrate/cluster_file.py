@@ -3,8 +3,10 @@
 With ``--cluster FILE``: that file's text with its ``calibration:`` section
 replaced (the rest kept as written). Without: a new file describing the run's
 cluster as the plan recorded it (node groups, device types that differ from
-the catalog, declared links), then the calibration. Figures are written with
-five significant digits; the file is read back as ``potluck plan`` would.
+the catalog, declared links), then the calibration. The section is written by
+:mod:`potluck.cluster.calibration_file` (as ``potluck profile``'s is), whose
+five-significant-digit spelling the description uses too; the file is read
+back as ``potluck plan`` would.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ from typing import Any
 import yaml
 
 from potluck.calibrate.fit import Fit, calibration, uncalibrated_bandwidth
-from potluck.cluster.calibration import Calibration
+from potluck.cluster.calibration_file import (
+    bandwidth_text,
+    duration_text,
+    number,
+    write_calibrated_cluster,
+)
 from potluck.cluster.catalog import DeviceType, catalog
-from potluck.cluster.spec import ClusterSpec, NodeGroup, default_nvlink, load_cluster
-from potluck.profiler.calibration_file import _without_calibration
+from potluck.cluster.nodes import NodeGroup
+from potluck.cluster.spec import ClusterSpec, default_nvlink, load_cluster
 
 _NODE_FIELDS = (  # NodeGroup attribute, cluster-file key, writer
     ("nvlink_bandwidth_bytes_per_s", "nvlink_bandwidth", "bandwidth"),
@@ -37,46 +44,22 @@ _DEVICE_FIELDS = (  # DeviceType attribute, cluster-file key, writer
 )
 
 
-def _write(value: float, how: str) -> Any:
+def _write(value: Any, how: str) -> Any:
     if how == "bandwidth":
-        return f"{value / 1e9:.5g}GB/s"
+        return bandwidth_text(value)
     if how == "duration":
-        return f"{value * 1e6:.5g}us"
+        return duration_text(value)
     if how == "size":
         return f"{value / 1e9:.5g}GB"
     if how == "enum":
         return value.value
-    return float(f"{value:.5g}") if how == "number" else value
+    return number(value) if how == "number" else value
 
 
 def _differs(value: Any, known: Any) -> bool:
     if isinstance(value, float):
         return abs(value - known) > 1e-9 * max(1.0, abs(value))
     return value != known
-
-
-def section(found: Calibration) -> dict[str, Any]:
-    """The ``calibration:`` mapping of a cluster file."""
-    devices = {}
-    for entry in found.devices:
-        fields = {"matmul_efficiency": entry.matmul_efficiency,
-                  "memory_bandwidth_factor": entry.memory_bandwidth_factor}
-        devices[entry.device] = {k: float(f"{v:.5g}") for k, v in fields.items() if v is not None}
-    links = []
-    for link in found.links:
-        entry: dict[str, Any] = {"kind": link.kind}
-        if link.between:
-            entry = {"between": list(link.between)}
-        elif link.groups:
-            entry["groups"] = list(link.groups)
-        entry["bandwidth"] = _write(link.bandwidth_bytes_per_s, "bandwidth")
-        if link.latency_s is not None:
-            entry["latency"] = _write(link.latency_s, "duration")
-        links.append(entry)
-    result: dict[str, Any] = {"source": found.source, "devices": devices}
-    if links:
-        result["links"] = links
-    return result
 
 
 def _node(group: NodeGroup, device_type: DeviceType) -> dict[str, Any]:
@@ -125,10 +108,7 @@ def write_calibrated(out: str | Path, fit: Fit, plan_cluster: ClusterSpec,
     """Write ``fit`` into ``cluster_file``'s text (or a description of ``plan_cluster``) at
     ``out``; return the file read back."""
     if cluster_file is not None:
-        base = load_cluster(cluster_file)
-        kept = _without_calibration(Path(cluster_file).read_text()).rstrip("\n") + "\n"
+        base, text = load_cluster(cluster_file), Path(cluster_file).read_text()
     else:
-        base, kept = plan_cluster, cluster_text(plan_cluster)
-    found = calibration(fit, base)
-    Path(out).write_text(kept + yaml.safe_dump({"calibration": section(found)}, sort_keys=False))
-    return load_cluster(out)
+        base, text = plan_cluster, cluster_text(plan_cluster)
+    return write_calibrated_cluster(out, text, calibration(fit, base))

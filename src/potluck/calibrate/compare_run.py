@@ -20,7 +20,8 @@ from potluck.planner.evaluate import predict
 from potluck.plans import Plan, load_plan
 from potluck.sim import simulate
 from potluck.sim.compare import TraceComparison, compare_traces, side_by_side
-from potluck.sim.trace import Trace, read_trace, simulation_trace, write_trace
+from potluck.sim.trace import simulation_trace
+from potluck.traces import Trace, read_trace, write_trace
 
 PREDICTED_FILE = "predicted.json"
 SIDE_BY_SIDE_FILE = "side_by_side.json"

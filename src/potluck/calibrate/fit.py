@@ -29,11 +29,12 @@ from potluck.cluster.calibration import (
     calibrate_device,
     calibrate_group,
     calibrated_links,
+    uncalibrated_device,
 )
 from potluck.cluster.spec import ClusterSpec
 from potluck.plans import Plan
 from potluck.sim.compare import step_time_s
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 ROUNDS = 3  # devices, then links; again with the links (TP traffic is in compute)
 EMULATED_ROUNDS = 12  # devices and the sends padded into their ops, in turn until both settle
@@ -93,11 +94,7 @@ def _applied(plan: Plan, devices: tuple[DeviceFit, ...], links: tuple[LinkFit, .
 
 def uncalibrated_bandwidth(spec: ClusterSpec, name: str) -> float:
     """Type ``name``'s memory bandwidth before ``spec``'s own calibration scaled it."""
-    bandwidth = spec.device_type(name).memory_bandwidth_bytes_per_s
-    for entry in spec.calibration.devices if spec.calibration else ():
-        if entry.device == name and entry.memory_bandwidth_factor:
-            bandwidth /= entry.memory_bandwidth_factor
-    return bandwidth
+    return uncalibrated_device(spec.device_type(name), spec.calibration).memory_bandwidth_bytes_per_s
 
 
 def calibration(fit: Fit, spec: ClusterSpec, relative_to_calibrated: bool = False) -> Calibration:

@@ -22,7 +22,7 @@ from potluck.calibrate.solve import log_bisect
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
 from potluck.plans import Plan
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 EFFICIENCY_RANGE = (1e-4, 1e3)  # of the catalog peak; CPUs' nominal peaks may be far off
 

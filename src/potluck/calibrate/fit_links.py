@@ -33,12 +33,13 @@ import numpy as np
 from potluck.calibrate import expected
 from potluck.calibrate.measure import allreduce_s
 from potluck.calibrate.solve import log_bisect
+from potluck.cluster.nodes import PathKind
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, Device, Link
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import gradient_groups, predict
 from potluck.plans import Plan
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 SIZE_SPREAD_FOR_LATENCY = 2.0
 EXPOSED_FLOOR_S = 1e-4  # an overlapped all-reduce that left less than this was hidden
@@ -52,12 +53,12 @@ Terms = dict["LinkKey", tuple[float, float]]  # per link class: (bytes over W, l
 class LinkKey:
     """A class of links a calibration entry names."""
 
-    kind: str  # pcie | nvlink | network
+    kind: PathKind  # pcie | nvlink | network
     group: str | None = None  # inside this node group
     between: tuple[str, str] | None = None  # or the network between these two
 
     def describe(self) -> str:
-        return f"{self.kind} in {self.group}" if self.between is None else (
+        return f"{self.kind.value} in {self.group}" if self.between is None else (
             f"network {self.between[0]}-{self.between[1]}")
 
 
@@ -72,12 +73,12 @@ class LinkFit:
 
 def link_key(cluster: Cluster, a: Device, b: Device) -> LinkKey:
     kind = cluster.link(a, b).kind
-    if kind in ("pcie", "nvlink"):
+    if kind in (PathKind.PCIE, PathKind.NVLINK):
         return LinkKey(kind, a.group)
     if a.group == b.group:
-        return LinkKey("network", a.group)
+        return LinkKey(PathKind.NETWORK, a.group)
     first, second = sorted((a.group, b.group))
-    return LinkKey("network", between=(first, second))
+    return LinkKey(PathKind.NETWORK, between=(first, second))
 
 
 def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float, scatter: bool) -> Terms:

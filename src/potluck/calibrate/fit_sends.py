@@ -22,10 +22,11 @@ import numpy as np
 
 from potluck.calibrate.fit_links import LinkFit, LinkKey, current_links, link_key, scaled_links
 from potluck.calibrate.measure import BACKWARD_KINDS, op_s
+from potluck.ops import OpKind
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import stage_op_times, stage_send_s
 from potluck.plans import Plan
-from potluck.sim.trace import Trace
+from potluck.traces import Trace
 
 SCALE_RANGE = (1e-3, 1e4)
 SOURCE = "pipeline sends padded into the emulated forward and backward"
@@ -57,7 +58,7 @@ def _equations(plan: Plan, measured: Trace) -> list[tuple[Terms, float, float]]:
     measured seconds less the predicted compute, and the measured seconds."""
     cost = CostModel.for_plan(plan)
     cluster = cost.cluster
-    forward, backward = op_s(measured, ("forward",)), op_s(measured, BACKWARD_KINDS)
+    forward, backward = op_s(measured, (OpKind.FORWARD,)), op_s(measured, BACKWARD_KINDS)
     times = stage_op_times(plan)
     rows = []
     for k, pipeline in enumerate(plan.pipelines):

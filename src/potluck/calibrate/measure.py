@@ -15,12 +15,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from potluck.sim.trace import Trace
+from potluck.ops import OpKind
+from potluck.traces import Trace
 
-BACKWARD_KINDS = ("backward", "backward_input", "backward_weight")
-COMPUTE_KINDS = ("forward", *BACKWARD_KINDS)
-OPTIMIZER = "optimizer"
-ALLREDUCE = "dp_allreduce"
+BACKWARD_KINDS = tuple(kind for kind in OpKind if kind.is_backward)
+COMPUTE_KINDS = tuple(kind for kind in OpKind if kind.is_pipeline_compute)
 
 
 def kept_steps(trace: Trace) -> list[int]:
@@ -29,7 +28,7 @@ def kept_steps(trace: Trace) -> list[int]:
     return steps[1:] if len(steps) > 1 else steps
 
 
-def _median_per_step(trace: Trace, kinds: tuple[str, ...]) -> dict[str, float]:
+def _median_per_step(trace: Trace, kinds: tuple[OpKind, ...]) -> dict[str, float]:
     """Per device: the median over the kept steps of its seconds in ``kinds`` ops."""
     steps = kept_steps(trace)
     totals: dict[str, dict[int, float]] = defaultdict(lambda: dict.fromkeys(steps, 0.0))
@@ -44,14 +43,14 @@ def compute_s(trace: Trace) -> dict[str, float]:
     return _median_per_step(trace, COMPUTE_KINDS)
 
 
-def op_s(trace: Trace, kinds: tuple[str, ...]) -> dict[str, float]:
+def op_s(trace: Trace, kinds: tuple[OpKind, ...]) -> dict[str, float]:
     """Per device: seconds in ``kinds`` ops in one step."""
     return _median_per_step(trace, kinds)
 
 
 def optimizer_s(trace: Trace) -> dict[str, float]:
     """Per device: seconds of its optimizer step."""
-    return _median_per_step(trace, (OPTIMIZER,))
+    return _median_per_step(trace, (OpKind.OPTIMIZER,))
 
 
 def allreduce_s(trace: Trace) -> dict[int, dict[str, float]]:
@@ -59,6 +58,6 @@ def allreduce_s(trace: Trace) -> dict[int, dict[str, float]]:
     steps = kept_steps(trace)
     found: dict[int, dict[str, float]] = {step: defaultdict(float) for step in steps}
     for event in trace.events:
-        if event.kind == ALLREDUCE and event.step in found:
+        if event.kind == OpKind.DP_ALLREDUCE and event.step in found:
             found[event.step][event.device] += event.duration_s
     return {step: dict(values) for step, values in found.items() if values}

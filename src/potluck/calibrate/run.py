@@ -16,7 +16,7 @@ from pathlib import Path
 
 from potluck.errors import ConfigError
 from potluck.plans import Plan, load_plan
-from potluck.sim.trace import Trace, read_trace
+from potluck.traces import Trace, read_trace
 
 PLAN_FILE = "plan.json"
 TRACE_FILE = "trace.json"

@@ -1,8 +1,10 @@
-"""Measured figures for a cluster: the ``calibration:`` section of a cluster file.
+"""Measured figures for a cluster: the ``calibration:`` section of a cluster file, read and applied.
 
-``potluck profile`` (and, later, ``potluck calibrate`` from training traces)
-writes what it measured here; the planner reads it with the rest of the file.
-Calibration changes the cost model's *inputs* only, never its formulas::
+``potluck profile`` (from microbenchmarks) and ``potluck calibrate`` (from a
+traced training run) build a :class:`Calibration` and write it with
+:mod:`potluck.cluster.calibration_file`; the planner reads it here with the
+rest of the file. Calibration changes the cost model's *inputs* only, never
+its formulas::
 
     calibration:
       source: potluck profile 0.1.0 (torch 2.13, 2026-11-29)
@@ -21,7 +23,9 @@ Calibration changes the cost model's *inputs* only, never its formulas::
           latency: 18ms
 
 A device entry replaces the type's ``matmul_efficiency`` and multiplies its
-``memory_bandwidth``. A link entry replaces a node group's figures:
+``memory_bandwidth`` (the factor is relative to the file's own figures:
+:func:`uncalibrated_device` undoes it). ``measured`` figures are written for
+people and never read back. A link entry replaces a node group's figures:
 ``network`` its ``inter_bandwidth``/``inter_latency``, ``pcie`` its
 ``intra_bandwidth``, ``nvlink`` its ``nvlink_bandwidth`` (both on NVSwitch
 nodes, where every pair is NVLink), and either kind its ``intra_latency``; a
@@ -32,23 +36,58 @@ one the file declares). Calibrated figures win over the ones written by hand.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, WithJsonSchema
+from pydantic.json_schema import SkipJsonSchema
 
 from potluck.cluster.catalog import DeviceType
+from potluck.cluster.nodes import (
+    DEFAULT_INTER_LATENCY_S,
+    LinkSpec,
+    NodeGroup,
+    NvlinkTopology,
+    PathKind,
+)
 from potluck.errors import ConfigError
 from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
 from potluck.yamlio import Fields, LineList
 
-LINK_KINDS = ("pcie", "nvlink", "network")
+LINK_KINDS = (PathKind.PCIE, PathKind.NVLINK, PathKind.NETWORK)  # what an entry can name
 _DEVICE_KEYS = ("matmul_efficiency", "memory_bandwidth_factor", "measured")
 _LINK_KEYS = ("kind", "groups", "between", "bandwidth", "latency", "measured")
 
 
 @dataclass(frozen=True)
+class MeasuredDevice:
+    """What the profiler measured on a device type, for people (the planner does not read it)."""
+
+    matmul_flops_per_s: tuple[tuple[str, float], ...]  # (dtype name, FLOP/s), in the order measured
+    memory_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """The all-reduce the profiler ran over a link kind's ranks, for people (not read)."""
+
+    allreduce_bus_bandwidth_bytes_per_s: float
+    allreduce_ranks: int
+
+
+# Plans carry their cluster, calibration included, so these classes are part of the plan
+# file's schema (docs/plan.schema.json): the informational ``measured`` figures are written to
+# cluster files only (never to plans, never read back), and a link's kind is a string there.
+NOT_IN_PLANS = Field(exclude=True)
+KIND_IN_PLANS = WithJsonSchema({"title": "Kind", "type": "string"})
+
+
+# The cost-model inputs of one device type, as measured.
+@dataclass(frozen=True)
 class DeviceCalibration:
     device: str  # a device type name of the cluster
     matmul_efficiency: float | None = None
     memory_bandwidth_factor: float | None = None
+    measured: Annotated[SkipJsonSchema[MeasuredDevice | None], NOT_IN_PLANS] = None  # not read back
 
 
 @dataclass(frozen=True)
@@ -57,13 +96,16 @@ class LinkCalibration:
 
     bandwidth_bytes_per_s: float
     latency_s: float | None = None
-    kind: str = "network"
+    kind: Annotated[PathKind, KIND_IN_PLANS] = PathKind.NETWORK
     groups: tuple[str, ...] = ()  # empty: every group
     between: tuple[str, str] | None = None
+    measured: Annotated[SkipJsonSchema[MeasuredLink | None], NOT_IN_PLANS] = None  # not read back
 
 
+# A cluster file's ``calibration:`` section: what was measured, and by what (``source``).
 @dataclass(frozen=True)
 class Calibration:
+
     devices: tuple[DeviceCalibration, ...] = ()
     links: tuple[LinkCalibration, ...] = ()
     source: str = ""
@@ -108,8 +150,8 @@ def _link(entry: Fields, group_names: set[str]) -> LinkCalibration:
                               f"no node group named {name!r} (groups: {', '.join(sorted(group_names))})")
     if between is not None and len(between) != 2:
         raise entry.error("between", "must name two node groups")
-    kind = entry.get("kind", _kind, "network")
-    if between is not None and kind != "network":
+    kind = entry.get("kind", _kind, PathKind.NETWORK)
+    if between is not None and kind is not PathKind.NETWORK:
         raise entry.error("kind", "a link between two node groups is the network")
     return LinkCalibration(
         bandwidth_bytes_per_s=entry.get("bandwidth", parse_bandwidth_bytes_per_s),
@@ -125,10 +167,10 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: Any) -> PathKind:
     if value not in LINK_KINDS:
-        raise ConfigError(f"must be one of {', '.join(LINK_KINDS)}, not {value!r}")
-    return str(value)
+        raise ConfigError(f"must be one of {', '.join(k.value for k in LINK_KINDS)}, not {value!r}")
+    return PathKind(value)
 
 
 def _positive_float(value: Any) -> float:
@@ -155,8 +197,18 @@ def calibrate_device(device_type: DeviceType, calibration: Calibration) -> Devic
     return device_type
 
 
-def calibrate_group(group: Any, calibration: Calibration) -> Any:
-    """A :class:`~potluck.cluster.spec.NodeGroup` with its measured link figures."""
+def uncalibrated_device(device_type: DeviceType, calibration: Calibration | None) -> DeviceType:
+    """``device_type`` with the memory bandwidth it had before ``calibration`` scaled it (a
+    new calibration's factor is relative to the file's own figures, not to an older one's)."""
+    bandwidth = device_type.memory_bandwidth_bytes_per_s
+    for entry in calibration.devices if calibration is not None else ():
+        if entry.device == device_type.name and entry.memory_bandwidth_factor:
+            bandwidth /= entry.memory_bandwidth_factor
+    return replace(device_type, memory_bandwidth_bytes_per_s=bandwidth)
+
+
+def calibrate_group(group: NodeGroup, calibration: Calibration) -> NodeGroup:
+    """``group`` with its measured link figures."""
     for link in calibration.links:
         if link.between is not None or (link.groups and group.name not in link.groups):
             continue
@@ -164,15 +216,13 @@ def calibrate_group(group: Any, calibration: Calibration) -> Any:
     return group
 
 
-def _group_fields(group: Any, link: LinkCalibration) -> dict[str, Any]:
-    from potluck.cluster.spec import NvlinkTopology
-
-    if link.kind == "network":
+def _group_fields(group: NodeGroup, link: LinkCalibration) -> dict[str, Any]:
+    if link.kind is PathKind.NETWORK:
         fields = {"inter_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
         if link.latency_s is not None:
             fields["inter_latency_s"] = link.latency_s
         return fields
-    if link.kind == "nvlink":
+    if link.kind is PathKind.NVLINK:
         fields = {"nvlink_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
         if group.nvlink is NvlinkTopology.ALL:
             fields["intra_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
@@ -185,10 +235,8 @@ def _group_fields(group: Any, link: LinkCalibration) -> dict[str, Any]:
     return fields
 
 
-def calibrated_links(links: tuple[Any, ...], calibration: Calibration) -> tuple[Any, ...]:
+def calibrated_links(links: tuple[LinkSpec, ...], calibration: Calibration) -> tuple[LinkSpec, ...]:
     """Declared links with the measured ones between node groups in their place."""
-    from potluck.cluster.spec import DEFAULT_INTER_LATENCY_S, LinkSpec
-
     result = list(links)
     for link in calibration.links:
         if link.between is None:

@@ -1,4 +1,4 @@
-"""Cluster description: node groups, their GPUs and the links between them.
+"""Cluster files: node groups, their GPUs and the links between them, read into a ClusterSpec.
 
 A cluster file (YAML) lists node groups (identical machines), optional custom
 device types and optional links between groups::
@@ -17,65 +17,37 @@ device types and optional links between groups::
 
 :func:`load_cluster` validates it (errors name the file and line) and returns
 a frozen, JSON-serializable :class:`ClusterSpec` that carries every device type
-it uses, so a plan made from it is self-contained.
+it uses, so a plan made from it is self-contained. The parts it is made of
+(:class:`~potluck.cluster.nodes.NodeGroup`, :class:`~potluck.cluster.nodes.LinkSpec`)
+live in :mod:`potluck.cluster.nodes`; a ``calibration:`` section is read and
+applied by :mod:`potluck.cluster.calibration`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from potluck.cluster.calibration import Calibration
+from potluck.cluster.calibration import (
+    Calibration,
+    calibrate_device,
+    calibrate_group,
+    calibrated_links,
+    parse_calibration,
+)
 from potluck.cluster.catalog import DeviceType, LinkKind, lookup, make_device_type
+from potluck.cluster.nodes import (
+    DEFAULT_INTER_BANDWIDTH_BYTES_PER_S,
+    DEFAULT_INTER_LATENCY_S,
+    DEFAULT_INTRA_LATENCY_S,
+    LinkSpec,
+    NodeGroup,
+    NvlinkTopology,
+)
 from potluck.errors import ConfigError
 from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
 from potluck.yamlio import Fields, LineList, load_yaml, non_empty_str, parse_yaml, positive_int
-
-DEFAULT_INTER_BANDWIDTH_BYTES_PER_S = 10e9 / 8  # 10 Gb/s Ethernet
-DEFAULT_INTRA_LATENCY_S = 5e-6
-DEFAULT_INTER_LATENCY_S = 30e-6
-
-
-class NvlinkTopology(str, Enum):
-    """Which GPUs of a node share the native link."""
-
-    NONE = "none"
-    PAIRS = "pairs"  # bridges join GPUs (0,1), (2,3), ...
-    ALL = "all"  # NVSwitch or a full mesh
-
-
-@dataclass(frozen=True)
-class NodeGroup:
-    """``count`` identical machines with ``gpus_per_node`` GPUs of one type each."""
-
-    name: str
-    gpu: str
-    gpus_per_node: int
-    count: int = 1
-    nvlink: NvlinkTopology = NvlinkTopology.NONE
-    nvlink_bandwidth_bytes_per_s: float | None = None
-    intra_bandwidth_bytes_per_s: float | None = None
-    inter_bandwidth_bytes_per_s: float = DEFAULT_INTER_BANDWIDTH_BYTES_PER_S
-    intra_latency_s: float = DEFAULT_INTRA_LATENCY_S
-    inter_latency_s: float = DEFAULT_INTER_LATENCY_S
-    price_per_hour_usd: float | None = None
-    purchase_price_usd: float | None = None
-    power_w: float | None = None
-
-    @property
-    def num_gpus(self) -> int:
-        return self.gpus_per_node * self.count
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """A link between two node groups that differs from their own network."""
-
-    between: tuple[str, str]
-    bandwidth_bytes_per_s: float
-    latency_s: float = DEFAULT_INTER_LATENCY_S
 
 
 @dataclass(frozen=True)
@@ -139,14 +111,12 @@ def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> C
 
 def _calibrated(spec: ClusterSpec, top: Fields) -> ClusterSpec:
     """Apply the file's ``calibration:`` section (:mod:`potluck.cluster.calibration`)."""
-    from potluck.cluster import calibration as cal
-
-    found = cal.parse_calibration(top, {t.name for t in spec.device_types},
-                                  {g.name for g in spec.nodes})
+    found = parse_calibration(top, {t.name for t in spec.device_types},
+                              {g.name for g in spec.nodes})
     return ClusterSpec(
-        nodes=tuple(cal.calibrate_group(group, found) for group in spec.nodes),
-        device_types=tuple(cal.calibrate_device(t, found) for t in spec.device_types),
-        links=cal.calibrated_links(spec.links, found), name=spec.name, calibration=found,
+        nodes=tuple(calibrate_group(group, found) for group in spec.nodes),
+        device_types=tuple(calibrate_device(t, found) for t in spec.device_types),
+        links=calibrated_links(spec.links, found), name=spec.name, calibration=found,
     )
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from potluck.cluster.catalog import DeviceType
-from potluck.cluster.spec import ClusterSpec, LinkSpec, NodeGroup, NvlinkTopology
+from potluck.cluster.nodes import LinkSpec, NodeGroup, NvlinkTopology, PathKind
+from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 
 
@@ -38,7 +39,7 @@ class Link:
 
     bandwidth_bytes_per_s: float
     latency_s: float
-    kind: str
+    kind: PathKind
 
     def transfer_time_s(self, num_bytes: float) -> float:
         if num_bytes <= 0:
@@ -46,7 +47,7 @@ class Link:
         return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
 
 
-LOCAL = Link(float("inf"), 0.0, "local")
+LOCAL = Link(float("inf"), 0.0, PathKind.LOCAL)
 
 
 def device_id(group: str, node_index: int, local_index: int) -> str:
@@ -106,10 +107,10 @@ class Cluster:
             return _intra_link(group_a, a.type, bridged)
         declared = self._declared_link(a.group, b.group)
         if declared is not None:
-            return Link(declared.bandwidth_bytes_per_s, declared.latency_s, "declared")
+            return Link(declared.bandwidth_bytes_per_s, declared.latency_s, PathKind.DECLARED)
         bandwidth = min(group_a.inter_bandwidth_bytes_per_s, group_b.inter_bandwidth_bytes_per_s)
         latency = max(group_a.inter_latency_s, group_b.inter_latency_s)
-        return Link(bandwidth, latency, "network")
+        return Link(bandwidth, latency, PathKind.NETWORK)
 
     def _declared_link(self, group_a: str, group_b: str) -> LinkSpec | None:
         for link in self.spec.links:
@@ -139,6 +140,6 @@ def _intra_link(group: NodeGroup, device_type: DeviceType, bridged: bool) -> Lin
         bandwidth = group.nvlink_bandwidth_bytes_per_s or device_type.link_bandwidth_bytes_per_s
         if group.nvlink is NvlinkTopology.ALL and group.intra_bandwidth_bytes_per_s:
             bandwidth = group.intra_bandwidth_bytes_per_s
-        return Link(bandwidth, latency, "nvlink")
+        return Link(bandwidth, latency, PathKind.NVLINK)
     bandwidth = group.intra_bandwidth_bytes_per_s or device_type.pcie_bandwidth_bytes_per_s
-    return Link(bandwidth, latency, "pcie")
+    return Link(bandwidth, latency, PathKind.PCIE)

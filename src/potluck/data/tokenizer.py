@@ -2,8 +2,9 @@
 
 The byte tokenizer needs no files: ids 0-255 are the bytes of the UTF-8 text,
 then four specials (``<pad>`` 256, ``<bos>`` 257, ``<eos>`` 258, ``<unk>``
-259). Any model whose vocabulary holds those 260 ids trains with it, which is
-why the tiny presets have a 260-entry vocabulary. A Hugging Face tokenizer is
+259: :mod:`potluck.model.byte_vocab`). Any model whose vocabulary holds those
+260 ids trains with it, which is why the tiny presets have a 260-entry
+vocabulary. A Hugging Face tokenizer is
 only ever read from a local directory (``local_files_only``): potluck never
 downloads anything at run time. Both are used through the small
 :class:`Tokenizer` protocol, so the dataset does not care which one it has.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from potluck.errors import ConfigError
+from potluck.model import byte_vocab
 from potluck.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -40,19 +42,19 @@ class ByteTokenizer:
     """UTF-8 bytes as ids 0-255, then ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``."""
 
     name = "bytes"
-    SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-    pad_id = 256
-    bos_id = 257
-    eos_id = 258
-    unk_id = 259
-    vocab_size = 256 + len(SPECIALS)
+    SPECIALS = byte_vocab.SPECIALS
+    pad_id = byte_vocab.PAD_ID
+    bos_id = byte_vocab.BOS_ID
+    eos_id = byte_vocab.EOS_ID
+    unk_id = byte_vocab.UNK_ID
+    vocab_size = byte_vocab.VOCAB_SIZE
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
         """Bytes back to text; special ids are dropped, broken UTF-8 is replaced."""
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return bytes(i for i in ids if 0 <= i < byte_vocab.BYTES).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:

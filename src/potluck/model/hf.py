@@ -5,8 +5,9 @@ A spec read from a ``config.json`` carries the original config
 ``model_type``. A preset has none, so one is made from the spec's shape: a
 ``LlamaConfig`` for the LLaMA family, ``Qwen2Config`` for Qwen2 (biases on q, k
 and v only), ``MistralConfig`` for Mistral and ``GPT2Config`` for GPT-2/3. The
-tiny presets use the byte tokenizer's special ids (pad 256, bos 257, eos 258);
-larger presets keep the defaults of their config class.
+tiny presets use the byte vocabulary's special ids (pad 256, bos 257, eos 258:
+:mod:`potluck.model.byte_vocab`); larger presets keep the defaults of their
+config class.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from transformers import (
     Qwen2Config,
 )
 
-from potluck.data.tokenizer import ByteTokenizer
 from potluck.errors import ConfigError
+from potluck.model import byte_vocab
 from potluck.model.spec import ModelSpec
 
 _LLAMA_CLASSES: dict[str, type[PretrainedConfig]] = {
@@ -43,11 +44,11 @@ def hf_config_for(spec: ModelSpec) -> PretrainedConfig:
 
 
 def _special_ids(spec: ModelSpec) -> dict[str, int]:
-    """The byte tokenizer's special ids for a byte-sized vocabulary, else nothing."""
-    if spec.vocab_size != ByteTokenizer.vocab_size:
+    """The byte vocabulary's special ids for a byte-sized vocabulary, else nothing."""
+    if spec.vocab_size != byte_vocab.VOCAB_SIZE:
         return {}
-    return {"pad_token_id": ByteTokenizer.pad_id, "bos_token_id": ByteTokenizer.bos_id,
-            "eos_token_id": ByteTokenizer.eos_id}
+    return {"pad_token_id": byte_vocab.PAD_ID, "bos_token_id": byte_vocab.BOS_ID,
+            "eos_token_id": byte_vocab.EOS_ID}
 
 
 def _from_original(spec: ModelSpec) -> PretrainedConfig:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
+from potluck.model import byte_vocab
 
 
 class MlpKind(str, Enum):
@@ -128,8 +129,9 @@ PRESETS: dict[str, ModelSpec] = {
         _qwen("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, False),
         _qwen("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, False),
         # Tiny models for the demo and tests: byte-level vocabulary (256 bytes + 4 specials).
-        _llama("tiny-llama", 4, 64, 4, 2, 172, 260, 256),
-        replace(_gpt3("tiny-gpt2", 4, 64, 4), vocab_size=260, max_seq_len=256, ffn_hidden_size=256),
+        _llama("tiny-llama", 4, 64, 4, 2, 172, byte_vocab.VOCAB_SIZE, 256),
+        replace(_gpt3("tiny-gpt2", 4, 64, 4), vocab_size=byte_vocab.VOCAB_SIZE, max_seq_len=256,
+                ffn_hidden_size=256),
     )
 }
 ALIASES = {

@@ -3,9 +3,10 @@
 ``profile_cluster`` measures matmul throughput per dtype at a model's shapes
 and memory bandwidth on every rank (:mod:`potluck.profiler.compute`),
 point-to-point and all-reduce bandwidth and latency between ranks with
-torch.distributed (:mod:`potluck.profiler.comm`), and writes the
+torch.distributed (:mod:`potluck.profiler.comm`), and writes them as the
 ``calibration:`` section the planner reads
-(:mod:`potluck.profiler.calibration_file`).
+(:mod:`potluck.profiler.calibration_file`, through the cluster package's one
+writer, :mod:`potluck.cluster.calibration_file`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Predicted against measured: two traces of the same plan, per stage and per op kind.
 
-Either trace may come from the simulator or the runtime (:mod:`potluck.sim.trace`).
+Either trace may come from the simulator or the runtime (:mod:`potluck.traces`).
 The *step time* of a trace is the span of its events in one step, the median
 over its steps (the first one left out when there are several: it warms up;
 the median, so that a step another process slowed down does not skew it).
@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from potluck.errors import ConfigError
-from potluck.sim.trace import Trace, TraceEvent
 from potluck.tables import compact_table
+from potluck.traces import Trace, TraceEvent
 
 
 @dataclass(frozen=True)

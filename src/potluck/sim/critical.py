@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from potluck.sim.engine import Timings
 from potluck.sim.program import MARKER, OpInfo
-from potluck.sim.result import PathKind, PathShare
+from potluck.sim.result import PathShare, ShareKind
 
 
 def critical_path(info: list[OpInfo], owner: list[int], timings: Timings,
@@ -22,17 +22,17 @@ def critical_path(info: list[OpInfo], owner: list[int], timings: Timings,
     """Shares of the critical path of pipeline ``position`` of a program, largest first."""
     ops = [op for op in range(len(info)) if owner[op] == position and info[op].kind is not MARKER]
     op = max(ops, key=lambda o: timings.end_s[o])
-    totals: dict[tuple[PathKind, int, int], float] = defaultdict(float)
+    totals: dict[tuple[ShareKind, int, int], float] = defaultdict(float)
     while op >= 0:
         what = info[op]
         cause = timings.cause[op]
         if what.kind is not MARKER:
-            kind = PathKind.COMPUTE if what.peer == -1 else PathKind.TRANSFER
+            kind = ShareKind.COMPUTE if what.peer == -1 else ShareKind.TRANSFER
             totals[(kind, what.stage, what.peer)] += timings.end_s[op] - timings.start_s[op]
         start_s = timings.start_s[op]
         waited_from = timings.end_s[cause] if cause >= 0 else 0.0
         if start_s > waited_from + 1e-12:  # held back by a release time or a latency
-            totals[(PathKind.WAIT, what.stage, what.peer)] += start_s - waited_from
+            totals[(ShareKind.WAIT, what.stage, what.peer)] += start_s - waited_from
         op = cause
     length = sum(totals.values())
     shares = [PathShare(kind, stage, peer, seconds, seconds / length)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from potluck.cluster.nodes import PathKind
 from potluck.cluster.topology import Cluster, Device
 
 Resource = tuple[str, ...]
@@ -57,12 +58,12 @@ class Network:
     def path(self, a: Device, b: Device) -> tuple[list[Resource], float, float]:
         """Resources a transfer from ``a`` to ``b`` crosses, its bandwidth and latency."""
         link = self.cluster.link(a, b)
-        if link.kind == "local":
+        if link.kind is PathKind.LOCAL:
             return [], link.bandwidth_bytes_per_s, 0.0
-        if link.kind == "nvlink":
+        if link.kind is PathKind.NVLINK:
             resources = [("nvlink", a.id, b.id)]
             self._add(resources[0], link.bandwidth_bytes_per_s)
-        elif link.kind == "pcie":
+        elif link.kind is PathKind.PCIE:
             resources = [("pcie_tx", a.id), ("pcie_rx", b.id)]
             for resource in resources:
                 self._add(resource, link.bandwidth_bytes_per_s)
@@ -70,7 +71,7 @@ class Network:
             resources = [("nic_tx", a.node), ("nic_rx", b.node)]
             self._add(resources[0], self.cluster.nic_bandwidth_bytes_per_s(a))
             self._add(resources[1], self.cluster.nic_bandwidth_bytes_per_s(b))
-            if link.kind == "declared":
+            if link.kind is PathKind.DECLARED:
                 resources.append(("wan", a.group, b.group))
                 self._add(resources[-1], link.bandwidth_bytes_per_s)
         return resources, link.bandwidth_bytes_per_s, link.latency_s

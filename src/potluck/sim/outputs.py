@@ -17,8 +17,9 @@ from rich.table import Table
 from potluck.errors import ConfigError
 from potluck.sim.result import SimulationResult
 from potluck.sim.timeline import write_memory, write_timeline
-from potluck.sim.trace import simulation_trace, write_trace
+from potluck.sim.trace import simulation_trace
 from potluck.tables import compact_table
+from potluck.traces import write_trace
 
 MAX_TABLE_ROWS = 32
 

@@ -28,8 +28,8 @@ class OpRecord(NamedTuple):
     peer: int  # transfers: the receiving stage; -1 for compute ops
 
 
-class PathKind(str, Enum):
-    """Where the critical path spends its time."""
+class ShareKind(str, Enum):
+    """Where the critical path spends its time (a :class:`PathShare`'s kind)."""
 
     COMPUTE = "compute"  # a stage computing
     TRANSFER = "transfer"  # a transfer between two stages
@@ -41,14 +41,14 @@ class PathShare:
     """Time the critical path spends in one place: compute on a stage, a transfer between
     two stages, or waiting (a latency, a release)."""
 
-    kind: PathKind
+    kind: ShareKind
     stage: int
     peer: int  # transfers: the receiving stage; -1 otherwise
     seconds: float
     fraction: float
 
     def label(self) -> str:
-        if self.kind is PathKind.TRANSFER:
+        if self.kind is ShareKind.TRANSFER:
             return f"transfers s{self.stage}->s{self.peer}"
         return f"{self.kind.value} s{self.stage}"
 

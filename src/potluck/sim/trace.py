@@ -1,179 +1,22 @@
-"""Training timelines in the Chrome trace format (opens in Perfetto or chrome://tracing).
+"""The trace of a simulated iteration: a :class:`~potluck.sim.result.SimulationResult` as a
+:class:`~potluck.traces.Trace` (the format the runtime's recorder also writes).
 
-One format for simulated and measured steps, so the two open side by side and
-``potluck compare`` can read either. A trace is a JSON object::
-
-    {"traceEvents": [...], "displayTimeUnit": "ms",
-     "otherData": {"potluck_trace": 1, "source": "simulator" | "runtime", ...}}
-
-- one process per device: ``pid`` is the device's position in the plan
-  (``Plan.devices``), named by a ``process_name`` metadata event
-  (``"box3090.0:1"``), sorted by ``process_sort_index``;
-- threads per device: ``tid`` 0 ``compute``, ``tid`` 1 ``comm`` (and 2, 3, ...
-  ``comm 2``, ... when transfers overlap: a thread's slices must nest);
-- each op is a complete event (``"ph": "X"``) with ``ts``/``dur`` in
-  microseconds, ``name`` the op kind (``forward``, ``backward``,
-  ``backward_input``, ``backward_weight``, ``optimizer`` on ``compute``;
-  ``send_forward``, ``recv_forward``, ``send_backward``, ``recv_backward``,
-  ``tp_allreduce``, ``dp_allreduce`` on ``comm``), ``cat`` the thread's name
-  and ``args`` = ``{"pipeline", "stage", "micro_batch", "chunk", "step"}``
-  (-1 where it does not apply);
-- memory as counter events (``"ph": "C"``, ``name`` ``memory``, ``args``
-  ``{"GB": ...}``).
-
-The simulator draws the tensor-parallel collectives of one forward or
-backward as one ``tp_allreduce`` event covering the end of that op (their sum;
-they are interleaved with the layers in reality). The runtime writes the same
-events with ``"source": "runtime"`` and one ``step`` per measured iteration.
+Every compute op of a pipeline is drawn on each device of its stage; the
+tensor-parallel collectives of one forward or backward as one ``tp_allreduce``
+covering the end of that op; a send as ``send_*`` on the sending stage's
+devices and the matching ``recv_*`` on the receiving stage's; then the
+gradient all-reduces and the optimizer steps.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from potluck.errors import ConfigError
+from potluck.ops import OpKind
+from potluck.traces import COMM, COMPUTE, Trace, TraceEvent
 
-TRACE_VERSION = 1
-COMPUTE, COMM = "compute", "comm"
-_TID = {COMPUTE: 0, COMM: 1}
-_US = 1e6
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    """One op on one device's stream."""
-
-    device: str
-    stream: str  # "compute" or "comm"
-    kind: str
-    start_s: float
-    duration_s: float
-    pipeline: int = -1
-    stage: int = -1
-    micro_batch: int = -1
-    chunk: int = -1
-    step: int = 0
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.duration_s
-
-
-@dataclass
-class Trace:
-    """Devices in plan order, their events and memory, and what made the trace."""
-
-    devices: list[str]
-    events: list[TraceEvent] = field(default_factory=list)
-    memory: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # device -> (s, bytes)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def trace_json(trace: Trace) -> dict[str, Any]:
-    """The Chrome trace JSON object of ``trace``."""
-    pids = {device: pid for pid, device in enumerate(trace.devices)}
-    tids = _comm_lanes(trace.events)
-    lanes = max(tids.values(), default=_TID[COMM])
-    return {
-        "traceEvents": list(_metadata_events(trace.devices, lanes)) + [
-            _complete_event(event, pids[event.device], tids.get(id(event), _TID[event.stream]))
-            for event in trace.events
-        ] + list(_memory_events(trace.memory, pids)),
-        "displayTimeUnit": "ms",
-        "otherData": {"potluck_trace": TRACE_VERSION, **trace.metadata},
-    }
-
-
-def _comm_lanes(events: list[TraceEvent]) -> dict[int, int]:
-    """Thread ids for communication events so that none overlaps another on its thread
-    (trace viewers need the slices of a thread nested): tid 1, then 2, 3, ... as needed."""
-    ends: dict[str, list[float]] = {}
-    tids: dict[int, int] = {}
-    for event in sorted((e for e in events if e.stream == COMM), key=lambda e: e.start_s):
-        lanes = ends.setdefault(event.device, [])
-        lane = next((i for i, end in enumerate(lanes) if end <= event.start_s), len(lanes))
-        if lane == len(lanes):
-            lanes.append(0.0)
-        lanes[lane] = event.end_s
-        tids[id(event)] = _TID[COMM] + lane
-    return tids
-
-
-def write_trace(trace: Trace, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(trace_json(trace), separators=(",", ":")))
-
-
-def _metadata_events(devices: list[str], last_tid: int) -> Iterator[dict[str, Any]]:
-    for pid, device in enumerate(devices):
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": device}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-               "args": {"sort_index": pid}}
-        for tid in range(last_tid + 1):
-            name = COMPUTE if tid == 0 else (COMM if tid == 1 else f"{COMM} {tid}")
-            yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
-
-
-def _complete_event(event: TraceEvent, pid: int, tid: int) -> dict[str, Any]:
-    return {
-        "ph": "X", "name": event.kind, "cat": event.stream, "pid": pid, "tid": tid,
-        "ts": event.start_s * _US, "dur": event.duration_s * _US,
-        "args": {"pipeline": event.pipeline, "stage": event.stage,
-                 "micro_batch": event.micro_batch, "chunk": event.chunk, "step": event.step},
-    }
-
-
-def _memory_events(memory: dict[str, list[tuple[float, float]]],
-                   pids: dict[str, int]) -> Iterator[dict[str, Any]]:
-    for device, points in memory.items():
-        for time_s, held in points:
-            yield {"ph": "C", "name": "memory", "pid": pids[device], "tid": 0,
-                   "ts": time_s * _US, "args": {"GB": held / 1e9}}
-
-
-def read_trace(path: str | Path) -> Trace:
-    """Read a trace written by the simulator or the runtime; one-line errors if it is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"trace file {str(path)!r} not found")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}:{err.lineno}: not a JSON trace: {err.msg}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ConfigError(f"{path}: not a Chrome trace (no traceEvents list)")
-    return _parse(data["traceEvents"], data.get("otherData") or {}, path)
-
-
-def _parse(raw: list, metadata: dict[str, Any], path: Path) -> Trace:
-    names = {e["pid"]: e["args"]["name"] for e in raw
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    trace = Trace([names[pid] for pid in sorted(names)], metadata=dict(metadata))
-    try:
-        for event in raw:
-            if event.get("ph") == "X":
-                trace.events.append(_event(event, names))
-            elif event.get("ph") == "C" and event.get("name") == "memory":
-                points = trace.memory.setdefault(names[event["pid"]], [])
-                points.append((event["ts"] / _US, event["args"]["GB"] * 1e9))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"{path}: malformed potluck trace event ({err!r})") from None
-    return trace
-
-
-def _event(raw: dict[str, Any], names: dict[int, str]) -> TraceEvent:
-    args = raw.get("args") or {}
-    return TraceEvent(
-        device=names[raw["pid"]], stream=COMPUTE if raw.get("tid", 0) == 0 else COMM,
-        kind=raw["name"],
-        start_s=float(raw["ts"]) / _US, duration_s=float(raw["dur"]) / _US,
-        pipeline=int(args.get("pipeline", -1)), stage=int(args.get("stage", -1)),
-        micro_batch=int(args.get("micro_batch", -1)), chunk=int(args.get("chunk", -1)),
-        step=int(args.get("step", 0)),
-    )
+_RECEIVE = {OpKind.SEND_FORWARD: OpKind.RECV_FORWARD, OpKind.SEND_BACKWARD: OpKind.RECV_BACKWARD}
 
 
 def simulation_trace(result: Any) -> Trace:
@@ -200,11 +43,11 @@ def _pipeline_events(ops: Iterable, k: int, stages: list[tuple[str, ...]]) -> It
                 yield TraceEvent(device, COMPUTE, op.kind, op.start_s, op.end_s - op.start_s,
                                  k, op.stage, op.micro_batch, op.chunk)
                 if op.tp_s > 0:
-                    yield TraceEvent(device, COMM, "tp_allreduce", op.end_s - op.tp_s, op.tp_s,
-                                     k, op.stage, op.micro_batch, op.chunk)
+                    yield TraceEvent(device, COMM, OpKind.TP_ALLREDUCE.value, op.end_s - op.tp_s,
+                                     op.tp_s, k, op.stage, op.micro_batch, op.chunk)
             continue
-        direction = op.kind.removeprefix("send_")
-        for stage, kind in ((op.stage, op.kind), (op.peer, f"recv_{direction}")):
+        receive = _RECEIVE[op.kind].value
+        for stage, kind in ((op.stage, op.kind), (op.peer, receive)):
             for device in stages[stage]:
                 yield TraceEvent(device, COMM, kind, op.start_s, op.end_s - op.start_s,
                                  k, stage, op.micro_batch, op.chunk)
@@ -214,9 +57,9 @@ def _step_events(result: Any, plan: Any) -> Iterator[TraceEvent]:
     for sync in result.gradient_syncs:
         for k, i in sync.members:
             for device in plan.pipelines[k].stages[i].devices:
-                yield TraceEvent(device, COMM, "dp_allreduce", sync.start_s,
+                yield TraceEvent(device, COMM, OpKind.DP_ALLREDUCE.value, sync.start_s,
                                  sync.end_s - sync.start_s, k, i)
     for step in result.optimizer_steps:
         for device in plan.pipelines[step.pipeline].stages[step.stage].devices:
-            yield TraceEvent(device, COMPUTE, "optimizer", step.start_s,
+            yield TraceEvent(device, COMPUTE, OpKind.OPTIMIZER.value, step.start_s,
                              step.end_s - step.start_s, step.pipeline, step.stage)

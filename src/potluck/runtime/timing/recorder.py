@@ -16,7 +16,7 @@ Times are wall-clock seconds from a common origin taken right after a
 barrier (every rank leaves it together), or CUDA events on GPUs (the time
 the kernels ran, not when they were queued). After the last traced step
 every rank sends its events to rank 0, which writes them in the shared trace
-format (:mod:`potluck.sim.trace`) with ``"source": "runtime"`` and, when
+format (:mod:`potluck.traces`) with ``"source": "runtime"`` and, when
 emulating, the dilation. When tracing is off no recorder exists and nothing
 changes; after the traced steps the recorder only passes ops through.
 """
@@ -39,7 +39,7 @@ from potluck.ops import OpKind
 from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.timing.clock import Clock, NullClock
 from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
-from potluck.sim.trace import COMM, COMPUTE, Trace, TraceEvent, write_trace
+from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
