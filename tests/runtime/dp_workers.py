@@ -70,7 +70,7 @@ def train_plan(plan: Plan, steps: int = STEPS, bucket_elements: int = BUCKET_ELE
 
 
 def _tied_group_is_not_the_lane(plan: Plan) -> bool:
-    from potluck.runtime.parallel.layout import TIED
+    from potluck.placement import TIED
 
     session = start(plan, timeout_s=60)
     try:

@@ -6,7 +6,8 @@ import pytest
 from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 
 from potluck.errors import ConfigError
-from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, block_unit
+from potluck.placement import EMBED, HEAD, TIED, block_unit
+from potluck.runtime.parallel.layout import Layout
 
 
 def hetero_plan():

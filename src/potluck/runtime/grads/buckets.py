@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-from potluck.runtime.parallel.layout import EMBED, HEAD, TIED, Layout, SyncGroup
+from potluck.placement import EMBED, HEAD, TIED
+from potluck.runtime.parallel.layout import Layout, SyncGroup
 
 BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
 

@@ -54,8 +54,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from potluck.placement import TIED
 from potluck.runtime.grads.buckets import Bucket, FullLayout, SyncedParam, local
-from potluck.runtime.parallel.layout import TIED, Layout
+from potluck.runtime.parallel.layout import Layout
 
 Holder = tuple[int, int]  # (pipeline, stage)
 

@@ -23,7 +23,8 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
-from potluck.runtime.parallel.layout import EMBED, HEAD, Layout, block_unit
+from potluck.placement import EMBED, HEAD, block_unit
+from potluck.runtime.parallel.layout import Layout
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:

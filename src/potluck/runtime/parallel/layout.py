@@ -34,17 +34,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from potluck import placement
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
-from potluck.plans import Plan, Stage, check_plan
-
-EMBED = "embed"
-HEAD = "head"
-TIED = "embed+head"
-
-
-def block_unit(index: int) -> str:
-    return f"block.{index}"
+from potluck.plans import Plan, check_plan
 
 
 @dataclass(frozen=True)
@@ -184,23 +177,14 @@ class Layout:
     # --- parameter units ---------------------------------------------------------------------
 
     def units(self) -> tuple[str, ...]:
-        layers = self.plan.model.num_layers
-        tied = (TIED,) if self.plan.model.tied_embeddings else ()
-        return (EMBED, *(block_unit(i) for i in range(layers)), HEAD, *tied)
+        return placement.parameter_units(self.plan.model)
 
     def holders(self, unit: str) -> tuple[tuple[int, int], ...]:
-        """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order."""
+        """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order
+        (:func:`potluck.placement.holders`)."""
         if unit not in self._holders:
-            self._holders[unit] = self._find_holders(unit)
+            self._holders[unit] = placement.holders(self.plan, unit)
         return self._holders[unit]
-
-    def _find_holders(self, unit: str) -> tuple[tuple[int, int], ...]:
-        found = []
-        for p, pipeline in enumerate(self.plan.pipelines):
-            for s, stage in enumerate(pipeline.stages):
-                if _stage_holds(stage, s, pipeline.pp, unit):
-                    found.append((p, s))
-        return tuple(found)
 
     def sync_group(self, unit: str, tp_rank: int | None = None) -> SyncGroup:
         """The group in which this rank (or TP index ``tp_rank``) sums ``unit``'s gradients."""
@@ -303,17 +287,6 @@ class Layout:
         if not use_gpu:
             return torch.device("cpu")
         return torch.device("cuda", Cluster(self.plan.cluster).device(self.role.device).local_index)
-
-
-def _stage_holds(stage: Stage, index: int, pp: int, unit: str) -> bool:
-    if unit == EMBED:
-        return index == 0
-    if unit == HEAD:
-        return index == pp - 1
-    if unit == TIED:
-        return index in (0, pp - 1)
-    layer = int(unit.split(".", 1)[1])
-    return any(start <= layer < end for start, end in stage.layer_ranges)
 
 
 def _check_world(plan: Plan, device_of_rank: tuple[str, ...]) -> None:

@@ -19,8 +19,8 @@ stage): only leaders run torch's schedule and exchange full activations
   targets from their own copy of the replica's rows. The leader's first-step
   shape inference (one forward, one input-gradient pass) is mirrored too.
 
-Zero-bubble's split backward is not mirrored; such pipelines run 1F1B (or
-interleaved 1F1B) instead.
+Zero-bubble's split backward is not mirrored, so zero bubble is never planned
+for such pipelines (:mod:`potluck.schedules.zero_bubble`; plan checks refuse it).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ parameter names are the model's (``model.layers.5.mlp.up_proj.weight``) and
 state dicts reshard across plans. Its ``forward`` is the model family's own
 sequence of calls (:mod:`potluck.runtime.models.adapters`).
 
-Schedules are torch's (GPipe, 1F1B, interleaved 1F1B, interleaved zero
-bubble), with ``scale_grads=False``: the loss is already a token-weighted
-share of the global batch's mean. A pipeline of one stage uses
+Schedules are torch's, exactly the plan's (each schedule module of
+:mod:`potluck.schedules` names its torch class, and the plan checks refuse
+what that class cannot run), with ``scale_grads=False``: the loss is already a
+token-weighted share of the global batch's mean. A pipeline of one stage uses
 :class:`LocalSchedule`, a plain micro-batch loop with the same interface.
 Uneven stages are just different layer ranges; each pipeline lane (ranks with
 the same TP index) gets its own process group.
@@ -24,19 +25,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage
 from torch.utils.checkpoint import checkpoint
 
-from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.ops import OpKind
-from potluck.plans import Schedule
 from potluck.runtime.models.adapters import Family, get_path
 from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.parallel.mixed_tp import (
@@ -51,6 +44,7 @@ from potluck.runtime.parallel.mixed_tp import (
     to_leader,
 )
 from potluck.runtime.timing.clock import Clock, NullClock
+from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)
 WHOLE_RANK = -2  # emulation clock: all of this rank's virtual stages at once
@@ -238,28 +232,6 @@ class AnnouncingSchedule:
             self.commands.done()
 
 
-def _schedule_class(schedule: Schedule, virtual_stages: int, n_microbatches: int,
-                    pp: int, mixed: bool) -> type:
-    if schedule is Schedule.ZERO_BUBBLE and mixed:
-        log.warning("zero bubble is not mirrored across stages of different TP degrees; "
-                    "this pipeline runs %s", "interleaved 1F1B" if virtual_stages > 1 else "1F1B")
-        schedule = Schedule.INTERLEAVED if virtual_stages > 1 else Schedule.ONE_F_ONE_B
-    if schedule is Schedule.ONE_F_ONE_B and virtual_stages == 1 and n_microbatches < pp:
-        log.warning("1F1B needs at least as many micro-batches (%d) as stages (%d); this "
-                    "pipeline runs GPipe, which computes the same gradients", n_microbatches, pp)
-        return ScheduleGPipe
-    if schedule is Schedule.INTERLEAVED:
-        return ScheduleInterleaved1F1B
-    if schedule is Schedule.ZERO_BUBBLE:
-        return ScheduleInterleavedZeroBubble
-    if virtual_stages > 1:
-        raise ConfigError(
-            f"schedule {schedule.value} runs one stage per device; a plan with "
-            f"{virtual_stages} virtual stages needs schedule interleaved or zb"
-        )
-    return ScheduleGPipe if schedule is Schedule.GPIPE else Schedule1F1B
-
-
 def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn,
                    device: torch.device, clock: Clock = NullClock(),
                    weight_pass: WeightPass | None = None) -> Any:
@@ -283,10 +255,7 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
             module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
         stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
         stages.append(stage)
-    schedule_class = _schedule_class(plan.schedule, len(modules), n_microbatches, role.pp,
-                                     layout.mixed_tp(role.pipeline))
-    if schedule_class in (ScheduleGPipe, Schedule1F1B):
-        schedule = schedule_class(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
-    else:
-        schedule = schedule_class(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return schedule if commands is None else AnnouncingSchedule(schedule, commands)
+    schedule = schedule_for(plan.schedule)
+    schedule.check(n_microbatches, role.pp, len(modules), mixed_tp=layout.mixed_tp(role.pipeline))
+    runner = schedule.torch_schedule(stages, n_microbatches, loss_fn)
+    return runner if commands is None else AnnouncingSchedule(runner, commands)
