@@ -154,7 +154,7 @@ def test_calibration_expects_what_the_emulator_pads_where_pipelines_share_a_card
     """dp=2 pipelines from one machine to another share the card: every rank's padded
     forward and backward (the emulator's targets) is what calibration reads them as."""
     from potluck.calibrate import expected
-    from potluck.runtime.parallel.layout import Layout
+    from potluck.runtime.layout import Layout
     from potluck.runtime.timing.emulate import stage_targets
 
     spec = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n"

@@ -11,9 +11,9 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 from potluck.cluster.spec import parse_cluster
 from potluck.ops import OpKind
 from potluck.runtime.launch.local import run_local
+from potluck.runtime.layout import Layout
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
 from potluck.runtime.train import train_rank
 

@@ -7,7 +7,7 @@ from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 
 from potluck.errors import ConfigError
 from potluck.placement import EMBED, HEAD, TIED, block_unit
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 
 def hetero_plan():

@@ -21,9 +21,9 @@ from potluck.runtime import Trainer, build_model, parallelize, start
 from potluck.runtime.checkpoints import training_run
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import Session
+from potluck.runtime.layout import Layout
 from potluck.runtime.loop.batches import RandomTokens
 from potluck.runtime.loop.loss_scale import DynamicLossScale
-from potluck.runtime.parallel.layout import Layout
 
 STEPS = 4
 POISONED_STEP = 1  # rank 1 makes one gradient inf in this step

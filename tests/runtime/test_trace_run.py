@@ -85,7 +85,7 @@ def test_tracing_needs_a_run_directory() -> None:
 
 def test_an_emulated_trace_shows_the_padded_times(tmp_path) -> None:
     from potluck.cluster.spec import parse_cluster
-    from potluck.runtime.parallel.layout import Layout
+    from potluck.runtime.layout import Layout
     from potluck.runtime.timing.emulate import stage_targets
 
     cluster = parse_cluster("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 2}\n")

@@ -17,7 +17,7 @@ from runtime_helpers import LR, TINY_GPT2, TINY_LLAMA, make_plan, pipe, referenc
 from potluck.plans import Schedule
 from potluck.runtime import TrainOptions
 from potluck.runtime.launch.local import run_local
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 from potluck.runtime.train import train_rank
 
 TIED_LLAMA = replace(TINY_LLAMA, tied_embeddings=True)

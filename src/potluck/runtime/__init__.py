@@ -21,11 +21,11 @@ from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import Session, start
 from potluck.runtime.launch.torchrun import NodeCommand, torchrun_commands
 from potluck.runtime.launch.watchdog import RankFailure
+from potluck.runtime.layout import Layout, Role
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import build_model, materialize, meta_init, model_spec
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.parallel.layout import Layout, Role
-from potluck.runtime.parallel.parallelize import ParallelModel, StepOutput, parallelize
+from potluck.runtime.parallelize import ParallelModel, StepOutput, parallelize
 from potluck.runtime.timing.emulate import EmulationClock, emulate
 from potluck.runtime.train import train, train_rank
 

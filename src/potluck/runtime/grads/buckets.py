@@ -2,7 +2,7 @@
 
 Every local parameter belongs to a unit (the embedding, block ``i``, the head,
 or the tied embedding/head) and the unit to a sync group: the ranks that hold
-it in every pipeline (:meth:`potluck.runtime.parallel.layout.Layout.sync_group`). A
+it in every pipeline (:meth:`potluck.runtime.layout.Layout.sync_group`). A
 :class:`Bucket` is a run of parameters of one group that cross the wire as
 one flat tensor: at most ``bucket_elements`` elements, local shards where the
 group is aligned (every member shards the unit alike), full tensors where it
@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from potluck.placement import EMBED, HEAD, TIED
-from potluck.runtime.parallel.layout import Layout, SyncGroup
+from potluck.runtime.layout import Layout, SyncGroup
 
 BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
 

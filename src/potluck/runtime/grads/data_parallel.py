@@ -58,7 +58,7 @@ from potluck.runtime.grads.buckets import (
 )
 from potluck.runtime.grads.grad_ready import GradReady
 from potluck.runtime.grads.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 
 @dataclass

@@ -56,7 +56,7 @@ from torch import nn
 
 from potluck.placement import TIED
 from potluck.runtime.grads.buckets import Bucket, FullLayout, SyncedParam, local
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 Holder = tuple[int, int]  # (pipeline, stage)
 

@@ -30,7 +30,7 @@ from potluck.errors import ConfigError, PotluckError
 from potluck.planner.cost import effective_dtype
 from potluck.plans import DType, Plan
 from potluck.runtime.launch.watchdog import RankFailure, Watchdog
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 DEFAULT_TIMEOUT_S = 600.0
 _TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: None}

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from potluck.ops import OpKind
 from potluck.runtime.loop.loss_scale import DynamicLossScale
-from potluck.runtime.parallel.parallelize import ParallelModel
+from potluck.runtime.parallelize import ParallelModel
 
 log = logging.getLogger(__name__)
 

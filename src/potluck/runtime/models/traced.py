@@ -24,7 +24,7 @@ from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
 from potluck.placement import EMBED, HEAD, block_unit
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:

@@ -1,12 +1,13 @@
-"""Applying a plan's parallelism to a plain model, and running one step of it.
+"""The parallelism strategies one rank applies to its part of a plain model.
 
-- :mod:`~potluck.runtime.parallel.layout`: which rank runs what, and every
-  process group;
-- :mod:`~potluck.runtime.parallel.parallelize`: TP, PP, init, recompute and DP in
-  their fixed order; :class:`~potluck.runtime.parallel.parallelize.ParallelModel`
-  runs a step's forward and backward;
-- :mod:`~potluck.runtime.parallel.tensor_parallel`,
-  :mod:`~potluck.runtime.parallel.pipeline`,
-  :mod:`~potluck.runtime.parallel.mixed_tp` (stages of different TP degrees),
-  :mod:`~potluck.runtime.parallel.recompute`: the strategies themselves.
+- :mod:`~potluck.runtime.parallel.tensor_parallel`: DTensor sharding of the blocks
+  (``apply_tp``);
+- :mod:`~potluck.runtime.parallel.pipeline`: the plan's stages as modules and the plan's
+  torch schedule over them;
+- :mod:`~potluck.runtime.parallel.mixed_tp`: pipelines whose stages have different TP
+  degrees, run on their leaders;
+- :mod:`~potluck.runtime.parallel.recompute`: activation recomputation.
+
+Which rank runs what is :mod:`potluck.runtime.layout`'s; the fixed order in which the
+strategies are applied is :mod:`potluck.runtime.parallelize`'s.
 """

@@ -30,8 +30,8 @@ from torch.utils.checkpoint import checkpoint
 
 from potluck.model.counts import Recompute
 from potluck.ops import OpKind
+from potluck.runtime.layout import Layout
 from potluck.runtime.models.adapters import Family, get_path
-from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.parallel.mixed_tp import (
     BACKWARD,
     FORWARD,

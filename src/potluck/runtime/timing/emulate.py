@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from potluck.ops import OpKind
 from potluck.plans import Plan, Prediction
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,7 +142,7 @@ class EmulationClock:
 
 def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
             ) -> EmulationClock:
-    """Put a :class:`~potluck.runtime.parallel.parallelize.ParallelModel` on emulated
+    """Put a :class:`~potluck.runtime.parallelize.ParallelModel` on emulated
     time; returns its clock.
 
     ``timing`` is the plan whose devices and model set the targets (default: the

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.ops import OpKind
-from potluck.runtime.parallel.layout import Layout
+from potluck.runtime.layout import Layout
 from potluck.runtime.timing.clock import Clock, NullClock
 from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
 from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
@@ -210,7 +210,7 @@ class OpRecorder:
 
 
 def attach_recorder(model: Any) -> OpRecorder:
-    """Route a :class:`~potluck.runtime.parallel.parallelize.ParallelModel`'s ops through
+    """Route a :class:`~potluck.runtime.parallelize.ParallelModel`'s ops through
     a new recorder (wrapping its clock)."""
     recorder = OpRecorder(model.layout, model.clock, model.session.use_gpu)
     model.set_clock(recorder)

@@ -49,11 +49,11 @@ from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.launch.session import Session
+from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.models.build import init_kinds, materialize
 from potluck.runtime.models.traced import find_blocks, trace_stages
-from potluck.runtime.parallel.layout import Layout
 from potluck.runtime.parallel.pipeline import build_schedule, split_stages
 from potluck.runtime.parallel.recompute import apply_recompute
 from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
