@@ -72,7 +72,8 @@ def plan(
     recompute: Annotated[str | None, typer.Option(
         help=f"Pin recomputation: {'|'.join(_names(Recompute))}.")] = None,
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
-    schedule: Annotated[str, typer.Option(help=f"Pipeline schedule: {_or(Schedule)}.")] = "1f1b",
+    schedule: Annotated[str, typer.Option(
+        help=f"Pipeline schedule: {_or(Schedule)}.")] = Schedule.ONE_F_ONE_B.value,
     zero1: Annotated[bool | None, typer.Option(
         "--zero1/--no-zero1", help="Shard optimizer states (default: only if needed to fit).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
