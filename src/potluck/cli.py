@@ -113,7 +113,7 @@ def plan(
         )
     if output is not None:
         save_plan(result.best, output)
-    priced = objective == "cost" or tokens is not None
+    priced = api.Objective(objective) is api.Objective.COST or tokens is not None
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if as_json:
         summary = result_json(result)

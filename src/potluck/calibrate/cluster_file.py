@@ -11,6 +11,7 @@ back as ``potluck plan`` would.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +28,34 @@ from potluck.cluster.catalog import DeviceType, catalog
 from potluck.cluster.nodes import NodeGroup
 from potluck.cluster.spec import ClusterSpec, default_nvlink, load_cluster
 
-_NODE_FIELDS = (  # NodeGroup attribute, cluster-file key, writer
-    ("nvlink_bandwidth_bytes_per_s", "nvlink_bandwidth", "bandwidth"),
-    ("intra_bandwidth_bytes_per_s", "intra_bandwidth", "bandwidth"),
-    ("inter_bandwidth_bytes_per_s", "inter_bandwidth", "bandwidth"),
-    ("intra_latency_s", "intra_latency", "duration"),
-    ("inter_latency_s", "inter_latency", "duration"),
-)
-_DEVICE_FIELDS = (  # DeviceType attribute, cluster-file key, writer
-    ("tflops", "tflops", "number"), ("memory_bytes", "memory", "size"),
-    ("memory_bandwidth_bytes_per_s", "memory_bandwidth", "bandwidth"), ("bf16", "bf16", "plain"),
-    ("link", "link", "enum"),
-    ("link_bandwidth_bytes_per_s", "link_bandwidth", "bandwidth"),
-    ("pcie_bandwidth_bytes_per_s", "pcie_bandwidth", "bandwidth"),
-    ("matmul_efficiency", "matmul_efficiency", "number"), ("sm_count", "sm_count", "plain"),
-)
+
+def _size_text(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.5g}GB"
 
 
-def _write(value: Any, how: str) -> Any:
-    if how == "bandwidth":
-        return bandwidth_text(value)
-    if how == "duration":
-        return duration_text(value)
-    if how == "size":
-        return f"{value / 1e9:.5g}GB"
-    if how == "enum":
-        return value.value
-    return number(value) if how == "number" else value
+def _enum_text(value: Enum) -> str:
+    return value.value
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+_NODE_FIELDS = (  # NodeGroup attribute, cluster-file key, how it is written
+    ("nvlink_bandwidth_bytes_per_s", "nvlink_bandwidth", bandwidth_text),
+    ("intra_bandwidth_bytes_per_s", "intra_bandwidth", bandwidth_text),
+    ("inter_bandwidth_bytes_per_s", "inter_bandwidth", bandwidth_text),
+    ("intra_latency_s", "intra_latency", duration_text),
+    ("inter_latency_s", "inter_latency", duration_text),
+)
+_DEVICE_FIELDS = (  # DeviceType attribute, cluster-file key, how it is written
+    ("tflops", "tflops", number), ("memory_bytes", "memory", _size_text),
+    ("memory_bandwidth_bytes_per_s", "memory_bandwidth", bandwidth_text), ("bf16", "bf16", _as_is),
+    ("link", "link", _enum_text),
+    ("link_bandwidth_bytes_per_s", "link_bandwidth", bandwidth_text),
+    ("pcie_bandwidth_bytes_per_s", "pcie_bandwidth", bandwidth_text),
+    ("matmul_efficiency", "matmul_efficiency", number), ("sm_count", "sm_count", _as_is),
+)
 
 
 def _differs(value: Any, known: Any) -> bool:
@@ -70,7 +72,7 @@ def _node(group: NodeGroup, device_type: DeviceType) -> dict[str, Any]:
     for attr, key, how in _NODE_FIELDS:
         value = getattr(group, attr)
         if value is not None and value != getattr(NodeGroup, attr, None):
-            node[key] = _write(value, how)
+            node[key] = how(value)
     return node
 
 
@@ -82,7 +84,7 @@ def _device(spec: ClusterSpec, device_type: DeviceType) -> dict[str, Any]:
     for attr, key, how in _DEVICE_FIELDS:
         value = uncalibrated.get(attr, getattr(device_type, attr))
         if known is None or _differs(value, getattr(known, attr)):
-            fields[key] = _write(value, how)
+            fields[key] = how(value)
     return fields
 
 
@@ -96,8 +98,8 @@ def cluster_text(spec: ClusterSpec) -> str:
         data["devices"] = devices
     if spec.links:
         data["links"] = [{"between": list(link.between),
-                          "bandwidth": _write(link.bandwidth_bytes_per_s, "bandwidth"),
-                          "latency": _write(link.latency_s, "duration")} for link in spec.links]
+                          "bandwidth": bandwidth_text(link.bandwidth_bytes_per_s),
+                          "latency": duration_text(link.latency_s)} for link in spec.links]
     header = ("# Written by `potluck calibrate`: the run's cluster as its plan recorded it, and\n"
               "# the inputs fitted to the run in `calibration` (the planner reads both).\n")
     return header + yaml.safe_dump(data, sort_keys=False)

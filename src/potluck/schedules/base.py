@@ -53,7 +53,7 @@ class Action(NamedTuple):
 
 RankOrder = list[Action]
 LossFn = Callable[[Any, Any], Any]
-P2PKey = tuple[str, int]  # ("F" or "B", micro-batch) of what a stage sends or receives
+P2PKey = tuple[OpKind, int]  # (FORWARD or BACKWARD, micro-batch): the output a stage sends
 
 
 class P2PCalls(Protocol):

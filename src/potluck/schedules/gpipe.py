@@ -18,6 +18,8 @@ from potluck.ops import OpKind
 from potluck.schedules.base import Action, LossFn, P2PCalls, PipelineSchedule, RankOrder, Schedule
 from potluck.schedules.timing import PipelineTime, StageWork, pipeline_time
 
+F, B = OpKind.FORWARD, OpKind.BACKWARD  # what a posted send or receive carries
+
 
 class GPipe(PipelineSchedule):
     name = Schedule.GPIPE
@@ -47,12 +49,12 @@ class GPipe(PipelineSchedule):
         up, down = (stage - 1 if stage > 0 else None), (stage + 1 if stage < stages - 1 else None)
         sends = []
         for i in range(micro_batches):
-            calls.post(up, [], [("F", i)])
+            calls.post(up, [], [(F, i)])
             calls.run(OpKind.FORWARD, i, forward_s)
-            sends.append(calls.post(down, [("F", i)], [], wait=False))
+            sends.append(calls.post(down, [(F, i)], [], wait=False))
         for end in sends:
             calls.wait(end)
         for i in range(micro_batches):
-            calls.post(down, [], [("B", i)])
+            calls.post(down, [], [(B, i)])
             calls.run(OpKind.BACKWARD, i, backward_s)
-            calls.post(up, [("B", i)], [], wait=False)
+            calls.post(up, [(B, i)], [], wait=False)

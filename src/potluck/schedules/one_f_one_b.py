@@ -23,6 +23,8 @@ from potluck.ops import OpKind
 from potluck.schedules.base import Action, LossFn, P2PCalls, PipelineSchedule, RankOrder, Schedule
 from potluck.schedules.timing import PipelineTime, StageWork, pipeline_time
 
+F, B = OpKind.FORWARD, OpKind.BACKWARD  # what a posted send or receive carries
+
 
 class OneFOneB(PipelineSchedule):
     name = Schedule.ONE_F_ONE_B
@@ -62,29 +64,29 @@ class OneFOneB(PipelineSchedule):
         forward = backward = 0
         send_work = held = None
         for _ in range(warmup):
-            calls.post(up, [], [("F", forward)])
+            calls.post(up, [], [(F, forward)])
             calls.run(OpKind.FORWARD, forward, forward_s)
             calls.wait(send_work)
             if forward != warmup - 1:
-                send_work = calls.post(down, [("F", forward)], [], wait=False)
+                send_work = calls.post(down, [(F, forward)], [], wait=False)
             else:
-                held = ("F", forward)  # fused with the first backward's receive below
+                held = (F, forward)  # fused with the first backward's receive below
             forward += 1
         while True:
-            calls.post(down, [held] if held else [], [("B", backward)])
+            calls.post(down, [held] if held else [], [(B, backward)])
             calls.run(OpKind.BACKWARD, backward, backward_s)
             backward += 1
             if forward == m:
                 break
-            calls.post(up, [("B", backward - 1)], [("F", forward)])
+            calls.post(up, [(B, backward - 1)], [(F, forward)])
             calls.run(OpKind.FORWARD, forward, forward_s)
-            held, forward = ("F", forward), forward + 1
-        send_work = calls.post(up, [("B", backward - 1)], [], wait=False)
+            held, forward = (F, forward), forward + 1
+        send_work = calls.post(up, [(B, backward - 1)], [], wait=False)
         while backward < m:
-            calls.post(down, [], [("B", backward)])
+            calls.post(down, [], [(B, backward)])
             calls.run(OpKind.BACKWARD, backward, backward_s)
             calls.wait(send_work)
-            send_work = calls.post(up, [("B", backward)], [], wait=False)
+            send_work = calls.post(up, [(B, backward)], [], wait=False)
             backward += 1
 
 

@@ -53,7 +53,7 @@ class StageCalls:
     def run(self, kind: OpKind, micro_batch: int, duration_s: float) -> int:
         op = self.program.add_compute(self.compute_stream, duration_s, list(self.pending))
         self.pending.clear()
-        self.compute[("F" if kind is OpKind.FORWARD else "B", micro_batch)] = op
+        self.compute[(kind, micro_batch)] = op
         self.last_compute = op
         return op
 

@@ -128,7 +128,7 @@ class _PipelineAdder:
         flows = boundary_flows(work, 1, self.network)
         for src, dst, (what, micro_batch), preds, waiters in p2p.match_transfers(stages):
             op = program.add_transfer(flows[(src, dst)], preds)
-            kind = OpKind.SEND_FORWARD if what == "F" else OpKind.SEND_BACKWARD
+            kind = OpKind.SEND_FORWARD if what is OpKind.FORWARD else OpKind.SEND_BACKWARD
             self._note(OpInfo(kind, src, 0, micro_batch, 0.0, dst))
             for end in waiters:
                 program.preds[end].append(op)
@@ -177,7 +177,7 @@ class _PipelineAdder:
 def _torch_call_info(key: tuple[str, int] | None, s: int, chunk: ChunkWork) -> OpInfo:
     if key is None:
         return OpInfo(MARKER, s, 0, -1, 0.0, -2)
-    if key[0] == "F":
+    if key[0] is OpKind.FORWARD:
         return OpInfo(OpKind.FORWARD, s, 0, key[1], chunk.forward_tp_s, -1)
     return OpInfo(OpKind.BACKWARD, s, 0, key[1], chunk.backward_tp_s, -1)
 
