@@ -25,7 +25,6 @@ _TIME_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.
 _COUNT_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 GB = 1e9
-GiB = 2.0**30
 
 
 def _as_number(value: object) -> float | None:

@@ -47,4 +47,7 @@ def test_links_and_bf16():
 
 def test_raw_compute_per_dollar_ranks_the_4090_above_the_a100():
     """The seed talk's RCC observation follows from the catalog prices."""
-    assert catalog()["rtx4090"].tflops_per_usd_hour > catalog()["a100-80g-sxm"].tflops_per_usd_hour
+    def rcc(name: str) -> float:
+        return catalog()[name].tflops / catalog()[name].price_per_hour_usd
+
+    assert rcc("rtx4090") > rcc("a100-80g-sxm")

@@ -51,11 +51,6 @@ def test_declared_links_override_the_network(cluster):
     assert link.bandwidth_bytes_per_s == 125e6 and link.latency_s == pytest.approx(0.02)
 
 
-def test_transfer_time_is_latency_plus_bytes_over_bandwidth(cluster):
-    link = cluster.link(cluster.by_id["box3090.0:0"], cluster.by_id["box3090.1:0"])
-    assert link.transfer_time_s(1.25e9) == pytest.approx(1.0 + link.latency_s)
-
-
 def test_path_kinds_keep_the_names_files_and_messages_use(cluster):
     assert [kind.value for kind in PathKind] == ["local", "nvlink", "pcie", "network", "declared"]
     same = cluster.by_id["far.0:0"]

@@ -18,7 +18,7 @@ from potluck.calibrate.fit import Fit, fit_run
 from potluck.calibrate.measure import kept_steps
 from potluck.calibrate.run import RunRecord, load_run
 from potluck.cluster.spec import ClusterSpec, load_cluster
-from potluck.plans import Plan, check_plan_matches
+from potluck.plans import check_plan_matches
 from potluck.sim.compare import TraceComparison
 from potluck.version import __version__
 
@@ -35,11 +35,6 @@ class CalibrationOutcome:
     calibrated: ClusterSpec
     before: TraceComparison
     after: TraceComparison
-
-    @property
-    def plan_after(self) -> Plan:
-        return replace(self.record.plan, cluster=self.calibrated)
-
 
 def default_output(run_dir: str | Path, cluster: str | Path | None) -> Path:
     """``<cluster>-calibrated.yaml`` beside the cluster file, else ``RUN_DIR/calibrated.yaml``."""

@@ -68,14 +68,6 @@ class DeviceType:
         """FLOP/s that large GEMMs reach on this device (peak x efficiency)."""
         return self.tflops * 1e12 * self.matmul_efficiency
 
-    @property
-    def tflops_per_usd_hour(self) -> float:
-        """Raw compute per rental dollar (the 'RCC' of the seed talk)."""
-        if self.price_per_hour_usd <= 0:
-            return float("inf")
-        return self.tflops / self.price_per_hour_usd
-
-
 _FIELDS: dict[str, tuple[str, Any]] = {
     "tflops": ("tflops", float),
     "memory": ("memory_bytes", parse_size_bytes),
@@ -92,7 +84,6 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "sm_count": ("sm_count", int),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
-DEVICE_FIELDS = tuple(_FIELDS)
 
 
 def device_fields_from_yaml(name: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -41,11 +41,6 @@ class Link:
     latency_s: float
     kind: PathKind
 
-    def transfer_time_s(self, num_bytes: float) -> float:
-        if num_bytes <= 0:
-            return 0.0
-        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
-
 
 LOCAL = Link(float("inf"), 0.0, PathKind.LOCAL)
 

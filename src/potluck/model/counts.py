@@ -96,15 +96,6 @@ def model_flops_per_token(m: ModelSpec, s: int) -> float:
     return 3.0 * forward / s
 
 
-def recompute_forward_flops(m: ModelSpec, b: int, s: int, recompute: Recompute) -> float:
-    """Extra forward FLOPs per block that recomputation adds in the backward pass."""
-    if recompute is Recompute.FULL:
-        return block_forward_flops(m, b, s)
-    if recompute is Recompute.SELECTIVE:
-        return attention_core_forward_flops(m, b, s)
-    return 0.0
-
-
 @dataclass(frozen=True)
 class ActivationTerms:
     """Activation bytes of one block as ``sbh`` and ``as^2b`` coefficients (16-bit)."""

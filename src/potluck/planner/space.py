@@ -107,14 +107,6 @@ def dp_candidates(unit_counts: list[int], max_pipelines: int) -> list[int]:
     return sorted(d for d in values if d <= limit)
 
 
-def family_subsets(groups: tuple[NodeGroup, ...]) -> list[tuple[NodeGroup, ...]]:
-    """Every non-empty subset of the node groups (a family's members)."""
-    subsets = []
-    for size in range(1, len(groups) + 1):
-        subsets.extend(itertools.combinations(groups, size))
-    return subsets
-
-
 def set_partitions(items: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
     """All ways to split ``items`` into non-empty, unordered blocks."""
     if not items:

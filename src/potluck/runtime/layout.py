@@ -30,12 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from potluck import placement
-from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan
 
@@ -281,13 +279,6 @@ class Layout:
             group = self.group(self.stage_ranks(role.pipeline, role.stage))
             self._tp_mesh = DeviceMesh.from_group(group, device_type)
         return self._tp_mesh
-
-    def torch_device(self, use_gpu: bool) -> torch.device:
-        """``cuda:<local index>`` for a GPU rank, else ``cpu``."""
-        if not use_gpu:
-            return torch.device("cpu")
-        return torch.device("cuda", Cluster(self.plan.cluster).device(self.role.device).local_index)
-
 
 def _check_world(plan: Plan, device_of_rank: tuple[str, ...]) -> None:
     if len(device_of_rank) != plan.num_gpus:

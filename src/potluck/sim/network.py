@@ -41,13 +41,6 @@ class Flow:
     cap_bytes_per_s: float  # the slowest lane's link bandwidth
     resources: tuple[tuple[Resource, int], ...]  # resource, lanes crossing it
 
-    def alone_s(self) -> float:
-        """Duration with no other traffic."""
-        if self.lane_bytes <= 0:
-            return self.latency_s
-        return self.latency_s + self.lane_bytes / self.cap_bytes_per_s
-
-
 class Network:
     """Resources of a cluster with their capacities, and the paths between devices."""
 

@@ -44,5 +44,3 @@ class TokenLoss:
         return total * self.scale
 
 
-def count_tokens(targets: torch.Tensor) -> int:
-    return int((targets != IGNORE_INDEX).sum())

@@ -72,7 +72,6 @@ class StageModule(nn.Module):
         super().__init__()
         self.family = family
         self.first, self.last = first, last
-        self.layer_range = layers
         self.seq_shards = seq_shards
         self.boundary = boundary  # set in mixed-TP pipelines: full activations at the edges
         self.recompute = Recompute.NONE
