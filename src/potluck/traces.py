@@ -3,7 +3,7 @@
 One format for simulated and measured steps, so the two open side by side and
 ``potluck compare`` can read either: the simulator writes it
 (:func:`potluck.sim.trace.simulation_trace`), the runtime's recorder writes it
-(:mod:`potluck.runtime.recorder`) and calibration reads it. A trace is a JSON
+(:mod:`potluck.runtime.timing.recorder`) and calibration reads it. A trace is a JSON
 object::
 
     {"traceEvents": [...], "displayTimeUnit": "ms",

@@ -1,6 +1,6 @@
 """Families of identical pipelines: their stages, layer split and timing.
 
-:func:`evaluate_family` lays ``dp`` pipelines over the units of a family's
+:meth:`FamilyEvaluator.evaluate` lays ``dp`` pipelines over the units of a family's
 node groups (pipeline-major: consecutive units of a machine form one
 pipeline; data-major: they belong to different replicas), splits the blocks
 over the stages in proportion to stage speed under each device's memory,

@@ -1,7 +1,8 @@
 """The op graph of pipelines: forwards, backwards and the transfers between stages.
 
 For each pipeline, every rank's ops come in the schedule's order
-(:mod:`potluck.sim.orders`) on the rank's stream (its tensor-parallel group),
+(:meth:`potluck.schedules.PipelineSchedule.rank_orders`) on the rank's stream (its
+tensor-parallel group),
 and each op waits for what it consumes:
 
 - the forward of virtual stage ``s`` waits for the activations of ``s - 1``
