@@ -51,7 +51,7 @@ from potluck.calibrate.compare_run import compare_run
 from potluck.calibrate.run import load_run
 from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import PRESETS
-from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import predict
 from potluck.plans import Plan, save_plan
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.train import train
@@ -87,7 +87,7 @@ EMULATED_LAYOUTS = {4: [{"dp": 2, "pp": 2}, {"dp": 1, "pp": 4}, {"dp": 4, "pp": 
 
 def with_prediction(plan: Plan) -> Plan:
     """``plan`` with the cost model's prediction on its own cluster."""
-    return replace(plan, prediction=CostModel.for_plan(plan).evaluate(plan))
+    return replace(plan, prediction=predict(plan))
 
 
 def cpu_plan(ranks: int, dp: int, pp: int) -> Plan:

@@ -58,6 +58,7 @@ def without_twins(plan) -> None:
     """The engine alone on every pipeline of ``plan`` at once: the cost when no replica is a twin."""
     from potluck.cluster.topology import Cluster
     from potluck.planner.cost import CostModel
+    from potluck.schedules import schedule_for
     from potluck.sim import engine, program
     from potluck.sim.network import Network
     from potluck.sim.workload import plan_workloads
@@ -65,7 +66,7 @@ def without_twins(plan) -> None:
     cost = CostModel(Cluster(plan.cluster), plan.model, plan.training.seq_len, plan.training.dtype)
     network = Network(cost.cluster)
     started = time.perf_counter()
-    built = program.build(plan_workloads(plan, cost), plan.schedule.value, 1, network)
+    built = program.build(plan_workloads(plan, cost), schedule_for(plan.schedule), 1, network)
     engine.run(built.program, network.capacity)
     elapsed = time.perf_counter() - started
     print(f"  without twins (all {plan.dp} pipelines as one program, {len(built.program)} "
