@@ -103,7 +103,8 @@ def plan(
     if recompute is not None:
         _check_choice("--recompute", recompute, Recompute)
     _check_choice("--objective", objective, api.Objective)
-    pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
+    pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
+                       electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
     with _progress("planning", enabled=not as_json) as report:
         result = api.plan(
             cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
@@ -156,7 +157,8 @@ def cost(
     from potluck.economics.report import render_study, study_json
 
     _check_choice("--dtype", dtype, TRAINED_DTYPES)
-    pricing = _pricing(mode, spot, lifetime_years, utilization, electricity_usd_per_kwh, pue)
+    pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
+                       electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
     with _progress("planning offers", enabled=not as_json) as report:
         study = api.cost(
             model, tokens, offers=offers, max_gpus=max_gpus, max_usd_per_hour=max_usd_per_hour,
@@ -417,7 +419,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
         console.print(node.command, highlight=False, markup=False, soft_wrap=True)
 
 
-def _pricing(mode: str, spot: bool, lifetime_years: float, utilization: float,
+def _pricing(mode: str, *, spot: bool, lifetime_years: float, utilization: float,
              electricity_usd_per_kwh: float, pue: float) -> prices.Pricing:
     _check_choice("--mode", mode, prices.PriceMode)
     return prices.Pricing(prices.PriceMode(mode), spot, lifetime_years, utilization,

@@ -65,7 +65,8 @@ def test_first_stages_hold_more_activations_under_1f1b(small_model):
     plan = _plan(spec, small_model, [Pipeline(stages, 1, 8)])
     memory = predict(plan, CostModel(Cluster(spec), small_model, 1024)).memory
     activations = [m.activations_bytes for m in memory]
-    per_micro_batch = 2 * counts.block_activation_bytes(small_model, 1, 1024, 1, Recompute.NONE, True)
+    per_micro_batch = 2 * counts.block_activation_bytes(small_model, 1, 1024, 1, Recompute.NONE,
+                                                         flash_attention=True)
     assert activations[1] - activations[2] == pytest.approx(per_micro_batch)
     assert activations[0] > activations[1] > activations[2]
 
@@ -166,7 +167,8 @@ def test_flash_attention_keeps_no_scores_and_materialized_attention_costs_memory
     eager = CostModel(Cluster(spec), small_model, 4096, execution=Execution(flash_attention=False))
     device = Cluster(spec).devices[0].type
     s2_terms = counts.block_activation_bytes(small_model, 1, 4096, 1, Recompute.NONE)
-    assert counts.block_activation_bytes(small_model, 1, 4096, 1, Recompute.NONE, True) < s2_terms
+    assert counts.block_activation_bytes(small_model, 1, 4096, 1, Recompute.NONE,
+                                         flash_attention=True) < s2_terms
     assert (eager.block_times(device, 1, 1, Recompute.NONE).forward_s
             > flash.block_times(device, 1, 1, Recompute.NONE).forward_s)
 

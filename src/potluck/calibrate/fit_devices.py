@@ -49,7 +49,7 @@ def with_device(spec: ClusterSpec, name: str, efficiency: float | None = None,
     return replace(spec, device_types=types)
 
 
-def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace,
+def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace, *,
                   emulated: bool = False) -> float | None:
     """Memory bandwidth of type ``name`` from its devices' optimizer steps (an emulated run's
     are all the plan's slowest: every type is scaled alike)."""
@@ -64,7 +64,7 @@ def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace,
         seen[d] for d in timed)
 
 
-def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace,
+def fit_efficiency(plan: Plan, name: str, devices: list[str], measured: Trace, *,
                    emulated: bool = False) -> tuple[float | None, str]:
     """Matmul efficiency of type ``name`` that makes its devices' compute what was measured;
     with a note when the run cannot tell it."""
@@ -95,12 +95,12 @@ def fit_devices(plan: Plan, measured: Trace, emulated: bool = False) -> tuple[De
         by_type.setdefault(cluster.device(device).type.name, []).append(device)
     fits = []
     for name, devices in by_type.items():
-        bandwidth = fit_bandwidth(plan, name, devices, measured, emulated)
+        bandwidth = fit_bandwidth(plan, name, devices, measured, emulated=emulated)
         notes = [] if bandwidth else [f"{name}: no optimizer step alone (none measured, or "
                                       "ZeRO-1's all-gather in it); memory bandwidth kept"]
         with_bandwidth = replace(plan, cluster=with_device(plan.cluster, name,
                                                            bandwidth_bytes_per_s=bandwidth))
-        efficiency, note = fit_efficiency(with_bandwidth, name, devices, measured, emulated)
+        efficiency, note = fit_efficiency(with_bandwidth, name, devices, measured, emulated=emulated)
         fits.append(DeviceFit(name, efficiency, bandwidth, tuple(notes + ([note] if note else []))))
     return tuple(fits)
 

@@ -81,7 +81,7 @@ def link_key(cluster: Cluster, a: Device, b: Device) -> LinkKey:
     return LinkKey(PathKind.NETWORK, between=(first, second))
 
 
-def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float, scatter: bool) -> Terms:
+def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float, *, scatter: bool) -> Terms:
     """A ring collective's bytes and latencies on its slowest link class: an all-reduce, or
     (ZeRO-1's ``scatter``) a reduce-scatter, half of one."""
     hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
@@ -100,7 +100,7 @@ def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:
             continue
         for ring in group.rings:
             for key, (bytes_term, latency_term) in _ring_terms(
-                    cost.cluster, ring, group.bytes_per_ring, group.scatter).items():
+                    cost.cluster, ring, group.bytes_per_ring, scatter=group.scatter).items():
                 for device in ring:
                     old = terms[device.id].get(key, (0.0, 0.0))
                     terms[device.id][key] = (old[0] + bytes_term, old[1] + latency_term)

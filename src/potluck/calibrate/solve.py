@@ -8,7 +8,7 @@ from collections.abc import Callable
 STEPS = 50
 
 
-def log_bisect(value_of: Callable[[float], float], target: float, low: float, high: float,
+def log_bisect(value_of: Callable[[float], float], target: float, low: float, high: float, *,
                increasing: bool = True) -> float:
     """The ``x`` in ``[low, high]`` (bisected on a log scale) where the monotone
     ``value_of(x)`` crosses ``target``; the caller checks that it does."""

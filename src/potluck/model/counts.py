@@ -127,7 +127,7 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
     return ActivationTerms(per_sbh=attention + mlp + norms, per_as2b=scores)
 
 
-def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute,
+def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute, *,
                            flash_attention: bool = False) -> float:
     """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1).
 
@@ -153,7 +153,7 @@ def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
     return 4.0 * s * b * m.hidden_size / tp + 4.0 * s * b * m.vocab_size / tp
 
 
-def block_elementwise_bytes(m: ModelSpec, b: int, s: int, fused: bool = False) -> float:
+def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False) -> float:
     """Memory traffic of one block's non-matmul forward ops, in bytes.
 
     Counted op by op as each reads its inputs and writes its output once, with

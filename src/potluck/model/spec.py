@@ -88,7 +88,7 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-           vocab: int, seq: int, family: str = "llama", tied: bool = False,
+           vocab: int, seq: int, *, family: str = "llama", tied: bool = False,
            qkv_bias: bool = False) -> ModelSpec:
     return ModelSpec(
         name=name, family=family, hidden_size=hidden, num_layers=layers, num_heads=heads,
@@ -98,8 +98,9 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
 
 
 def _qwen(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-          vocab: int, tied: bool) -> ModelSpec:
-    return _llama(name, layers, hidden, heads, kv_heads, ffn, vocab, 32768, "qwen2", tied, True)
+          vocab: int, *, tied: bool) -> ModelSpec:
+    return _llama(name, layers, hidden, heads, kv_heads, ffn, vocab, 32768, family="qwen2",
+                  tied=tied, qkv_bias=True)
 
 
 # Shapes from the papers and the released config.json files: GPT-3 (Brown et al. 2020,
@@ -121,13 +122,13 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _qwen("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True),
-        _qwen("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True),
-        _qwen("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True),
-        _qwen("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False),
-        _qwen("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, False),
-        _qwen("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, False),
-        _qwen("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, False),
+        _qwen("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, tied=True),
+        _qwen("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, tied=True),
+        _qwen("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, tied=True),
+        _qwen("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, tied=False),
+        _qwen("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, tied=False),
+        _qwen("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, tied=False),
+        _qwen("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, tied=False),
         # Tiny models for the demo and tests: byte-level vocabulary (256 bytes + 4 specials).
         _llama("tiny-llama", 4, 64, 4, 2, 172, byte_vocab.VOCAB_SIZE, 256),
         replace(_gpt3("tiny-gpt2", 4, 64, 4), vocab_size=byte_vocab.VOCAB_SIZE, max_seq_len=256,

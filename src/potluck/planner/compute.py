@@ -87,7 +87,7 @@ class ComputeModel:
         m, s = self.model, self.seq_len
         gemms = self._block_gemms_s(device, tp, b)
         attention = self._attention_s(device, tp, b)
-        elementwise = (counts.block_elementwise_bytes(m, b, s, self.fused_kernels) / tp
+        elementwise = (counts.block_elementwise_bytes(m, b, s, fused=self.fused_kernels) / tp
                        * self.element_scale(device))
         elementwise_s = formulas.roofline_time_s(
             0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s

@@ -201,7 +201,8 @@ class CostModel:
                                          shape: StageShape) -> float:
         """Activations one micro-batch leaves on each device of the stage for its backward."""
         m, s, b = self.model, self.seq_len, shape.micro_batch
-        per_block = counts.block_activation_bytes(m, b, s, tp, shape.recompute, self.flash_attention)
+        per_block = counts.block_activation_bytes(m, b, s, tp, shape.recompute,
+                                                 flash_attention=self.flash_attention)
         total = shape.num_layers * per_block
         if shape.first:
             total += counts.embedding_activation_bytes(m, b, s, tp)
@@ -218,7 +219,7 @@ class CostModel:
             held += counts.head_activation_bytes(m, b, s, tp) * scale
         if shape.recompute is Recompute.FULL and shape.num_layers:
             held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE,
-                                                  self.flash_attention) * scale
+                                                  flash_attention=self.flash_attention) * scale
         return held
 
     def stage_memory_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,

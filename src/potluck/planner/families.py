@@ -220,8 +220,8 @@ class FamilyEvaluator:
                 self._splits[key] = None
                 return None
             slots.append(slot)
-        layers = split_layers(slots, self.cost.model.num_layers, setting.uniform,
-                              setting.virtual_stages)
+        layers = split_layers(slots, self.cost.model.num_layers, uniform=setting.uniform,
+                              min_layers=setting.virtual_stages)
         self._splits[key] = layers
         return layers
 

@@ -37,7 +37,7 @@ def _layers_within(slot: StageSlot, period_s: float) -> int:
     return min(slot.max_layers, int((period_s - slot.extra_s) / slot.per_layer_s + 1e-9))
 
 
-def split_layers(slots: list[StageSlot], num_layers: int, uniform: bool = False,
+def split_layers(slots: list[StageSlot], num_layers: int, *, uniform: bool = False,
                  min_layers: int = 1) -> list[int] | None:
     """Blocks per stage minimizing the slowest stage, or None if memory cannot hold them."""
     if len(slots) * min_layers > num_layers:

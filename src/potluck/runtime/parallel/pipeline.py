@@ -66,7 +66,7 @@ def _mount(root: nn.Module, path: str, module: nn.Module) -> None:
 class StageModule(nn.Module):
     """One virtual stage of a model, with the model's parameter names."""
 
-    def __init__(self, model: nn.Module, family: Family, layers: tuple[int, int],
+    def __init__(self, model: nn.Module, family: Family, layers: tuple[int, int], *,
                  first: bool, last: bool, seq_shards: int = 1,
                  boundary: TPGroup | None = None) -> None:
         super().__init__()

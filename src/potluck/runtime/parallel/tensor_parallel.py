@@ -191,7 +191,7 @@ def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> 
                           f"and {kv_heads} key/value heads")
 
 
-def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int],
+def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int], *,
              embed: bool, head: bool) -> None:
     """Shard, in place, the blocks ``layers`` (and the embedding / head when this
     rank holds them) of ``model`` over ``mesh``; a tied head stays tied."""
