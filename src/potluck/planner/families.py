@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
@@ -65,7 +65,7 @@ class FamilyOption:
     def pp(self) -> int:
         return len(self.layers)
 
-    @property
+    @cached_property
     def mixed_tp(self) -> bool:
         """Whether its stages have different tensor-parallel degrees."""
         return len({unit.tp for unit in self.pipelines[0]}) > 1
@@ -88,6 +88,10 @@ class FamilyEvaluator:
         self._works: dict[tuple, StageWork] = {}
         self._rings: dict[int, tuple] = {}
         self._splits: dict[tuple, list[int] | None] = {}
+        self._optimizer_steps: dict[tuple, float] = {}
+        self._params_cache: dict[tuple, float] = {}
+        # quick estimates: every GPU of a machine crosses its card at once
+        self._whole_machines = NicSharing.whole_machines(cluster, cluster.devices)
 
     def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
         return tuple(group_units(self.cluster, group, tp))
@@ -141,14 +145,27 @@ class FamilyEvaluator:
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
                             optimizer)
 
+    def _params(self, num_layers: int, i: int, pp: int, tp: int) -> float:
+        """Parameters each device of stage ``i`` of ``pp`` holds (cached: the search asks often)."""
+        key = (num_layers, i, pp, tp)
+        params = self._params_cache.get(key)
+        if params is None:
+            shape = StageShape(num_layers, i == 0, i == pp - 1, pp)
+            params = self._params_cache[key] = self.cost.stage_params(shape, tp)
+        return params
+
     def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int],
                      sharding: StateSharding) -> float:
-        pp = len(layers)
-        return max(
-            self.cost.optimizer_step_s(
-                unit.devices[0].type, self.cost.stage_params(_shape(n, i, pp), unit.tp), sharding)
-            for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
-        )
+        """The slowest stage's optimizer step (cached by the stages' device types)."""
+        key = (tuple((u.group, u.tp) for u in pipeline), tuple(layers), sharding)
+        if key not in self._optimizer_steps:
+            pp = len(layers)
+            self._optimizer_steps[key] = max(
+                self.cost.optimizer_step_s(unit.devices[0].type,
+                                           self._params(n, i, pp, unit.tp), sharding)
+                for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
+            )
+        return self._optimizer_steps[key]
 
     def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
                   wrap: Wrap) -> tuple[tuple[tuple[Unit, ...], ...], NicSharing] | None:
@@ -199,7 +216,7 @@ class FamilyEvaluator:
 
     def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: NicSharing) -> float:
         """Cached by what the time depends on: the units' places, not which machines they are."""
-        share = sharing.share(a.devices[0], b.devices[0])
+        share = 1 if a.node == b.node else sharing.share(a.devices[0], b.devices[0])
         key = (a.group, a.devices[0].local_index, b.group, b.devices[0].local_index,
                a.node == b.node, a.tp, b.tp, micro_batch, share)
         if key not in self._send_cache:
@@ -284,7 +301,7 @@ class FamilyEvaluator:
         exposed, behind = embedding, 0.0
         for i, link in enumerate(rings):
             unit = pipelines[0][i]
-            params = self.cost.stage_params(_shape(layers[i], i, pp), unit.tp)
+            params = self._params(layers[i], i, pp, unit.tp)
             num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
             allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, link.bandwidth_bytes_per_s,
                                                        link.latency_s)
@@ -302,7 +319,7 @@ class FamilyEvaluator:
         links = []
         for i in range(len(pipelines[0])):
             ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            links.append(self.cost.network.ring_link(ring, NicSharing.whole_machines(self.cluster, ring)))
+            links.append(self.cost.network.ring_link(ring, self._whole_machines))
         self._rings[key] = (pipelines, links)
         return links
 
@@ -323,13 +340,13 @@ class FamilyEvaluator:
         if len(families) <= 1:
             return 0.0
         ring = [f.pipelines[0][0].devices[0] for f in families]
-        link = self.cost.network.ring_link(ring, NicSharing.whole_machines(self.cluster, ring))
+        link = self.cost.network.ring_link(ring, self._whole_machines)
         ranks = sum(f.dp for f in families)
         worst = 0.0
         for family in families:
             pp = family.pp
             for i, unit in enumerate(family.pipelines[0]):
-                params = self.cost.stage_params(_shape(family.layers[i], i, pp), unit.tp)
+                params = self._params(family.layers[i], i, pp, unit.tp)
                 num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
                 allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, link.bandwidth_bytes_per_s,
                                                            link.latency_s)
@@ -352,9 +369,6 @@ def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], 
     return pipelines[:PATTERN_SAMPLES]
 
 
-def _shape(num_layers: int, i: int, pp: int) -> StageShape:
-    """Stage ``i`` of ``pp`` as far as its parameters go."""
-    return StageShape(num_layers, i == 0, i == pp - 1, pp)
 
 
 def _fill_and_period(works: list[StageWork], setting: FamilySetting,

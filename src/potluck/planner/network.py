@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from potluck.cluster.topology import Cluster, Device
 from potluck.planner import formulas
@@ -88,8 +89,7 @@ class NicSharing:
 NO_SHARING = NicSharing()
 
 
-@dataclass(frozen=True)
-class RingLink:
+class RingLink(NamedTuple):
     """A ring's bottleneck: its slowest hop's bandwidth and its worst hop's latency."""
 
     bandwidth_bytes_per_s: float
@@ -110,10 +110,15 @@ class Network:
     def ring_link(self, ring: Sequence[Device], sharing: NicSharing = NO_SHARING) -> RingLink:
         """The bottleneck of a ring through ``ring`` in order (the last device back to the first)."""
         bandwidth, latency = float("inf"), 0.0
-        for index, device in enumerate(ring):
-            hop = self.hop(device, ring[(index + 1) % len(ring)], sharing)
-            bandwidth = min(bandwidth, hop.bandwidth_bytes_per_s)
-            latency = max(latency, hop.latency_s)
+        flows = sharing.flows
+        for index, a in enumerate(ring):
+            b = ring[(index + 1) % len(ring)]
+            link = self.cluster.link(a, b)
+            hop_bandwidth = link.bandwidth_bytes_per_s
+            if flows and a.node != b.node:  # NicSharing.share, inlined: the search's hot loop
+                hop_bandwidth /= max(flows.get(a.node, 1), flows.get(b.node, 1))
+            bandwidth = min(bandwidth, hop_bandwidth)
+            latency = max(latency, link.latency_s)
         return RingLink(bandwidth, latency)
 
     def allreduce_s(self, num_bytes: float, ring: Sequence[Device],

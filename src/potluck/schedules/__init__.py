@@ -32,7 +32,8 @@ SCHEDULES: dict[Schedule, PipelineSchedule] = {
 
 def schedule_for(name: Schedule | str) -> PipelineSchedule:
     """The schedule called ``name`` (a :class:`Schedule` or its value, e.g. ``"1f1b"``)."""
-    return SCHEDULES[Schedule(name)]
+    found = SCHEDULES.get(name)  # type: ignore[call-overload]  # a member, or its value
+    return found if found is not None else SCHEDULES[Schedule(name)]
 
 
 def schedule_names() -> tuple[str, ...]:
