@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from potluck.cluster import parse_cluster
 from potluck.model import load_model
-from potluck.planner.search import Partition, SearchOptions, search
+from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.search import search
 from potluck.plans import TrainingShape
 
 CASES = [  # (name, cluster, model, batch, seq)

@@ -16,7 +16,8 @@ from dataclasses import replace
 from potluck.cluster import parse_cluster
 from potluck.model import load_model
 from potluck.planner.exhaustive import exhaustive_best
-from potluck.planner.search import SearchOptions, search
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import search
 from potluck.plans import TrainingShape
 
 CASES = [  # (name, cluster, TP pinned per group or None, model, layers, batch, seq)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from potluck.cluster import parse_cluster
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
-from potluck.planner.search import SearchOptions, search
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import search
 from potluck.plans import Execution, Schedule, TrainingShape
 
 # (parameters B, heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU)

@@ -21,7 +21,8 @@ from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec, load_model
-from potluck.planner.search import Partition, SearchOptions, SearchResult, search
+from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.search import SearchResult, search
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.units import parse_count
 

@@ -19,7 +19,8 @@ from potluck.economics.offers import Offer
 from potluck.economics.prices import Pricing, cluster_usd_per_hour
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.spec import ModelSpec
-from potluck.planner.search import SearchOptions, search
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import search
 from potluck.plans import Plan, TrainingShape
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from potluck.errors import ConfigError, InfeasibleError
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
-from potluck.planner.search import SearchOptions, SearchResult, search
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from potluck.economics.candidates import Candidate, CostRequest, Skipped, evalua
 from potluck.economics.offers import Offer
 from potluck.errors import InfeasibleError
 from potluck.model.spec import ModelSpec
-from potluck.planner.search import SearchOptions
+from potluck.planner.options import SearchOptions
 from potluck.plans import TrainingShape
 
 MAX_REASONS_SHOWN = 3  # offers named in the error when none can train the model
