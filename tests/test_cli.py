@@ -9,6 +9,14 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# How long a command may run before the test calls it hung. Not a speed check: a command's
+# time grows with the machine's load (compute shares the cores, and an emulated run's
+# dilation, calibrated under that load, stretches every op again). The demo's dry run takes
+# 13 s on an idle two-core machine, 20-32 s beside two busy processes, 48 s beside four, so
+# no fixed bound holds under any load (120 s failed on a busy machine). 600 s is what the
+# ranks themselves wait for a stuck collective (TrainOptions.timeout_s) before they stop
+# with potluck's own error.
+HUNG_S = 600
 CLUSTER = """
 nodes:
   - {name: box3090, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs, inter_bandwidth: 10Gb/s}
@@ -19,7 +27,7 @@ nodes:
 def potluck(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "160"}
     return subprocess.run([sys.executable, "-m", "potluck", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=120)
+                          env=env, cwd=cwd, timeout=HUNG_S)
 
 
 @pytest.fixture

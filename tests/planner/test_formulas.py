@@ -26,6 +26,16 @@ def test_small_gemms_are_memory_bound():
     assert thin == pytest.approx(2 * (4096 + 4096 * 4096 + 4096) / (2e12 * 0.8))
 
 
+def test_a_partial_last_wave_idles_the_other_processors():
+    # 128 x 128 output tiles, one per streaming multiprocessor per wave
+    assert formulas.wave_efficiency(1024, 1024, 64) == 1.0  # 8 x 8 tiles: one full wave of 64
+    assert formulas.wave_efficiency(1152, 1024, 64) == pytest.approx(72 / 128)  # 9 x 8: two waves
+    assert formulas.wave_efficiency(1152, 1024, 0) == 1.0  # SM count unknown: not modelled
+    # compute-bound (2.4 GFLOP against 6.8 MB), so the idle processors show in its time
+    assert formulas.gemm_time_s(1152, 1024, 1024, 50e12, 1e12, 2, 64) == pytest.approx(
+        2 * 1152 * 1024 * 1024 / (50e12 * 72 / 128))
+
+
 def test_model_states_with_and_without_zero1():
     assert formulas.model_state_bytes(1e9) == 16e9
     assert formulas.model_state_bytes(1e9, sharding=StateSharding.zero1(8, False)) == 16e9

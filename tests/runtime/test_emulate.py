@@ -30,14 +30,39 @@ def gpu_plan():
                      cluster=FAST_AND_SLOW, device_ids=["fast.0:0", "slow.0:0"])
 
 
-def test_clock_pads_each_op_to_dilated_prediction():
-    clock = EmulationClock({0: OpTargets(forward_s=0.01, backward_s=0.02)}, dp_sync_s=0.0,
+def _busy(seconds: float, result: int) -> int:
+    """Compute for ``seconds`` (at least) and return ``result``."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        pass
+    return result
+
+
+def test_clock_pads_each_op_to_dilated_prediction(monkeypatch):
+    """The clock sleeps what is left of ``dilation x predicted`` once the op has run.
+
+    The sleep asked for is checked, not the time a sleep took: a busy machine wakes a
+    sleeper late by any amount, but what the clock asks for lies between two bounds it
+    cannot escape: the target minus the whole time until it asked, and the target minus
+    the op's own time."""
+    asked = []
+    sleep = time.sleep
+
+    def noting_sleep(seconds):
+        asked.append((seconds, time.perf_counter()))
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", noting_sleep)
+    clock = EmulationClock({0: OpTargets(forward_s=0.05, backward_s=0.02)}, dp_sync_s=0.0,
                            optimizer_s=0.0, dilation=3.0)
     began = time.perf_counter()
-    assert clock.run(OpKind.FORWARD, 0, lambda: 7) == 7
-    assert time.perf_counter() - began == pytest.approx(0.03, abs=0.01)
-    clock.run(OpKind.BACKWARD, 0, lambda: time.sleep(0.08))  # slower than 3 x 0.02 s
-    assert clock.overruns == 1
+    assert clock.run(OpKind.FORWARD, 0, lambda: _busy(0.01, 7)) == 7  # 0.01 s of 0.15 s
+    ended = time.perf_counter()
+    [(padding_s, asked_at)] = asked
+    assert 0.15 - (asked_at - began) <= padding_s <= 0.15 - 0.01
+    assert ended - began >= 0.15
+    clock.run(OpKind.BACKWARD, 0, lambda: _busy(0.08, 0))  # slower than 3 x 0.02 s
+    assert clock.overruns == 1 and len(asked) == 1  # an overrun is not padded
 
 
 def test_targets_follow_the_cost_model_and_the_device():
@@ -83,8 +108,10 @@ def test_calibration_makes_the_dilation_cover_the_slowest_op():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         clock = EmulationClock({0: OpTargets(1e-4, 2e-4)}, 0.0, 0.0)
-        clock.run(OpKind.FORWARD, 0, lambda: time.sleep(0.01))
-        assert clock.calibrate(margin=1.5) == pytest.approx(150, rel=0.3)
+        began = time.perf_counter()
+        clock.run(OpKind.FORWARD, 0, lambda: _busy(0.01, 0))
+        took_s = time.perf_counter() - began  # the clock's own measure lies in [0.01, took_s]
+        assert 1.5 * 0.01 / 1e-4 <= clock.calibrate(margin=1.5) <= 1.5 * took_s / 1e-4
     finally:
         dist.destroy_process_group()
 
