@@ -71,7 +71,7 @@ def test_torchrun_commands_start_a_job_across_machines_with_different_rank_count
     options = TrainOptions(steps=3, lr=LR, out_dir=str(tmp_path / "run"), progress=False,
                            timeout_s=60)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"),
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3] / "src"),
            "OMP_NUM_THREADS": "1"}
     processes = []
     for node in torchrun_commands(plan, str(plan_path), "127.0.0.1", port, worker_args(options)):

@@ -14,7 +14,7 @@ import torch
 from potluck.runtime.checkpoints.storage import latest_checkpoint, load_checkpoint, save_checkpoint
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
+SRC = HERE.parents[2] / "src"
 
 
 @pytest.mark.parametrize("where", ["writing", "marker"])
