@@ -55,9 +55,12 @@ class StageShape:
     micro_batch: int = 1
     recompute: Recompute = Recompute.NONE
 
-    def with_layers(self, num_layers: int) -> StageShape:
-        """The same stage with another block count (a chunk, or a coefficient probe)."""
-        return StageShape(num_layers, self.first, self.last, self.pp, self.micro_batch,
+    def with_layers(self, num_layers: int, *, first: bool | None = None,
+                    last: bool | None = None) -> StageShape:
+        """The same stage with another block count (a chunk, or a coefficient probe), and
+        with or without the embedding and the head when ``first``/``last`` are given."""
+        return StageShape(num_layers, self.first if first is None else first,
+                          self.last if last is None else last, self.pp, self.micro_batch,
                           self.recompute)
 
 

@@ -12,7 +12,7 @@ is 0 and the head when it is the last).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from potluck.cluster.topology import Device
 from potluck.planner.cost import CostModel, StageShape
@@ -65,8 +65,8 @@ def _pipeline(plan: Plan, cost: CostModel, k: int, pipeline: Pipeline) -> Pipeli
         devices = tuple(cost.cluster.device(d) for d in stage.devices)
         shape = stage_shape(plan, k, i)
         chunks = tuple(
-            _chunk(cost, devices, replace(shape.with_layers(end - start), first=(c == 0 and i == 0),
-                                          last=(c == len(stage.layer_ranges) - 1 and i == p - 1)))
+            _chunk(cost, devices, shape.with_layers(end - start, first=(c == 0 and i == 0),
+                                                    last=(c == len(stage.layer_ranges) - 1 and i == p - 1)))
             for c, (start, end) in enumerate(stage.layer_ranges)
         )
         params = cost.stage_params(shape, len(devices))
@@ -87,9 +87,9 @@ def _chunk(cost: CostModel, devices: tuple[Device, ...], shape: StageShape) -> C
     backward_compute = compute_s - (work.forward_s - forward_tp)
     activations = cost.activation_bytes_per_micro_batch(device_type, tp, shape)
     if shape.last:  # the head's logits, kept for the loss's backward
-        head_only = replace(shape.with_layers(0), first=False)
+        head_only = shape.with_layers(0, first=False)
         activations += cost.stage_peak_activation_bytes(device_type, tp, head_only, 0.0)
-    body_only = replace(shape, first=False, last=False)
+    body_only = shape.with_layers(shape.num_layers, first=False, last=False)
     transient = cost.stage_peak_activation_bytes(device_type, tp, body_only, 0.0)
     return ChunkWork(
         forward_s=work.forward_s, forward_tp_s=forward_tp, backward_s=work.backward_s,
