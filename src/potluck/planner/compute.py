@@ -14,7 +14,6 @@ tensor-parallel collectives and transfers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from potluck.cluster.catalog import DeviceType
 from potluck.model import counts
@@ -62,8 +61,10 @@ class ComputeModel:
         self.dtype = dtype
         self.fused_kernels = execution.fused_kernels
         self.flash_attention = execution.flash_attention
-        self._block_times = lru_cache(maxsize=None)(self._compute_block_times)
-        self._head_times = lru_cache(maxsize=None)(self._compute_head_times)
+        # plain dicts, not lru_cache on bound methods: no reference cycle, so a finished
+        # search's caches are freed at once instead of by a later full garbage collection
+        self._blocks: dict[tuple, BlockTimes] = {}
+        self._heads: dict[tuple, BlockTimes] = {}
 
     def element_bytes(self, device_type: DeviceType) -> int:
         """Bytes per activation element in the dtype ``device_type`` computes in."""
@@ -76,11 +77,17 @@ class ComputeModel:
     def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
                     recompute: Recompute) -> BlockTimes:
         """One block's forward and backward of one micro-batch, on ``tp`` devices of a type."""
-        return self._block_times(device_type, tp, micro_batch, recompute)
+        key = (device_type, tp, micro_batch, recompute)
+        if key not in self._blocks:
+            self._blocks[key] = self._compute_block_times(*key)
+        return self._blocks[key]
 
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
         """The output projection and the loss of one micro-batch."""
-        return self._head_times(device_type, tp, micro_batch)
+        key = (device_type, tp, micro_batch)
+        if key not in self._heads:
+            self._heads[key] = self._compute_head_times(*key)
+        return self._heads[key]
 
     def _compute_block_times(self, device: DeviceType, tp: int, b: int,
                              recompute: Recompute) -> BlockTimes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
@@ -80,7 +80,7 @@ class FamilyEvaluator:
     def __init__(self, cluster: Cluster, cost: CostModel) -> None:
         self.cluster = cluster
         self.cost = cost
-        self.units = lru_cache(maxsize=None)(self._units)
+        self._units_cache: dict[tuple[NodeGroup, int], tuple[Unit, ...]] = {}
         self._coefficient_cache: dict[tuple, tuple] = {}
         self._send_cache: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple | None] = {}
@@ -93,8 +93,12 @@ class FamilyEvaluator:
         # quick estimates: every GPU of a machine crosses its card at once
         self._whole_machines = NicSharing.whole_machines(cluster, cluster.devices)
 
-    def _units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
-        return tuple(group_units(self.cluster, group, tp))
+    def units(self, group: NodeGroup, tp: int) -> tuple[Unit, ...]:
+        """The TP units of a node group (cached; a dict, so no reference cycle keeps this alive)."""
+        key = (group, tp)
+        if key not in self._units_cache:
+            self._units_cache[key] = tuple(group_units(self.cluster, group, tp))
+        return self._units_cache[key]
 
     def evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
                  setting: FamilySetting, wrap: Wrap = Wrap.NONE) -> FamilyOption | None:
