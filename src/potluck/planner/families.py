@@ -88,7 +88,6 @@ class FamilyEvaluator:
         self._works: dict[tuple, StageWork] = {}
         self._rings: dict[int, tuple] = {}
         self._splits: dict[tuple, list[int] | None] = {}
-        self._optimizer_steps: dict[tuple, float] = {}
         self._params_cache: dict[tuple, float] = {}
         # quick estimates: every GPU of a machine crosses its card at once
         self._whole_machines = NicSharing.whole_machines(cluster, cluster.devices)
@@ -160,16 +159,11 @@ class FamilyEvaluator:
 
     def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int],
                      sharding: StateSharding) -> float:
-        """The slowest stage's optimizer step (cached by the stages' device types)."""
-        key = (tuple((u.group, u.tp) for u in pipeline), tuple(layers), sharding)
-        if key not in self._optimizer_steps:
-            pp = len(layers)
-            self._optimizer_steps[key] = max(
-                self.cost.optimizer_step_s(unit.devices[0].type,
-                                           self._params(n, i, pp, unit.tp), sharding)
-                for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True))
-            )
-        return self._optimizer_steps[key]
+        """The slowest stage's optimizer step."""
+        pp = len(layers)
+        return max(self.cost.optimizer_step_s(unit.devices[0].type, self._params(n, i, pp, unit.tp),
+                                              sharding)
+                   for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True)))
 
     def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
                   wrap: Wrap) -> tuple[tuple[tuple[Unit, ...], ...], NicSharing] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
@@ -101,13 +102,19 @@ class StateSharding:
 
     optimizer_shards: int = 1  # ZeRO-1: each replica keeps 1/shards of the optimizer states
 
-    @classmethod
-    def zero1(cls, replicas: int, enabled: bool) -> StateSharding:
+    @staticmethod
+    def zero1(replicas: int, enabled: bool) -> StateSharding:
         """Optimizer states over ``replicas`` replicas with ZeRO-1, else whole on each."""
-        return cls(replicas if (enabled and replicas > 1) else 1)
+        return _zero1_sharding(replicas if (enabled and replicas > 1) else 1)
 
 
 NOT_SHARDED = StateSharding()
+
+
+@cache
+def _zero1_sharding(shards: int) -> StateSharding:
+    """One value per shard count (the search asks for the same few very often)."""
+    return StateSharding(shards)
 
 
 def model_state_bytes(params: float, layout: StateBytes = MIXED_PRECISION_MASTER,
