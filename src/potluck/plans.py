@@ -276,10 +276,7 @@ def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) ->
     model = plan.model
     if pipeline.micro_batch_size < 1 or pipeline.num_micro_batches < 1:
         raise ConfigError(f"pipeline {index}: micro-batch size and count must be at least 1")
-    problem = schedule_for(plan.schedule).problem(
-        pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
-    if problem is not None:
-        raise ConfigError(f"pipeline {index}: {problem}")
+    check_pipeline_schedule(plan, index, plan.schedule)
     chunks = _virtual_chunks(pipeline, plan.virtual_stages, index)
     expected_start = 0
     for start, end in chunks:
@@ -295,6 +292,15 @@ def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) ->
         )
     for stage in pipeline.stages:
         _check_tp(stage, model, index, cluster)
+
+
+def check_pipeline_schedule(plan: Plan, index: int, schedule: Schedule) -> None:
+    """One ConfigError if ``schedule`` cannot run pipeline ``index`` of ``plan`` as laid out."""
+    pipeline = plan.pipelines[index]
+    problem = schedule_for(schedule).problem(
+        pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
+    if problem is not None:
+        raise ConfigError(f"pipeline {index}: {problem}")
 
 
 def _virtual_chunks(pipeline: Pipeline, virtual_stages: int, index: int) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from potluck.cluster.topology import Cluster
-from potluck.planner.cost import effective_dtype
+from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import Plan, Prediction, plan_to_dict
 from potluck.tables import compact_table

@@ -15,7 +15,8 @@ from potluck.cluster import Cluster, parse_cluster
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
-from potluck.planner.cost import CostModel, effective_dtype
+from potluck.planner.compute import effective_dtype
+from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.plans import DType, Execution, Pipeline, Plan, Stage, TrainingShape
 

@@ -27,7 +27,7 @@ from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
-from potluck.planner.compute import BlockTimes, ComputeModel, effective_dtype
+from potluck.planner.compute import BlockTimes, ComputeModel
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape
@@ -36,7 +36,6 @@ from potluck.schedules import StageWork
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
 MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
 
-__all__ = ["CostModel", "StageShape", "StageTime", "effective_dtype", "usable_memory_bytes"]
 
 
 def usable_memory_bytes(device_type: DeviceType) -> float:

@@ -60,9 +60,8 @@ class GradientGroup:
 
 @dataclass(frozen=True)
 class StageCost:
-    """A stage's shape, its work per micro-batch, its parameters and its memory at peak."""
+    """A stage's work per micro-batch, its parameters and its memory at peak."""
 
-    shape: StageShape
     work: StageWork
     compute_s: float  # forward + backward compute, without TP communication
     params: float  # parameters held by each device of the stage
@@ -81,13 +80,11 @@ def stage_devices(cost: CostModel, plan: Plan) -> StageDevices:
             for pipeline in plan.pipelines]
 
 
-def stage_shape(plan: Plan, pipeline: int, stage: int, num_layers: int | None = None) -> StageShape:
-    """Stage ``stage`` of pipeline ``pipeline`` as the cost model sees it (``num_layers``: one
-    chunk's blocks instead of the whole stage's)."""
+def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
+    """Stage ``stage`` of pipeline ``pipeline`` as the cost model sees it."""
     p = plan.pipelines[pipeline]
-    layers = p.stages[stage].num_layers if num_layers is None else num_layers
-    return StageShape(layers, stage == 0, stage == p.pp - 1, p.pp, p.micro_batch_size,
-                      plan.recompute)
+    return StageShape(p.stages[stage].num_layers, stage == 0, stage == p.pp - 1, p.pp,
+                      p.micro_batch_size, plan.recompute)
 
 
 def stage_sharding(plan: Plan) -> StateSharding:
@@ -114,27 +111,16 @@ def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int,
                        NicSharing.of_pipelines(devices))
 
 
-@dataclass(frozen=True)
-class StageOpTimes:
-    """Per-micro-batch op times of one stage, for the emulator."""
-
-    forward_s: float
-    backward_s: float
-
-
-def stage_op_times(plan: Plan) -> tuple[tuple[StageOpTimes, ...], ...]:
-    """Predicted forward/backward time of one micro-batch on every stage of ``plan``."""
+def stage_op_times(plan: Plan) -> tuple[tuple[StageWork, ...], ...]:
+    """Predicted forward and backward time of one micro-batch on every stage of ``plan``
+    (TP communication included, no transfer), for the emulator and calibration."""
     cost = CostModel.for_plan(plan)
     devices = stage_devices(cost, plan)
     return tuple(
-        tuple(_op_times(cost.stage_time(devices[k][i], stage_shape(plan, k, i)).work)
+        tuple(cost.stage_time(devices[k][i], stage_shape(plan, k, i)).work
               for i in range(pipeline.pp))
         for k, pipeline in enumerate(plan.pipelines)
     )
-
-
-def _op_times(work: StageWork) -> StageOpTimes:
-    return StageOpTimes(work.forward_s, work.backward_s)
 
 
 @dataclass
@@ -181,7 +167,7 @@ class PlanEvaluation:
             activations = self.cost.stage_peak_activation_bytes(
                 devices[0].type, len(devices), shape, in_flight)
             params = self.cost.stage_params(shape, len(devices))
-            result.append(StageCost(shape, timing.work, timing.compute_s, params, activations))
+            result.append(StageCost(timing.work, timing.compute_s, params, activations))
         return result
 
     def stage_params(self, k: int) -> list[float]:

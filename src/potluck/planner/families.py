@@ -218,8 +218,7 @@ class FamilyEvaluator:
         key = (a.group, a.devices[0].local_index, b.group, b.devices[0].local_index,
                a.node == b.node, a.tp, b.tp, micro_batch, share)
         if key not in self._send_cache:
-            self._send_cache[key] = self.cost.send_s(
-                a.devices, b.devices, micro_batch, NicSharing({a.node: share, b.node: share}))
+            self._send_cache[key] = self.cost.send_s(a.devices, b.devices, micro_batch, sharing)
         return self._send_cache[key]
 
     def _split(self, pipeline: tuple[Unit, ...], dp: int, setting: FamilySetting) -> list[int] | None:

@@ -4,7 +4,7 @@ Every time the planner charges for moving bytes between devices comes from
 here, so a hop's bandwidth, a ring's bottleneck and a network card's sharing
 are computed in one place:
 
-- a *hop* ``a -> b`` is the cluster's link between the two devices
+- a hop ``a -> b`` is the cluster's link between the two devices
   (:meth:`potluck.cluster.topology.Cluster.link`); when it leaves a machine,
   its network card is shared by the other flows crossing that card at the
   same time: the hop gets ``1 / max(flows at a's card, flows at b's card)``
@@ -101,11 +101,6 @@ class Network:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-
-    def hop(self, a: Device, b: Device, sharing: NicSharing = NO_SHARING) -> RingLink:
-        """The link ``a -> b`` with its share of the network cards it crosses."""
-        link = self.cluster.link(a, b)
-        return RingLink(link.bandwidth_bytes_per_s / sharing.share(a, b), link.latency_s)
 
     def ring_link(self, ring: Sequence[Device], sharing: NicSharing = NO_SHARING) -> RingLink:
         """The bottleneck of a ring through ``ring`` in order (the last device back to the first)."""

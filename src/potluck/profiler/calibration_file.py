@@ -38,7 +38,7 @@ from potluck.cluster.catalog import DeviceType, catalog, closest_names, lookup, 
 from potluck.cluster.nodes import PathKind
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import ConfigError
-from potluck.planner.cost import effective_dtype
+from potluck.planner.compute import effective_dtype
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
 from potluck.plans import DType
 from potluck.profiler.run import ProfileResult

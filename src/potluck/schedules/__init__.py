@@ -36,12 +36,7 @@ def schedule_for(name: Schedule | str) -> PipelineSchedule:
     return found if found is not None else SCHEDULES[Schedule(name)]
 
 
-def schedule_names() -> tuple[str, ...]:
-    """The names a plan file or ``--schedule`` accepts."""
-    return tuple(schedule.value for schedule in Schedule)
-
-
 __all__ = [
     "SCHEDULES", "Action", "P2PCalls", "PipelineSchedule", "PipelineTime", "RankOrder", "Schedule",
-    "StageWork", "local_order", "schedule_for", "schedule_names",
+    "StageWork", "local_order", "schedule_for",
 ]

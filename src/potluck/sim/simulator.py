@@ -24,7 +24,7 @@ from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import GradientGroup, gradient_groups, predict
-from potluck.plans import Plan, check_plan, mixed_tp
+from potluck.plans import Plan, check_pipeline_schedule, check_plan
 from potluck.schedules import PipelineSchedule, Schedule, schedule_for
 from potluck.sim import engine, program
 from potluck.sim.critical import critical_path
@@ -46,7 +46,9 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     """Simulate one iteration of ``plan`` (under ``schedule``, default the plan's own)."""
     check_plan(plan)
     name = Schedule(schedule) if schedule is not None else plan.schedule
-    pipeline_schedule = _runnable(plan, schedule_for(name))
+    pipeline_schedule = schedule_for(name)
+    if name is not plan.schedule:  # check_plan has checked the plan's own
+        _check_override(plan, pipeline_schedule)
     cost = CostModel.for_plan(plan)
     network = Network(cost.cluster)
     workloads = plan_workloads(plan, cost)
@@ -66,20 +68,16 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     )
 
 
-def _runnable(plan: Plan, schedule: PipelineSchedule) -> PipelineSchedule:
-    """``schedule``, if it runs every pipeline of ``plan`` as the plan lays it out."""
+def _check_override(plan: Plan, schedule: PipelineSchedule) -> None:
+    """One ConfigError unless ``schedule`` runs every pipeline of ``plan`` as laid out."""
     if schedule.chunks(plan.virtual_stages) != plan.virtual_stages:
         raise ConfigError(
             f"the plan has {plan.virtual_stages} virtual stages per device; schedule "
             f"{schedule.name.value} runs one: simulate it with --schedule interleaved or zb, "
             "or plan again with this schedule"
         )
-    for index, pipeline in enumerate(plan.pipelines):
-        problem = schedule.problem(pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages,
-                                   mixed_tp=mixed_tp(pipeline))
-        if problem is not None:
-            raise ConfigError(f"pipeline {index}: {problem}")
-    return schedule
+    for index in range(plan.dp):
+        check_pipeline_schedule(plan, index, schedule.name)
 
 
 def _memory(runs: list[PipelineRun], workloads: list[PipelineWorkload],

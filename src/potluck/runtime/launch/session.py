@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
-from potluck.planner.cost import effective_dtype
+from potluck.planner.compute import effective_dtype
 from potluck.plans import DType, Plan
 from potluck.runtime.launch.watchdog import RankFailure, Watchdog
 from potluck.runtime.layout import Layout

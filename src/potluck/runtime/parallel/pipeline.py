@@ -254,7 +254,6 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
             module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
         stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
         stages.append(stage)
-    schedule = schedule_for(plan.schedule)
-    schedule.check(n_microbatches, role.pp, len(modules), mixed_tp=layout.mixed_tp(role.pipeline))
-    runner = schedule.torch_schedule(stages, n_microbatches, loss_fn)
+    # the layout's check_plan has refused what this schedule's torch class cannot run
+    runner = schedule_for(plan.schedule).torch_schedule(stages, n_microbatches, loss_fn)
     return runner if commands is None else AnnouncingSchedule(runner, commands)
