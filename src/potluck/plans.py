@@ -62,6 +62,8 @@ class Execution:
     overlap_p2p: bool = True  # pipeline sends and receives overlap compute
     fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
     grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
+    micro_batch_overhead_s: float = 0.0  # host time per micro-batch per stage (scheduler, Python)
+    step_overhead_s: float = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
 
 
 @dataclass(frozen=True)

@@ -118,9 +118,10 @@ class CostModel:
 
     def optimizer_step_s(self, device_type: DeviceType, params: float,
                          sharding: StateSharding) -> float:
-        """Adam step over the share of a device's ``params`` whose states it keeps."""
-        return formulas.adam_step_time_s(params / sharding.optimizer_shards,
-                                         device_type.memory_bandwidth_bytes_per_s)
+        """Adam step over the share of a device's ``params`` whose states it keeps, and the
+        framework's host time per iteration (``execution.step_overhead_s``)."""
+        return self.execution.step_overhead_s + formulas.adam_step_time_s(
+            params / sharding.optimizer_shards, device_type.memory_bandwidth_bytes_per_s)
 
     def overhead_bytes(self, device_type: DeviceType) -> float:
         return 0.0 if device_type.is_cpu else GPU_RUNTIME_OVERHEAD_BYTES
@@ -187,8 +188,9 @@ class CostModel:
         tp_comm = self.tp_block_comm_s(devices, b)
         tp_backward = tp_comm * (2.0 if shape.recompute is Recompute.FULL else 1.0)
         n = shape.num_layers
-        forward = n * (block.forward_s + tp_comm)
-        backward = n * (block.backward_s + tp_backward)
+        host = 0.5 * self.execution.micro_batch_overhead_s  # half with each pass
+        forward = host + n * (block.forward_s + tp_comm)
+        backward = host + n * (block.backward_s + tp_backward)
         weight_grad = n * block.weight_grad_s
         compute = n * (block.forward_s + block.backward_s)
         if shape.last:
