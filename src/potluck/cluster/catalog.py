@@ -44,7 +44,7 @@ class DeviceType:
     """One accelerator model with the figures potluck plans with."""
 
     name: str
-    tflops: float
+    tflops: float  # dense 16-bit tensor-core peak
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float = DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S
     bf16: bool = True
@@ -57,6 +57,8 @@ class DeviceType:
     purchase_price_usd: float = 0.0
     power_w: float = 0.0
     sm_count: int = 0
+    fp32_tflops: float = 0.0  # non-tensor FP32 peak (0: not known)
+    tf32_tflops: float = 0.0  # dense TF32 tensor-core peak (0: the hardware has none)
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -82,6 +84,8 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "purchase_price": ("purchase_price_usd", float),
     "power_w": ("power_w", float),
     "sm_count": ("sm_count", int),
+    "fp32_tflops": ("fp32_tflops", float),
+    "tf32_tflops": ("tf32_tflops", float),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
 
