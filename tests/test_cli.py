@@ -24,8 +24,8 @@ nodes:
 """
 
 
-def potluck(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "160"}
+def potluck(*args, cwd=None, columns=160):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "potluck", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=HUNG_S)
 
@@ -82,7 +82,7 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment)
 
 def test_bad_cluster_files_are_one_line(tmp_path):
     broken = tmp_path / "broken.yaml"
-    broken.write_text("nodes:\n  - name: a\n    gpu: rtx3080\n    gpus_per_node: 2\n")
+    broken.write_text("nodes:\n  - name: a\n    gpu: rtx3099\n    gpus_per_node: 2\n")
     result = potluck("plan", "--cluster", str(broken), "--model", "gpt3-125m")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "broken.yaml:3" in result.stderr and "rtx3090" in result.stderr
@@ -90,9 +90,46 @@ def test_bad_cluster_files_are_one_line(tmp_path):
     assert missing.returncode != 0 and "not found" in missing.stderr
 
 
-def test_catalog_lists_the_devices():
-    result = potluck("catalog")
-    assert result.returncode == 0 and "rtx3090" in result.stdout and "mi300x" in result.stdout
+def test_catalog_shows_every_name_whole_at_80_columns():
+    from potluck.cluster.catalog import catalog
+
+    result = potluck("catalog", columns=80)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    first_words = {line.split()[0] for line in lines if line.strip()}
+    assert set(catalog()) <= first_words  # whole, the way a cluster file's `gpu:` takes them
+    row = next(line.split() for line in lines if line.split()[:1] == ["a100-40g-pcie"])
+    assert row[1:4] == ["312", "156", "19.5"]  # 16-bit, TF32 and FP32 peaks
+
+
+def test_catalog_json_has_every_device_with_its_sources():
+    from potluck.cluster.catalog import catalog
+
+    result = potluck("catalog", "--json")
+    assert result.returncode == 0, result.stderr
+    devices = {d["name"]: d for d in json.loads(result.stdout)}
+    assert set(devices) == set(catalog())
+    h100 = devices["h100-sxm"]
+    assert (h100["tflops"], h100["tf32_tflops"], h100["fp32_tflops"]) == (989, 494.5, 67)
+    assert h100["memory_bytes"] == 80e9 and h100["link"] == "nvlink"
+    assert all(h100["sources"][key] for key in h100 if key not in ("name", "sources"))
+    one = json.loads(potluck("catalog", "l40", "--json").stdout)
+    assert one["name"] == "l40" and "L40 datasheet" in one["sources"]["tf32_tflops"]
+
+
+def test_catalog_name_shows_each_figure_with_its_source():
+    result = potluck("catalog", "rtx2080ti", columns=80)
+    assert result.returncode == 0, result.stderr
+    assert "53.8 TFLOPS" in result.stdout and "Turing" in result.stdout
+    assert "tf32_tflops" in result.stdout and "purchase_price" in result.stdout
+
+
+def test_catalog_unknown_name_is_one_line_with_close_names():
+    result = potluck("catalog", "a100")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1
+    assert "a100-40g-pcie" in lines[0] and "a100-80g-pcie" in lines[0]
 
 
 CPU_CLUSTER = "nodes: [{name: cpu, gpu: cpu, gpus_per_node: 2}]\n"

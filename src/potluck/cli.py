@@ -317,19 +317,87 @@ def _print_speedup(comparison) -> None:
 
 
 @app.command()
-def catalog() -> None:
-    """List the GPU types potluck knows, with their figures."""
+def catalog(
+    name: Annotated[str | None, typer.Argument(
+        help="Show one GPU type: every figure with its source (override any of them under "
+             "`devices:` in the cluster file).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON on stdout: an array of every type (one object with NAME), "
+                       "each with its figures and their sources.")] = False,
+) -> None:
+    """List the GPU types (names for a cluster file's `gpu:`): peak TFLOPS, memory, links, prices."""
+    from potluck.cluster.catalog import catalog as device_catalog
+    from potluck.cluster.catalog import lookup
+
+    devices = [lookup(name)] if name else list(device_catalog().values())
+    if as_json:
+        payload = [_device_json(d) for d in devices]
+        sys.stdout.write(json.dumps(payload[0] if name else payload) + "\n")
+    elif name:
+        _print_device(devices[0])
+    else:
+        _print_catalog(devices)
+
+
+def _device_json(device) -> dict:
+    """Every figure of a device type under its attribute name, and each one's source."""
+    from potluck.cluster.catalog import FIELD_ATTRS, source_of
+
+    figures = {attr: getattr(device, attr) for attr in FIELD_ATTRS.values()}
+    figures["link"] = device.link.value
+    sources = {attr: source_of(device, key) for key, attr in FIELD_ATTRS.items()}
+    return {"name": device.name, **figures, "sources": sources}
+
+
+def _print_catalog(devices) -> None:
+    from rich import box
     from rich.table import Table
 
-    from potluck.cluster.catalog import catalog as device_catalog
+    table = Table(title="Device catalog", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption="TFLOPS: dense peaks (16-bit: FP16/BF16 tensor, FP32 accumulate). "
+                          "GB, GB/s: memory and its bandwidth. $/h: rent on demand; buy $: "
+                          "purchase. `potluck catalog NAME`: every figure with its source.")
+    longest = max(len(d.name) for d in devices)
+    table.add_column("name", no_wrap=True, min_width=longest)
+    for column in ("16-bit", "TF32", "FP32", "GB", "GB/s", "link", "$/h", "buy $"):
+        table.add_column(column, justify="left" if column == "link" else "right")
+    for d in devices:
+        table.add_row(d.name, f"{d.tflops:g}", f"{d.tf32_tflops:g}", f"{d.fp32_tflops:g}",
+                      f"{d.memory_bytes / 1e9:g}", f"{d.memory_bandwidth_bytes_per_s / 1e9:g}",
+                      d.link.value, f"{d.price_per_hour_usd:.2f}", f"{d.purchase_price_usd:.0f}")
+    console.print(table)
 
-    table = Table(title="Device catalog (override any figure in your cluster file)")
-    for column in ("name", "TFLOPS", "memory GB", "mem BW GB/s", "link", "bf16", "$/h"):
-        table.add_column(column, justify="left" if column in ("name", "link") else "right")
-    for name, d in device_catalog().items():
-        table.add_row(name, f"{d.tflops:g}", f"{d.memory_bytes / 1e9:g}",
-                      f"{d.memory_bandwidth_bytes_per_s / 1e9:g}", d.link.value,
-                      "yes" if d.bf16 else "no", f"{d.price_per_hour_usd:.2f}")
+
+_FIELD_FORMATS = {
+    "tflops": "{:g} TFLOPS", "fp32_tflops": "{:g} TFLOPS", "tf32_tflops": "{:g} TFLOPS",
+    "power_w": "{:g} W", "price_per_hour": "${:.2f}/h", "spot_price_per_hour": "${:.2f}/h",
+    "purchase_price": "${:,.0f}",
+}
+
+
+def _field_text(key: str, value) -> str:
+    if key == "memory":
+        return f"{value / 1e9:g} GB"
+    if key.endswith("bandwidth"):
+        return f"{value / 1e9:g} GB/s"
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return _FIELD_FORMATS.get(key, "{:g}").format(value)
+
+
+def _print_device(device) -> None:
+    from rich.table import Table
+
+    from potluck.cluster.catalog import FIELD_ATTRS, source_of
+
+    table = Table(title=f"{device.name} (override a field under `devices:` in your cluster file)")
+    for column in ("field", "value", "source"):
+        table.add_column(column, no_wrap=column != "source")
+    for key, attr in FIELD_ATTRS.items():
+        value = _field_text(key, getattr(device, attr))
+        table.add_row(key, value, source_of(device, key) or "-")
     console.print(table)
 
 

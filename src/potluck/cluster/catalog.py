@@ -88,6 +88,13 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "tf32_tflops": ("tf32_tflops", float),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
+# YAML field -> DeviceType attribute, in the catalog's order (what `potluck catalog NAME` lists).
+FIELD_ATTRS: dict[str, str] = {key: attr for key, (attr, _) in _FIELDS.items()}
+# A `sources` key that covers several fields; a field's own key wins, then its group, then `all`.
+SOURCE_GROUPS: dict[str, tuple[str, ...]] = {
+    "specs": ("memory", "memory_bandwidth", "bf16", "link", "pcie_gen", "sm_count"),
+    "price": ("price_per_hour", "spot_price_per_hour", "purchase_price"),
+}
 
 
 def device_fields_from_yaml(name: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -151,6 +158,17 @@ def catalog() -> dict[str, DeviceType]:
     text = resources.files("potluck.cluster").joinpath("catalog.yaml").read_text()
     entries = yaml.safe_load(text)
     return {name: make_device_type(name, raw) for name, raw in entries.items()}
+
+
+def source_of(device_type: DeviceType, key: str) -> str:
+    """Where the figure of YAML field ``key`` comes from ('' when no source covers it)."""
+    sources = device_type.sources
+    if key in sources:
+        return sources[key]
+    for group, keys in SOURCE_GROUPS.items():
+        if key in keys and group in sources:
+            return sources[group]
+    return sources.get("all", "")
 
 
 def normalize_name(name: str) -> str:
