@@ -87,7 +87,7 @@ def test_malformed_yaml_names_the_line():
 
 
 def test_unknown_gpu_suggests_close_names_and_points_at_its_line():
-    message = _error("nodes:\n  - name: a\n    gpu: rtx3080\n    gpus_per_node: 2\n")
+    message = _error("nodes:\n  - name: a\n    gpu: rtx3099\n    gpus_per_node: 2\n")
     assert message.startswith("lab.yaml:3:")
     assert "rtx3090" in message and "unknown GPU type" in message
 
