@@ -4,7 +4,8 @@ A :class:`DeviceType` holds the public figures the cost model needs (dense
 16-bit TFLOPS, memory, memory bandwidth, native link, achievable matmul
 efficiency) and the economics needs (rental and purchase price, power). The
 figures live in ``catalog.yaml`` beside this module, each entry with its
-sources; a cluster file can add custom types or override any field.
+sources (:func:`source_of` finds the one covering a field); a cluster file can
+add custom types or override any field.
 """
 
 from __future__ import annotations
