@@ -1,0 +1,198 @@
+"""Plan each measured run, then choose and fit the few inputs that explain the runs.
+
+Every run is planned once with its layout pinned (on the cluster file as given); the
+fit only re-prices those plans (:func:`potluck.planner.evaluate.predict`) with new
+inputs. The objective is the sum of squared log errors, i.e. relative errors, so a
+long run does not outweigh a short one.
+
+Which inputs: those the runs depend on at all (a non-zero derivative), added one at a
+time by forward stepwise selection (Efroymson 1960; Draper & Smith, *Applied
+Regression Analysis*, 3rd ed., ch. 15): the candidate whose derivative, orthogonal to
+the ones already chosen, best explains what is left of the error (and can move that
+way within its bounds); it is fitted with the chosen ones and kept if its F statistic
+(the drop in squared error over the error per remaining degree of freedom) is at least
+:data:`F_TO_ENTER`. At most half as many inputs as runs are fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from potluck.calibrate.measured.params import (
+    Parameter,
+    Values,
+    applied_cluster,
+    applied_execution,
+    from_internal,
+    to_internal,
+)
+from potluck.calibrate.measured.runs import MeasuredRun
+from potluck.calibrate.measured.solve import jacobian, least_squares
+from potluck.calibrate.measured.stats import leave_one_out
+from potluck.cluster.spec import ClusterSpec
+from potluck.errors import PotluckError
+from potluck.model.spec import ModelSpec
+from potluck.planner.evaluate import predict
+from potluck.planner.search import search
+from potluck.plans import Execution, Plan
+
+F_TO_ENTER = 4.0  # Efroymson's customary F-to-enter (about the 5% level for 1 and >= 8 dof)
+SENSITIVITY = 1e-3  # |d ln(predicted) / d coordinate| below this on every run: not exercised
+COLLINEAR = 0.05  # a derivative this close to the chosen ones' span tells nothing new
+EXACT = 1e-6  # RMS log error below this: nothing left to explain
+UNCHANGED = 1e-6  # a fitted coordinate this close to its start (relative, or x median run) is kept
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    run: MeasuredRun
+    plan: Plan  # the run's layout as potluck plans it on the cluster file
+
+
+@dataclass(frozen=True)
+class Skipped:
+    run: MeasuredRun
+    reason: str
+
+
+def plan_runs(spec: ClusterSpec, model: ModelSpec, runs: tuple[MeasuredRun, ...],
+              execution: Execution) -> tuple[list[PlannedRun], list[Skipped]]:
+    """Each run's pinned layout planned on ``spec``; runs the planner refuses are skipped."""
+    planned, skipped = [], []
+    for run in runs:
+        try:
+            result = search(spec, model, run.shape(execution), run.options())
+        except PotluckError as err:
+            skipped.append(Skipped(run, str(err)))
+            continue
+        planned.append(PlannedRun(run, result.best))
+    return planned, skipped
+
+
+class RunModel:
+    """Predicted iteration times of the planned runs for a set of input values."""
+
+    def __init__(self, spec: ClusterSpec, planned: list[PlannedRun]) -> None:
+        self.spec = spec
+        self.planned = planned
+        self.measured_s = np.array([p.run.iteration_time_s for p in planned])
+        self.scale_s = float(np.median(self.measured_s))
+
+    def predict(self, values: Values, rows: list[int] | None = None) -> np.ndarray:
+        cluster = applied_cluster(self.spec, values)
+        times = []
+        for i in range(len(self.planned)) if rows is None else rows:
+            plan = self.planned[i].plan
+            training = replace(plan.training,
+                               execution=applied_execution(plan.training.execution, values))
+            times.append(predict(replace(plan, cluster=cluster, training=training)).iteration_time_s)
+        return np.array(times)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The inputs chosen (in order of entry) and their fitted values; one that entered and
+    ended at its starting value is left out (it changes nothing)."""
+
+    values: Values = field(default_factory=dict)
+    exercised: tuple[Parameter, ...] = ()  # the candidates the runs depend on
+
+
+class _Problem:
+    """Log residuals of ``rows`` as a function of the solver's coordinates of ``params``."""
+
+    def __init__(self, model: RunModel, rows: list[int]) -> None:
+        self.model, self.rows = model, rows
+        self.log_measured = np.log(model.measured_s[rows])
+
+    def values(self, params: list[Parameter], x: np.ndarray) -> Values:
+        return {p: from_internal(p, float(xi), self.model.scale_s) for p, xi in zip(params, x, strict=True)}
+
+    def residuals(self, params: list[Parameter], x: np.ndarray) -> np.ndarray:
+        return np.log(self.model.predict(self.values(params, x), self.rows)) - self.log_measured
+
+    def start(self, params: list[Parameter]) -> np.ndarray:
+        return np.array([to_internal(p, p.start, self.model.scale_s) for p in params])
+
+    def bounds(self, params: list[Parameter]) -> tuple[np.ndarray, np.ndarray]:
+        scale = self.model.scale_s
+        lower = [math.log(p.lower) if p.is_log else p.lower / scale for p in params]
+        upper = [math.log(p.upper) if p.is_log else p.upper / scale for p in params]
+        return np.array(lower), np.array(upper)
+
+    def jacobian(self, params: list[Parameter], x: np.ndarray, r: np.ndarray) -> np.ndarray:
+        lower, upper = self.bounds(params)
+        return jacobian(lambda y: self.residuals(params, y), x, r, lower, upper)
+
+    def solve(self, params: list[Parameter], x0: np.ndarray) -> np.ndarray:
+        lower, upper = self.bounds(params)
+        return least_squares(lambda y: self.residuals(params, y), x0, lower, upper)
+
+
+def fit_runs(model: RunModel, candidates: list[Parameter], rows: list[int] | None = None) -> Fit:
+    """Choose and fit inputs to ``rows`` of ``model`` (all by default)."""
+    rows = list(range(len(model.planned))) if rows is None else rows
+    problem = _Problem(model, rows)
+    x = problem.start(candidates)
+    r = problem.residuals(candidates, x)
+    jac = problem.jacobian(candidates, x, r)
+    exercised = [p for j, p in enumerate(candidates) if np.max(np.abs(jac[:, j])) > SENSITIVITY]
+    chosen: list[Parameter] = []
+    x_chosen = np.zeros(0)
+    loss = float(r @ r)
+    while len(chosen) < len(rows) // 2 and math.sqrt(loss / len(rows)) > EXACT:
+        best = _best_entry(problem, chosen, x_chosen, [p for p in exercised if p not in chosen], r)
+        if best is None:
+            break
+        trial = [*chosen, best]
+        x_trial = problem.solve(trial, np.append(x_chosen, problem.start([best])))
+        r_trial = problem.residuals(trial, x_trial)
+        trial_loss = float(r_trial @ r_trial)
+        if not _enters(loss, trial_loss, len(rows) - len(trial)):
+            break
+        chosen, x_chosen, r, loss = trial, x_trial, r_trial, trial_loss
+    moved = np.abs(x_chosen - problem.start(chosen)) > UNCHANGED
+    kept = [p for p, keep in zip(chosen, moved, strict=True) if keep]
+    return Fit(problem.values(kept, x_chosen[moved]), tuple(exercised))
+
+
+def _best_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray,
+                others: list[Parameter], r: np.ndarray) -> Parameter | None:
+    """The candidate whose derivative, orthogonal to the chosen ones', best explains ``r``."""
+    if not others:
+        return None
+    params = [*chosen, *others]
+    x = np.append(x_chosen, problem.start(others))
+    jac = problem.jacobian(params, x, r)
+    basis = np.linalg.qr(jac[:, :len(chosen)])[0] if chosen else np.zeros((len(r), 0))
+    lower, upper = problem.bounds(params)
+    best, best_score = None, 0.0
+    for j in range(len(chosen), len(params)):
+        column = jac[:, j]
+        q = column - basis @ (basis.T @ column)
+        if np.linalg.norm(q) <= COLLINEAR * np.linalg.norm(column):
+            continue
+        step = -float(q @ r) / float(q @ q)
+        if (step < 0 and x[j] <= lower[j] + 1e-12) or (step > 0 and x[j] >= upper[j] - 1e-12):
+            continue
+        score = float(q @ r) ** 2 / float(q @ q)
+        if score > best_score:
+            best, best_score = params[j], score
+    return best
+
+
+def _enters(loss: float, new_loss: float, dof: int) -> bool:
+    """F-to-enter: the drop in squared error against the error left per degree of freedom."""
+    if dof < 1 or new_loss >= loss:
+        return False
+    return new_loss <= 0 or (loss - new_loss) / (new_loss / dof) >= F_TO_ENTER
+
+
+def loo_predictions(model: RunModel, candidates: list[Parameter]) -> list[float]:
+    """Each run predicted by a fit (choice of inputs included) made without it."""
+    def fit_and_predict(rows: list[int], left_out: int) -> float:
+        return float(model.predict(fit_runs(model, candidates, rows).values, [left_out])[0])
+    return leave_one_out(len(model.planned), fit_and_predict)
