@@ -92,6 +92,9 @@ def _header(path: Path, row: list[str] | None) -> list[str]:
         if name not in REQUIRED + OPTIONAL:
             raise ConfigError(f"{path}:1: unknown column {name!r}; columns are "
                               f"{','.join(REQUIRED)} and optionally {','.join(OPTIONAL)}")
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{path}:1: column {twice[0]!r} appears twice; name each column once")
     missing = [name for name in REQUIRED if name not in header]
     if missing:
         raise ConfigError(f"{path}:1: no column {', '.join(map(repr, missing))}; the header must "
