@@ -7,6 +7,7 @@ import pytest
 from potluck.calibrate.measured.runs import read_runs
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.schedules import Schedule
 
@@ -22,20 +23,21 @@ def runs_file(tmp_path, text: str):
 def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
     path = runs_file(tmp_path, "# measured with Megatron-LM\n"
                      "iteration_time_s,tp,pp,dp,micro_batch_size,global_batch,seq_len,dtype,"
-                     "recompute,schedule,zero1\n"
-                     "0.61,2,2,2,1,32,1024,fp16,full,gpipe,yes\n"
+                     "recompute,schedule,zero1,partition\n"
+                     "0.61,2,2,2,1,32,1024,fp16,full,gpipe,yes,uniform\n"
                      "\n"
-                     "0.5,1,1,8,2,64,2048,,,,\n")
+                     "0.5,1,1,8,2,64,2048,,,,,\n")
     first, second = read_runs(path, num_gpus=8)
     assert (first.line, first.tp, first.pp, first.dp, first.micro_batch_size) == (3, 2, 2, 2, 1)
     assert (first.global_batch, first.seq_len, first.iteration_time_s) == (32, 1024, 0.61)
-    assert (first.dtype, first.recompute, first.schedule, first.zero1) == (
-        DType.FP16, Recompute.FULL, Schedule.GPIPE, True)
+    assert (first.dtype, first.recompute, first.schedule, first.zero1, first.partition) == (
+        DType.FP16, Recompute.FULL, Schedule.GPIPE, True, Partition.UNIFORM)
     assert second.line == 5
-    assert (second.dtype, second.recompute, second.schedule, second.zero1) == (
-        DType.BF16, None, Schedule.ONE_F_ONE_B, None)
+    assert (second.dtype, second.recompute, second.schedule, second.zero1, second.partition) == (
+        DType.BF16, None, Schedule.ONE_F_ONE_B, None, Partition.BALANCED)
     options = first.options()
     assert (options.tp, options.pp, options.dp, options.micro_batch_size, options.top_k) == (2, 2, 2, 1, 1)
+    assert (options.partition, options.zero1, options.recompute) == (Partition.UNIFORM, True, Recompute.FULL)
 
 
 @pytest.mark.parametrize(("text", "message"), [

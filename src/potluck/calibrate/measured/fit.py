@@ -11,7 +11,9 @@ Regression Analysis*, 3rd ed., ch. 15): the candidate whose derivative, orthogon
 the ones already chosen, best explains what is left of the error (and can move that
 way within its bounds); it is fitted with the chosen ones and kept if its F statistic
 (the drop in squared error over the error per remaining degree of freedom) is at least
-:data:`F_TO_ENTER`. At most half as many inputs as runs are fitted.
+:data:`F_TO_ENTER`; then an earlier input that the later ones make unnecessary (its F
+below :data:`F_TO_REMOVE`, or the rest fitting as well without it) is dropped. At most
+half as many inputs as runs are fitted.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from potluck.planner.search import search
 from potluck.plans import Execution, Plan
 
 F_TO_ENTER = 4.0  # Efroymson's customary F-to-enter (about the 5% level for 1 and >= 8 dof)
+F_TO_REMOVE = 3.9  # below F-to-enter, so that an input is not added and dropped in turn
+SUSPECT = 2.0  # refit without an input whose linearised F-to-remove is below this x F_TO_REMOVE
+MAX_STEPS = 20  # entries (each with its removals) before the selection stops regardless
 SENSITIVITY = 1e-3  # |d ln(predicted) / d coordinate| below this on every run: not exercised
 COLLINEAR = 0.05  # a derivative this close to the chosen ones' span tells nothing new
 EXACT = 1e-6  # RMS log error below this: nothing left to explain
@@ -143,7 +148,9 @@ def fit_runs(model: RunModel, candidates: list[Parameter], rows: list[int] | Non
     chosen: list[Parameter] = []
     x_chosen = np.zeros(0)
     loss = float(r @ r)
-    while len(chosen) < len(rows) // 2 and math.sqrt(loss / len(rows)) > EXACT:
+    for _ in range(MAX_STEPS):
+        if len(chosen) >= len(rows) // 2 or math.sqrt(loss / len(rows)) <= EXACT:
+            break
         best = _best_entry(problem, chosen, x_chosen, [p for p in exercised if p not in chosen], r)
         if best is None:
             break
@@ -153,7 +160,7 @@ def fit_runs(model: RunModel, candidates: list[Parameter], rows: list[int] | Non
         trial_loss = float(r_trial @ r_trial)
         if not _enters(loss, trial_loss, len(rows) - len(trial)):
             break
-        chosen, x_chosen, r, loss = trial, x_trial, r_trial, trial_loss
+        chosen, x_chosen, r, loss = _backward(problem, trial, x_trial, r_trial, trial_loss)
     moved = np.abs(x_chosen - problem.start(chosen)) > UNCHANGED
     kept = [p for p, keep in zip(chosen, moved, strict=True) if keep]
     return Fit(problem.values(kept, x_chosen[moved]), tuple(exercised))
@@ -182,6 +189,48 @@ def _best_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray
         if score > best_score:
             best, best_score = params[j], score
     return best
+
+
+def _backward(problem: _Problem, chosen: list[Parameter], x: np.ndarray, r: np.ndarray,
+              loss: float) -> tuple[list[Parameter], np.ndarray, np.ndarray, float]:
+    """Drop an earlier input the later ones make unnecessary (its F-to-remove below
+    :data:`F_TO_REMOVE`), refitting the rest from where they are; again until none. Only
+    inputs whose linearised F-to-remove is small are refitted without (a refit is costly)."""
+    for j in _removal_suspects(problem, chosen, x, r, loss):
+        rest = chosen[:j] + chosen[j + 1:]
+        x_rest = problem.solve(rest, np.delete(x, j))
+        r_rest = problem.residuals(rest, x_rest)
+        rest_loss = float(r_rest @ r_rest)
+        if _removes(loss, rest_loss, len(problem.rows) - len(chosen)):
+            return _backward(problem, rest, x_rest, r_rest, rest_loss)
+    return chosen, x, r, loss
+
+
+def _removal_suspects(problem: _Problem, chosen: list[Parameter], x: np.ndarray, r: np.ndarray,
+                      loss: float) -> list[int]:
+    """Earlier inputs whose removal the linearisation says costs little: moving one back to
+    its start, the others adjusting, adds (its move x its derivative orthogonal to theirs)^2."""
+    if len(chosen) < 2:
+        return []
+    jac = problem.jacobian(chosen, x, r)
+    moves = x - problem.start(chosen)
+    dof = len(problem.rows) - len(chosen)
+    suspects = []
+    for j in range(len(chosen) - 1):
+        others = np.delete(jac, j, axis=1)
+        basis = np.linalg.qr(others)[0]
+        q = jac[:, j] - basis @ (basis.T @ jac[:, j])
+        added = moves[j] ** 2 * float(q @ q)
+        if loss <= 0 or added / (loss / dof) < SUSPECT * F_TO_REMOVE:
+            suspects.append(j)
+    return suspects
+
+
+def _removes(loss: float, without_loss: float, dof: int) -> bool:
+    """F-to-remove: what an input adds against the error per degree of freedom."""
+    if without_loss <= loss:
+        return True
+    return loss > 0 and (without_loss - loss) / (loss / dof) < F_TO_REMOVE
 
 
 def _enters(loss: float, new_loss: float, dof: int) -> bool:

@@ -61,6 +61,10 @@ def render_measured(console: Console, outcome: MeasuredOutcome) -> None:
                   f"(in sample), leave-one-out {figures['mape_leave_one_out']:.1%}; Spearman: "
                   f"before {_rho(figures['spearman_before'])}, leave-one-out "
                   f"{_rho(figures['spearman_leave_one_out'])}", highlight=False)
+    if figures["mape_leave_one_out"] >= figures["mape_before"]:
+        console.print("note: left out of the fit, the runs are predicted no better than before "
+                      "calibration; the fitted inputs may not carry over to other layouts (add runs "
+                      "whose layouts differ)", highlight=False)
     console.print(f"fit and {len(outcome.planned)} leave-one-out fits: {outcome.fit_time_s:.1f} s",
                   highlight=False)
     console.print(f"calibrated cluster file: {outcome.cluster_file}", highlight=False)

@@ -5,8 +5,9 @@ The header names the columns, in any order::
     tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s,dtype,recompute,schedule
     1,1,8,2,64,1024,0.612,bf16,none,1f1b
 
-``dtype``, ``recompute``, ``schedule`` and ``zero1`` are optional (an empty cell takes
-the default: bf16, the search's choice, 1f1b, the search's choice). Lines starting
+``dtype``, ``recompute``, ``schedule``, ``zero1`` and ``partition`` are optional (an
+empty cell takes the default: bf16, the search's choice, 1f1b, the search's choice,
+balanced; ``uniform`` is the even split of layers and batch most frameworks use). Lines starting
 with ``#`` are comments. Every mistake is one line naming the file, the line and the fix.
 """
 
@@ -21,12 +22,12 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
-from potluck.planner.options import SearchOptions
+from potluck.planner.options import Partition, SearchOptions
 from potluck.plans import DType, Execution, TrainingShape
 from potluck.schedules import Schedule
 
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
-OPTIONAL = ("dtype", "recompute", "schedule", "zero1")
+OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition")
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -46,12 +47,14 @@ class MeasuredRun:
     recompute: Recompute | None = None
     schedule: Schedule = Schedule.ONE_F_ONE_B
     zero1: bool | None = None
+    partition: Partition = Partition.BALANCED
 
     def options(self) -> SearchOptions:
         """The search pinned to this run's layout."""
         return SearchOptions(tp=self.tp, pp=self.pp, dp=self.dp,
                              micro_batch_size=self.micro_batch_size, recompute=self.recompute,
-                             schedule=self.schedule, zero1=self.zero1, top_k=1)
+                             partition=self.partition, schedule=self.schedule, zero1=self.zero1,
+                             top_k=1)
 
     def shape(self, execution: Execution) -> TrainingShape:
         return TrainingShape(self.global_batch, self.seq_len, self.dtype, execution)
@@ -177,4 +180,5 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "micro_batch_size": _positive_int, "global_batch": _positive_int, "seq_len": _positive_int,
     "iteration_time_s": _positive_float, "dtype": _choice(DType),
     "recompute": _choice(Recompute), "schedule": _choice(Schedule), "zero1": _flag,
+    "partition": _choice(Partition),
 }

@@ -13,8 +13,8 @@ import numpy as np
 Residuals = Callable[[np.ndarray], np.ndarray]
 
 FD_STEP = 1e-4  # forward-difference step, in the solver's coordinates
-MAX_ITERATIONS = 40
-TOLERANCE = 1e-12  # stop when a step lowers the sum of squares by less than this, relatively
+MAX_ITERATIONS = 30
+TOLERANCE = 1e-6  # stop when a step lowers the sum of squares by less than this, relatively
 
 
 def jacobian(residuals: Residuals, x: np.ndarray, r: np.ndarray, lower: np.ndarray,
