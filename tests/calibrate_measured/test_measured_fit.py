@@ -28,6 +28,7 @@ from potluck.calibrate.measured.output import read_cluster, with_overheads
 from potluck.calibrate.measured.params import Kind, Parameter
 from potluck.calibrate.measured.stats import leave_one_out, mape, ranks, spearman
 from potluck.cluster.spec import load_cluster
+from potluck.errors import ConfigError
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
 from potluck.plans import Execution, TrainingShape
@@ -132,3 +133,16 @@ def test_a_fit_worse_than_the_claim_is_refused() -> None:
     with pytest.raises(CalibrationRefused, match=r"error 5.0% before, 10.0% after"):
         check_improves(Fit({param: 0.1}), (1.05, 2.1), (1.1, 2.2), measured)
     check_improves(Fit({param: 0.1}), (1.1, 2.2), (1.05, 2.1), measured)  # better: accepted
+
+
+def test_one_plannable_run_is_not_enough(tmp_path) -> None:
+    runs = write_runs(tmp_path / "runs.csv", true_times(LAYOUTS[:1]), LAYOUTS[:1])
+    with pytest.raises(ConfigError, match=r"runs.csv: 1 of 1 runs could be planned, a fit needs at "
+                                          r"least 2; add runs"):
+        calibrate_measured(runs, MODEL, write_claimed(tmp_path / "lab.yaml"), tmp_path / "out.yaml")
+
+
+def test_a_missing_cluster_file_is_one_line(tmp_path) -> None:
+    runs = write_runs(tmp_path / "runs.csv", [1.0, 2.0], LAYOUTS[:2])
+    with pytest.raises(ConfigError, match="cluster file .*nope.yaml' not found; check the path"):
+        calibrate_measured(runs, MODEL, tmp_path / "nope.yaml")

@@ -41,9 +41,11 @@ def read_cluster(text: str, label: str) -> tuple[ClusterSpec, dict[str, Any]]:
     data = parse_yaml(text, label)
     section: dict[str, Any] = {}
     if isinstance(data, dict) and EXECUTION_SECTION in data:
-        section = dict(data.pop(EXECUTION_SECTION) or {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"{label}: execution must be a mapping of Execution fields")
+        raw = data.pop(EXECUTION_SECTION) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{label}: execution must be a mapping of Execution fields, "
+                              f"e.g. `micro_batch_overhead_s: 0.002`")
+        section = dict(raw)
     return cluster_from_data(data, label, default_name=Path(label).stem), section
 
 
