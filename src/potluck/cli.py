@@ -229,7 +229,7 @@ def calibrate(
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="CSV of iteration times measured by any framework: "
         "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s (optional "
-        "dtype,recompute,schedule,zero1,partition); needs --model and --cluster.")] = None,
+        "dtype,recompute,schedule,zero1,partition,groups); needs --model and --cluster.")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="With --measured: the model the runs trained.")] = None,
     cluster: Annotated[Path | None, typer.Option(

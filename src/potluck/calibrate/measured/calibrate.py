@@ -77,7 +77,7 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
     text = _read(cluster)
     spec, section = read_cluster(text, str(cluster))
     execution = with_overheads(Execution(), section, str(cluster))
-    runs = read_runs(runs_file, spec.num_gpus)
+    runs = read_runs(runs_file, {group.name: group.num_gpus for group in spec.nodes})
     planned, skipped = plan_runs(spec, model, runs, execution)
     _check_enough(Path(runs_file), len(runs), planned, skipped)
     started = time.perf_counter()

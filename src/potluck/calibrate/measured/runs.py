@@ -5,9 +5,11 @@ The header names the columns, in any order::
     tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s,dtype,recompute,schedule
     1,1,8,2,64,1024,0.612,bf16,none,1f1b
 
-``dtype``, ``recompute``, ``schedule``, ``zero1`` and ``partition`` are optional (an
-empty cell takes the default: bf16, the search's choice, 1f1b, the search's choice,
-balanced; ``uniform`` is the even split of layers and batch most frameworks use). Lines starting
+``dtype``, ``recompute``, ``schedule``, ``zero1``, ``partition`` and ``groups`` are
+optional (an empty cell takes the default: bf16, the search's choice, 1f1b, the
+search's choice, balanced, any node groups; ``uniform`` is the even split of layers and
+batch most frameworks use; ``groups`` names the node groups the run used, joined by
+``+``, e.g. ``box3090+a100``). Lines starting
 with ``#`` are comments. Every mistake is one line naming the file, the line and the fix.
 """
 
@@ -27,7 +29,7 @@ from potluck.plans import DType, Execution, TrainingShape
 from potluck.schedules import Schedule
 
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
-OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition")
+OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition", "groups")
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -48,13 +50,14 @@ class MeasuredRun:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     zero1: bool | None = None
     partition: Partition = Partition.BALANCED
+    groups: tuple[str, ...] | None = None  # the node groups the run used (None: any)
 
     def options(self) -> SearchOptions:
         """The search pinned to this run's layout."""
         return SearchOptions(tp=self.tp, pp=self.pp, dp=self.dp,
                              micro_batch_size=self.micro_batch_size, recompute=self.recompute,
                              partition=self.partition, schedule=self.schedule, zero1=self.zero1,
-                             top_k=1)
+                             groups=self.groups, top_k=1)
 
     def shape(self, execution: Execution) -> TrainingShape:
         return TrainingShape(self.global_batch, self.seq_len, self.dtype, execution)
@@ -64,8 +67,8 @@ class MeasuredRun:
                 f"gb={self.global_batch} seq={self.seq_len}")
 
 
-def read_runs(path: str | Path, num_gpus: int) -> tuple[MeasuredRun, ...]:
-    """The runs of ``path``, checked against a cluster of ``num_gpus`` GPUs."""
+def read_runs(path: str | Path, group_gpus: dict[str, int]) -> tuple[MeasuredRun, ...]:
+    """The runs of ``path``, checked against a cluster of these node groups (name: GPUs)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -78,7 +81,7 @@ def read_runs(path: str | Path, num_gpus: int) -> tuple[MeasuredRun, ...]:
     runs = []
     for row in reader:
         if any(cell.strip() for cell in row):
-            runs.append(_run(path, reader.line_num, header, row, num_gpus))
+            runs.append(_run(path, reader.line_num, header, row, group_gpus))
     if not runs:
         raise ConfigError(f"{path}:{header_line}: no runs after the header; add one line per "
                           f"measured run ({','.join(REQUIRED)})")
@@ -105,7 +108,8 @@ def _header(path: Path, row: list[str] | None) -> list[str]:
     return header
 
 
-def _run(path: Path, line: int, header: list[str], row: list[str], num_gpus: int) -> MeasuredRun:
+def _run(path: Path, line: int, header: list[str], row: list[str],
+         group_gpus: dict[str, int]) -> MeasuredRun:
     if len(row) != len(header):
         raise ConfigError(f"{path}:{line}: {len(row)} values for {len(header)} columns; give one "
                           "value per column of the header")
@@ -121,15 +125,21 @@ def _run(path: Path, line: int, header: list[str], row: list[str], num_gpus: int
         except ValueError as err:
             raise ConfigError(f"{path}:{line}: column {name!r} {err}") from None
     run = MeasuredRun(line, **values)
-    _check_layout(path, run, num_gpus)
+    _check_layout(path, run, group_gpus)
     return run
 
 
-def _check_layout(path: Path, run: MeasuredRun, num_gpus: int) -> None:
-    gpus = run.tp * run.pp * run.dp
-    if gpus > num_gpus:
-        raise ConfigError(f"{path}:{run.line}: tp*pp*dp = {gpus} GPUs but the cluster has "
-                          f"{num_gpus}; give the cluster file the run was measured on")
+def _check_layout(path: Path, run: MeasuredRun, group_gpus: dict[str, int]) -> None:
+    for name in run.groups or ():
+        if name not in group_gpus:
+            raise ConfigError(f"{path}:{run.line}: column 'groups' names {name!r}, not a node group "
+                              f"of the cluster ({', '.join(group_gpus)}); join names with '+'")
+    gpus, available = run.tp * run.pp * run.dp, sum(
+        n for name, n in group_gpus.items() if run.groups is None or name in run.groups)
+    if gpus > available:
+        where = "the cluster has" if run.groups is None else f"{'+'.join(run.groups)} have"
+        raise ConfigError(f"{path}:{run.line}: tp*pp*dp = {gpus} GPUs but {where} "
+                          f"{available}; give the cluster file the run was measured on")
     per_step = run.dp * run.micro_batch_size
     if run.global_batch % per_step:
         raise ConfigError(f"{path}:{run.line}: global_batch {run.global_batch} is not divisible "
@@ -167,6 +177,13 @@ def _choice(kind: type[Enum]) -> Callable[[str], Any]:
     return parse
 
 
+def _groups(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split("+"))
+    if not all(names):
+        raise ValueError(f"must name node groups joined by '+', not {text!r}")
+    return names
+
+
 def _flag(text: str) -> bool:
     if text.lower() in _TRUE:
         return True
@@ -180,5 +197,5 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "micro_batch_size": _positive_int, "global_batch": _positive_int, "seq_len": _positive_int,
     "iteration_time_s": _positive_float, "dtype": _choice(DType),
     "recompute": _choice(Recompute), "schedule": _choice(Schedule), "zero1": _flag,
-    "partition": _choice(Partition),
+    "partition": _choice(Partition), "groups": _groups,
 }
