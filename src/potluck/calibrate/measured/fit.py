@@ -5,7 +5,8 @@ fit only re-prices those plans (:func:`potluck.planner.evaluate.predict`) with n
 inputs. The objective is the sum of squared log errors, i.e. relative errors, so a
 long run does not outweigh a short one.
 
-Which inputs: those the runs depend on at all (a non-zero derivative), added one at a
+Which inputs: those the runs depend on (a non-zero derivative where the fit stands: an
+all-reduce hidden behind compute can show once compute is fitted faster), added one at a
 time by forward stepwise selection (Efroymson 1960; Draper & Smith, *Applied
 Regression Analysis*, 3rd ed., ch. 15): the candidate whose derivative, orthogonal to
 the ones already chosen, best explains what is left of the error (and can move that
@@ -103,7 +104,7 @@ class Fit:
     ended at its starting value is left out (it changes nothing)."""
 
     values: Values = field(default_factory=dict)
-    exercised: tuple[Parameter, ...] = ()  # the candidates the runs depend on
+    exercised: tuple[Parameter, ...] = ()  # the candidates the runs depend on at the start
 
 
 class _Problem:
@@ -151,7 +152,7 @@ def fit_runs(model: RunModel, candidates: list[Parameter], rows: list[int] | Non
     for _ in range(MAX_STEPS):
         if len(chosen) >= len(rows) // 2 or math.sqrt(loss / len(rows)) <= EXACT:
             break
-        best = _best_entry(problem, chosen, x_chosen, [p for p in exercised if p not in chosen], r)
+        best = _best_entry(problem, chosen, x_chosen, [p for p in candidates if p not in chosen], r)
         if best is None:
             break
         trial = [*chosen, best]

@@ -43,7 +43,7 @@ def render_measured(console: Console, outcome: MeasuredOutcome) -> None:
         table.add_row(param.name, _value(param, param.start), _value(param, value))
     console.print(table)
     kept = [p.name for p in outcome.fit.exercised if p not in fitted]
-    unused = [p.name for p in outcome.candidates if p not in outcome.fit.exercised]
+    unused = [p.name for p in outcome.candidates if p not in outcome.fit.exercised and p not in fitted]
     if kept:
         console.print(f"kept (not needed to explain the runs): {', '.join(kept)}", highlight=False)
     if unused:
