@@ -28,6 +28,7 @@ from potluck.units import parse_count
 
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
+    from potluck.calibrate.measured.calibrate import MeasuredOutcome
     from potluck.profiler import ProfileOutcome
     from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.options import TrainOptions
@@ -242,3 +243,14 @@ def calibrate(run_dir: str | Path, *, cluster: str | Path | None = None,
     from potluck.calibrate.calibrate_run import calibrate_run
 
     return calibrate_run(run_dir, cluster=cluster, out=out)
+
+
+def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
+                       cluster: str | Path, out: str | Path | None = None) -> MeasuredOutcome:
+    """Fit a few inputs of ``cluster`` (device efficiency, link bandwidths, framework
+    overheads) to iteration times measured by any framework (``runs``: a CSV, one run per
+    line) and write them into a cluster file (default ``<cluster>-calibrated.yaml``); the
+    outcome holds each run's error before, after and left out of the fit."""
+    from potluck.calibrate.measured.calibrate import calibrate_measured as fit_measured
+
+    return fit_measured(runs, as_model(model), cluster, out)

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
 from potluck.economics import prices
-from potluck.errors import PotluckError
+from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition
 from potluck.plans import DType
@@ -224,7 +224,14 @@ def compare(
 
 @app.command()
 def calibrate(
-    run: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace --out.")],
+    run: Annotated[Path | None, typer.Argument(
+        help="Run directory of potluck train --trace --out (or give --measured).")] = None,
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="CSV of iteration times measured by any framework: "
+        "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s (optional "
+        "dtype,recompute,schedule,zero1,partition,groups); needs --model and --cluster.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="With --measured: the model the runs trained.")] = None,
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", "-c", help="Cluster file to calibrate (default: the run's, from its plan).")] = None,
     out: Annotated[Path | None, typer.Option(
@@ -232,7 +239,13 @@ def calibrate(
         "RUN/calibrated.yaml).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Fit device efficiency, memory bandwidth and links to a traced run; error before and after."""
+    """Fit device efficiency, memory bandwidth and links to a traced run (or, with --measured,
+    efficiency, link bandwidths and overheads to measured iteration times); error before and after."""
+    if measured is not None or run is None:
+        _calibrate_measured(run, measured, model, cluster, out, as_json)
+        return
+    if model is not None:
+        raise ConfigError("--model is for --measured runs; a run directory's plan names its model")
     from potluck.calibrate.report import calibration_json, render_calibration
 
     outcome = api.calibrate(run, cluster=cluster, out=out)
@@ -240,6 +253,24 @@ def calibrate(
         sys.stdout.write(json.dumps(calibration_json(outcome)) + "\n")
         return
     render_calibration(console, outcome)
+
+
+def _calibrate_measured(run: Path | None, measured: Path | None, model: str | None,
+                        cluster: Path | None, out: Path | None, as_json: bool) -> None:
+    from potluck.calibrate.measured.report import measured_json, render_measured
+
+    if run is not None:
+        raise ConfigError("give either a run directory or --measured runs.csv, not both")
+    if measured is None:
+        raise ConfigError("give a run directory of potluck train --trace, or --measured runs.csv")
+    if model is None or cluster is None:
+        raise ConfigError("--measured needs --model (the model the runs trained) and --cluster "
+                          "(the cluster file of the machines they ran on)")
+    outcome = api.calibrate_measured(measured, model=model, cluster=cluster, out=out)
+    if as_json:
+        sys.stdout.write(json.dumps(measured_json(outcome)) + "\n")
+        return
+    render_measured(console, outcome)
 
 
 @app.command()

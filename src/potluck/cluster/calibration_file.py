@@ -98,9 +98,14 @@ def _measured_link(measured: MeasuredLink) -> dict[str, Any]:
 def without_calibration(text: str) -> str:
     """Cluster file text without its top-level ``calibration:`` block (which runs up to the
     next top-level key; comment lines inside it go with it)."""
+    return without_section(text, _SECTION)
+
+
+def without_section(text: str, section: re.Pattern[str]) -> str:
+    """Cluster file text without the top-level block whose first line matches ``section``."""
     kept, skipping = [], False
     for line in text.splitlines(keepends=True):
-        if _SECTION.match(line):
+        if section.match(line):
             skipping = True
             continue
         if skipping and line.strip() and not line[0].isspace() and not line.lstrip().startswith("#"):

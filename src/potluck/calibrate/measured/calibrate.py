@@ -1,0 +1,146 @@
+"""``potluck calibrate --measured runs.csv``: plan every run, fit, check, write.
+
+"Before" is each run's prediction on the cluster file as given; "after" its
+prediction on the written file read back (what the next ``potluck plan`` sees);
+"leave-one-out" its prediction by a fit made without it. A fit that does not lower
+both the squared log error and the mean absolute percentage error over the runs is
+refused, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from potluck.calibrate.measured.fit import (
+    Fit,
+    PlannedRun,
+    RunModel,
+    Skipped,
+    fit_runs,
+    loo_predictions,
+    plan_runs,
+)
+from potluck.calibrate.measured.output import (
+    calibrated_text,
+    merged_calibration,
+    read_cluster,
+    with_overheads,
+)
+from potluck.calibrate.measured.params import Parameter, candidates
+from potluck.calibrate.measured.runs import read_runs
+from potluck.calibrate.measured.stats import mape
+from potluck.cluster.spec import ClusterSpec
+from potluck.errors import ConfigError, PotluckError
+from potluck.model.spec import ModelSpec
+from potluck.planner.evaluate import predict
+from potluck.plans import Execution
+from potluck.version import __version__
+
+MIN_RUNS = 2  # one input from one run would explain it by construction
+
+
+class CalibrationRefused(PotluckError):
+    """The fit would not predict the runs better than the cluster file does."""
+
+
+@dataclass(frozen=True)
+class MeasuredOutcome:
+    """What was fitted to which runs, where it was written, and the errors."""
+
+    cluster_file: Path
+    planned: tuple[PlannedRun, ...]
+    skipped: tuple[Skipped, ...]
+    fit: Fit
+    candidates: tuple[Parameter, ...]
+    before_s: tuple[float, ...]
+    after_s: tuple[float, ...]
+    loo_s: tuple[float, ...]
+    fit_time_s: float  # the fit and the leave-one-out fits, wall clock
+
+    @property
+    def measured_s(self) -> tuple[float, ...]:
+        return tuple(p.run.iteration_time_s for p in self.planned)
+
+
+def default_output(cluster: str | Path) -> Path:
+    path = Path(cluster)
+    return path.with_name(f"{path.stem}-calibrated.yaml")
+
+
+def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | Path,
+                       out: str | Path | None = None) -> MeasuredOutcome:
+    """Fit the inputs of ``cluster`` to the runs of ``runs_file`` and write ``out``."""
+    text = _read(cluster)
+    spec, section = read_cluster(text, str(cluster))
+    execution = with_overheads(Execution(), section, str(cluster))
+    runs = read_runs(runs_file, {group.name: group.num_gpus for group in spec.nodes})
+    planned, skipped = plan_runs(spec, model, runs, execution)
+    _check_enough(Path(runs_file), len(runs), planned, skipped)
+    started = time.perf_counter()
+    runs_model = RunModel(spec, planned)
+    found = candidates(spec, execution, float(runs_model.measured_s.max()))
+    fit = fit_runs(runs_model, found)
+    loo = loo_predictions(runs_model, found)
+    elapsed = time.perf_counter() - started
+    path = Path(out) if out is not None else default_output(cluster)
+    source = (f"potluck calibrate {__version__} --measured {Path(runs_file).name} "
+              f"({len(planned)} runs, {datetime.date.today().isoformat()})")
+    new_text = calibrated_text(text, section, merged_calibration(spec, fit.values, source), fit.values)
+    after_spec, after_section = read_cluster(new_text, str(path))
+    before = tuple(float(t) for t in runs_model.predict({}))
+    after = predict_on(planned, after_spec, after_section, str(path))
+    check_improves(fit, before, after, runs_model.measured_s.tolist())
+    path.write_text(new_text)
+    return MeasuredOutcome(path, tuple(planned), tuple(skipped), fit, tuple(found), before, after,
+                           tuple(loo), elapsed)
+
+
+def _read(cluster: str | Path) -> str:
+    try:
+        return Path(cluster).read_text()
+    except OSError:
+        raise ConfigError(f"cluster file {str(cluster)!r} not found; check the path") from None
+
+
+def _check_enough(runs_file: Path, total: int, planned: list[PlannedRun],
+                  skipped: list[Skipped]) -> None:
+    if len(planned) >= MIN_RUNS:
+        return
+    why = "; ".join(f"line {s.run.line}: {s.reason}" for s in skipped)
+    raise ConfigError(f"{runs_file}: {len(planned)} of {total} runs could be planned, a fit needs "
+                      f"at least {MIN_RUNS}{' (' + why + ')' if why else ''}; add runs")
+
+
+def predict_on(planned: list[PlannedRun], spec: ClusterSpec, section: dict, label: str
+               ) -> tuple[float, ...]:
+    """Each run's plan predicted on ``spec`` with the overheads of ``section``."""
+    times = []
+    for p in planned:
+        training = replace(p.plan.training,
+                           execution=with_overheads(p.plan.training.execution, section, label))
+        times.append(predict(replace(p.plan, cluster=spec, training=training)).iteration_time_s)
+    return tuple(times)
+
+
+def check_improves(fit: Fit, before: tuple[float, ...], after: tuple[float, ...],
+                   measured: list[float]) -> None:
+    """Refuse a fit that does not predict the runs better than the cluster file does."""
+    if not fit.values:
+        raise CalibrationRefused(
+            f"no input explains these runs better than the cluster file does (error "
+            f"{mape(before, measured):.1%} before); nothing written: add runs whose layouts "
+            "differ more")
+    old, new = _squared_log_error(before, measured), _squared_log_error(after, measured)
+    if new >= old or mape(after, measured) >= mape(before, measured):
+        raise CalibrationRefused(
+            f"the fit predicts these runs no better than the cluster file (error "
+            f"{mape(before, measured):.1%} before, {mape(after, measured):.1%} after); nothing "
+            "written: check that the runs and the cluster file describe the same machines")
+
+
+def _squared_log_error(predicted: tuple[float, ...], measured: list[float]) -> float:
+    return sum(math.log(p / m) ** 2 for p, m in zip(predicted, measured, strict=True))

@@ -1,0 +1,93 @@
+"""The calibrated cluster file of a measured-runs fit, and reading one back.
+
+The input file's text is kept; its ``calibration:`` section becomes the old one with
+the fitted entries in place (written by :mod:`potluck.cluster.calibration_file`, as
+``potluck profile`` and ``potluck calibrate RUN_DIR`` write theirs) and its
+``execution:`` section gets the fitted overheads (keys are
+:class:`~potluck.plans.Execution` field names)::
+
+    execution:
+      micro_batch_overhead_s: 0.0021
+      step_overhead_s: 0.015
+
+:func:`read_cluster` reads a cluster file with such a section: the cluster as
+:func:`~potluck.cluster.spec.cluster_from_data` reads the rest, and the overheads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from potluck.calibrate.measured.params import Kind, Values, fitted_calibration
+from potluck.cluster.calibration import Calibration, DeviceCalibration, LinkCalibration
+from potluck.cluster.calibration_file import number, with_calibration, without_section
+from potluck.cluster.spec import ClusterSpec, cluster_from_data
+from potluck.errors import ConfigError
+from potluck.plans import Execution
+from potluck.yamlio import parse_yaml
+
+EXECUTION_SECTION = "execution"
+_EXECUTION = re.compile(rf"^{EXECUTION_SECTION}\s*:")
+OVERHEADS = (Kind.MICRO_BATCH_OVERHEAD.value, Kind.STEP_OVERHEAD.value)
+
+
+def read_cluster(text: str, label: str) -> tuple[ClusterSpec, dict[str, Any]]:
+    """The cluster of a file's ``text`` and its ``execution:`` section (empty if none)."""
+    data = parse_yaml(text, label)
+    section: dict[str, Any] = {}
+    if isinstance(data, dict) and EXECUTION_SECTION in data:
+        raw = data.pop(EXECUTION_SECTION) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{label}: execution must be a mapping of Execution fields, "
+                              f"e.g. `micro_batch_overhead_s: 0.002`")
+        section = dict(raw)
+    return cluster_from_data(data, label, default_name=Path(label).stem), section
+
+
+def with_overheads(execution: Execution, section: dict[str, Any], label: str) -> Execution:
+    """``execution`` with the overheads an ``execution:`` section gives."""
+    changes = {}
+    for key in OVERHEADS:
+        if key in section:
+            value = section[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"{label}: execution.{key} must be a non-negative number of "
+                                  f"seconds, not {value!r}")
+            changes[key] = float(value)
+    return replace(execution, **changes)
+
+
+def merged_calibration(spec: ClusterSpec, values: Values, source: str) -> Calibration:
+    """``spec``'s own calibration with the fitted entries in place of the ones they replace."""
+    fitted = fitted_calibration(spec, values, source)
+    old = spec.calibration or Calibration()
+    efficiency = {d.device: d.matmul_efficiency for d in fitted.devices}
+    devices = [replace(d, matmul_efficiency=efficiency.pop(d.device)) if d.device in efficiency
+               else d for d in old.devices]
+    devices += [DeviceCalibration(name, matmul_efficiency=value) for name, value in efficiency.items()]
+    replaced = {_link_key(link) for link in fitted.links}
+    links = [link for link in old.links if _link_key(link) not in replaced] + list(fitted.links)
+    return Calibration(tuple(devices), tuple(links), source)
+
+
+def _link_key(link: LinkCalibration) -> tuple:
+    if link.between is not None:
+        return ("between", frozenset(link.between))
+    return (link.kind.value, link.groups)
+
+
+def calibrated_text(text: str, section: dict[str, Any], calibration: Calibration,
+                    values: Values) -> str:
+    """``text`` with ``calibration`` and the ``execution:`` section (``section`` with the
+    fitted overheads set)."""
+    execution = dict(section)
+    execution.update({p.kind.value: number(v) for p, v in values.items() if p.kind.value in OVERHEADS})
+    result = with_calibration(without_section(text, _EXECUTION), calibration)
+    if not execution:
+        return result
+    return result + yaml.safe_dump({EXECUTION_SECTION: execution}, sort_keys=False)

@@ -1,0 +1,160 @@
+"""The cost-model inputs a measured-runs fit may change, and how a set of values applies.
+
+* ``matmul_efficiency`` of each device type (fraction of the catalog peak a GEMM reaches);
+* a bandwidth factor per link class: the network between machines (every node group's
+  ``inter_bandwidth`` and every declared link), PCIe inside a machine, NVLink inside a
+  machine, each multiplying the cluster file's figure;
+* the framework's host time per micro-batch per stage and per iteration
+  (``Execution.micro_batch_overhead_s``, ``Execution.step_overhead_s``).
+
+Values are applied the way a ``calibration:`` section is (:mod:`potluck.cluster.calibration`),
+so what is fitted is exactly what the written file makes the planner see.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from potluck.cluster.calibration import (
+    Calibration,
+    DeviceCalibration,
+    LinkCalibration,
+    calibrate_device,
+    calibrate_group,
+    calibrated_links,
+)
+from potluck.cluster.nodes import NodeGroup, NvlinkTopology, PathKind
+from potluck.cluster.spec import ClusterSpec
+from potluck.plans import Execution
+
+EFFICIENCY_BOUNDS = (0.05, 1.0)  # a GEMM reaches between 5% and 100% of the peak
+LINK_FACTOR_BOUNDS = (0.01, 1.5)  # measured bandwidth / the cluster file's figure
+
+
+class Kind(str, Enum):
+    EFFICIENCY = "matmul_efficiency"
+    LINK = "bandwidth_factor"
+    MICRO_BATCH_OVERHEAD = "micro_batch_overhead_s"
+    STEP_OVERHEAD = "step_overhead_s"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One input the fit may change, with its starting value and bounds (natural units)."""
+
+    kind: Kind
+    target: str  # device type name, or link kind (network, pcie, nvlink); "" for overheads
+    start: float
+    lower: float
+    upper: float
+
+    @property
+    def name(self) -> str:
+        if self.kind is Kind.EFFICIENCY:
+            return f"{self.target} matmul_efficiency"
+        if self.kind is Kind.LINK:
+            return f"{self.target} bandwidth factor"
+        return self.kind.value
+
+    @property
+    def is_log(self) -> bool:
+        """Fitted in log space (a relative change), else in seconds."""
+        return self.kind in (Kind.EFFICIENCY, Kind.LINK)
+
+
+Values = dict[Parameter, float]
+
+
+def candidates(spec: ClusterSpec, execution: Execution, longest_s: float) -> list[Parameter]:
+    """Every input of ``spec`` a fit could change (``longest_s`` bounds the overheads)."""
+    low, high = EFFICIENCY_BOUNDS
+    found = [Parameter(Kind.EFFICIENCY, t.name, min(max(t.matmul_efficiency, low), high), low, high)
+             for t in spec.device_types]
+    found += [Parameter(Kind.LINK, kind.value, 1.0, *LINK_FACTOR_BOUNDS) for kind in _link_kinds(spec)]
+    found.append(Parameter(Kind.MICRO_BATCH_OVERHEAD, "", execution.micro_batch_overhead_s,
+                           0.0, max(longest_s, execution.micro_batch_overhead_s)))
+    found.append(Parameter(Kind.STEP_OVERHEAD, "", execution.step_overhead_s, 0.0,
+                           max(longest_s, execution.step_overhead_s)))
+    return found
+
+
+def _link_kinds(spec: ClusterSpec) -> list[PathKind]:
+    inside = [g for g in spec.nodes if g.gpus_per_node > 1]
+    kinds = []
+    if len(spec.nodes) > 1 or any(g.count > 1 for g in spec.nodes):
+        kinds.append(PathKind.NETWORK)
+    if any(g.nvlink is not NvlinkTopology.ALL for g in inside):
+        kinds.append(PathKind.PCIE)
+    if any(g.nvlink is not NvlinkTopology.NONE for g in inside):
+        kinds.append(PathKind.NVLINK)
+    return kinds
+
+
+def to_internal(param: Parameter, value: float, scale_s: float) -> float:
+    """The solver's coordinate: log of a ratio, or seconds / ``scale_s``."""
+    return math.log(value) if param.is_log else value / scale_s
+
+
+def from_internal(param: Parameter, x: float, scale_s: float) -> float:
+    return math.exp(x) if param.is_log else x * scale_s
+
+
+def fitted_calibration(spec: ClusterSpec, values: Values, source: str = "") -> Calibration:
+    """The device and link entries ``values`` set, in absolute figures of ``spec``."""
+    devices = tuple(DeviceCalibration(p.target, matmul_efficiency=v)
+                    for p, v in values.items() if p.kind is Kind.EFFICIENCY)
+    links: list[LinkCalibration] = []
+    for p, factor in values.items():
+        if p.kind is Kind.LINK:
+            links.extend(link_entries(spec, PathKind(p.target), factor))
+    return Calibration(devices, tuple(links), source)
+
+
+def link_entries(spec: ClusterSpec, kind: PathKind, factor: float) -> list[LinkCalibration]:
+    """Link entries scaling ``spec``'s ``kind`` links by ``factor`` (one per node group, and
+    one per declared link for the network)."""
+    entries = []
+    for group in spec.nodes:
+        bandwidth = _bandwidth(spec, group, kind)
+        if bandwidth is not None:
+            entries.append(LinkCalibration(bandwidth * factor, kind=kind, groups=(group.name,)))
+    if kind is PathKind.NETWORK:
+        entries += [LinkCalibration(link.bandwidth_bytes_per_s * factor, link.latency_s,
+                                    between=link.between) for link in spec.links]
+    return entries
+
+
+def _bandwidth(spec: ClusterSpec, group: NodeGroup, kind: PathKind) -> float | None:
+    """The bandwidth ``spec`` gives ``group``'s ``kind`` links (as the topology reads it)."""
+    device = spec.device_type(group.gpu)
+    if kind is PathKind.NETWORK:
+        return group.inter_bandwidth_bytes_per_s
+    if kind is PathKind.NVLINK and group.nvlink is not NvlinkTopology.NONE:
+        if group.nvlink is NvlinkTopology.ALL and group.intra_bandwidth_bytes_per_s:
+            return group.intra_bandwidth_bytes_per_s
+        return group.nvlink_bandwidth_bytes_per_s or device.link_bandwidth_bytes_per_s
+    if kind is PathKind.PCIE and group.nvlink is not NvlinkTopology.ALL:
+        return group.intra_bandwidth_bytes_per_s or device.pcie_bandwidth_bytes_per_s
+    return None
+
+
+def applied_cluster(spec: ClusterSpec, values: Values) -> ClusterSpec:
+    """``spec`` with the device and link ``values`` applied (in memory)."""
+    found = fitted_calibration(spec, values)
+    if not found.devices and not found.links:
+        return spec
+    return replace(
+        spec,
+        nodes=tuple(calibrate_group(group, found) for group in spec.nodes),
+        device_types=tuple(calibrate_device(t, found) for t in spec.device_types),
+        links=calibrated_links(spec.links, found),
+    )
+
+
+def applied_execution(execution: Execution, values: Values) -> Execution:
+    """``execution`` with the overhead ``values`` applied."""
+    changes = {p.kind.value: v for p, v in values.items()
+               if p.kind in (Kind.MICRO_BATCH_OVERHEAD, Kind.STEP_OVERHEAD)}
+    return replace(execution, **changes) if changes else execution

@@ -1,0 +1,47 @@
+"""The calibrated file of a measured-runs fit: the input's own calibration and execution
+sections merged with the fit, and the stepwise selection's F tests by hand."""
+
+from __future__ import annotations
+
+import pytest
+from measuredkit import CLAIMED_TEXT
+
+from potluck.calibrate.measured.fit import _enters, _removes
+from potluck.calibrate.measured.output import calibrated_text, merged_calibration, read_cluster
+from potluck.calibrate.measured.params import Kind, Parameter
+from potluck.cluster.catalog import lookup
+
+INPUT = CLAIMED_TEXT + """calibration:
+  source: potluck profile
+  devices:
+    a100-80g-sxm: {matmul_efficiency: 0.7, memory_bandwidth_factor: 0.9}
+execution:
+  preset: megatron
+  step_overhead_s: 0.01
+"""
+
+
+def test_the_fit_replaces_only_what_it_fitted() -> None:
+    spec, section = read_cluster(INPUT, "lab.yaml")
+    values = {Parameter(Kind.EFFICIENCY, "a100-80g-sxm", 0.7, 0.05, 1.0): 0.5,
+              Parameter(Kind.LINK, "network", 1.0, 0.01, 1.5): 0.5,
+              Parameter(Kind.MICRO_BATCH_OVERHEAD, "", 0.0, 0.0, 1.0): 0.002}
+    text = calibrated_text(INPUT, section, merged_calibration(spec, values, "fit"), values)
+    assert text.count("calibration:") == 1 and text.count("execution:") == 1
+    after, after_section = read_cluster(text, "out.yaml")
+    a100 = after.device_type("a100-80g-sxm")
+    assert a100.matmul_efficiency == 0.5
+    catalog_bandwidth = lookup("a100-80g-sxm").memory_bandwidth_bytes_per_s
+    assert a100.memory_bandwidth_bytes_per_s == pytest.approx(0.9 * catalog_bandwidth)  # kept
+    assert after.nodes[0].inter_bandwidth_bytes_per_s == pytest.approx(0.5 * 10e9 / 8)
+    assert after_section == {"preset": "megatron", "step_overhead_s": 0.01,
+                             "micro_batch_overhead_s": 0.002}
+
+
+def test_f_to_enter_and_to_remove_by_hand() -> None:
+    assert _enters(1.0, 0.5, dof=4)  # F = 0.5 / (0.5 / 4) = 4.0
+    assert not _enters(1.0, 0.6, dof=4)  # F = 0.4 / 0.15 = 2.7
+    assert not _enters(1.0, 0.0, dof=0)  # no degree of freedom left
+    assert _removes(0.5, 0.9, dof=4)  # F = 0.4 / 0.125 = 3.2 < 3.9
+    assert not _removes(0.5, 1.0, dof=4)  # F = 4.0
+    assert _removes(0.5, 0.5, dof=4)  # fits as well without it

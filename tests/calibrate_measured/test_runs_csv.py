@@ -1,0 +1,86 @@
+"""Reading measured runs: the columns, the defaults, and one line per mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from potluck.calibrate.measured.runs import read_runs
+from potluck.errors import ConfigError
+from potluck.model.counts import Recompute
+from potluck.planner.options import Partition
+from potluck.plans import DType
+from potluck.schedules import Schedule
+
+HEADER = "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s"
+
+
+def runs_file(tmp_path, text: str):
+    path = tmp_path / "runs.csv"
+    path.write_text(text)
+    return path
+
+
+def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
+    path = runs_file(tmp_path, "# measured with Megatron-LM\n"
+                     "iteration_time_s,tp,pp,dp,micro_batch_size,global_batch,seq_len,dtype,"
+                     "recompute,schedule,zero1,partition,groups\n"
+                     "0.61,2,2,2,1,32,1024,fp16,full,gpipe,yes,uniform,box + big\n"
+                     "\n"
+                     "0.5,1,1,8,2,64,2048,,,,,,\n")
+    first, second = read_runs(path, {"box": 4, "big": 4})
+    assert (first.line, first.tp, first.pp, first.dp, first.micro_batch_size) == (3, 2, 2, 2, 1)
+    assert (first.global_batch, first.seq_len, first.iteration_time_s) == (32, 1024, 0.61)
+    assert (first.dtype, first.recompute, first.schedule, first.zero1, first.partition) == (
+        DType.FP16, Recompute.FULL, Schedule.GPIPE, True, Partition.UNIFORM)
+    assert first.groups == ("box", "big") and second.groups is None
+    assert second.line == 5
+    assert (second.dtype, second.recompute, second.schedule, second.zero1, second.partition) == (
+        DType.BF16, None, Schedule.ONE_F_ONE_B, None, Partition.BALANCED)
+    options = first.options()
+    assert (options.tp, options.pp, options.dp, options.micro_batch_size, options.top_k) == (2, 2, 2, 1, 1)
+    assert (options.partition, options.zero1, options.recompute) == (Partition.UNIFORM, True, Recompute.FULL)
+    assert options.groups == ("box", "big")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", r"runs.csv: empty file; its first line must be the header tp,pp,dp,"),
+    (HEADER + "\n", r"runs.csv:1: no runs after the header; add one line per measured run"),
+    ("tp,pp,dp,micro_batch_size,global_batch,iteration_time_s\n1,1,1,1,8,0.5\n",
+     r"runs.csv:1: no column 'seq_len'; the header must name tp,pp,dp,"),
+    ("tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time,x\n",
+     r"runs.csv:1: unknown column 'iteration_time'; columns are tp,pp,"),
+    (HEADER + ",tp\n", r"runs.csv:1: column 'tp' appears twice"),
+    (HEADER + "\n1,1,2,1,8,512,0.5\n1,one,1,1,8,512,0.5\n",
+     r"runs.csv:3: column 'pp' must be a positive integer, not 'one'"),
+    (HEADER + "\n1,1,2,1,8,512,fast\n",
+     r"runs.csv:2: column 'iteration_time_s' must be a positive number of seconds, not 'fast'"),
+    (HEADER + "\n1,1,2,1,8,512,-0.5\n", r"runs.csv:2: column 'iteration_time_s' must be a positive"),
+    (HEADER + "\n1,0,2,1,8,512,0.5\n", r"runs.csv:2: column 'pp' must be a positive integer, not '0'"),
+    (HEADER + "\n1,1,2,1,8,,0.5\n", r"runs.csv:2: column 'seq_len' is empty; give the run's value"),
+    (HEADER + "\n1,1,2,1,8,512\n", r"runs.csv:2: 6 values for 7 columns"),
+    (HEADER + ",dtype\n1,1,2,1,8,512,0.5,int8\n",
+     r"runs.csv:2: column 'dtype' must be one of bf16, fp16, fp32, not 'int8'"),
+    (HEADER + ",schedule\n1,2,1,1,8,512,0.5,pipedream\n", r"runs.csv:2: column 'schedule' must be one of"),
+    (HEADER + "\n2,2,4,1,16,512,0.5\n",
+     r"runs.csv:2: tp\*pp\*dp = 16 GPUs but the cluster has 8; give the cluster file the run"),
+    (HEADER + ",groups\n1,1,4,1,8,512,0.5,box+boxes\n",
+     r"runs.csv:2: column 'groups' names 'boxes', not a node group of the cluster \(box, big\); "
+     r"join names with '\+'"),
+    (HEADER + ",groups\n1,1,,1,8,512,0.5,box+\n", r"runs.csv:2: column 'dp' is empty"),
+    (HEADER + ",groups\n1,1,2,1,8,512,0.5,box+\n",
+     r"runs.csv:2: column 'groups' must name node groups joined by '\+', not 'box\+'"),
+    (HEADER + ",groups\n1,2,4,1,8,512,0.5,big\n",
+     r"runs.csv:2: tp\*pp\*dp = 8 GPUs but big have 4; give the cluster file the run"),
+    (HEADER + "\n1,1,4,2,12,512,0.5\n",
+     r"runs.csv:2: global_batch 12 is not divisible by dp\*micro_batch_size = 8; give the run's "
+     r"global batch \(a multiple of 8\)"),
+])
+def test_each_mistake_is_one_line_naming_the_row(tmp_path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        read_runs(runs_file(tmp_path, text), {"box": 4, "big": 4})
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_file_is_one_line(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read measured runs .*nope.csv"):
+        read_runs(tmp_path / "nope.csv", {"box": 8})
