@@ -1,4 +1,5 @@
-"""Search time against cluster size: 8 to 1024 GPUs of 3-4 GPU types.
+"""Search time against cluster size: 8 to 1024 GPUs of 3-4 GPU types, in even and uneven
+machine counts.
 
 Usage: taskset -c 0 python benchmarks/search_scale.py   (one core)
 """
@@ -23,6 +24,7 @@ CASES = [  # (GPUs per type, model, global batch, sequence length)
     ((16, 16, 16, 16), "llama2-13b", 256, 4096),
     ((64, 64, 64, 64), "llama2-70b", 512, 4096),
     ((256, 256, 256, 256), "llama2-70b", 2048, 4096),
+    ((192, 256, 384, 192), "llama3-70b", 2048, 4096),  # irregular: 24, 32, 48, 24 machines
 ]
 
 

@@ -90,14 +90,17 @@ class PipelineSlot:
     replicas: int = 1
 
 
-def split_micro_batches(slots: list[PipelineSlot], total: int,
-                        uniform: bool = False) -> list[list[int]] | None:
+def split_micro_batches(slots: list[PipelineSlot], total: int, uniform: bool = False,
+                        minimum: int = 0) -> list[list[int]] | None:
     """Micro-batches for every pipeline (grouped as in ``slots``) minimizing the slowest one.
 
     Replicas of one slot differ by at most one micro-batch; a pipeline may get none,
-    which leaves its devices out. ``uniform`` gives every pipeline the same count.
+    which leaves its devices out, unless ``minimum`` asks for at least that many each
+    (None when the total is too small). ``uniform`` gives every pipeline the same count.
     """
     pipelines = sum(slot.replicas for slot in slots)
+    if minimum:
+        return _split_above(slots, total, uniform, minimum)
     if uniform:
         if total % pipelines:
             return None
@@ -115,6 +118,22 @@ def split_micro_batches(slots: list[PipelineSlot], total: int,
     totals = [_count_within(s, high) for s in slots]
     totals = _trim_totals(slots, totals, total)
     return [_spread(count, slot.replicas) for count, slot in zip(totals, slots, strict=True)]
+
+
+def _split_above(slots: list[PipelineSlot], total: int, uniform: bool,
+                 minimum: int) -> list[list[int]] | None:
+    """Every pipeline takes ``minimum`` first (time is linear in the count, so that is a
+    later fill), then the rest is split as usual."""
+    rest = total - minimum * sum(slot.replicas for slot in slots)
+    if rest < 0:
+        return None
+    if rest == 0:
+        return [[minimum] * slot.replicas for slot in slots]
+    shifted = [PipelineSlot(s.fill_s + minimum * s.period_s, s.period_s, s.replicas) for s in slots]
+    shares = split_micro_batches(shifted, rest, uniform)
+    if shares is None:
+        return None
+    return [[m + minimum for m in share] for share in shares]
 
 
 def _count_within(slot: PipelineSlot, time_s: float) -> int:

@@ -42,6 +42,7 @@ from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.partition import PipelineSlot, split_micro_batches
+from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
 from potluck.planner.space import (
     UnitLayout,
     Wrap,
@@ -105,7 +106,9 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             plans.sort(key=_rank)
             best = tuple(_distinct(plans, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
-    raise InfeasibleError(explain_infeasible(cluster, model, training, options))
+    runner = _Search(cluster, cost, training, options, progress)
+    reason = pinned_refusal(runner.families, runner.groups, training.global_batch, options)
+    raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
 
 
 def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
@@ -144,10 +147,36 @@ class _Search:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
                         self._push(heap, combo)
+        if self._fully_pinned() or (not heap and self._pinned_shape()):
+            self._push_pinned_layouts(zero1, heap)
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
         plans.sort(key=_rank)
         return _distinct(plans, self.options.top_k)
+
+    def _fully_pinned(self) -> bool:
+        return bool(self.options.pp and self.options.dp)
+
+    def _pinned_shape(self) -> bool:
+        options = self.options
+        return any(v is not None for v in (options.tp, options.pp, options.dp,
+                                           options.micro_batch_size))
+
+    def _push_pinned_layouts(self, zero1: bool, heap: list) -> None:
+        """The pinned layout built directly (:mod:`potluck.planner.pinned`): pipelines the
+        families do not hold, such as one spanning two GPU types."""
+        virtual = schedule_for(self.options.schedule).chunks(self.options.virtual_stages)
+        model = self.cost.model
+        layouts = [pipelines
+                   for shape in pinned_shapes(self.groups, model, self.options, virtual)
+                   for pipelines in arrangements(self.families, self.groups, model, shape)]
+        for recompute in self._recomputes():
+            for setting in self._settings(zero1, recompute):
+                for pipelines in layouts:
+                    families = pinned_families(self.families, pipelines, setting)
+                    combo = self._combine(setting, families) if families else None
+                    if combo is not None:
+                        self._push(heap, combo)
 
     def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
         heap: list[tuple[float, int, _Combo]] = []
@@ -299,13 +328,13 @@ class _Search:
             return None
         slots = [PipelineSlot(f.fill_s, f.period_s, f.dp) for f in families]
         shares = split_micro_batches(slots, setting.micro_batches, setting.uniform)
-        if shares is None:
-            return None
-        if self.options.dp and any(m == 0 for share in shares for m in share):
-            return None
-        schedule = schedule_for(setting.schedule)
-        if not all(schedule.accepts(m, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
-                   for f, share in zip(families, shares, strict=True) for m in share if m):
+        if self.options.dp and not self._all_run(families, shares, setting):
+            # every pinned replica runs: each takes at least what its schedule needs
+            least = _least_micro_batches(families, setting, setting.micro_batches // pipelines)
+            shares = split_micro_batches(slots, setting.micro_batches, setting.uniform, least)
+            if not self._all_run(families, shares, setting):
+                return None
+        if not self._accepted(families, shares, setting):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
         if not busy:
@@ -314,6 +343,22 @@ class _Search:
         quick = (max(f.time_s(max(s)) for f, s in busy) + max(f.dp_quick_s for f in used)
                  + self.families.cross_family_dp_s(used) + max(f.optimizer_s for f in used))
         return _Combo(quick, setting, tuple(f for f, _ in busy), tuple(tuple(s) for _, s in busy))
+
+    def _all_run(self, families: tuple[FamilyOption, ...], shares: list[list[int]] | None,
+                 setting: FamilySetting) -> bool:
+        """Every pipeline gets micro-batches its schedule runs."""
+        return (self._accepted(families, shares, setting)
+                and all(m > 0 for share in shares or () for m in share))
+
+    @staticmethod
+    def _accepted(families: tuple[FamilyOption, ...], shares: list[list[int]] | None,
+                  setting: FamilySetting) -> bool:
+        """Whether the schedule runs every busy pipeline with its share (and there is one)."""
+        if shares is None:
+            return False
+        schedule = schedule_for(setting.schedule)
+        return all(schedule.accepts(m, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
+                   for f, share in zip(families, shares, strict=True) for m in share if m)
 
     def _build(self, combo: _Combo) -> Plan:
         pipelines = []
@@ -340,6 +385,18 @@ class _Search:
 
     def _evaluate(self, plan: Plan) -> Plan:
         return replace(plan, prediction=predict(plan, self.cost))
+
+
+def _least_micro_batches(families: tuple[FamilyOption, ...], setting: FamilySetting,
+                         most: int) -> int:
+    """The fewest micro-batches the schedule runs on every family's pipelines (1F1B: one
+    per stage); ``most`` when none up to it does."""
+    schedule = schedule_for(setting.schedule)
+    for count in range(1, most + 1):
+        if all(schedule.accepts(count, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
+               for f in families):
+            return count
+    return max(1, most)
 
 
 def _partitions(names: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
