@@ -96,7 +96,8 @@ def pinned_families(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
     families = []
     for _, members in itertools.groupby(pipelines, key=_stage_types):
         same = tuple(members)
-        option = evaluator.evaluate_pipelines(same, sharing, len(same), setting,
+        # every pipeline holds each block once: ZeRO-1 shards its states over all of them
+        option = evaluator.evaluate_pipelines(same, sharing, len(pipelines), setting,
                                               groups=_stage_types(same[0]), layout="pinned")
         if option is None:
             return None
@@ -119,12 +120,19 @@ def pinned_refusal(evaluator: FamilyEvaluator, groups: tuple[NodeGroup, ...],
     shapes = pinned_shapes(groups, cost.model, options, virtual)
     if not shapes:
         return None
-    shape = max(shapes, key=lambda s: (s.pp, s.tp))  # the most memory per device to spare
-    reasons = [_schedule_problem(shape, cost.model.num_layers, global_batch, options, virtual),
-               *(_memory_problem(evaluator, pipelines, shape, global_batch, options, virtual)
-                 for pipelines in arrangements(evaluator, groups, cost.model, shape))]
-    found = [r for r in reasons if r]
-    return f"{_pins(options)}: {found[0]}" if found else None
+    memory, schedule_reasons = [], []
+    for shape in sorted(shapes, key=lambda s: (-s.pp, -s.tp)):  # most memory to spare first
+        problem = _schedule_problem(shape, cost.model.num_layers, global_batch, options, virtual)
+        if problem:
+            schedule_reasons.append(problem)
+            continue
+        found = [_memory_problem(evaluator, pipelines, shape, global_batch, options, virtual)
+                 for pipelines in arrangements(evaluator, groups, cost.model, shape)]
+        if not found or not all(found):
+            return None  # a layout that fits: the pins are not the reason
+        memory.append(found[0])
+    reasons = memory or schedule_reasons[-1:]
+    return f"{_pins(options)}: {reasons[0]}" if reasons else None
 
 
 def _schedule_problem(shape: PinnedShape, num_layers: int, global_batch: int,

@@ -165,6 +165,8 @@ class _Search:
     def _push_pinned_layouts(self, zero1: bool, heap: list) -> None:
         """The pinned layout built directly (:mod:`potluck.planner.pinned`): pipelines the
         families do not hold, such as one spanning two GPU types."""
+        if self.options.group_tp:
+            return  # TP pinned per group: the families' layouts only
         virtual = schedule_for(self.options.schedule).chunks(self.options.virtual_stages)
         model = self.cost.model
         layouts = [pipelines
