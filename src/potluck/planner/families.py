@@ -87,6 +87,7 @@ class FamilyEvaluator:
         self._sends_by_layout: dict[tuple, tuple] = {}
         self._works: dict[tuple, StageWork] = {}
         self._rings: dict[int, tuple] = {}
+        self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
         self._params_cache: dict[tuple, float] = {}
         # quick estimates: every GPU of a machine crosses its card at once
@@ -316,7 +317,12 @@ class FamilyEvaluator:
         links = []
         for i in range(len(pipelines[0])):
             ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            links.append(self.cost.network.ring_link(ring, self._whole_machines))
+            ring_key = tuple(d.id for d in ring)  # layouts share most rings: 4k of 176k distinct
+            link = self._ring_cache.get(ring_key)
+            if link is None:
+                link = self._ring_cache[ring_key] = self.cost.network.ring_link(
+                    ring, self._whole_machines)
+            links.append(link)
         self._rings[key] = (pipelines, links)
         return links
 

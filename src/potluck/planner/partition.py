@@ -16,6 +16,7 @@ micro-batches), solved exactly by searching over the bottleneck value:
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -60,17 +61,23 @@ def split_layers(slots: list[StageSlot], num_layers: int, *, uniform: bool = Fal
 
 
 def _trim(slots: list[StageSlot], period_s: float, num_layers: int, min_layers: int) -> list[int]:
-    """Take the surplus back one block at a time from the currently slowest stage."""
+    """Take the surplus back one block at a time from the currently slowest stage (the first
+    of equally slow ones), kept in a heap of (-time, stage)."""
     layers = [_layers_within(s, period_s) for s in slots]
     surplus = sum(layers) - num_layers
+    heap = [(-_stage_s(slots[i], layers[i]), i) for i in range(len(slots)) if layers[i] > min_layers]
+    heapq.heapify(heap)
     while surplus > 0:
-        slowest = max(
-            (i for i in range(len(slots)) if layers[i] > min_layers),
-            key=lambda i: slots[i].extra_s + layers[i] * slots[i].per_layer_s,
-        )
+        _, slowest = heapq.heappop(heap)
         layers[slowest] -= 1
         surplus -= 1
+        if layers[slowest] > min_layers:
+            heapq.heappush(heap, (-_stage_s(slots[slowest], layers[slowest]), slowest))
     return layers
+
+
+def _stage_s(slot: StageSlot, layers: int) -> float:
+    return slot.extra_s + layers * slot.per_layer_s
 
 
 def _even_layers(slots: list[StageSlot], num_layers: int) -> list[int] | None:
