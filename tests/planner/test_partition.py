@@ -98,3 +98,11 @@ def test_a_minimum_per_pipeline_still_minimizes_the_slowest_one(seed):
 def test_a_minimum_the_total_cannot_give_every_pipeline_is_refused():
     assert split_micro_batches([PipelineSlot(0, 1, replicas=3)], 5, minimum=2) is None
     assert split_micro_batches([PipelineSlot(9, 1), PipelineSlot(0, 1)], 4, minimum=2) == [[2], [2]]
+
+
+def test_no_pipeline_gets_more_than_its_slot_holds():
+    """The fast pipeline would take 9 of 12; its memory holds 6."""
+    slots = [PipelineSlot(0.0, 1.0, most=6), PipelineSlot(0.0, 3.0)]
+    assert split_micro_batches(slots, 12) == [[6], [6]]
+    assert split_micro_batches(slots, 12, minimum=2) == [[6], [6]]
+    assert split_micro_batches([PipelineSlot(0.0, 1.0, replicas=2, most=3)], 7) is None

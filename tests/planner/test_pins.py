@@ -35,7 +35,7 @@ def test_dp_8_pipelines_of_2_stages_over_v100_and_t4_machines(gpt2_medium):
     pipelines holds all eight, which the search used to refuse as out of memory."""
     plan = _plan(gpt2_medium, SearchOptions(tp=1, pp=2, dp=8))
     assert plan.dp == 8 and {p.pp for p in plan.pipelines} == {2}
-    assert plan.num_gpus == 16 and all(p.batch_share >= 2 for p in plan.pipelines)
+    assert plan.num_gpus == 16 and all(p.num_micro_batches >= 2 for p in plan.pipelines)
 
 
 def test_one_pipeline_spans_two_gpu_types(gpt2_medium):
@@ -52,7 +52,20 @@ def test_one_gpu_of_a_group_of_three_machines(gpt2_medium):
 def test_every_pinned_replica_gets_the_micro_batches_1f1b_needs(gpt2_medium):
     """32 micro-batches of 2 over 8 pipelines: the slow T4 pipelines still get 2 each."""
     plan = _plan(gpt2_medium, SearchOptions(tp=1, pp=2, dp=8, micro_batch_size=2))
-    assert plan.dp == 8 and min(p.batch_share for p in plan.pipelines) >= 2
+    assert plan.dp == 8 and min(p.num_micro_batches for p in plan.pipelines) >= 2
+
+
+def test_gpipe_holds_only_its_pipelines_share_in_memory():
+    """GPipe keeps every micro-batch of its pipeline in flight: 8 of micro-batch 4 per
+    pipeline fit on the RTX 3090s, the whole batch's 16 would not."""
+    spec = parse_cluster("""
+nodes:
+  - {name: r3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
+  - {name: a100, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+""")
+    options = SearchOptions(tp=1, pp=2, dp=2, micro_batch_size=4, schedule=Schedule.GPIPE)
+    plan = _plan(load_model("gpt3-1.3b"), options, spec, TrainingShape(64, 2048))
+    assert plan.dp == 2 and max(p.num_micro_batches for p in plan.pipelines) <= 8
 
 
 def test_a_pinned_stage_over_its_memory_names_device_and_gib():

@@ -95,6 +95,7 @@ class PipelineSlot:
     fill_s: float
     period_s: float
     replicas: int = 1
+    most: int | None = None  # micro-batches one replica holds in memory at most
 
 
 def split_micro_batches(slots: list[PipelineSlot], total: int, uniform: bool = False,
@@ -103,13 +104,17 @@ def split_micro_batches(slots: list[PipelineSlot], total: int, uniform: bool = F
 
     Replicas of one slot differ by at most one micro-batch; a pipeline may get none,
     which leaves its devices out, unless ``minimum`` asks for at least that many each
-    (None when the total is too small). ``uniform`` gives every pipeline the same count.
+    (None when the total is too small); none gets more than its slot's ``most``.
+    ``uniform`` gives every pipeline the same count.
     """
     pipelines = sum(slot.replicas for slot in slots)
     if minimum:
         return _split_above(slots, total, uniform, minimum)
+    if total > sum(s.replicas * (total if s.most is None else s.most) for s in slots):
+        return None
     if uniform:
-        if total % pipelines:
+        if total % pipelines or any(s.most is not None and total // pipelines > s.most
+                                    for s in slots):
             return None
         return [[total // pipelines] * slot.replicas for slot in slots]
     low = min(s.fill_s + s.period_s for s in slots)
@@ -136,7 +141,10 @@ def _split_above(slots: list[PipelineSlot], total: int, uniform: bool,
         return None
     if rest == 0:
         return [[minimum] * slot.replicas for slot in slots]
-    shifted = [PipelineSlot(s.fill_s + minimum * s.period_s, s.period_s, s.replicas) for s in slots]
+    if any(s.most is not None and s.most < minimum for s in slots):
+        return None
+    shifted = [PipelineSlot(s.fill_s + minimum * s.period_s, s.period_s, s.replicas,
+                            None if s.most is None else s.most - minimum) for s in slots]
     shares = split_micro_batches(shifted, rest, uniform)
     if shares is None:
         return None
@@ -146,7 +154,8 @@ def _split_above(slots: list[PipelineSlot], total: int, uniform: bool,
 def _count_within(slot: PipelineSlot, time_s: float) -> int:
     if time_s < slot.fill_s + slot.period_s:
         return 0
-    return slot.replicas * math.floor((time_s - slot.fill_s) / slot.period_s + 1e-9)
+    each = math.floor((time_s - slot.fill_s) / slot.period_s + 1e-9)
+    return slot.replicas * (each if slot.most is None else min(each, slot.most))
 
 
 def _slot_time(slot: PipelineSlot, count: int) -> float:

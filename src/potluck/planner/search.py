@@ -44,6 +44,7 @@ from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
 from potluck.planner.space import (
+    Unit,
     UnitLayout,
     Wrap,
     dp_candidates,
@@ -175,10 +176,23 @@ class _Search:
         for recompute in self._recomputes():
             for setting in self._settings(zero1, recompute):
                 for pipelines in layouts:
-                    families = pinned_families(self.families, pipelines, setting)
-                    combo = self._combine(setting, families) if families else None
-                    if combo is not None:
+                    for combo in self._pinned_combos(pipelines, setting):
                         self._push(heap, combo)
+
+    def _pinned_combos(self, pipelines: tuple[tuple[Unit, ...], ...],
+                       setting: FamilySetting) -> list[_Combo]:
+        """The layout with its memory checked for the whole batch in flight (the families'
+        bound), and for an even share of it, the split then kept to that share (what
+        GPipe, which holds every micro-batch of its pipeline, needs to fit)."""
+        even = -(-setting.micro_batches // len(pipelines))
+        found = []
+        for most in dict.fromkeys((setting.micro_batches, even)):
+            families = pinned_families(self.families, pipelines,
+                                       replace(setting, micro_batches=most))
+            combo = self._combine(setting, families, most) if families else None
+            if combo is not None:
+                found.append(combo)
+        return found
 
     def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
         heap: list[tuple[float, int, _Combo]] = []
@@ -323,12 +337,14 @@ class _Search:
                         if combo is not None:
                             yield combo
 
-    def _combine(self, setting: FamilySetting,
-                 families: tuple[FamilyOption, ...]) -> _Combo | None:
+    def _combine(self, setting: FamilySetting, families: tuple[FamilyOption, ...],
+                 most: int | None = None) -> _Combo | None:
+        """Families side by side, micro-batches split over their pipelines (at most ``most``
+        each: what their memory was checked for)."""
         pipelines = sum(f.dp for f in families)
         if self.options.dp and pipelines != self.options.dp:
             return None
-        slots = [PipelineSlot(f.fill_s, f.period_s, f.dp) for f in families]
+        slots = [PipelineSlot(f.fill_s, f.period_s, f.dp, most) for f in families]
         shares = split_micro_batches(slots, setting.micro_batches, setting.uniform)
         if self.options.dp and not self._all_run(families, shares, setting):
             # every pinned replica runs: each takes at least what its schedule needs
