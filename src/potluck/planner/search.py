@@ -12,7 +12,10 @@ cost model:
 3. for each way to use a subset of the groups as one or more families side by
    side, split the micro-batches over all pipelines in proportion to their
    speed (:mod:`potluck.planner.partition`) and rank by a quick estimate;
-4. build the best candidates as Plans and rank them with the full cost model
+4. with ``pp`` and ``dp`` pinned, or when no family holds a pinned layout, add that
+   layout built directly (:mod:`potluck.planner.pinned`: its pipelines may span
+   GPU types and need not be identical);
+5. build the best candidates as Plans and rank them with the full cost model
    (network cards shared, every gradient ring priced).
 
 Groups left out of every family, and pipelines that get no micro-batch, are
