@@ -6,6 +6,7 @@ import pytest
 from potluck.cluster import parse_cluster
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import load_model
+from potluck.model.counts import Recompute
 from potluck.model.spec import model_from_hf_config
 from potluck.planner.search import Partition, SearchOptions, search
 from potluck.plans import DType, Schedule, TrainingShape, check_plan
@@ -56,16 +57,16 @@ def test_every_pinned_replica_gets_the_micro_batches_1f1b_needs(gpt2_medium):
 
 
 def test_gpipe_holds_only_its_pipelines_share_in_memory():
-    """GPipe keeps every micro-batch of its pipeline in flight: 8 of micro-batch 4 per
-    pipeline fit on the RTX 3090s, the whole batch's 16 would not."""
+    """GPipe keeps every micro-batch of its pipeline in flight: 8 of micro-batch 2 per
+    pipeline fit on an RTX 3090, the whole batch's 32 would not."""
     spec = parse_cluster("""
 nodes:
   - {name: r3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
   - {name: a100, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
 """)
-    options = SearchOptions(tp=1, pp=2, dp=2, micro_batch_size=4, schedule=Schedule.GPIPE)
+    options = SearchOptions(tp=1, pp=1, dp=4, micro_batch_size=2, schedule=Schedule.GPIPE)
     plan = _plan(load_model("gpt3-1.3b"), options, spec, TrainingShape(64, 2048))
-    assert plan.dp == 2 and max(p.num_micro_batches for p in plan.pipelines) <= 8
+    assert plan.dp == 4 and max(p.num_micro_batches for p in plan.pipelines) <= 8
 
 
 def test_a_pinned_stage_over_its_memory_names_device_and_gib():
@@ -120,3 +121,18 @@ def test_more_interleaved_chunks_than_layers(gpt2_medium):
     with pytest.raises(InfeasibleError, match=r"16 stages x 2 chunks is more than the model's 24"):
         search(V100_T4, gpt2_medium, FP16,
                SearchOptions(tp=1, pp=16, dp=1, schedule=Schedule.INTERLEAVED))
+
+
+def test_full_recomputation_holds_one_blocks_working_set_not_one_per_block():
+    """All 24 blocks of GPT-3 1.3B on one RTX 3090 with full recomputation: 17.9 GiB by the
+    cost model, 21.2 usable; the search's per-block memory slope once counted the block
+    being recomputed for every block (24 GiB) and refused the layout."""
+    spec = parse_cluster("""
+nodes:
+  - {name: r3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
+  - {name: a100, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+""")
+    options = SearchOptions(tp=1, pp=1, dp=3, micro_batch_size=2, recompute=Recompute.FULL)
+    plan = _plan(load_model("gpt3-1.3b"), options, spec, TrainingShape(64, 2048))
+    on_3090 = [m for m in plan.prediction.memory if m.device.startswith("r3090")]
+    assert on_3090 and all(m.total_bytes <= 0.95 * 24e9 for m in on_3090)

@@ -269,10 +269,12 @@ class FamilyEvaluator:
             return cost.stage_memory_bytes(device_type, tp, shape.with_layers(layers), in_flight,
                                            sharding)
 
-        fixed = memory(0, 0.0)
-        per_flight = memory(0, 1.0) - fixed
-        per_layer_states = memory(1, 0.0) - fixed
-        per_layer_activations = memory(1, 1.0) - memory(1, 0.0) - per_flight
+        # affine in the block count from one block on (full recomputation adds one block's
+        # working set once, not per block): slopes between one and two blocks
+        per_layer_states = memory(2, 0.0) - memory(1, 0.0)
+        fixed = memory(1, 0.0) - per_layer_states
+        per_layer_activations = (memory(2, 1.0) - memory(2, 0.0)) - (memory(1, 1.0) - memory(1, 0.0))
+        per_flight = memory(1, 1.0) - memory(1, 0.0) - per_layer_activations
         return (w1.total_s - w0.total_s, w0.total_s, fixed, per_layer_states, per_flight,
                 per_layer_activations)
 

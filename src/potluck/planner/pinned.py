@@ -27,7 +27,7 @@ from potluck.planner.cost import StageShape, usable_memory_bytes
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
-from potluck.planner.space import Unit, tp_options
+from potluck.planner.space import MAX_TP, Unit, tp_options
 from potluck.schedules import schedule_for
 
 GIB = 2**30
@@ -43,15 +43,22 @@ class PinnedShape:
 
 
 def pinned_shapes(groups: tuple[NodeGroup, ...], model: ModelSpec, options: SearchOptions,
-                  virtual_stages: int = 1) -> list[PinnedShape]:
-    """Every (tp, pp, dp) the pins allow and the cluster's units hold; an unpinned ``dp``
-    takes every unit it can, an unpinned ``pp`` every depth the model allows."""
+                  global_batch: int) -> list[PinnedShape]:
+    """Every (tp, pp, dp) the pins allow and the cluster's units hold; an unpinned ``pp``
+    takes every depth the model allows, an unpinned ``dp`` as many replicas as the units
+    hold and the schedule runs with their share of the batch."""
+    schedule = schedule_for(options.schedule)
+    virtual = schedule.chunks(options.virtual_stages)
+    micro_batches = global_batch // (options.micro_batch_size or 1)
     shapes = []
     for tp in _tp_degrees(groups, model, options):
         units = unit_count(groups, model, tp)
-        depths = [options.pp] if options.pp else range(1, model.num_layers // virtual_stages + 1)
+        depths = [options.pp] if options.pp else range(1, model.num_layers // virtual + 1)
         for pp in depths:
-            dp = options.dp or units // pp
+            widest = min(units // pp, micro_batches)
+            runnable = (d for d in range(widest, 0, -1)
+                        if schedule.problem(micro_batches // d, pp, virtual) is None)
+            dp = options.dp or next(runnable, widest)
             if dp >= 1 and pp * dp <= units:
                 shapes.append(PinnedShape(tp, pp, dp))
     return shapes
@@ -117,7 +124,7 @@ def pinned_refusal(evaluator: FamilyEvaluator, groups: tuple[NodeGroup, ...],
     cost = evaluator.cost
     schedule = schedule_for(options.schedule)
     virtual = schedule.chunks(options.virtual_stages)
-    shapes = pinned_shapes(groups, cost.model, options, virtual)
+    shapes = pinned_shapes(groups, cost.model, options, global_batch)
     if not shapes:
         return None
     memory, schedule_reasons = [], []
@@ -175,19 +182,26 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
                                              StateSharding.zero1(shape.dp, zero1))
             usable = usable_memory_bytes(device_type)
             if needed > usable and (worst is None or needed / usable > worst[0]):
-                worst = (needed / usable, _memory_line(
-                    i, shape, layers[i], device_type.name, needed, usable, micro_batch,
-                    recompute, zero1))
-    return worst[1] if worst else None
-
-
-def _memory_line(i: int, shape: PinnedShape, layers: int, device: str, needed: float,
-                 usable: float, micro_batch: int, recompute: Recompute, zero1: bool) -> str:
+                stage_text = (f"stage {i + 1} of {shape.pp} ({_plural(layers[i], 'layer')}, "
+                              f"tp {shape.tp}) on {device_type.name}")
+                worst = (needed / usable, stage_text, needed, usable, device_type.name)
+    if worst is None:
+        return None
+    _, stage_text, needed, usable, device = worst
     sharded = ", optimizer states sharded (ZeRO-1)" if zero1 else ""
-    return (f"stage {i + 1} of {shape.pp} ({layers} layers, tp {shape.tp}) on {device} needs "
-            f"{needed / GIB:.1f} GiB at micro-batch {micro_batch} with recompute "
-            f"{recompute.value}{sharded}, {device} has {usable / GIB:.1f} GiB usable; pin more "
-            "stages (--pp), a larger --tp, or drop the pins")
+    hints = [hint for hint, useful in (
+        ("more stages (--pp)", shape.pp * virtual < cost.model.num_layers),
+        ("a smaller --micro-batch-size", micro_batch > 1),
+        ("a larger --tp", shape.tp < MAX_TP),
+        ("--zero1", not zero1 and shape.dp > 1)) if useful]
+    return (f"{stage_text} needs {needed / GIB:.1f} GiB at micro-batch {micro_batch} with "
+            f"recompute {recompute.value}{sharded}, {device} has {usable / GIB:.1f} GiB usable; "
+            "pin "
+            f"{', '.join([*hints, 'or drop the pins']) if hints else 'nothing smaller: drop the pins'}")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _even_split(num_layers: int, pp: int) -> list[int]:

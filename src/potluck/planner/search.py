@@ -171,10 +171,10 @@ class _Search:
         families do not hold, such as one spanning two GPU types."""
         if self.options.group_tp:
             return  # TP pinned per group: the families' layouts only
-        virtual = schedule_for(self.options.schedule).chunks(self.options.virtual_stages)
         model = self.cost.model
         layouts = [pipelines
-                   for shape in pinned_shapes(self.groups, model, self.options, virtual)
+                   for shape in pinned_shapes(self.groups, model, self.options,
+                                              self.training.global_batch)
                    for pipelines in arrangements(self.families, self.groups, model, shape)]
         for recompute in self._recomputes():
             for setting in self._settings(zero1, recompute):
