@@ -1,6 +1,8 @@
 """Pinned layouts: every layout that fits is planned, on machines of different types, and a
 pinned layout that cannot run says why, with numbers (one test per reason)."""
 
+from dataclasses import replace
+
 import pytest
 
 from potluck.cluster import parse_cluster
@@ -8,6 +10,7 @@ from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.spec import model_from_hf_config
+from potluck.planner.exhaustive import fitting_shapes
 from potluck.planner.search import Partition, SearchOptions, search
 from potluck.plans import DType, Schedule, TrainingShape, check_plan
 
@@ -136,3 +139,19 @@ nodes:
     plan = _plan(load_model("gpt3-1.3b"), options, spec, TrainingShape(64, 2048))
     on_3090 = [m for m in plan.prediction.memory if m.device.startswith("r3090")]
     assert on_3090 and all(m.total_bytes <= 0.95 * 24e9 for m in on_3090)
+
+
+def test_every_pinned_layout_the_exhaustive_enumeration_fits_is_planned():
+    spec = parse_cluster("""
+nodes:
+  - {name: a, gpu: a100-40g-pcie, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: t, gpu: t4, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+""")
+    model = replace(load_model("gpt3-1.3b"), num_layers=8, name="gpt-1.3b-8l")
+    shape = TrainingShape(16, 2048)
+    shapes = fitting_shapes(spec, model, shape)
+    assert len(shapes) >= 20  # the enumeration fits most shapes: the check is not vacuous
+    for tp, pp, dp, micro_batch in sorted(shapes):
+        options = SearchOptions(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch, top_k=1)
+        plan = _plan(model, options, spec, shape)
+        assert (plan.dp, {p.pp for p in plan.pipelines}) == (dp, {pp})
