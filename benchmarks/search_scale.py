@@ -1,6 +1,10 @@
-"""Search time against cluster size: 8 to 1024 GPUs of 3-4 GPU types.
+"""Search time against cluster size: 8 to 1024 GPUs of 3-4 GPU types, in even and uneven
+machine counts.
 
 Usage: taskset -c 0 python benchmarks/search_scale.py   (one core)
+
+CPU time is the process's own (time.process_time): on a busy machine wall-clock time
+also counts the time other processes held the core.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ CASES = [  # (GPUs per type, model, global batch, sequence length)
     ((16, 16, 16, 16), "llama2-13b", 256, 4096),
     ((64, 64, 64, 64), "llama2-70b", 512, 4096),
     ((256, 256, 256, 256), "llama2-70b", 2048, 4096),
+    ((192, 256, 384, 192), "llama3-70b", 2048, 4096),  # irregular: 24, 32, 48, 24 machines
 ]
 
 
@@ -37,16 +42,18 @@ def cluster_text(per_type: tuple[int, ...]) -> str:
 
 
 def main() -> None:
-    print("| GPUs | types | model | search time | candidates | best layout | predicted MFU |")
-    print("|---:|---:|---|---:|---:|---|---:|")
+    print("| GPUs | types | model | search time | CPU time | candidates | best layout | "
+          "predicted MFU |")
+    print("|---:|---:|---|---:|---:|---:|---|---:|")
     for per_type, model, batch, seq in CASES:
         types = sum(1 for n in per_type if n)
         spec = parse_cluster(cluster_text(per_type))
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = search(spec, load_model(model), TrainingShape(batch, seq))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         best = result.best
-        print(f"| {spec.num_gpus} | {types} | {model} | {elapsed:.2f} s | {result.candidates} | "
+        print(f"| {spec.num_gpus} | {types} | {model} | {elapsed:.2f} s | {cpu:.2f} s | "
+              f"{result.candidates} | "
               f"{best.layout()} ({best.num_gpus} used) | {best.prediction.mfu:.1%} |")
 
 

@@ -64,6 +64,21 @@ def test_config_file_and_model_directory(tmp_path):
     assert from_dir.hf_config == LLAMA_CONFIG
 
 
+def test_a_bare_config_json_is_named_after_its_folder(tmp_path, monkeypatch):
+    directory = tmp_path / "gpt2-medium"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    monkeypatch.chdir(directory)
+    assert load_model("config.json").name == "gpt2-medium"
+    assert load_model("./config.json").name == "gpt2-medium"
+
+
+def test_a_config_file_of_another_name_is_named_after_its_stem(tmp_path):
+    path = tmp_path / "tiny-llama.json"
+    path.write_text(json.dumps(LLAMA_CONFIG))
+    assert load_model(str(path)).name == "tiny-llama"
+
+
 def test_unknown_model_suggests_presets():
     with pytest.raises(ConfigError, match="llama2-7b"):
         load_model("llama2-7")

@@ -80,3 +80,29 @@ def test_a_pipeline_that_only_slows_the_batch_gets_nothing():
 def test_uniform_batch_split_needs_divisibility():
     assert split_micro_batches([PipelineSlot(0, 1), PipelineSlot(0, 3)], 8, uniform=True) == [[4], [4]]
     assert split_micro_batches([PipelineSlot(0, 1), PipelineSlot(0, 3)], 7, uniform=True) is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_minimum_per_pipeline_still_minimizes_the_slowest_one(seed):
+    rng = random.Random(seed)
+    count, minimum = rng.randint(1, 4), rng.randint(1, 3)
+    total = rng.randint(count * minimum, 14)
+    slots = [PipelineSlot(rng.uniform(0, 3), rng.uniform(0.5, 3)) for _ in range(count)]
+    best = min(_slowest(slots, c) for c in itertools.product(range(minimum, total + 1), repeat=count)
+               if sum(c) == total)
+    result = [share[0] for share in split_micro_batches(slots, total, minimum=minimum)]
+    assert sum(result) == total and min(result) >= minimum
+    assert _slowest(slots, result) == pytest.approx(best)
+
+
+def test_a_minimum_the_total_cannot_give_every_pipeline_is_refused():
+    assert split_micro_batches([PipelineSlot(0, 1, replicas=3)], 5, minimum=2) is None
+    assert split_micro_batches([PipelineSlot(9, 1), PipelineSlot(0, 1)], 4, minimum=2) == [[2], [2]]
+
+
+def test_no_pipeline_gets_more_than_its_slot_holds():
+    """The fast pipeline would take 9 of 12; its memory holds 6."""
+    slots = [PipelineSlot(0.0, 1.0, most=6), PipelineSlot(0.0, 3.0)]
+    assert split_micro_batches(slots, 12) == [[6], [6]]
+    assert split_micro_batches(slots, 12, minimum=2) == [[6], [6]]
+    assert split_micro_batches([PipelineSlot(0.0, 1.0, replicas=2, most=3)], 7) is None

@@ -160,7 +160,8 @@ def load_model(name_or_path: str) -> ModelSpec:
                               "model directory, a config.json or a preset name")
         path = path / "config.json"
     if path.is_file():
-        return model_from_hf_config(_read_json(path), name=_model_name(path))
+        config = _read_json(path)
+        return model_from_hf_config(config, name=_model_name(path, config))
     if _looks_like_path(str(name_or_path)):
         raise ConfigError(f"model file or directory '{path}' not found; give a local config.json "
                           "or Hugging Face model directory (nothing is downloaded), or a preset name")
@@ -174,8 +175,18 @@ def load_model(name_or_path: str) -> ModelSpec:
     )
 
 
-def _model_name(config_path: Path) -> str:
-    return config_path.parent.name if config_path.name == "config.json" else config_path.stem
+def _model_name(config_path: Path, config: dict[str, Any]) -> str:
+    """A ``config.json`` is named after its folder (``gpt2-medium/config.json``: gpt2-medium,
+    also when given as a bare ``config.json`` in that folder), any other file after its stem;
+    without either, the config's own ``_name_or_path`` or ``model_type``."""
+    if config_path.name == "config.json":
+        name = config_path.resolve().parent.name
+    else:
+        name = config_path.stem
+    if name:
+        return name
+    recorded = Path(str(config.get("_name_or_path") or "")).name
+    return recorded or str(config.get("model_type") or "model")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

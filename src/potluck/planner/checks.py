@@ -11,6 +11,7 @@ from potluck.model import counts
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.space import tp_options
 from potluck.plans import TrainingShape
 
 GB = 1e9
@@ -41,20 +42,32 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
             f"{options.micro_batch_size}; use a multiple of it"
         )
     if options.dp is not None:
-        per_replica = batch // (options.micro_batch_size or 1)
-        if options.dp > per_replica:
-            raise ConfigError(
-                f"global batch {batch} cannot be split over --dp {options.dp} replicas; "
-                f"use a global batch of at least {options.dp * (options.micro_batch_size or 1)}"
-            )
-        if options.partition is Partition.UNIFORM and batch % options.dp:
-            raise ConfigError(
-                f"global batch {batch} cannot be split evenly over --dp {options.dp} replicas; "
-                f"use a multiple of {options.dp}"
-            )
+        _check_batch_over_replicas(batch, options)
     if options.groups is not None and not options.groups:
         raise ConfigError("no node groups left to plan on")
     _check_device_count(cluster, options)
+    _check_units(cluster, model, options)
+
+
+def _check_batch_over_replicas(batch: int, options: SearchOptions) -> None:
+    """Every pinned replica runs at least one micro-batch; the uniform baseline gives each
+    the same number."""
+    dp, micro_batch = options.dp or 1, options.micro_batch_size or 1
+    step = dp * micro_batch
+    sizes = f"--dp {dp} x --micro-batch-size {micro_batch}" if options.micro_batch_size else f"--dp {dp}"
+    if batch < step:
+        raise ConfigError(
+            f"global batch {batch} cannot be split over --dp {dp} replicas ({sizes} = {step} "
+            f"sequences at least); use a global batch of at least {step}"
+            + (f" or --micro-batch-size {_largest_divisor(batch, batch // dp)}"
+               if micro_batch > 1 and batch >= dp else "")
+        )
+    if options.partition is Partition.UNIFORM and batch % step:
+        below, above = batch // step * step, (batch // step + 1) * step
+        raise ConfigError(
+            f"global batch {batch} cannot be split evenly over --dp {dp} replicas: "
+            f"--partition uniform needs a multiple of {sizes} = {step}; use {below} or {above}"
+        )
 
 
 def _check_at_least_one(flag: str, value: int | None) -> None:
@@ -75,6 +88,23 @@ def _check_device_count(cluster: Cluster, options: SearchOptions) -> None:
         )
 
 
+def _check_units(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> None:
+    """A pinned TP degree needs ``pp x dp`` groups of ``tp`` GPUs inside one machine."""
+    if options.tp is None or (options.pp is None and options.dp is None):
+        return
+    groups = [g for g in cluster.spec.nodes if options.groups is None or g.name in options.groups]
+    holders = [g for g in groups if tp_options(g, model, options.tp)]
+    units = sum(g.count * (g.gpus_per_node // options.tp) for g in holders)
+    needed = (options.pp or 1) * (options.dp or 1)
+    if needed > units:
+        where = ", ".join(f"{g.name}: {g.count} x {g.gpus_per_node // options.tp}"
+                          for g in holders)
+        raise ConfigError(
+            f"{_pins(options)} needs {needed} groups of {options.tp} GPUs inside one machine, "
+            f"the cluster's machines hold {units} ({where}); pin a smaller --tp, --pp or --dp"
+        )
+
+
 def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
     if tp is None:
         return
@@ -92,6 +122,10 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
             f"--tp {tp} does not fit inside any machine (GPUs per machine: {sizes}); "
             "tensor parallelism stays inside a machine"
         )
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, at_most + 1) if n % d == 0)
 
 
 def _gcd(a: int, b: int) -> int:

@@ -71,6 +71,30 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
     return best
 
 
+def fitting_shapes(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                   micro_batch_sizes: tuple[int, ...] = (1, 2, 4),
+                   recomputes: tuple[Recompute, ...] = tuple(Recompute)) -> set[tuple[int, ...]]:
+    """Every ``(tp, pp, dp, micro-batch size)`` that some enumerated plan with one TP degree
+    and pipelines of one depth runs in memory: the pinned layouts the search must plan."""
+    cluster = Cluster(spec)
+    cost = CostModel.for_training(cluster, model, training)
+    families = FamilyEvaluator(cluster, cost)
+    found: set[tuple[int, ...]] = set()
+    for tp in sorted({t for g in spec.nodes for t in tp_options(g, model, None)}):
+        units = [u for g in spec.nodes if tp_options(g, model, tp) for u in families.units(g, tp)]
+        for arrangement in arrangements(units):
+            pp = len(arrangement[0])
+            if any(len(p) != pp for p in arrangement):
+                continue
+            for b in micro_batch_sizes:
+                key = (tp, pp, len(arrangement), b)
+                if key not in found and training.global_batch % b == 0 and any(
+                        _best_plan(cluster, cost, families, training, arrangement, b, recompute)
+                        for recompute in recomputes):
+                    found.add(key)
+    return found
+
+
 def _unit_choices(cluster: Cluster, families: FamilyEvaluator, model: ModelSpec,
                   group_tp: dict[str, int]) -> Iterator[list[Unit]]:
     groups = cluster.spec.nodes

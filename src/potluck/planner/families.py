@@ -87,6 +87,7 @@ class FamilyEvaluator:
         self._sends_by_layout: dict[tuple, tuple] = {}
         self._works: dict[tuple, StageWork] = {}
         self._rings: dict[int, tuple] = {}
+        self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
         self._params_cache: dict[tuple, float] = {}
         # quick estimates: every GPU of a machine crosses its card at once
@@ -268,10 +269,12 @@ class FamilyEvaluator:
             return cost.stage_memory_bytes(device_type, tp, shape.with_layers(layers), in_flight,
                                            sharding)
 
-        fixed = memory(0, 0.0)
-        per_flight = memory(0, 1.0) - fixed
-        per_layer_states = memory(1, 0.0) - fixed
-        per_layer_activations = memory(1, 1.0) - memory(1, 0.0) - per_flight
+        # affine in the block count from one block on (full recomputation adds one block's
+        # working set once, not per block): slopes between one and two blocks
+        per_layer_states = memory(2, 0.0) - memory(1, 0.0)
+        fixed = memory(1, 0.0) - per_layer_states
+        per_layer_activations = (memory(2, 1.0) - memory(2, 0.0)) - (memory(1, 1.0) - memory(1, 0.0))
+        per_flight = memory(1, 1.0) - memory(1, 0.0) - per_layer_activations
         return (w1.total_s - w0.total_s, w0.total_s, fixed, per_layer_states, per_flight,
                 per_layer_activations)
 
@@ -316,7 +319,12 @@ class FamilyEvaluator:
         links = []
         for i in range(len(pipelines[0])):
             ring = [p[i].devices[0] for p in _sample(pipelines)] + [pipelines[-1][i].devices[0]]
-            links.append(self.cost.network.ring_link(ring, self._whole_machines))
+            ring_key = tuple(d.id for d in ring)  # layouts share most rings: 4k of 176k distinct
+            link = self._ring_cache.get(ring_key)
+            if link is None:
+                link = self._ring_cache[ring_key] = self.cost.network.ring_link(
+                    ring, self._whole_machines)
+            links.append(link)
         self._rings[key] = (pipelines, links)
         return links
 

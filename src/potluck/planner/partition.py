@@ -16,6 +16,7 @@ micro-batches), solved exactly by searching over the bottleneck value:
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -60,17 +61,23 @@ def split_layers(slots: list[StageSlot], num_layers: int, *, uniform: bool = Fal
 
 
 def _trim(slots: list[StageSlot], period_s: float, num_layers: int, min_layers: int) -> list[int]:
-    """Take the surplus back one block at a time from the currently slowest stage."""
+    """Take the surplus back one block at a time from the currently slowest stage (the first
+    of equally slow ones), kept in a heap of (-time, stage)."""
     layers = [_layers_within(s, period_s) for s in slots]
     surplus = sum(layers) - num_layers
+    heap = [(-_stage_s(slots[i], layers[i]), i) for i in range(len(slots)) if layers[i] > min_layers]
+    heapq.heapify(heap)
     while surplus > 0:
-        slowest = max(
-            (i for i in range(len(slots)) if layers[i] > min_layers),
-            key=lambda i: slots[i].extra_s + layers[i] * slots[i].per_layer_s,
-        )
+        _, slowest = heapq.heappop(heap)
         layers[slowest] -= 1
         surplus -= 1
+        if layers[slowest] > min_layers:
+            heapq.heappush(heap, (-_stage_s(slots[slowest], layers[slowest]), slowest))
     return layers
+
+
+def _stage_s(slot: StageSlot, layers: int) -> float:
+    return slot.extra_s + layers * slot.per_layer_s
 
 
 def _even_layers(slots: list[StageSlot], num_layers: int) -> list[int] | None:
@@ -88,18 +95,26 @@ class PipelineSlot:
     fill_s: float
     period_s: float
     replicas: int = 1
+    most: int | None = None  # micro-batches one replica holds in memory at most
 
 
-def split_micro_batches(slots: list[PipelineSlot], total: int,
-                        uniform: bool = False) -> list[list[int]] | None:
+def split_micro_batches(slots: list[PipelineSlot], total: int, uniform: bool = False,
+                        minimum: int = 0) -> list[list[int]] | None:
     """Micro-batches for every pipeline (grouped as in ``slots``) minimizing the slowest one.
 
     Replicas of one slot differ by at most one micro-batch; a pipeline may get none,
-    which leaves its devices out. ``uniform`` gives every pipeline the same count.
+    which leaves its devices out, unless ``minimum`` asks for at least that many each
+    (None when the total is too small); none gets more than its slot's ``most``.
+    ``uniform`` gives every pipeline the same count.
     """
     pipelines = sum(slot.replicas for slot in slots)
+    if minimum:
+        return _split_above(slots, total, uniform, minimum)
+    if total > sum(s.replicas * (total if s.most is None else s.most) for s in slots):
+        return None
     if uniform:
-        if total % pipelines:
+        if total % pipelines or any(s.most is not None and total // pipelines > s.most
+                                    for s in slots):
             return None
         return [[total // pipelines] * slot.replicas for slot in slots]
     low = min(s.fill_s + s.period_s for s in slots)
@@ -117,10 +132,30 @@ def split_micro_batches(slots: list[PipelineSlot], total: int,
     return [_spread(count, slot.replicas) for count, slot in zip(totals, slots, strict=True)]
 
 
+def _split_above(slots: list[PipelineSlot], total: int, uniform: bool,
+                 minimum: int) -> list[list[int]] | None:
+    """Every pipeline takes ``minimum`` first (time is linear in the count, so that is a
+    later fill), then the rest is split as usual."""
+    rest = total - minimum * sum(slot.replicas for slot in slots)
+    if rest < 0:
+        return None
+    if rest == 0:
+        return [[minimum] * slot.replicas for slot in slots]
+    if any(s.most is not None and s.most < minimum for s in slots):
+        return None
+    shifted = [PipelineSlot(s.fill_s + minimum * s.period_s, s.period_s, s.replicas,
+                            None if s.most is None else s.most - minimum) for s in slots]
+    shares = split_micro_batches(shifted, rest, uniform)
+    if shares is None:
+        return None
+    return [[m + minimum for m in share] for share in shares]
+
+
 def _count_within(slot: PipelineSlot, time_s: float) -> int:
     if time_s < slot.fill_s + slot.period_s:
         return 0
-    return slot.replicas * math.floor((time_s - slot.fill_s) / slot.period_s + 1e-9)
+    each = math.floor((time_s - slot.fill_s) / slot.period_s + 1e-9)
+    return slot.replicas * (each if slot.most is None else min(each, slot.most))
 
 
 def _slot_time(slot: PipelineSlot, count: int) -> float:

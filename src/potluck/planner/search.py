@@ -12,7 +12,10 @@ cost model:
 3. for each way to use a subset of the groups as one or more families side by
    side, split the micro-batches over all pipelines in proportion to their
    speed (:mod:`potluck.planner.partition`) and rank by a quick estimate;
-4. build the best candidates as Plans and rank them with the full cost model
+4. with ``pp`` and ``dp`` pinned, or when no family holds a pinned layout, add that
+   layout built directly (:mod:`potluck.planner.pinned`: its pipelines may span
+   GPU types and need not be identical);
+5. build the best candidates as Plans and rank them with the full cost model
    (network cards shared, every gradient ring priced).
 
 Groups left out of every family, and pipelines that get no micro-batch, are
@@ -42,7 +45,9 @@ from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.partition import PipelineSlot, split_micro_batches
+from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
 from potluck.planner.space import (
+    Unit,
     UnitLayout,
     Wrap,
     dp_candidates,
@@ -105,7 +110,9 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             plans.sort(key=_rank)
             best = tuple(_distinct(plans, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
-    raise InfeasibleError(explain_infeasible(cluster, model, training, options))
+    runner = _Search(cluster, cost, training, options, progress)
+    reason = pinned_refusal(runner.families, runner.groups, training.global_batch, options)
+    raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
 
 
 def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
@@ -144,10 +151,51 @@ class _Search:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
                         self._push(heap, combo)
+        if self._fully_pinned() or (not heap and self._pinned_shape()):
+            self._push_pinned_layouts(zero1, heap)
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
         plans.sort(key=_rank)
         return _distinct(plans, self.options.top_k)
+
+    def _fully_pinned(self) -> bool:
+        return bool(self.options.pp and self.options.dp)
+
+    def _pinned_shape(self) -> bool:
+        options = self.options
+        return any(v is not None for v in (options.tp, options.pp, options.dp,
+                                           options.micro_batch_size))
+
+    def _push_pinned_layouts(self, zero1: bool, heap: list) -> None:
+        """The pinned layout built directly (:mod:`potluck.planner.pinned`): pipelines the
+        families do not hold, such as one spanning two GPU types."""
+        if self.options.group_tp:
+            return  # TP pinned per group: the families' layouts only
+        model = self.cost.model
+        layouts = [pipelines
+                   for shape in pinned_shapes(self.groups, model, self.options,
+                                              self.training.global_batch)
+                   for pipelines in arrangements(self.families, self.groups, model, shape)]
+        for recompute in self._recomputes():
+            for setting in self._settings(zero1, recompute):
+                for pipelines in layouts:
+                    for combo in self._pinned_combos(pipelines, setting):
+                        self._push(heap, combo)
+
+    def _pinned_combos(self, pipelines: tuple[tuple[Unit, ...], ...],
+                       setting: FamilySetting) -> list[_Combo]:
+        """The layout with its memory checked for the whole batch in flight (the families'
+        bound), and for an even share of it, the split then kept to that share (what
+        GPipe, which holds every micro-batch of its pipeline, needs to fit)."""
+        even = -(-setting.micro_batches // len(pipelines))
+        found = []
+        for most in dict.fromkeys((setting.micro_batches, even)):
+            families = pinned_families(self.families, pipelines,
+                                       replace(setting, micro_batches=most))
+            combo = self._combine(setting, families, most) if families else None
+            if combo is not None:
+                found.append(combo)
+        return found
 
     def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
         heap: list[tuple[float, int, _Combo]] = []
@@ -292,20 +340,22 @@ class _Search:
                         if combo is not None:
                             yield combo
 
-    def _combine(self, setting: FamilySetting,
-                 families: tuple[FamilyOption, ...]) -> _Combo | None:
+    def _combine(self, setting: FamilySetting, families: tuple[FamilyOption, ...],
+                 most: int | None = None) -> _Combo | None:
+        """Families side by side, micro-batches split over their pipelines (at most ``most``
+        each: what their memory was checked for)."""
         pipelines = sum(f.dp for f in families)
         if self.options.dp and pipelines != self.options.dp:
             return None
-        slots = [PipelineSlot(f.fill_s, f.period_s, f.dp) for f in families]
+        slots = [PipelineSlot(f.fill_s, f.period_s, f.dp, most) for f in families]
         shares = split_micro_batches(slots, setting.micro_batches, setting.uniform)
-        if shares is None:
-            return None
-        if self.options.dp and any(m == 0 for share in shares for m in share):
-            return None
-        schedule = schedule_for(setting.schedule)
-        if not all(schedule.accepts(m, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
-                   for f, share in zip(families, shares, strict=True) for m in share if m):
+        if self.options.dp and not self._all_run(families, shares, setting):
+            # every pinned replica runs: each takes at least what its schedule needs
+            least = _least_micro_batches(families, setting, setting.micro_batches // pipelines)
+            shares = split_micro_batches(slots, setting.micro_batches, setting.uniform, least)
+            if not self._all_run(families, shares, setting):
+                return None
+        if not self._accepted(families, shares, setting):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
         if not busy:
@@ -314,6 +364,22 @@ class _Search:
         quick = (max(f.time_s(max(s)) for f, s in busy) + max(f.dp_quick_s for f in used)
                  + self.families.cross_family_dp_s(used) + max(f.optimizer_s for f in used))
         return _Combo(quick, setting, tuple(f for f, _ in busy), tuple(tuple(s) for _, s in busy))
+
+    def _all_run(self, families: tuple[FamilyOption, ...], shares: list[list[int]] | None,
+                 setting: FamilySetting) -> bool:
+        """Every pipeline gets micro-batches its schedule runs."""
+        return (self._accepted(families, shares, setting)
+                and all(m > 0 for share in shares or () for m in share))
+
+    @staticmethod
+    def _accepted(families: tuple[FamilyOption, ...], shares: list[list[int]] | None,
+                  setting: FamilySetting) -> bool:
+        """Whether the schedule runs every busy pipeline with its share (and there is one)."""
+        if shares is None:
+            return False
+        schedule = schedule_for(setting.schedule)
+        return all(schedule.accepts(m, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
+                   for f, share in zip(families, shares, strict=True) for m in share if m)
 
     def _build(self, combo: _Combo) -> Plan:
         pipelines = []
@@ -340,6 +406,18 @@ class _Search:
 
     def _evaluate(self, plan: Plan) -> Plan:
         return replace(plan, prediction=predict(plan, self.cost))
+
+
+def _least_micro_batches(families: tuple[FamilyOption, ...], setting: FamilySetting,
+                         most: int) -> int:
+    """The fewest micro-batches the schedule runs on every family's pipelines (1F1B: one
+    per stage); ``most`` when none up to it does."""
+    schedule = schedule_for(setting.schedule)
+    for count in range(1, most + 1):
+        if all(schedule.accepts(count, f.pp, setting.virtual_stages, mixed_tp=f.mixed_tp)
+               for f in families):
+            return count
+    return max(1, most)
 
 
 def _partitions(names: tuple[str, ...]) -> list[list[tuple[str, ...]]]:

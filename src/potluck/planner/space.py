@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import cached_property
 
 from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
@@ -51,8 +52,8 @@ class Unit:
         if not self.node:
             object.__setattr__(self, "node", self.devices[0].node)
 
-    @property
-    def tp(self) -> int:
+    @cached_property
+    def tp(self) -> int:  # cached: the search's hot loops ask millions of times
         return len(self.devices)
 
 
