@@ -1,0 +1,304 @@
+"""potluck's predictions against published iteration times of other frameworks' runs.
+
+Each validation set (``SETS``) is a CSV of measured runs under ``benchmarks/data/`` (one
+layout per line: tp, pp, dp, micro-batch size, global batch, sequence length and the
+measured seconds per iteration; the format ``potluck calibrate --measured`` reads), the
+cluster file the runs were measured on, the model, and how the framework executes a step.
+``benchmarks/data/README.md`` names the source of every number.
+
+For every run potluck plans the run's pinned layout (``top_k=1``) and predicts its
+iteration time; per set it reports the mean absolute percentage error (MAPE) and
+Spearman's rank correlation between predicted and measured times (does potluck order the
+layouts as the measurements do?), and every run potluck refuses, with the reason.
+
+After calibration: where ``potluck.api.calibrate_measured`` exists, each set is also
+calibrated on ``--calibrate-on K`` of its runs (spread over the file) and the other runs
+are predicted with the calibrated cluster file.
+
+Usage: python benchmarks/validation.py [--set NAME] [--rows] [--calibrate-on K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from potluck import api
+from potluck.errors import PotluckError
+from potluck.model.counts import Recompute
+from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.search import search
+from potluck.plans import DType, Execution, TrainingShape
+from potluck.schedules import Schedule
+
+DATA = Path(__file__).parent / "data"
+REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
+
+# How each framework executes a step, as far as potluck's cost model tells them apart.
+# When potluck has named execution presets, `execution()` returns the preset of that name.
+FRAMEWORKS: dict[str, Execution] = {
+    # DeepSpeed's pipeline engine over Megatron-LM v1.1.5 (2020), as AMP ran it: unfused
+    # kernels, attention scores in memory, fp16 weights with fp32 masters, gradients
+    # all-reduced in fp32 ("fp32_allreduce": true in AMP's ds_config.json) after the last
+    # micro-batch, blocking pipeline sends.
+    "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
+                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4),
+}
+
+
+def execution(framework: str) -> Execution:
+    """The execution traits of ``framework`` (one of ``FRAMEWORKS``)."""
+    return FRAMEWORKS[framework]
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """Published runs of one model on one cluster, and where they come from."""
+
+    name: str
+    runs: str  # CSV under benchmarks/data
+    cluster: str  # cluster file under benchmarks/data
+    model: str  # a preset name or a config.json under benchmarks/data
+    framework: str  # a key of FRAMEWORKS
+    source: str  # paper and table, or repository file and commit (details in data/README.md)
+
+    def model_ref(self) -> str:
+        return str(DATA / self.model) if self.model.endswith(".json") else self.model
+
+
+SETS: tuple[ValidationSet, ...] = (
+    ValidationSet("amp-t4", "amp_t4_16.csv", "amp_t4_16.yaml", "amp_gpt2_345m.json", "deepspeed",
+                  "AMP (Li et al., NeurIPS'22), DachengLi1/AMP src/results/homogeneous_results.txt"),
+    ValidationSet("amp-v100-t4", "amp_v100_t4_16.csv", "amp_v100_t4_16.yaml",
+                  "amp_gpt2_345m.json", "deepspeed",
+                  "AMP (Li et al., NeurIPS'22), DachengLi1/AMP src/results/het_cluster_results.txt"),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: its layout and measured seconds per iteration."""
+
+    line: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    global_batch: int
+    seq_len: int
+    iteration_time_s: float
+    dtype: DType = DType.BF16
+    recompute: Recompute | None = None
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    zero1: bool | None = None
+    partition: Partition = Partition.BALANCED
+
+    def label(self) -> str:
+        return f"{self.tp}/{self.pp}/{self.dp} µb{self.micro_batch_size}"
+
+
+def read_runs(path: Path) -> list[Run]:
+    """The runs of a validation CSV (``#`` lines are comments)."""
+    lines = path.read_text().splitlines()
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()
+                and not line.lstrip().startswith("#")]
+    header = [cell.strip() for cell in numbered[0][1].split(",")]
+    runs = []
+    for number, row in zip((n for n, _ in numbered[1:]), csv.reader(r for _, r in numbered[1:]),
+                           strict=True):
+        cells = dict(zip(header, (cell.strip() for cell in row), strict=True))
+        runs.append(_run(number, cells))
+    return runs
+
+
+def _run(line: int, cells: dict[str, str]) -> Run:
+    ints = {k: int(cells[k]) for k in REQUIRED if k != "iteration_time_s"}
+    optional: dict[str, object] = {}
+    if cells.get("dtype"):
+        optional["dtype"] = DType(cells["dtype"])
+    if cells.get("recompute"):
+        optional["recompute"] = Recompute(cells["recompute"])
+    if cells.get("schedule"):
+        optional["schedule"] = Schedule(cells["schedule"])
+    if cells.get("zero1"):
+        optional["zero1"] = cells["zero1"].lower() in ("true", "yes", "1")
+    if cells.get("partition"):
+        optional["partition"] = Partition(cells["partition"])
+    return Run(line, iteration_time_s=float(cells["iteration_time_s"]), **ints, **optional)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """potluck's prediction for one run, or why it refused the run."""
+
+    run: Run
+    predicted_s: float | None
+    refusal: str = ""
+
+    @property
+    def error(self) -> float:
+        assert self.predicted_s is not None
+        return (self.predicted_s - self.run.iteration_time_s) / self.run.iteration_time_s
+
+
+def predict_run(vset: ValidationSet, run: Run, cluster: str | Path | None = None) -> Outcome:
+    """Plan ``run``'s pinned layout on the set's cluster (or ``cluster``) and predict it."""
+    options = SearchOptions(tp=run.tp, pp=run.pp, dp=run.dp,
+                            micro_batch_size=run.micro_batch_size, recompute=run.recompute,
+                            schedule=run.schedule, zero1=run.zero1, partition=run.partition,
+                            top_k=1)
+    shape = TrainingShape(run.global_batch, run.seq_len, run.dtype, execution(vset.framework))
+    spec = api.as_cluster(cluster or DATA / vset.cluster)
+    try:
+        plan = search(spec, api.as_model(vset.model_ref()), shape, options).best
+    except PotluckError as err:
+        return Outcome(run, None, str(err).splitlines()[0])
+    return Outcome(run, plan.prediction.iteration_time_s)
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    result = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            result[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged)."""
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    norm = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / norm if norm else float("nan")
+
+
+def mape(outcomes: list[Outcome]) -> float:
+    return sum(abs(o.error) for o in outcomes) / len(outcomes)
+
+
+def summary(outcomes: list[Outcome]) -> tuple[int, float, float, float]:
+    """(runs predicted, MAPE, Spearman, median signed error) of the predicted runs."""
+    done = [o for o in outcomes if o.predicted_s is not None]
+    if len(done) < 2:
+        return len(done), float("nan"), float("nan"), float("nan")
+    errors = sorted(o.error for o in done)
+    rho = spearman([o.predicted_s for o in done], [o.run.iteration_time_s for o in done])
+    return len(done), mape(done), rho, errors[len(errors) // 2]
+
+
+def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
+    print(f"\n### {vset.name}: {vset.source}\n")
+    print("| line | tp/pp/dp µbatch | measured s | potluck s | error |")
+    print("|---:|---|---:|---:|---:|")
+    for o in outcomes:
+        if o.predicted_s is None:
+            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | refused | "
+                  f"{o.refusal} |")
+        else:
+            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | "
+                  f"{o.predicted_s:.3g} | {o.error:+.0%} |")
+
+
+def print_summary(results: list[tuple[ValidationSet, list[Outcome]]], title: str) -> None:
+    print(f"\n{title}\n")
+    print("| set | runs | predicted | MAPE | Spearman | median error | worst run |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for vset, outcomes in results:
+        count, err, rho, median = summary(outcomes)
+        done = [o for o in outcomes if o.predicted_s is not None]
+        worst = max(done, key=lambda o: abs(o.error), default=None)
+        worst_text = f"{worst.run.label()} {worst.error:+.0%}" if worst else "-"
+        print(f"| {vset.name} | {len(outcomes)} | {count} | {err:.0%} | {rho:.2f} | "
+              f"{median:+.0%} | {worst_text} |")
+
+
+def print_refusals(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
+    refused = [(v, o) for v, outcomes in results for o in outcomes if o.predicted_s is None]
+    if refused:
+        print("\n| set | line | layout | potluck refuses because |")
+        print("|---|---:|---|---|")
+        for vset, o in refused:
+            print(f"| {vset.name} | {o.run.line} | {o.run.label()} | {o.refusal} |")
+
+
+# ---- after calibration --------------------------------------------------------------------
+# Calibrate each set on a few of its runs with `potluck.api.calibrate_measured` (helper C's
+# `potluck calibrate --measured`) and predict every run with the calibrated cluster file.
+
+
+def calibration_rows(runs: list[Run], k: int) -> list[Run]:
+    """``k`` runs spread evenly over the file."""
+    step = len(runs) / k
+    return [runs[int(i * step)] for i in range(k)]
+
+
+def write_runs(path: Path, runs: list[Run], source: Path) -> None:
+    """The lines of ``runs`` from ``source`` (header included) into ``path``."""
+    lines = source.read_text().splitlines()
+    header = next(line for line in lines if line.strip() and not line.startswith("#"))
+    path.write_text("\n".join([header] + [lines[r.line - 1] for r in runs]) + "\n")
+
+
+def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:
+    """Every run predicted after calibrating on ``k`` of them, or why that is not possible."""
+    if not hasattr(api, "calibrate_measured"):
+        return "calibration: not available"
+    chosen = calibration_rows(runs, k)
+    with tempfile.TemporaryDirectory() as tmp:
+        subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
+        write_runs(subset, chosen, DATA / vset.runs)
+        try:
+            api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
+                                   cluster=DATA / vset.cluster, out=out)
+        except PotluckError as err:
+            return f"calibration refused: {str(err).splitlines()[0]}"
+        fitted = [r.line for r in chosen]
+        return [predict_run(vset, run, out) for run in runs if run.line not in fitted]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=[s.name for s in SETS], action="append")
+    parser.add_argument("--rows", action="store_true", help="print every run")
+    parser.add_argument("--calibrate-on", type=int, default=4, metavar="K",
+                        help="runs per set to calibrate on (0: skip calibration)")
+    args = parser.parse_args()
+    chosen = [s for s in SETS if not args.set or s.name in args.set]
+    results = []
+    for vset in chosen:
+        runs = read_runs(DATA / vset.runs)
+        outcomes = [predict_run(vset, run) for run in runs]
+        results.append((vset, outcomes))
+        if args.rows:
+            print_rows(vset, outcomes)
+    print_summary(results, "Uncalibrated (catalog figures, framework traits only):")
+    print_refusals(results)
+    if args.calibrate_on:
+        after, notes = [], []
+        for vset, outcomes in results:
+            result = calibrated(vset, [o.run for o in outcomes], args.calibrate_on)
+            if isinstance(result, str):
+                notes.append(f"{vset.name}: {result}")
+            else:
+                after.append((vset, result))
+        if after:
+            print_summary(after, f"After calibrating on {args.calibrate_on} runs per set "
+                                 "(the other runs):")
+        for note in notes:
+            print(f"\n{note}")
+
+
+if __name__ == "__main__":
+    main()
