@@ -47,6 +47,13 @@ FRAMEWORKS: dict[str, Execution] = {
     # micro-batch, blocking pipeline sends.
     "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
                            overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4),
+    # BigScience's Megatron-DeepSpeed (2021): Megatron's fused softmax and bias-GeLU kernels,
+    # attention scores in memory, fp16 weights with fp32 masters, DeepSpeed's pipeline engine
+    # (gradients reduced in fp16 after the last micro-batch, blocking sends); ZeRO-1 is the
+    # CSV's zero1 column.
+    "megatron-deepspeed": Execution(fused_kernels=True, flash_attention=False,
+                                    overlap_grad_reduce=False, overlap_p2p=False,
+                                    fp32_params=False, grad_reduce_bytes=2),
 }
 
 
@@ -76,6 +83,12 @@ SETS: tuple[ValidationSet, ...] = (
     ValidationSet("amp-v100-t4", "amp_v100_t4_16.csv", "amp_v100_t4_16.yaml",
                   "amp_gpt2_345m.json", "deepspeed",
                   "AMP (Li et al., NeurIPS'22), DachengLi1/AMP src/results/het_cluster_results.txt"),
+    ValidationSet("bigscience-v100-32g", "bigscience_1b3_v100_32g.csv", "bigscience_v100_32g.yaml",
+                  "bigscience_1b3.json", "megatron-deepspeed",
+                  "BigScience 1B3 tune-up, bigscience-workshop/bigscience experiments/tr3m-1B3.md"),
+    ValidationSet("bigscience-v100-16g", "bigscience_1b3_v100_16g.csv", "bigscience_v100_16g.yaml",
+                  "bigscience_1b3.json", "megatron-deepspeed",
+                  "BigScience 1B3 tune-up, bigscience-workshop/bigscience experiments/tr3m-1B3.md"),
 )
 
 
