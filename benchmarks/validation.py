@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from potluck import api
+from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition, SearchOptions
@@ -151,6 +152,7 @@ class Outcome:
     run: Run
     predicted_s: float | None
     refusal: str = ""
+    schedule: Schedule | None = None  # the schedule predicted, where it differs from the run's
 
     @property
     def error(self) -> float:
@@ -158,19 +160,36 @@ class Outcome:
         return (self.predicted_s - self.run.iteration_time_s) / self.run.iteration_time_s
 
 
-def predict_run(vset: ValidationSet, run: Run, cluster: str | Path | None = None) -> Outcome:
-    """Plan ``run``'s pinned layout on the set's cluster (or ``cluster``) and predict it."""
+def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
+                traits: Execution | None = None) -> Outcome:
+    """Plan ``run``'s pinned layout on the set's cluster (or ``spec``) and predict it."""
+    schedule = timeline_schedule(run)
     options = SearchOptions(tp=run.tp, pp=run.pp, dp=run.dp,
                             micro_batch_size=run.micro_batch_size, recompute=run.recompute,
-                            schedule=run.schedule, zero1=run.zero1, partition=run.partition,
+                            schedule=schedule, zero1=run.zero1, partition=run.partition,
                             top_k=1)
-    shape = TrainingShape(run.global_batch, run.seq_len, run.dtype, execution(vset.framework))
-    spec = api.as_cluster(cluster or DATA / vset.cluster)
+    shape = TrainingShape(run.global_batch, run.seq_len, run.dtype,
+                          traits or execution(vset.framework))
+    spec = spec or api.as_cluster(DATA / vset.cluster)
     try:
         plan = search(spec, api.as_model(vset.model_ref()), shape, options).best
     except PotluckError as err:
         return Outcome(run, None, str(err).splitlines()[0])
-    return Outcome(run, plan.prediction.iteration_time_s)
+    changed = schedule if schedule is not run.schedule else None
+    return Outcome(run, plan.prediction.iteration_time_s, schedule=changed)
+
+
+def timeline_schedule(run: Run) -> Schedule:
+    """The run's schedule, or GPipe for a 1F1B pipeline with fewer micro-batches than stages.
+
+    DeepSpeed's and Megatron's 1F1B run such a pipeline (every stage does all its forward
+    passes before its first backward: GPipe's timeline and memory); torch's 1F1B class, and
+    so potluck's planner, refuses it.
+    """
+    micro_batches = run.global_batch // (run.dp * run.micro_batch_size)
+    if run.schedule is Schedule.ONE_F_ONE_B and micro_batches < run.pp:
+        return Schedule.GPIPE
+    return run.schedule
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -220,8 +239,9 @@ def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
             print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | refused | "
                   f"{o.refusal} |")
         else:
+            note = f" ({o.schedule.value}: fewer micro-batches than stages)" if o.schedule else ""
             print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | "
-                  f"{o.predicted_s:.3g} | {o.error:+.0%} |")
+                  f"{o.predicted_s:.3g}{note} | {o.error:+.0%} |")
 
 
 def print_summary(results: list[tuple[ValidationSet, list[Outcome]]], title: str) -> None:
@@ -238,12 +258,18 @@ def print_summary(results: list[tuple[ValidationSet, list[Outcome]]], title: str
 
 
 def print_refusals(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
-    refused = [(v, o) for v, outcomes in results for o in outcomes if o.predicted_s is None]
-    if refused:
-        print("\n| set | line | layout | potluck refuses because |")
-        print("|---|---:|---|---|")
-        for vset, o in refused:
-            print(f"| {vset.name} | {o.run.line} | {o.run.label()} | {o.refusal} |")
+    """Refused runs, grouped by set and reason (the pins are named in the layouts column)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for vset, outcomes in results:
+        for o in outcomes:
+            if o.predicted_s is None:
+                reason = o.refusal.split("; drop the pins")[0]
+                groups.setdefault((vset.name, reason), []).append(o.run.label())
+    if groups:
+        print("\n| set | refused layouts (tp/pp/dp µbatch) | potluck's reason |")
+        print("|---|---|---|")
+        for (name, reason), labels in groups.items():
+            print(f"| {name} | {', '.join(labels)} | {reason} |")
 
 
 # ---- after calibration --------------------------------------------------------------------
@@ -264,8 +290,22 @@ def write_runs(path: Path, runs: list[Run], source: Path) -> None:
     path.write_text("\n".join([header] + [lines[r.line - 1] for r in runs]) + "\n")
 
 
+def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
+    """A calibrated cluster file and the set's execution with the overheads it fitted.
+
+    ``calibrate_measured`` writes the fitted framework overheads into an ``execution:``
+    section; its own reader applies them (until the cluster parser reads that section).
+    """
+    try:
+        from potluck.calibrate.measured.output import read_cluster, with_overheads
+    except ImportError:
+        return api.as_cluster(path), execution(vset.framework)
+    spec, section = read_cluster(path.read_text(), str(path))
+    return spec, with_overheads(execution(vset.framework), section, str(path))
+
+
 def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:
-    """Every run predicted after calibrating on ``k`` of them, or why that is not possible."""
+    """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
     if not hasattr(api, "calibrate_measured"):
         return "calibration: not available"
     chosen = calibration_rows(runs, k)
@@ -275,10 +315,11 @@ def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | 
         try:
             api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
                                    cluster=DATA / vset.cluster, out=out)
+            spec, traits = read_calibrated(out, vset)
         except PotluckError as err:
             return f"calibration refused: {str(err).splitlines()[0]}"
-        fitted = [r.line for r in chosen]
-        return [predict_run(vset, run, out) for run in runs if run.line not in fitted]
+    fitted = {r.line for r in chosen}
+    return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
 
 
 def main() -> None:
