@@ -55,6 +55,14 @@ FRAMEWORKS: dict[str, Execution] = {
     "megatron-deepspeed": Execution(fused_kernels=True, flash_attention=False,
                                     overlap_grad_reduce=False, overlap_p2p=False,
                                     fp32_params=False, grad_reduce_bytes=2),
+    # Sailor's Megatron-DeepSpeed fork (2024-25) as its GH200 validation ran it: FP32 training
+    # (no --fp16/--bf16, so Megatron's fused softmax, which needs 16-bit inputs, is off), no
+    # flash attention, DeepSpeed's engine with ZeRO stage 0 (gradients all-reduced in FP32
+    # after the last micro-batch), blocking pipeline sends. 16 bytes of model state per
+    # parameter (FP32 weights, gradients and Adam moments), as fp32_params=False counts.
+    "megatron-deepspeed-fp32": Execution(fused_kernels=False, flash_attention=False,
+                                         overlap_grad_reduce=False, overlap_p2p=False,
+                                         fp32_params=False, grad_reduce_bytes=4),
 }
 
 
@@ -90,6 +98,9 @@ SETS: tuple[ValidationSet, ...] = (
     ValidationSet("bigscience-v100-16g", "bigscience_1b3_v100_16g.csv", "bigscience_v100_16g.yaml",
                   "bigscience_1b3.json", "megatron-deepspeed",
                   "BigScience 1B3 tune-up, bigscience-workshop/bigscience experiments/tr3m-1B3.md"),
+    ValidationSet("sailor-gh200", "sailor_opt350_gh200.csv", "sailor_gh200_clariden.yaml",
+                  "sailor_opt_350m.json", "megatron-deepspeed-fp32",
+                  "Sailor (Strati et al., SOSP'25) Fig. 5b runs, eth-easl/sailor validation/clariden"),
 )
 
 
