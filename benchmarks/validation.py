@@ -15,7 +15,7 @@ After calibration: where ``potluck.api.calibrate_measured`` exists, each set is 
 calibrated on ``--calibrate-on K`` of its runs (spread over the file) and the other runs
 are predicted with the calibrated cluster file.
 
-Usage: python benchmarks/validation.py [--set NAME] [--rows] [--calibrate-on K]
+Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--calibrate-on K]
 """
 
 from __future__ import annotations
@@ -197,8 +197,7 @@ def timeline_schedule(run: Run) -> Schedule:
     passes before its first backward: GPipe's timeline and memory); torch's 1F1B class, and
     so potluck's planner, refuses it.
     """
-    micro_batches = run.global_batch // (run.dp * run.micro_batch_size)
-    if run.schedule is Schedule.ONE_F_ONE_B and micro_batches < run.pp:
+    if run.schedule is Schedule.ONE_F_ONE_B and micro_batches(run) < run.pp:
         return Schedule.GPIPE
     return run.schedule
 
@@ -283,6 +282,51 @@ def print_refusals(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
             print(f"| {name} | {', '.join(labels)} | {reason} |")
 
 
+def micro_batches(run: Run) -> int:
+    """Micro-batches each pipeline runs per iteration."""
+    return run.global_batch // (run.dp * run.micro_batch_size)
+
+
+def per_micro_batch_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, float, float]]:
+    """Runs without pipeline parallelism that differ only in micro-batch size: (smaller,
+    larger, measured and predicted seconds per extra micro-batch).
+
+    Without a pipeline there is no bubble to shrink: the same work split into more
+    micro-batches costs what each micro-batch costs on top of its FLOPs (host time, kernel
+    launches, per-message latency) plus the lower efficiency of smaller GEMMs.
+    """
+    groups: dict[tuple, list[Outcome]] = {}
+    for o in outcomes:
+        r = o.run
+        if r.pp > 1:
+            continue
+        key = (r.tp, r.dp, r.global_batch, r.seq_len, r.dtype, r.recompute)
+        groups.setdefault(key, []).append(o)
+    pairs = []
+    for group in groups.values():
+        done = sorted((o for o in group if o.predicted_s is not None),
+                      key=lambda o: o.run.micro_batch_size)
+        for small, large in zip(done, done[1:], strict=False):
+            extra = micro_batches(small.run) - micro_batches(large.run)
+            if extra > 0:
+                measured = (small.run.iteration_time_s - large.run.iteration_time_s) / extra
+                predicted = (small.predicted_s - large.predicted_s) / extra
+                pairs.append((small, large, measured, predicted))
+    return pairs
+
+
+def print_pairs(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
+    rows = [(v, pair) for v, outcomes in results for pair in per_micro_batch_pairs(outcomes)]
+    if rows:
+        print("\nSeconds per extra micro-batch (no pipeline; same layout and batch):\n")
+        print("| set | layout | micro-batches per pipeline | measured s | potluck s |")
+        print("|---|---|---|---:|---:|")
+        for vset, (small, large, measured, predicted) in rows:
+            r = small.run
+            print(f"| {vset.name} | {r.tp}/{r.pp}/{r.dp} | {micro_batches(large.run)} → "
+                  f"{micro_batches(r)} | {measured:.4f} | {predicted:.4f} |")
+
+
 # ---- after calibration --------------------------------------------------------------------
 # Calibrate each set on a few of its runs with `potluck.api.calibrate_measured` (helper C's
 # `potluck calibrate --measured`) and predict every run with the calibrated cluster file.
@@ -337,6 +381,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=[s.name for s in SETS], action="append")
     parser.add_argument("--rows", action="store_true", help="print every run")
+    parser.add_argument("--pairs", action="store_true",
+                        help="print the time per extra micro-batch of runs that differ only in it")
     parser.add_argument("--calibrate-on", type=int, default=4, metavar="K",
                         help="runs per set to calibrate on (0: skip calibration)")
     args = parser.parse_args()
@@ -350,6 +396,8 @@ def main() -> None:
             print_rows(vset, outcomes)
     print_summary(results, "Uncalibrated (catalog figures, framework traits only):")
     print_refusals(results)
+    if args.pairs:
+        print_pairs(results)
     if args.calibrate_on:
         after, notes = [], []
         for vset, outcomes in results:
