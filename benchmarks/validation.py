@@ -15,7 +15,8 @@ After calibration: where ``potluck.api.calibrate_measured`` exists, each set is 
 calibrated on ``--calibrate-on K`` of its runs (spread over the file) and the other runs
 are predicted with the calibrated cluster file.
 
-Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--calibrate-on K]
+Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatron]
+       [--calibrate-on K]
 """
 
 from __future__ import annotations
@@ -254,27 +255,27 @@ def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
                   f"{o.predicted_s:.3g}{note} | {o.error:+.0%} |")
 
 
-def print_summary(results: list[tuple[ValidationSet, list[Outcome]]], title: str) -> None:
+def print_summary(results: list[tuple[str, list[Outcome]]], title: str) -> None:
     print(f"\n{title}\n")
     print("| set | runs | predicted | MAPE | Spearman | median error | worst run |")
     print("|---|---:|---:|---:|---:|---:|---|")
-    for vset, outcomes in results:
+    for name, outcomes in results:
         count, err, rho, median = summary(outcomes)
         done = [o for o in outcomes if o.predicted_s is not None]
         worst = max(done, key=lambda o: abs(o.error), default=None)
         worst_text = f"{worst.run.label()} {worst.error:+.0%}" if worst else "-"
-        print(f"| {vset.name} | {len(outcomes)} | {count} | {err:.0%} | {rho:.2f} | "
+        print(f"| {name} | {len(outcomes)} | {count} | {err:.0%} | {rho:.2f} | "
               f"{median:+.0%} | {worst_text} |")
 
 
-def print_refusals(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
+def print_refusals(results: list[tuple[str, list[Outcome]]]) -> None:
     """Refused runs, grouped by set and reason (the pins are named in the layouts column)."""
     groups: dict[tuple[str, str], list[str]] = {}
-    for vset, outcomes in results:
+    for name, outcomes in results:
         for o in outcomes:
             if o.predicted_s is None:
                 reason = o.refusal.split("; drop the pins")[0]
-                groups.setdefault((vset.name, reason), []).append(o.run.label())
+                groups.setdefault((name, reason), []).append(o.run.label())
     if groups:
         print("\n| set | refused layouts (tp/pp/dp µbatch) | potluck's reason |")
         print("|---|---|---|")
@@ -315,15 +316,15 @@ def per_micro_batch_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcom
     return pairs
 
 
-def print_pairs(results: list[tuple[ValidationSet, list[Outcome]]]) -> None:
-    rows = [(v, pair) for v, outcomes in results for pair in per_micro_batch_pairs(outcomes)]
+def print_pairs(results: list[tuple[str, list[Outcome]]]) -> None:
+    rows = [(name, pair) for name, outcomes in results for pair in per_micro_batch_pairs(outcomes)]
     if rows:
         print("\nSeconds per extra micro-batch (no pipeline; same layout and batch):\n")
         print("| set | layout | micro-batches per pipeline | measured s | potluck s |")
         print("|---|---|---|---:|---:|")
-        for vset, (small, large, measured, predicted) in rows:
+        for name, (small, large, measured, predicted) in rows:
             r = small.run
-            print(f"| {vset.name} | {r.tp}/{r.pp}/{r.dp} | {micro_batches(large.run)} → "
+            print(f"| {name} | {r.tp}/{r.pp}/{r.dp} | {micro_batches(large.run)} → "
                   f"{micro_batches(r)} | {measured:.4f} | {predicted:.4f} |")
 
 
@@ -377,12 +378,37 @@ def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | 
     return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
 
 
+def megatron_sc21() -> list[Outcome]:
+    """The Megatron-LM runs of ``published_runs.py`` (SC'21 Table 1) as outcomes.
+
+    Their published TFLOP/s become seconds per iteration through the paper's Eq. 3 FLOPs,
+    t = F / (TFLOP/s x GPUs); the table gives no micro-batch size, so potluck chooses it
+    (the row's label shows potluck's choice).
+    """
+    import published_runs as megatron
+
+    outcomes = []
+    for line, row in enumerate(megatron.SC21_TABLE_1, 1):
+        params, heads, hidden, layers, tp, pp, gpus, batch, tflops = row
+        schedule = (Schedule.INTERLEAVED if pp > 1 and layers // pp >= 2
+                    else Schedule.ONE_F_ONE_B)
+        plan = megatron.predict(megatron.gpt(params, heads, hidden, layers), gpus, batch, tp, pp,
+                                Recompute.FULL, schedule)
+        measured_s = megatron.eq3_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
+        run = Run(line, tp, pp, gpus // (tp * pp), plan.pipelines[0].micro_batch_size, batch,
+                  megatron.SEQ, measured_s, recompute=Recompute.FULL, schedule=schedule)
+        outcomes.append(Outcome(run, plan.prediction.iteration_time_s))
+    return outcomes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=[s.name for s in SETS], action="append")
     parser.add_argument("--rows", action="store_true", help="print every run")
     parser.add_argument("--pairs", action="store_true",
                         help="print the time per extra micro-batch of runs that differ only in it")
+    parser.add_argument("--megatron", action="store_true",
+                        help="also summarise published_runs.py's Megatron-LM runs (SC'21)")
     parser.add_argument("--calibrate-on", type=int, default=4, metavar="K",
                         help="runs per set to calibrate on (0: skip calibration)")
     args = parser.parse_args()
@@ -394,10 +420,13 @@ def main() -> None:
         results.append((vset, outcomes))
         if args.rows:
             print_rows(vset, outcomes)
-    print_summary(results, "Uncalibrated (catalog figures, framework traits only):")
-    print_refusals(results)
+    named = [(vset.name, outcomes) for vset, outcomes in results]
+    if args.megatron:
+        named.append(("megatron-sc21 (µbatch: potluck's)", megatron_sc21()))
+    print_summary(named, "Uncalibrated (catalog figures, framework traits only):")
+    print_refusals(named)
     if args.pairs:
-        print_pairs(results)
+        print_pairs(named)
     if args.calibrate_on:
         after, notes = [], []
         for vset, outcomes in results:
@@ -405,7 +434,7 @@ def main() -> None:
             if isinstance(result, str):
                 notes.append(f"{vset.name}: {result}")
             else:
-                after.append((vset, result))
+                after.append((vset.name, result))
         if after:
             print_summary(after, f"After calibrating on {args.calibrate_on} runs per set "
                                  "(the other runs):")
