@@ -125,6 +125,7 @@ class Run:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     zero1: bool | None = None
     partition: Partition = Partition.BALANCED
+    groups: tuple[str, ...] | None = None  # node groups the run used (None: any)
 
     def label(self) -> str:
         return f"{self.tp}/{self.pp}/{self.dp} µb{self.micro_batch_size}"
@@ -157,6 +158,8 @@ def _run(line: int, cells: dict[str, str]) -> Run:
         optional["zero1"] = cells["zero1"].lower() in ("true", "yes", "1")
     if cells.get("partition"):
         optional["partition"] = Partition(cells["partition"])
+    if cells.get("groups"):
+        optional["groups"] = tuple(cells["groups"].split("+"))
     return Run(line, iteration_time_s=float(cells["iteration_time_s"]), **ints, **optional)
 
 
@@ -182,7 +185,7 @@ def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
     options = SearchOptions(tp=run.tp, pp=run.pp, dp=run.dp,
                             micro_batch_size=run.micro_batch_size, recompute=run.recompute,
                             schedule=schedule, zero1=run.zero1, partition=run.partition,
-                            top_k=1)
+                            groups=run.groups, top_k=1)
     shape = TrainingShape(run.global_batch, run.seq_len, run.dtype,
                           traits or execution(vset.framework))
     spec = spec or api.as_cluster(DATA / vset.cluster)

@@ -13,6 +13,8 @@ import pytest
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data"
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
+# what `potluck calibrate --measured` reads besides; it refuses any other column
+OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition", "groups")
 
 
 @functools.cache
@@ -35,6 +37,7 @@ def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
 def test_csv_has_required_header_and_positive_values(path: Path) -> None:
     header, rows = _rows(path)
     assert set(REQUIRED) <= set(header), f"{path.name}: header {header}"
+    assert set(header) <= set(REQUIRED + OPTIONAL), f"{path.name}: unknown column in {header}"
     assert rows, f"{path.name}: no runs"
     for row in rows:
         cells = dict(zip(header, row, strict=True))
@@ -55,6 +58,14 @@ def test_every_set_has_its_files_and_source_listed() -> None:
         assert f"| `{vset.name}` |" in readme, f"{vset.name} has no source row in README.md"
         assert vset.framework in validation.FRAMEWORKS
         assert vset.source
+
+
+def test_every_run_parses_into_the_scripts_runs() -> None:
+    validation = _validation()
+    for vset in validation.SETS:
+        runs = validation.read_runs(DATA / vset.runs)
+        assert runs and all(r.iteration_time_s > 0 for r in runs), vset.name
+        assert all(r.tp * r.pp * r.dp >= 1 for r in runs)
 
 
 def test_every_csv_belongs_to_a_set() -> None:
