@@ -60,12 +60,16 @@ def test_every_set_has_its_files_and_source_listed() -> None:
         assert vset.source
 
 
-def test_every_run_parses_into_the_scripts_runs() -> None:
+def test_every_run_fits_its_sets_cluster() -> None:
+    from potluck.api import as_cluster
+
     validation = _validation()
     for vset in validation.SETS:
+        gpus = as_cluster(DATA / vset.cluster).num_gpus
         runs = validation.read_runs(DATA / vset.runs)
-        assert runs and all(r.iteration_time_s > 0 for r in runs), vset.name
-        assert all(r.tp * r.pp * r.dp >= 1 for r in runs)
+        assert runs, vset.name
+        for run in runs:
+            assert run.tp * run.pp * run.dp <= gpus, f"{vset.name} line {run.line}"
 
 
 def test_every_csv_belongs_to_a_set() -> None:
