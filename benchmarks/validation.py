@@ -368,8 +368,6 @@ def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execu
 
 def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:
     """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
-    if not hasattr(api, "calibrate_measured"):
-        return "calibration: not available"
     chosen = calibration_rows(runs, k)
     with tempfile.TemporaryDirectory() as tmp:
         subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
@@ -433,7 +431,9 @@ def main() -> None:
     print_refusals(named)
     if args.pairs:
         print_pairs(named)
-    if args.calibrate_on:
+    if args.calibrate_on and not hasattr(api, "calibrate_measured"):
+        print("\ncalibration: not available (no potluck.api.calibrate_measured)")
+    elif args.calibrate_on:
         after, notes = [], []
         for vset, outcomes in results:
             result = calibrated(vset, [o.run for o in outcomes], args.calibrate_on)
