@@ -25,7 +25,7 @@ import argparse
 import csv
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck import api
@@ -40,36 +40,39 @@ from potluck.schedules import Schedule
 DATA = Path(__file__).parent / "data"
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
 
-# How each framework executes a step, as far as potluck's cost model tells them apart.
-# When potluck has named execution presets, `execution()` returns the preset of that name.
-FRAMEWORKS: dict[str, Execution] = {
-    # DeepSpeed's pipeline engine over Megatron-LM v1.1.5 (2020), as AMP ran it: unfused
-    # kernels, attention scores in memory, fp16 weights with fp32 masters, gradients
-    # all-reduced in fp32 ("fp32_allreduce": true in AMP's ds_config.json) after the last
-    # micro-batch, blocking pipeline sends.
+# How each framework ran its published steps: an execution preset and the traits in which
+# these runs differ from it (the presets are potluck's `--execution` names).
+FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
+    # DeepSpeed's pipeline engine over Megatron-LM v1.1.5 (2020) as AMP ran it, with
+    # "fp32_allreduce": true in AMP's examples/ds_config.json: FP32 gradients on the wire.
+    "deepspeed": ("deepspeed", {"grad_reduce_bytes": 4}),
+    # BigScience's Megatron-DeepSpeed (2021-22): Megatron's fused softmax and bias-GeLU kernels,
+    # attention scores in memory, DeepSpeed's pipeline engine (gradients reduced after the
+    # last micro-batch, blocking sends), fp16/bf16 weights with FP32 masters; DeepSpeed's
+    # ZeRO-1 reduces the gradients in the 16-bit training dtype (communication_data_type's
+    # default). ZeRO-1 itself is the CSV's zero1 column.
+    "megatron-deepspeed": ("megatron-lm-2021", {"grad_reduce_bytes": 2}),
+    # Sailor's Megatron-DeepSpeed fork (2024-25) training in FP32: no fused softmax (it needs
+    # 16-bit inputs), no flash attention, DeepSpeed's engine with ZeRO stage 0 (FP32
+    # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
+    # model state per parameter, as fp32_params=False counts.
+    "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4}),
+}
+# The presets' traits (potluck.cluster.execution.PRESETS once that module is merged; then
+# `execution` below becomes `return replace(preset(name), **overrides)`).
+_PRESETS: dict[str, Execution] = {
     "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
-                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4),
-    # BigScience's Megatron-DeepSpeed (2021): Megatron's fused softmax and bias-GeLU kernels,
-    # attention scores in memory, fp16 weights with fp32 masters, DeepSpeed's pipeline engine
-    # (gradients reduced in fp16 after the last micro-batch, blocking sends); ZeRO-1 is the
-    # CSV's zero1 column.
-    "megatron-deepspeed": Execution(fused_kernels=True, flash_attention=False,
-                                    overlap_grad_reduce=False, overlap_p2p=False,
-                                    fp32_params=False, grad_reduce_bytes=2),
-    # Sailor's Megatron-DeepSpeed fork (2024-25) as its GH200 validation ran it: FP32 training
-    # (no --fp16/--bf16, so Megatron's fused softmax, which needs 16-bit inputs, is off), no
-    # flash attention, DeepSpeed's engine with ZeRO stage 0 (gradients all-reduced in FP32
-    # after the last micro-batch), blocking pipeline sends. 16 bytes of model state per
-    # parameter (FP32 weights, gradients and Adam moments), as fp32_params=False counts.
-    "megatron-deepspeed-fp32": Execution(fused_kernels=False, flash_attention=False,
-                                         overlap_grad_reduce=False, overlap_p2p=False,
-                                         fp32_params=False, grad_reduce_bytes=4),
+                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2),
+    "megatron-lm-2021": Execution(fused_kernels=True, flash_attention=False,
+                                  overlap_grad_reduce=False, overlap_p2p=False,
+                                  fp32_params=False, grad_reduce_bytes=4),
 }
 
 
 def execution(framework: str) -> Execution:
-    """The execution traits of ``framework`` (one of ``FRAMEWORKS``)."""
-    return FRAMEWORKS[framework]
+    """The execution traits of ``framework`` (a key of ``FRAMEWORKS``)."""
+    name, overrides = FRAMEWORKS[framework]
+    return replace(_PRESETS[name], **overrides)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def test_every_set_has_its_files_and_source_listed() -> None:
             assert f"`{name}`" in readme.split(f"`{vset.name}`", 1)[1].splitlines()[0]
         assert f"| `{vset.name}` |" in readme, f"{vset.name} has no source row in README.md"
         assert vset.framework in validation.FRAMEWORKS
+        validation.execution(vset.framework)  # its preset is known
         assert vset.source
 
 
