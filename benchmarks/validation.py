@@ -34,7 +34,7 @@ from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import search
-from potluck.plans import DType, Execution, TrainingShape
+from potluck.plans import DType, Execution, TimeBreakdown, TrainingShape
 from potluck.schedules import Schedule
 
 DATA = Path(__file__).parent / "data"
@@ -174,6 +174,7 @@ class Outcome:
     predicted_s: float | None
     refusal: str = ""
     schedule: Schedule | None = None  # the schedule predicted, where it differs from the run's
+    breakdown: TimeBreakdown | None = None  # where potluck's predicted time goes
 
     @property
     def error(self) -> float:
@@ -197,7 +198,8 @@ def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
     except PotluckError as err:
         return Outcome(run, None, str(err).splitlines()[0])
     changed = schedule if schedule is not run.schedule else None
-    return Outcome(run, plan.prediction.iteration_time_s, schedule=changed)
+    return Outcome(run, plan.prediction.iteration_time_s, schedule=changed,
+                   breakdown=plan.prediction.breakdown)
 
 
 def timeline_schedule(run: Run) -> Schedule:
@@ -252,16 +254,24 @@ def summary(outcomes: list[Outcome]) -> tuple[int, float, float, float]:
 
 def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
     print(f"\n### {vset.name}: {vset.source}\n")
-    print("| line | tp/pp/dp µbatch | measured s | potluck s | error |")
-    print("|---:|---|---:|---:|---:|")
+    print("| line | tp/pp/dp µbatch | measured s | potluck s | error | potluck: compute / bubble / "
+          "tp / pp / dp / optimizer s |")
+    print("|---:|---|---:|---:|---:|---|")
     for o in outcomes:
         if o.predicted_s is None:
             print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | refused | "
-                  f"{o.refusal} |")
+                  f"| {o.refusal} |")
         else:
             note = f" ({o.schedule.value}: fewer micro-batches than stages)" if o.schedule else ""
             print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | "
-                  f"{o.predicted_s:.3g}{note} | {o.error:+.0%} |")
+                  f"{o.predicted_s:.3g}{note} | {o.error:+.0%} | {parts(o.breakdown)} |")
+
+
+def parts(breakdown: TimeBreakdown | None) -> str:
+    if breakdown is None:
+        return ""
+    return " / ".join(f"{getattr(breakdown, name):.3g}" for name in (
+        "compute_s", "bubble_s", "tp_s", "pp_s", "dp_s", "optimizer_s"))
 
 
 def print_summary(results: list[tuple[str, list[Outcome]]], title: str) -> None:
