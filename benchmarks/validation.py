@@ -1,0 +1,465 @@
+"""potluck's predictions against published iteration times of other frameworks' runs.
+
+Each validation set (``SETS``) is a CSV of measured runs under ``benchmarks/data/`` (one
+layout per line: tp, pp, dp, micro-batch size, global batch, sequence length and the
+measured seconds per iteration; the format ``potluck calibrate --measured`` reads), the
+cluster file the runs were measured on, the model, and how the framework executes a step.
+``benchmarks/data/README.md`` names the source of every number.
+
+For every run potluck plans the run's pinned layout (``top_k=1``) and predicts its
+iteration time; per set it reports the mean absolute percentage error (MAPE) and
+Spearman's rank correlation between predicted and measured times (does potluck order the
+layouts as the measurements do?), and every run potluck refuses, with the reason.
+
+After calibration: where ``potluck.api.calibrate_measured`` exists, each set is also
+calibrated on ``--calibrate-on K`` of its runs (spread over the file) and the other runs
+are predicted with the calibrated cluster file.
+
+Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatron]
+       [--calibrate-on K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from potluck import api
+from potluck.cluster.spec import ClusterSpec
+from potluck.errors import PotluckError
+from potluck.model.counts import Recompute
+from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.search import search
+from potluck.plans import DType, Execution, TimeBreakdown, TrainingShape
+from potluck.schedules import Schedule
+
+DATA = Path(__file__).parent / "data"
+REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
+
+# How each framework ran its published steps: an execution preset and the traits in which
+# these runs differ from it (the presets are potluck's `--execution` names).
+FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
+    # DeepSpeed's pipeline engine over Megatron-LM v1.1.5 (2020) as AMP ran it, with
+    # "fp32_allreduce": true in AMP's examples/ds_config.json: FP32 gradients on the wire.
+    "deepspeed": ("deepspeed", {"grad_reduce_bytes": 4}),
+    # BigScience's Megatron-DeepSpeed (2021-22): Megatron's fused softmax and bias-GeLU kernels,
+    # attention scores in memory, DeepSpeed's pipeline engine (gradients reduced after the
+    # last micro-batch, blocking sends), fp16/bf16 weights with FP32 masters; DeepSpeed's
+    # ZeRO-1 reduces the gradients in the 16-bit training dtype (communication_data_type's
+    # default). ZeRO-1 itself is the CSV's zero1 column.
+    "megatron-deepspeed": ("megatron-lm-2021", {"grad_reduce_bytes": 2}),
+    # Sailor's Megatron-DeepSpeed fork (2024-25) training in FP32: no fused softmax (it needs
+    # 16-bit inputs), no flash attention, DeepSpeed's engine with ZeRO stage 0 (FP32
+    # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
+    # model state per parameter, as fp32_params=False counts.
+    "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4}),
+}
+# The presets' traits (potluck.cluster.execution.PRESETS once that module is merged; then
+# `execution` below becomes `return replace(preset(name), **overrides)`).
+_PRESETS: dict[str, Execution] = {
+    "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
+                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2),
+    "megatron-lm-2021": Execution(fused_kernels=True, flash_attention=False,
+                                  overlap_grad_reduce=False, overlap_p2p=False,
+                                  fp32_params=False, grad_reduce_bytes=4),
+}
+
+
+def execution(framework: str) -> Execution:
+    """The execution traits of ``framework`` (a key of ``FRAMEWORKS``)."""
+    name, overrides = FRAMEWORKS[framework]
+    return replace(_PRESETS[name], **overrides)
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """Published runs of one model on one cluster, and where they come from."""
+
+    name: str
+    runs: str  # CSV under benchmarks/data
+    cluster: str  # cluster file under benchmarks/data
+    model: str  # a preset name or a config.json under benchmarks/data
+    framework: str  # a key of FRAMEWORKS
+    source: str  # paper and table, or repository file and commit (details in data/README.md)
+
+    def model_ref(self) -> str:
+        return str(DATA / self.model) if self.model.endswith(".json") else self.model
+
+
+SETS: tuple[ValidationSet, ...] = (
+    ValidationSet("amp-t4", "amp_t4_16.csv", "amp_t4_16.yaml", "amp_gpt2_345m.json", "deepspeed",
+                  "AMP (Li et al., NeurIPS'22), DachengLi1/AMP src/results/homogeneous_results.txt"),
+    ValidationSet("amp-v100-t4", "amp_v100_t4_16.csv", "amp_v100_t4_16.yaml",
+                  "amp_gpt2_345m.json", "deepspeed",
+                  "AMP (Li et al., NeurIPS'22), DachengLi1/AMP src/results/het_cluster_results.txt"),
+    ValidationSet("bigscience-v100-32g", "bigscience_1b3_v100_32g.csv", "bigscience_v100_32g.yaml",
+                  "bigscience_1b3.json", "megatron-deepspeed",
+                  "BigScience 1B3 tune-up, bigscience-workshop/bigscience experiments/tr3m-1B3.md"),
+    ValidationSet("bigscience-v100-16g", "bigscience_1b3_v100_16g.csv", "bigscience_v100_16g.yaml",
+                  "bigscience_1b3.json", "megatron-deepspeed",
+                  "BigScience 1B3 tune-up, bigscience-workshop/bigscience experiments/tr3m-1B3.md"),
+    ValidationSet("bigscience-a100", "bigscience_181b_a100.csv", "bigscience_a100_80g.yaml",
+                  "bigscience_181b.json", "megatron-deepspeed",
+                  "BLOOM 48-node tune-up, bigscience-workshop/bigscience tr11 chronicles-prequel.md"),
+    ValidationSet("sailor-gh200", "sailor_opt350_gh200.csv", "sailor_gh200_clariden.yaml",
+                  "sailor_opt_350m.json", "megatron-deepspeed-fp32",
+                  "Sailor (Strati et al., SOSP'25) Fig. 5b runs, eth-easl/sailor validation/clariden"),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: its layout and measured seconds per iteration."""
+
+    line: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    global_batch: int
+    seq_len: int
+    iteration_time_s: float
+    dtype: DType = DType.BF16
+    recompute: Recompute | None = None
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    zero1: bool | None = None
+    partition: Partition = Partition.BALANCED
+    groups: tuple[str, ...] | None = None  # node groups the run used (None: any)
+
+    def label(self) -> str:
+        return f"{self.tp}/{self.pp}/{self.dp} µb{self.micro_batch_size}"
+
+
+def read_runs(path: Path) -> list[Run]:
+    """The runs of a validation CSV (``#`` lines are comments)."""
+    lines = path.read_text().splitlines()
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()
+                and not line.lstrip().startswith("#")]
+    header = [cell.strip() for cell in numbered[0][1].split(",")]
+    runs = []
+    for number, row in zip((n for n, _ in numbered[1:]), csv.reader(r for _, r in numbered[1:]),
+                           strict=True):
+        cells = dict(zip(header, (cell.strip() for cell in row), strict=True))
+        runs.append(_run(number, cells))
+    return runs
+
+
+def _run(line: int, cells: dict[str, str]) -> Run:
+    ints = {k: int(cells[k]) for k in REQUIRED if k != "iteration_time_s"}
+    optional: dict[str, object] = {}
+    if cells.get("dtype"):
+        optional["dtype"] = DType(cells["dtype"])
+    if cells.get("recompute"):
+        optional["recompute"] = Recompute(cells["recompute"])
+    if cells.get("schedule"):
+        optional["schedule"] = Schedule(cells["schedule"])
+    if cells.get("zero1"):
+        optional["zero1"] = cells["zero1"].lower() in ("true", "yes", "1")
+    if cells.get("partition"):
+        optional["partition"] = Partition(cells["partition"])
+    if cells.get("groups"):
+        optional["groups"] = tuple(cells["groups"].split("+"))
+    return Run(line, iteration_time_s=float(cells["iteration_time_s"]), **ints, **optional)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """potluck's prediction for one run, or why it refused the run."""
+
+    run: Run
+    predicted_s: float | None
+    refusal: str = ""
+    schedule: Schedule | None = None  # the schedule predicted, where it differs from the run's
+    breakdown: TimeBreakdown | None = None  # where potluck's predicted time goes
+
+    @property
+    def error(self) -> float:
+        assert self.predicted_s is not None
+        return (self.predicted_s - self.run.iteration_time_s) / self.run.iteration_time_s
+
+
+def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
+                traits: Execution | None = None) -> Outcome:
+    """Plan ``run``'s pinned layout on the set's cluster (or ``spec``) and predict it."""
+    schedule = timeline_schedule(run)
+    options = SearchOptions(tp=run.tp, pp=run.pp, dp=run.dp,
+                            micro_batch_size=run.micro_batch_size, recompute=run.recompute,
+                            schedule=schedule, zero1=run.zero1, partition=run.partition,
+                            groups=run.groups, top_k=1)
+    shape = TrainingShape(run.global_batch, run.seq_len, run.dtype,
+                          traits or execution(vset.framework))
+    spec = spec or api.as_cluster(DATA / vset.cluster)
+    try:
+        plan = search(spec, api.as_model(vset.model_ref()), shape, options).best
+    except PotluckError as err:
+        return Outcome(run, None, str(err).splitlines()[0])
+    changed = schedule if schedule is not run.schedule else None
+    return Outcome(run, plan.prediction.iteration_time_s, schedule=changed,
+                   breakdown=plan.prediction.breakdown)
+
+
+def timeline_schedule(run: Run) -> Schedule:
+    """The run's schedule, or GPipe for a 1F1B pipeline with fewer micro-batches than stages.
+
+    DeepSpeed's and Megatron's 1F1B run such a pipeline (every stage does all its forward
+    passes before its first backward: GPipe's timeline and memory); torch's 1F1B class, and
+    so potluck's planner, refuses it.
+    """
+    if run.schedule is Schedule.ONE_F_ONE_B and micro_batches(run) < run.pp:
+        return Schedule.GPIPE
+    return run.schedule
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    result = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            result[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged)."""
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    norm = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / norm if norm else float("nan")
+
+
+def mape(outcomes: list[Outcome]) -> float:
+    return sum(abs(o.error) for o in outcomes) / len(outcomes)
+
+
+def summary(outcomes: list[Outcome]) -> tuple[int, float, float, float]:
+    """(runs predicted, MAPE, Spearman, median signed error) of the predicted runs."""
+    done = [o for o in outcomes if o.predicted_s is not None]
+    if len(done) < 2:
+        return len(done), float("nan"), float("nan"), float("nan")
+    errors = sorted(o.error for o in done)
+    rho = spearman([o.predicted_s for o in done], [o.run.iteration_time_s for o in done])
+    return len(done), mape(done), rho, errors[len(errors) // 2]
+
+
+def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
+    print(f"\n### {vset.name}: {vset.source}\n")
+    print("| line | tp/pp/dp µbatch | measured s | potluck s | error | potluck: compute / bubble / "
+          "tp / pp / dp / optimizer s |")
+    print("|---:|---|---:|---:|---:|---|")
+    for o in outcomes:
+        if o.predicted_s is None:
+            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | refused | "
+                  f"| {o.refusal} |")
+        else:
+            note = f" ({o.schedule.value}: fewer micro-batches than stages)" if o.schedule else ""
+            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | "
+                  f"{o.predicted_s:.3g}{note} | {o.error:+.0%} | {parts(o.breakdown)} |")
+
+
+def parts(breakdown: TimeBreakdown | None) -> str:
+    if breakdown is None:
+        return ""
+    return " / ".join(f"{getattr(breakdown, name):.3g}" for name in (
+        "compute_s", "bubble_s", "tp_s", "pp_s", "dp_s", "optimizer_s"))
+
+
+def print_summary(results: list[tuple[str, list[Outcome]]], title: str) -> None:
+    print(f"\n{title}\n")
+    print("| set | runs | predicted | MAPE | Spearman | median error | worst run |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, outcomes in results:
+        count, err, rho, median = summary(outcomes)
+        done = [o for o in outcomes if o.predicted_s is not None]
+        worst = max(done, key=lambda o: abs(o.error), default=None)
+        worst_text = f"{worst.run.label()} {worst.error:+.0%}" if worst else "-"
+        print(f"| {name} | {len(outcomes)} | {count} | {err:.0%} | {rho:.2f} | "
+              f"{median:+.0%} | {worst_text} |")
+
+
+def print_refusals(results: list[tuple[str, list[Outcome]]]) -> None:
+    """Refused runs, grouped by set and reason (the pins are named in the layouts column)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, outcomes in results:
+        for o in outcomes:
+            if o.predicted_s is None:
+                reason = o.refusal.split("; drop the pins")[0]
+                groups.setdefault((name, reason), []).append(o.run.label())
+    if groups:
+        print("\n| set | refused layouts (tp/pp/dp µbatch) | potluck's reason |")
+        print("|---|---|---|")
+        for (name, reason), labels in groups.items():
+            print(f"| {name} | {', '.join(labels)} | {reason} |")
+
+
+def micro_batches(run: Run) -> int:
+    """Micro-batches each pipeline runs per iteration."""
+    return run.global_batch // (run.dp * run.micro_batch_size)
+
+
+def per_micro_batch_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, float, float]]:
+    """Runs without pipeline parallelism that differ only in micro-batch size: (smaller,
+    larger, measured and predicted seconds per extra micro-batch).
+
+    Without a pipeline there is no bubble to shrink: the same work split into more
+    micro-batches costs what each micro-batch costs on top of its FLOPs (host time, kernel
+    launches, per-message latency) plus the lower efficiency of smaller GEMMs.
+    """
+    groups: dict[tuple, list[Outcome]] = {}
+    for o in outcomes:
+        r = o.run
+        if r.pp > 1:
+            continue
+        key = (r.tp, r.dp, r.global_batch, r.seq_len, r.dtype, r.recompute)
+        groups.setdefault(key, []).append(o)
+    pairs = []
+    for group in groups.values():
+        done = sorted((o for o in group if o.predicted_s is not None),
+                      key=lambda o: o.run.micro_batch_size)
+        for small, large in zip(done, done[1:], strict=False):
+            extra = micro_batches(small.run) - micro_batches(large.run)
+            if extra > 0:
+                measured = (small.run.iteration_time_s - large.run.iteration_time_s) / extra
+                predicted = (small.predicted_s - large.predicted_s) / extra
+                pairs.append((small, large, measured, predicted))
+    return pairs
+
+
+def print_pairs(results: list[tuple[str, list[Outcome]]]) -> None:
+    rows = [(name, pair) for name, outcomes in results for pair in per_micro_batch_pairs(outcomes)]
+    if rows:
+        print("\nSeconds per extra micro-batch (no pipeline; same layout and batch):\n")
+        print("| set | layout | micro-batches per pipeline | measured s | potluck s |")
+        print("|---|---|---|---:|---:|")
+        for name, (small, large, measured, predicted) in rows:
+            r = small.run
+            print(f"| {name} | {r.tp}/{r.pp}/{r.dp} | {micro_batches(large.run)} → "
+                  f"{micro_batches(r)} | {measured:.4f} | {predicted:.4f} |")
+
+
+# ---- after calibration --------------------------------------------------------------------
+# Calibrate each set on a few of its runs with `potluck.api.calibrate_measured` (helper C's
+# `potluck calibrate --measured`) and predict every run with the calibrated cluster file.
+
+
+def calibration_rows(runs: list[Run], k: int) -> list[Run]:
+    """``k`` runs spread evenly over the file."""
+    step = len(runs) / k
+    return [runs[int(i * step)] for i in range(k)]
+
+
+def write_runs(path: Path, runs: list[Run], source: Path) -> None:
+    """The lines of ``runs`` from ``source`` (header included) into ``path``."""
+    lines = source.read_text().splitlines()
+    header = next(line for line in lines if line.strip() and not line.startswith("#"))
+    path.write_text("\n".join([header] + [lines[r.line - 1] for r in runs]) + "\n")
+
+
+def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
+    """A calibrated cluster file and the set's execution with the overheads it fitted.
+
+    ``calibrate_measured`` writes the fitted framework overheads into an ``execution:``
+    section; its own reader applies them (until the cluster parser reads that section).
+    """
+    try:
+        from potluck.calibrate.measured.output import read_cluster, with_overheads
+    except ImportError:
+        return api.as_cluster(path), execution(vset.framework)
+    spec, section = read_cluster(path.read_text(), str(path))
+    return spec, with_overheads(execution(vset.framework), section, str(path))
+
+
+def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:
+    """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
+    chosen = calibration_rows(runs, k)
+    with tempfile.TemporaryDirectory() as tmp:
+        subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
+        write_runs(subset, chosen, DATA / vset.runs)
+        try:
+            api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
+                                   cluster=DATA / vset.cluster, out=out)
+            spec, traits = read_calibrated(out, vset)
+        except PotluckError as err:
+            return f"calibration refused: {str(err).splitlines()[0]}"
+    fitted = {r.line for r in chosen}
+    return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
+
+
+def megatron_sc21() -> list[Outcome]:
+    """The Megatron-LM runs of ``published_runs.py`` (SC'21 Table 1) as outcomes.
+
+    Their published TFLOP/s become seconds per iteration through the paper's Eq. 3 FLOPs,
+    t = F / (TFLOP/s x GPUs); the table gives no micro-batch size, so potluck chooses it
+    (the row's label shows potluck's choice).
+    """
+    import published_runs as megatron
+
+    outcomes = []
+    for line, row in enumerate(megatron.SC21_TABLE_1, 1):
+        params, heads, hidden, layers, tp, pp, gpus, batch, tflops = row
+        schedule = (Schedule.INTERLEAVED if pp > 1 and layers // pp >= 2
+                    else Schedule.ONE_F_ONE_B)
+        plan = megatron.predict(megatron.gpt(params, heads, hidden, layers), gpus, batch, tp, pp,
+                                Recompute.FULL, schedule)
+        measured_s = megatron.eq3_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
+        run = Run(line, tp, pp, gpus // (tp * pp), plan.pipelines[0].micro_batch_size, batch,
+                  megatron.SEQ, measured_s, recompute=Recompute.FULL, schedule=schedule)
+        outcomes.append(Outcome(run, plan.prediction.iteration_time_s))
+    return outcomes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=[s.name for s in SETS], action="append")
+    parser.add_argument("--rows", action="store_true", help="print every run")
+    parser.add_argument("--pairs", action="store_true",
+                        help="print the time per extra micro-batch of runs that differ only in it")
+    parser.add_argument("--megatron", action="store_true",
+                        help="also summarise published_runs.py's Megatron-LM runs (SC'21)")
+    parser.add_argument("--calibrate-on", type=int, default=4, metavar="K",
+                        help="runs per set to calibrate on (0: skip calibration)")
+    args = parser.parse_args()
+    chosen = [s for s in SETS if not args.set or s.name in args.set]
+    results = []
+    for vset in chosen:
+        runs = read_runs(DATA / vset.runs)
+        outcomes = [predict_run(vset, run) for run in runs]
+        results.append((vset, outcomes))
+        if args.rows:
+            print_rows(vset, outcomes)
+    named = [(vset.name, outcomes) for vset, outcomes in results]
+    if args.megatron:
+        named.append(("megatron-sc21 (µbatch: potluck's)", megatron_sc21()))
+    print_summary(named, "Uncalibrated (catalog figures, framework traits only):")
+    print_refusals(named)
+    if args.pairs:
+        print_pairs(named)
+    if args.calibrate_on and not hasattr(api, "calibrate_measured"):
+        print("\ncalibration: not available (no potluck.api.calibrate_measured)")
+    elif args.calibrate_on:
+        after, notes = [], []
+        for vset, outcomes in results:
+            result = calibrated(vset, [o.run for o in outcomes], args.calibrate_on)
+            if isinstance(result, str):
+                notes.append(f"{vset.name}: {result}")
+            else:
+                after.append((vset.name, result))
+        if after:
+            print_summary(after, f"After calibrating on {args.calibrate_on} runs per set "
+                                 "(the other runs):")
+        for note in notes:
+            print(f"\n{note}")
+
+
+if __name__ == "__main__":
+    main()

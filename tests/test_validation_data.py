@@ -1,0 +1,87 @@
+"""The published validation data: every CSV parses with the required header and positive
+values, and every set of benchmarks/validation.py has its files and its source listed."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent.parent / "benchmarks" / "data"
+REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
+# what `potluck calibrate --measured` reads besides; it refuses any other column
+OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition", "groups")
+
+
+@functools.cache
+def _validation():
+    spec = importlib.util.spec_from_file_location("validation", DATA.parent / "validation.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["validation"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in path.read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    header, *rows = list(csv.reader(lines))
+    return [cell.strip() for cell in header], rows
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.csv")), ids=lambda p: p.name)
+def test_csv_has_required_header_and_positive_values(path: Path) -> None:
+    header, rows = _rows(path)
+    assert set(REQUIRED) <= set(header), f"{path.name}: header {header}"
+    assert set(header) <= set(REQUIRED + OPTIONAL), f"{path.name}: unknown column in {header}"
+    assert rows, f"{path.name}: no runs"
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        for name in REQUIRED:
+            assert float(cells[name]) > 0, f"{path.name}: {name} = {cells[name]}"
+        per_step = int(cells["dp"]) * int(cells["micro_batch_size"])
+        assert int(cells["global_batch"]) % per_step == 0, f"{path.name}: {row}"
+
+
+def test_every_set_has_its_files_and_source_listed() -> None:
+    readme = (DATA / "README.md").read_text()
+    validation = _validation()
+    assert validation.SETS
+    for vset in validation.SETS:
+        for name in (vset.runs, vset.cluster):
+            assert (DATA / name).is_file(), name
+            assert f"`{name}`" in readme.split(f"`{vset.name}`", 1)[1].splitlines()[0]
+        assert f"| `{vset.name}` |" in readme, f"{vset.name} has no source row in README.md"
+        assert vset.framework in validation.FRAMEWORKS
+        validation.execution(vset.framework)  # its preset is known
+        assert vset.source
+
+
+def test_every_run_fits_its_sets_cluster() -> None:
+    from potluck.api import as_cluster
+
+    validation = _validation()
+    for vset in validation.SETS:
+        gpus = as_cluster(DATA / vset.cluster).num_gpus
+        runs = validation.read_runs(DATA / vset.runs)
+        assert runs, vset.name
+        for run in runs:
+            assert run.tp * run.pp * run.dp <= gpus, f"{vset.name} line {run.line}"
+
+
+def test_every_csv_belongs_to_a_set() -> None:
+    named = {vset.runs for vset in _validation().SETS}
+    assert {p.name for p in DATA.glob("*.csv")} == named
+
+
+def test_spearman_of_hand_ranked_values() -> None:
+    validation = _validation()
+    assert validation.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert validation.spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
+    assert validation.spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    # ranks (1,2,3,4) against (2,1,4,3): 1 - 6*4/(4*15) = 0.6
+    assert validation.spearman([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]) == pytest.approx(0.6)
