@@ -36,8 +36,6 @@ from potluck.version import __version__
 
 CALIBRATED_FILE = "calibrated.yaml"
 EXECUTION_SECTION = "execution"
-# perf_counter's resolution is far below this; a smaller host time is the fit's rounding
-OVERHEAD_RESOLUTION_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -90,8 +88,7 @@ def calibrate_run(run_dir: str | Path, cluster: str | Path | None = None,
 
 
 def _written_overhead(fit: Fit) -> float | None:
-    overhead_s = fit.step_overhead_s
-    return overhead_s if overhead_s is not None and overhead_s >= OVERHEAD_RESOLUTION_S else None
+    return fit.step_overhead_s or None  # none fitted, or none beyond the traffic
 
 
 def _write(path: Path, fit: Fit, record: RunRecord, cluster: str | Path | None) -> ClusterSpec:

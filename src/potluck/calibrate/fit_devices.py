@@ -34,6 +34,8 @@ from potluck.cluster.topology import Cluster
 from potluck.plans import Plan
 from potluck.traces import Trace
 
+# perf_counter's resolution is far below this; a smaller host time is the fit's rounding
+OVERHEAD_RESOLUTION_S = 1e-6
 EFFICIENCY_RANGE = (1e-4, 1e3)  # of the catalog peak; CPUs' nominal peaks may be far off
 
 
@@ -163,5 +165,6 @@ def fit_step_overhead(plan: Plan, measured: Trace) -> float | None:
         return None
     traffic_only = with_step_overhead(plan, 0.0)
     rest = [seen[d] - expected.optimizer_s(traffic_only, [d]) for d in timed]
-    return max(0.0, statistics.median(rest))
+    overhead_s = statistics.median(rest)
+    return overhead_s if overhead_s >= OVERHEAD_RESOLUTION_S else 0.0
 
