@@ -135,15 +135,16 @@ def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,
 
 def profile(out: str | Path = "cluster.yaml", *, model: str | Path | ModelSpec = "llama2-7b",
             cluster: str | Path | None = None, ranks: int | None = None, budget_s: float = 1.0,
-            device_type: str | None = None,
-            progress: Callable[[float], None] | None = None) -> ProfileOutcome | None:
+            device_type: str | None = None, timeout_s: float | None = None,
+            progress: Callable[[float, str], None] | None = None) -> ProfileOutcome | None:
     """Measure the devices and links this runs on and write a calibrated cluster file
     (``cluster`` given: that file with its calibration section replaced). ``None`` on
-    torchrun ranks other than 0."""
+    torchrun ranks other than 0. ``progress(fraction, what)`` as it goes; stopped with an
+    error after ``timeout_s`` (default: a few times the estimate)."""
     from potluck.profiler import profile_cluster
 
     return profile_cluster(out, as_model(model), cluster=cluster, ranks=ranks, budget_s=budget_s,
-                           device_type=device_type, progress=progress)
+                           device_type=device_type, timeout_s=timeout_s, progress=progress)
 
 
 @dataclass(frozen=True)

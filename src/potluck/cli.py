@@ -254,15 +254,21 @@ def profile(
         help="Local ranks to spawn (default: the GPUs, or 2 on CPU).")] = None,
     budget: Annotated[float, typer.Option(help="Seconds of matmul timing per dtype.")] = 1.0,
     device_type: Annotated[str | None, typer.Option(help="Catalog name of this device.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop after this many seconds (default: a few times the estimate).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Measure this machine's devices and links (torch.distributed) and write a calibrated cluster file."""
-    from potluck.profiler.report import outcome_json, render_outcome
+    from potluck.profiler import ProfileOptions
+    from potluck.profiler.report import outcome_json, plan_line, progress_reporter, render_outcome
 
     target = out or (Path(f"{cluster.stem}-calibrated.yaml") if cluster else Path("cluster.yaml"))
-    with _progress("profiling", enabled=not as_json) as report:
-        outcome = api.profile(target, model=model, cluster=cluster, ranks=ranks, budget_s=budget,
-                              device_type=device_type, progress=report)
+    options = ProfileOptions(api.as_model(model), ranks=ranks, budget_s=budget, timeout_s=timeout)
+    err_console.print(plan_line(options), highlight=False, markup=False, soft_wrap=True)
+    with progress_reporter(err_console) as report:
+        outcome = api.profile(target, model=options.model, cluster=cluster, ranks=ranks,
+                              budget_s=budget, device_type=device_type, timeout_s=timeout,
+                              progress=report)
     if outcome is None:  # a torchrun rank other than 0
         return
     if as_json:

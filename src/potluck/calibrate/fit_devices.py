@@ -156,7 +156,7 @@ def fit_devices(plan: Plan, measured: Trace, emulated: bool = False) -> tuple[De
 def fit_step_overhead(plan: Plan, measured: Trace) -> float | None:
     """The framework's host time per iteration: the median over the devices of their
     measured optimizer step beyond what its memory traffic takes at their (fitted)
-    bandwidth, none below zero (None: no optimizer step measured alone)."""
+    bandwidth; 0 below a microsecond (None: no optimizer step measured alone)."""
     if plan.zero1 and plan.dp > 1:
         return None  # the step holds the parameter all-gather too
     seen = optimizer_s(measured)
