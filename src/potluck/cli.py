@@ -204,14 +204,25 @@ def compare(
     target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
                                            "file, or a predicted trace.json.")],
     measured: Annotated[Path | None, typer.Argument(
-        help="trace.json from potluck train --trace (default: RUN_DIR/trace.json).")] = None,
+        help="trace.json from potluck train --trace (default: RUN_DIR/trace.json), or a "
+        "second run directory to compare step times with.")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Folder for predicted.json and side_by_side.json (default: the run's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Predicted against measured step time and op durations, per stage and op kind."""
+    """Predicted against measured step time and op durations, per stage and op kind; or two
+    run directories by their step time on their devices (emulated: measured over dilation)."""
+    from potluck.calibrate.compare_run import compare_runs
     from potluck.sim.compare import render_comparison
 
+    if target.is_dir() and measured is not None and measured.is_dir():
+        runs = compare_runs(target, measured)
+        if as_json:
+            sys.stdout.write(json.dumps(runs.as_dict()) + "\n")
+            return
+        console.print(f"{runs.first.describe()}\n{runs.second.describe()}\n"
+                      f"the first is {runs.speedup:.2f}x as fast", highlight=False)
+        return
     comparison, files = api.compare(target, measured, out_dir=out)
     if as_json:
         sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
