@@ -387,7 +387,7 @@ def train(
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len)
+                              seq_len=seq_len, run_dir=out)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
