@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -48,8 +49,10 @@ from pathlib import Path
 from potluck import api
 from potluck.calibrate.calibrate_run import calibrate_run
 from potluck.calibrate.compare_run import compare_run
+from potluck.calibrate.fit import applied_overhead
 from potluck.calibrate.run import load_run
 from potluck.cluster.spec import parse_cluster
+from potluck.errors import PotluckError
 from potluck.model.spec import PRESETS
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan, save_plan
@@ -164,11 +167,18 @@ def cross_errors(runs: dict[str, Run], work: Path) -> dict[tuple[str, str], floa
     """Step-time error of run B's plan on the cluster calibrated from run A (A == B too)."""
     errors = {}
     for fit_name, fit_run in runs.items():
-        calibrated = calibrate_run(fit_run.run_dir, out=work / f"{fit_name}.yaml").calibrated
+        try:
+            outcome = calibrate_run(fit_run.run_dir, out=work / f"{fit_name}.yaml")
+        except PotluckError as err:  # the fit predicted its own run worse: nothing written
+            print(f"{fit_name}: {err}", file=sys.stderr)
+            outcome = None
         for name, other in runs.items():
             record = load_run(other.run_dir)
-            after = compare_run(record, replace(record.plan, cluster=calibrated))
-            errors[(fit_name, name)] = after.cost_model_error
+            plan = record.plan
+            if outcome is not None:
+                plan = applied_overhead(replace(plan, cluster=outcome.calibrated),
+                                        outcome.fit.step_overhead_s or None)
+            errors[(fit_name, name)] = compare_run(record, plan).cost_model_error
     return errors
 
 

@@ -136,15 +136,16 @@ def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,
 
 def profile(out: str | Path = "cluster.yaml", *, model: str | Path | ModelSpec = "llama2-7b",
             cluster: str | Path | None = None, ranks: int | None = None, budget_s: float = 1.0,
-            device_type: str | None = None,
-            progress: Callable[[float], None] | None = None) -> ProfileOutcome | None:
+            device_type: str | None = None, timeout_s: float | None = None,
+            progress: Callable[[float, str], None] | None = None) -> ProfileOutcome | None:
     """Measure the devices and links this runs on and write a calibrated cluster file
     (``cluster`` given: that file with its calibration section replaced). ``None`` on
-    torchrun ranks other than 0."""
+    torchrun ranks other than 0. ``progress(fraction, what)`` as it goes; stopped with an
+    error after ``timeout_s`` (default: a few times the estimate)."""
     from potluck.profiler import profile_cluster
 
     return profile_cluster(out, as_model(model), cluster=cluster, ranks=ranks, budget_s=budget_s,
-                           device_type=device_type, progress=progress)
+                           device_type=device_type, timeout_s=timeout_s, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,12 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
                  model: str | Path | ModelSpec | None = None, *,
                  plan_file: str | Path | Plan | None = None, global_batch: int | None = None,
                  seq_len: int | None = None, dtype: str | DType = DType.BF16,
-                 partition: str | Partition = Partition.BALANCED) -> Plan:
+                 partition: str | Partition = Partition.BALANCED,
+                 run_dir: str | Path | None = None) -> Plan:
     """The plan to train: ``plan_file`` (checked against ``cluster`` and ``model`` when given),
-    or the best plan for ``cluster`` and ``model``."""
+    or the best plan for ``cluster`` and ``model``: CPU ranks the cluster has no calibration
+    for are planned with this machine's measured figures (``profiler.quick``, kept in
+    ``run_dir``)."""
     from potluck.plans import check_plan_matches, load_plan
 
     if plan_file is not None:
@@ -172,7 +176,11 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
         return chosen
     if cluster is None or model is None:
         raise ConfigError("give --plan PLAN.json, or --cluster and --model to plan first")
-    return plan(cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
+    from potluck.profiler.quick import with_measured_cpu
+
+    model_spec = as_model(model)
+    spec = with_measured_cpu(as_cluster(cluster), model_spec, run_dir)
+    return plan(spec, model_spec, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
                 partition=partition).best
 
 
@@ -220,8 +228,10 @@ def train(cluster: str | Path | ClusterSpec | None = None,
     (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
     ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
     """
+    out = options.get("out")
     chosen = resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                          seq_len=seq_len, dtype=dtype, partition=partition)
+                          seq_len=seq_len, dtype=dtype, partition=partition,
+                          run_dir=out if isinstance(out, str | Path) else None)
     return run_plan(chosen, train_options(**options))
 
 

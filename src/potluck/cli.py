@@ -204,14 +204,25 @@ def compare(
     target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
                                            "file, or a predicted trace.json.")],
     measured: Annotated[Path | None, typer.Argument(
-        help="trace.json from potluck train --trace (default: RUN_DIR/trace.json).")] = None,
+        help="trace.json from potluck train --trace (default: RUN_DIR/trace.json), or a "
+        "second run directory to compare step times with.")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Folder for predicted.json and side_by_side.json (default: the run's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Predicted against measured step time and op durations, per stage and op kind."""
+    """Predicted against measured step time and op durations, per stage and op kind; or two
+    run directories by their step time on their devices (emulated: measured over dilation)."""
+    from potluck.calibrate.compare_run import compare_runs
     from potluck.sim.compare import render_comparison
 
+    if target.is_dir() and measured is not None and measured.is_dir():
+        runs = compare_runs(target, measured)
+        if as_json:
+            sys.stdout.write(json.dumps(runs.as_dict()) + "\n")
+            return
+        console.print(f"{runs.first.describe()}\n{runs.second.describe()}\n"
+                      f"the first is {runs.speedup:.2f}x as fast", highlight=False)
+        return
     comparison, files = api.compare(target, measured, out_dir=out)
     if as_json:
         sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
@@ -285,15 +296,21 @@ def profile(
         help="Local ranks to spawn (default: the GPUs, or 2 on CPU).")] = None,
     budget: Annotated[float, typer.Option(help="Seconds of matmul timing per dtype.")] = 1.0,
     device_type: Annotated[str | None, typer.Option(help="Catalog name of this device.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop after this many seconds (default: a few times the estimate).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Measure this machine's devices and links (torch.distributed) and write a calibrated cluster file."""
-    from potluck.profiler.report import outcome_json, render_outcome
+    from potluck.profiler import ProfileOptions
+    from potluck.profiler.report import outcome_json, plan_line, progress_reporter, render_outcome
 
     target = out or (Path(f"{cluster.stem}-calibrated.yaml") if cluster else Path("cluster.yaml"))
-    with _progress("profiling", enabled=not as_json) as report:
-        outcome = api.profile(target, model=model, cluster=cluster, ranks=ranks, budget_s=budget,
-                              device_type=device_type, progress=report)
+    options = ProfileOptions(api.as_model(model), ranks=ranks, budget_s=budget, timeout_s=timeout)
+    err_console.print(plan_line(options), highlight=False, markup=False, soft_wrap=True)
+    with progress_reporter(err_console) as report:
+        outcome = api.profile(target, model=options.model, cluster=cluster, ranks=ranks,
+                              budget_s=budget, device_type=device_type, timeout_s=timeout,
+                              progress=report)
     if outcome is None:  # a torchrun rank other than 0
         return
     if as_json:
@@ -469,7 +486,7 @@ def train(
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len)
+                              seq_len=seq_len, run_dir=out)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,

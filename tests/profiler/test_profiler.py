@@ -86,7 +86,7 @@ def test_two_gloo_ranks_measure_their_link_and_all_reduce() -> None:
     options = ProfileOptions(load_model("tiny-llama"), ranks=2, budget_s=0.02, dtypes=("fp32",),
                              p2p_bytes=1e6)
     fractions: list[float] = []
-    result = profile(options, fractions.append)
+    result = profile(options, lambda fraction, what: fractions.append(fraction))
     assert result.hosts[0] == result.hosts[1] and len(result.devices) == 2
     (pair,) = result.pairs
     assert pair.same_host and pair.bandwidth_bytes_per_s > 1e6 and 0 < pair.latency_s < 0.1

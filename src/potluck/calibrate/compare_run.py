@@ -6,13 +6,21 @@ step time; the measurement is the run's trace in device seconds
 (:mod:`potluck.calibrate.run`). :func:`write_traces` leaves the predicted trace
 and one trace with both timelines (predicted devices above measured ones)
 next to each other for Perfetto.
+
+Two run directories are compared by their step time on the devices they ran
+for (:func:`compare_runs`): an emulated run's ``device_step_time_s`` from
+``metrics.jsonl`` (its measured step over its own dilation), a real run's
+``step_time_s``. Two emulated runs each calibrate their own dilation, so
+their measured step times alone say nothing about which plan is faster.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import statistics
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from potluck.calibrate.run import RunRecord, device_seconds, load_run, record_of
 from potluck.errors import ConfigError
@@ -25,6 +33,7 @@ from potluck.traces import Trace, read_trace, write_trace
 
 PREDICTED_FILE = "predicted.json"
 SIDE_BY_SIDE_FILE = "side_by_side.json"
+METRICS_FILE = "metrics.jsonl"
 
 
 def predicted_trace(plan: Plan) -> Trace:
@@ -92,3 +101,68 @@ def _is_trace(path: Path) -> bool:
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
     return isinstance(data, dict) and "traceEvents" in data
+
+
+@dataclass(frozen=True)
+class RunStepTime:
+    """A run's step time on its devices: the median over the later half of its steps."""
+
+    run_dir: Path
+    step_s: float
+    dilation: float | None  # an emulated run's (median) time stretch; None: a real run
+
+    def describe(self) -> str:
+        where = (f"on its emulated devices (dilation {self.dilation:.3g})" if self.dilation
+                 else "measured")
+        return f"{self.run_dir}: {self.step_s:.4g} s per step {where}"
+
+
+@dataclass(frozen=True)
+class RunsComparison:
+    first: RunStepTime
+    second: RunStepTime
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the first run's step is than the second's."""
+        return self.second.step_s / self.first.step_s
+
+    def as_dict(self) -> dict[str, Any]:
+        def run(r: RunStepTime) -> dict[str, Any]:
+            return {"run_dir": str(r.run_dir), "step_s": r.step_s, "dilation": r.dilation}
+
+        return {"first": run(self.first), "second": run(self.second), "speedup": self.speedup}
+
+
+def run_step_time(run_dir: str | Path) -> RunStepTime:
+    """The device step time of a run directory's ``metrics.jsonl``."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no {METRICS_FILE}: give run directories of "
+                          "potluck train --out DIR")
+    rows = _rows(path)
+    later = rows[len(rows) // 2:]  # the first steps warm up
+    emulated = all("device_step_time_s" in row for row in later)
+    key = "device_step_time_s" if emulated else "step_time_s"
+    dilation = statistics.median(row["dilation"] for row in later) if emulated else None
+    return RunStepTime(Path(run_dir), statistics.median(row[key] for row in later), dilation)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{number}: malformed JSON: {err.msg}") from None
+        if not isinstance(row, dict) or "step_time_s" not in row:
+            raise ConfigError(f"{path}:{number}: not a metrics row (no step_time_s)")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path} has no steps; train at least one step")
+    return rows
+
+
+def compare_runs(first: str | Path, second: str | Path) -> RunsComparison:
+    """Two runs' step times on the devices they ran for (emulated: measured over dilation)."""
+    return RunsComparison(run_step_time(first), run_step_time(second))

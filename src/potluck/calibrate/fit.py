@@ -5,8 +5,9 @@ matmul efficiency: :mod:`potluck.calibrate.fit_devices`), then the links its
 gradient all-reduces cross (:mod:`potluck.calibrate.fit_links`) and the
 pipeline's link where no all-reduce tells it (:mod:`potluck.calibrate.fit_pipeline`),
 in rounds: compute includes tensor-parallel traffic (and, emulated, the
-sends) over those links. Every round starts from the run's own cluster, so
-nothing compounds. :func:`calibration`
+sends) over those links. The optimizer step's time beyond its memory traffic is
+the framework's host time per iteration (:func:`~potluck.calibrate.fit_devices.fit_step_overhead`).
+Every round starts from the run's own cluster, so nothing compounds. :func:`calibration`
 expresses the fit as a :class:`~potluck.cluster.calibration.Calibration`
 relative to a cluster's uncalibrated figures (the memory-bandwidth factor
 multiplies them), and :func:`calibrated_cluster` applies it in memory.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 
-from potluck.calibrate.fit_devices import DeviceFit, fit_devices
+from potluck.calibrate.fit_devices import DeviceFit, fit_devices, fit_step_overhead, with_step_overhead
 from potluck.calibrate.fit_links import LinkFit, fit_exposed, fit_links
 from potluck.calibrate.fit_pipeline import fit_pipeline
 from potluck.calibrate.fit_sends import fit_sends
@@ -48,6 +49,7 @@ class Fit:
     links: tuple[LinkFit, ...]
     source: str = "potluck calibrate"
     link_notes: tuple[str, ...] = ()
+    step_overhead_s: float | None = None  # framework host time per iteration (None: kept)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -60,18 +62,27 @@ def fit_run(record: RunRecord, source: str = "potluck calibrate") -> Fit:
     step_s = step_time_s(measured)
     devices: tuple[DeviceFit, ...] = ()
     links: tuple[LinkFit, ...] = ()
+    overhead_s: float | None = None
     note = ""
     emulated = record.dilation is not None
     for _ in range(EMULATED_ROUNDS if emulated else ROUNDS):
         devices = fit_devices(_applied(plan, devices, links), measured, emulated)
         with_devices = _applied(plan, devices, ())
+        if not emulated:  # an emulated run's optimizer is padded to the prediction
+            overhead_s = fit_step_overhead(with_devices, measured)
+            with_devices = applied_overhead(with_devices, overhead_s)
         apply = partial(_with_links, with_devices.cluster)
         if emulated:  # its sends are inside forward and backward, not left in the step
             links = _emulated_links(with_devices, measured)
         else:
             links, note = fit_pipeline(with_devices, fit_links(with_devices, measured), step_s,
                                        apply)
-    return Fit(devices, links, source, (note,) if note else ())
+    return Fit(devices, links, source, (note,) if note else (), overhead_s)
+
+
+def applied_overhead(plan: Plan, overhead_s: float | None) -> Plan:
+    """``plan`` with a fitted host time per iteration (unchanged when none was fitted)."""
+    return plan if overhead_s is None else with_step_overhead(plan, overhead_s)
 
 
 def _emulated_links(plan: Plan, measured: Trace) -> tuple[LinkFit, ...]:

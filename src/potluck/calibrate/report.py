@@ -36,6 +36,10 @@ def input_lines(outcome: CalibrationOutcome) -> list[str]:
         source = link.source or f"{link.observations} all-reduces"
         lines.append(f"{link.key.describe()}: bandwidth {before} -> "
                      f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {latency} ({source})")
+    if outcome.fit.step_overhead_s:
+        lines.append(f"host time per iteration (execution.step_overhead_s): "
+                     f"{format_duration(outcome.fit.step_overhead_s)} (the optimizer step beyond "
+                     "its memory traffic)")
     if not outcome.fit.links:
         lines.append("links: kept (no all-reduce or pipeline transfer this run could tell them by)")
     return lines + [f"note: {note}" for note in outcome.fit.notes]
@@ -80,6 +84,7 @@ def calibration_json(outcome: CalibrationOutcome) -> dict[str, Any]:
         "links": [{"link": link.key.describe(), "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
                    "latency_s": link.latency_s, "observations": link.observations}
                   for link in fit.links],
+        "step_overhead_s": fit.step_overhead_s,
         "notes": list(fit.notes),
         "before": outcome.before.as_dict(),
         "after": outcome.after.as_dict(),

@@ -30,10 +30,11 @@ class ProfileOutcome:
 
 def profile_cluster(out: str | Path, model: ModelSpec, *, cluster: str | Path | None = None,
                     ranks: int | None = None, budget_s: float = 1.0,
-                    device_type: str | None = None,
+                    device_type: str | None = None, timeout_s: float | None = None,
                     progress: Progress | None = None) -> ProfileOutcome | None:
     """Measure, then write the calibrated cluster file ``out`` (``None`` on ranks but 0)."""
-    result = profile(ProfileOptions(model, ranks=ranks, budget_s=budget_s), progress)
+    options = ProfileOptions(model, ranks=ranks, budget_s=budget_s, timeout_s=timeout_s)
+    result = profile(options, progress)
     if result is None:
         return None
     type_name = device_type or device_type_name(result.devices[0].device_name)

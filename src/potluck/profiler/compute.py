@@ -26,6 +26,9 @@ from potluck.model.spec import MlpKind, ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROBE_SIZE = 512
+# fewest GEMM rows timed: a slow device (a CPU without fast BF16) keeps within its budget
+# at a 7B model's widths, where 64 rows of its MLP GEMM are already 5.8 GFLOP
+MIN_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[in
     per_run_s = budget_s / len(shapes) / 5  # a warm-up and at least four timed runs each
     flops = seconds = 0.0
     for inner, cols in shapes:
-        rows = int(max(64, min(16384, rough * per_run_s / (2 * inner * cols))))
+        rows = int(max(MIN_ROWS, min(16384, rough * per_run_s / (2 * inner * cols))))
         a = torch.full((rows, inner), 0.5, device=device, dtype=dtype)  # randn is slow to fill
         b = torch.full((inner, cols), 0.5, device=device, dtype=dtype)
         seconds += timed_s(lambda a=a, b=b: a @ b, device, budget_s / len(shapes), 8)
@@ -90,19 +93,24 @@ def memory_bandwidth(device: torch.device, num_bytes: float = 128e6, budget_s: f
     return 3 * 4 * n / timed_s(lambda: torch.add(a, b, out=c), device, budget_s)
 
 
+def _no_phase(index: int, label: str) -> None:
+    """Nothing to wait for or report before a measurement."""
+
+
 def measure_device(device: torch.device, model: ModelSpec, dtypes: list[str], budget_s: float,
-                   tp: int = 1, sync: Callable[[], None] = lambda: None) -> DeviceMeasurement:
+                   tp: int = 1, sync: Callable[[int, str], None] = _no_phase) -> DeviceMeasurement:
     """Matmul FLOP/s per dtype at ``model``'s shapes and memory bandwidth of ``device``.
 
-    ``sync`` runs before each measurement: ranks that share a machine call a barrier there,
-    so they all measure the same thing at once, as they would train.
+    ``sync(index, label)`` runs before each measurement: ranks that share a machine call a
+    barrier there, so they all measure the same thing at once, as they would train, and
+    report what they measure next.
     """
     shapes = block_gemm_shapes(model, tp)
     flops = {}
-    for name in dtypes:
-        sync()
+    for index, name in enumerate(dtypes):
+        sync(index, f"matmul {name}")
         flops[name] = matmul_flops(device, DTYPES[name], shapes, budget_s)
-    sync()
+    sync(len(dtypes), "memory bandwidth")
     bandwidth = memory_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return DeviceMeasurement(name, flops, bandwidth)

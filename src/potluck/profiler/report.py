@@ -1,13 +1,51 @@
-"""What ``potluck profile`` prints: the figures measured and the file written."""
+"""What ``potluck profile`` prints: how long it will take, its progress, the figures measured
+and the file written.
+
+Progress goes to stderr: a bar on a terminal, else one plain line per phase (so a log or
+a pipe shows it too).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from potluck.profiler import ProfileOutcome
+from potluck.profiler.run import ProfileOptions, deadline_s, default_ranks, dtypes_of, estimate_s
+
+
+def plan_line(options: ProfileOptions) -> str:
+    """What a profile will measure and about how long it takes."""
+    ranks = options.ranks or default_ranks()
+    return (f"profiling {ranks} rank{'s' if ranks > 1 else ''}: matmuls at {options.model.name}'s "
+            f"shapes in {', '.join(dtypes_of(options))} ({options.budget_s:g} s each), memory "
+            f"bandwidth{', links and an all-reduce' if ranks > 1 else ''}; about "
+            f"{estimate_s(options):.0f} s (stopped after {deadline_s(options):.0f} s)")
+
+
+@contextmanager
+def progress_reporter(console: Console) -> Iterator[Any]:
+    """A ``progress(fraction, what)`` callback showing on ``console``."""
+    if console.is_terminal:
+        bar = Progress(TextColumn("profile"), BarColumn(), TextColumn("{task.description}"),
+                       TimeElapsedColumn(), console=console, transient=True)
+        task = bar.add_task("starting", total=1.0)
+        with bar:
+            yield lambda fraction, what: bar.update(task, completed=fraction, description=what)
+        return
+    started = time.monotonic()
+
+    def line(fraction: float, what: str) -> None:
+        console.print(f"profile: {fraction:4.0%} {what} ({time.monotonic() - started:.0f} s)",
+                      highlight=False, markup=False, soft_wrap=True)
+
+    yield line
 
 
 def outcome_json(outcome: ProfileOutcome) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def train_rank(plan: Plan, options: TrainOptions,
             source = source or batch_source(computed, options)
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s
-                              if options.emulate else None)
+                              if options.emulate else None, emulated=options.emulate)
             clock = emulate(parallel, options.dilation, timing=plan) if options.emulate else None
             recorder = attach_recorder(parallel) if options.trace_steps > 0 else None
             if clock is not None and options.dilation is None:

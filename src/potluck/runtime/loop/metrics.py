@@ -4,7 +4,11 @@ Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
 (:func:`run_callbacks` picks them from the run's options).
 ``metrics.jsonl`` gets one JSON object per step with at least ``step``,
 ``loss``, ``tokens_per_s``, ``step_time_s``, ``predicted_step_time_s`` and
-``peak_memory_gb``. The progress bar shows loss, tokens/s, step time and
+``peak_memory_gb``; an emulated run's rows also ``dilation`` (every op was
+padded to ``dilation x`` its time on the plan's device) and
+``device_step_time_s`` (``step_time_s / dilation``: the step on the emulated
+devices, what two emulated runs are compared by, since each calibrates its
+own dilation). The progress bar shows loss, tokens/s, step time and
 predicted against measured step time. :func:`summarize` is the line printed
 after a run.
 """
@@ -19,6 +23,17 @@ from potluck.errors import ConfigError
 from potluck.runtime.loop.trainer import Callback, StepMetrics
 from potluck.runtime.options import TrainOptions
 
+EMULATION_FIELDS = ("dilation", "device_step_time_s")
+
+
+def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
+    """One line of metrics.jsonl (the emulation's fields only for an emulated run)."""
+    row = metrics.as_dict()
+    for key in EMULATION_FIELDS:
+        if row[key] is None:
+            del row[key]
+    return row
+
 
 class MetricsLog:
     """Appends one JSON line per step to ``DIR/metrics.jsonl``."""
@@ -29,7 +44,7 @@ class MetricsLog:
         self._file = self.path.open("a")
 
     def on_step(self, metrics: StepMetrics) -> None:
-        self._file.write(json.dumps(metrics.as_dict()) + "\n")
+        self._file.write(json.dumps(metrics_row(metrics)) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -99,7 +114,8 @@ def run_callbacks(options: TrainOptions, rank: int, done_steps: int) -> list[Cal
 
 
 def summarize(history: list[StepMetrics]) -> str:
-    """One line about a finished run: loss, throughput, measured against predicted step time."""
+    """One line about a finished run: loss, throughput, measured against predicted step time
+    (an emulated run's on its emulated devices: the measured step over the dilation)."""
     if not history:
         return "no steps run"
     timed = history[len(history) // 2:] or history  # skip warm-up
@@ -107,8 +123,14 @@ def summarize(history: list[StepMetrics]) -> str:
     tokens_per_s = sum(m.tokens_per_s for m in timed) / len(timed)
     line = (f"{len(history)} steps: loss {history[0].loss:.4f} -> {history[-1].loss:.4f}, "
             f"{tokens_per_s:,.0f} tokens/s, step {step_s:.3g} s")
+    devices = [m for m in timed if m.device_step_time_s and m.dilation]
+    if devices:
+        device_s = sum(m.device_step_time_s or 0.0 for m in devices) / len(devices)
+        dilation = sum(m.dilation or 0.0 for m in devices) / len(devices)
+        line += f", {device_s:.3g} s on the emulated devices (dilation {dilation:.3g})"
     predicted = [m.predicted_step_time_s for m in timed if m.predicted_step_time_s]
     if predicted:
         mean_predicted = sum(predicted) / len(predicted)
-        line += f" (predicted {mean_predicted:.3g} s, measured/predicted {step_s / mean_predicted:.2f})"
+        shown = mean_predicted / dilation if devices else mean_predicted
+        line += f" (predicted {shown:.3g} s, measured/predicted {step_s / mean_predicted:.2f})"
     return line

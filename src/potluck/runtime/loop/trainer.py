@@ -68,6 +68,8 @@ class StepMetrics:
     lr: float
     loss_scale: float | None = None  # fp16 loss scale this step ran with
     skipped: bool = False  # inf/NaN gradients: no optimizer step
+    dilation: float | None = None  # an emulated run's time stretch (None: not emulated)
+    device_step_time_s: float | None = None  # emulated: the step on the plan's devices
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,8 +97,9 @@ class Trainer:
                  lr: float = 3e-4, max_grad_norm: float | None = 1.0,
                  callbacks: Sequence[Callback] = (),
                  predicted_step_time_s: float | None = None,
-                 loss_scale: DynamicLossScale | None = None) -> None:
-        """``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast, else none."""
+                 loss_scale: DynamicLossScale | None = None, emulated: bool = False) -> None:
+        """``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast, else none;
+        ``emulated``: the model's clock stretches ops (metrics carry the dilation)."""
         self.model = model
         if loss_scale is None and model.session.any_fp16:
             loss_scale = DynamicLossScale()
@@ -109,6 +112,7 @@ class Trainer:
         prediction = model.layout.plan.prediction
         self.predicted_step_time_s = predicted_step_time_s or (
             prediction.iteration_time_s if prediction else None)
+        self.emulated = emulated
         self.step_index = 0
 
     def step(self, rows: torch.Tensor) -> StepMetrics:
@@ -186,5 +190,13 @@ class Trainer:
             peak_memory_gb=float(peak) / 1e9, grad_norm=output.grad_norm,
             lr=float(self.optimizer.param_groups[0]["lr"]),
             loss_scale=scale if self.loss_scale is not None else None,
-            skipped=not output.grads_finite,
+            skipped=not output.grads_finite, **self._device_time(step_time_s),
         )
+
+    def _device_time(self, step_time_s: float) -> dict[str, float]:
+        """An emulated step's dilation and its time on the plan's devices: the clock pads
+        every op to ``dilation x`` its device time, so the step is divided by it."""
+        dilation = self.model.clock.dilation
+        if not self.emulated or not dilation:
+            return {}
+        return {"dilation": dilation, "device_step_time_s": step_time_s / dilation}

@@ -1,0 +1,61 @@
+"""CPU ranks are planned with this machine's measured figures when the cluster has none."""
+
+from __future__ import annotations
+
+import pytest
+
+from potluck.cluster.spec import parse_cluster
+from potluck.model.spec import load_model
+from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.profiler import quick
+from potluck.profiler.compute import DeviceMeasurement
+
+CPU2 = parse_cluster("name: cpu2\nnodes:\n  - {name: box, gpu: cpu, gpus_per_node: 2}\n",
+                     "cpu2.yaml")
+MODEL = load_model("tiny-llama")
+MEASURED = DeviceMeasurement("cpu", {"fp32": 40e9}, 6e9)
+
+
+@pytest.fixture
+def measured(monkeypatch) -> list[int]:
+    """Every measurement returns MEASURED; the list holds the rank counts measured for."""
+    calls: list[int] = []
+
+    def fake(model, ranks, threads):
+        calls.append(ranks)
+        return MEASURED
+
+    monkeypatch.setattr(quick, "_measure", fake)
+    monkeypatch.setattr(quick, "_MEASURED", {})
+    return calls
+
+
+def test_only_cpu_devices_without_a_calibration_entry_are_measured() -> None:
+    assert quick.needs_measurement(CPU2)
+    calibrated = parse_cluster("nodes:\n  - {name: box, gpu: cpu, gpus_per_node: 2}\n"
+                               "calibration:\n  devices:\n    cpu: {matmul_efficiency: 0.3}\n",
+                               "c.yaml")
+    assert not quick.needs_measurement(calibrated)
+    gpus = parse_cluster("nodes:\n  - {name: g, gpu: rtx3090, gpus_per_node: 2}\n", "g.yaml")
+    assert not quick.needs_measurement(gpus)
+    assert quick.with_measured_cpu(gpus, MODEL) is gpus
+
+
+def test_the_measured_figures_become_the_cpu_calibration(measured) -> None:
+    spec = quick.with_measured_cpu(CPU2, MODEL)
+    cpu = spec.device_type("cpu")
+    assert cpu.achievable_flops == pytest.approx(40e9, rel=1e-9)  # FP32, what CPU ranks use
+    assert cpu.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY == pytest.approx(6e9)
+    assert [d.device for d in spec.calibration.devices] == ["cpu"]
+    assert measured == [2]  # one rank's share of a machine of two ranks
+
+
+def test_measured_once_per_process_and_kept_in_the_run_directory(measured, tmp_path,
+                                                                  monkeypatch) -> None:
+    quick.with_measured_cpu(CPU2, MODEL, tmp_path)
+    quick.with_measured_cpu(CPU2, MODEL, tmp_path)
+    assert measured == [2]
+    assert (tmp_path / quick.CACHE_FILE).is_file()
+    monkeypatch.setattr(quick, "_MEASURED", {})  # a new process: the run directory's figures
+    spec = quick.with_measured_cpu(CPU2, MODEL, tmp_path)
+    assert measured == [2] and spec.device_type("cpu").achievable_flops == pytest.approx(40e9)
