@@ -37,7 +37,7 @@ SEQ, VOCAB = 2048, 51200
 # gradients all-reduced in FP32 after the backward pass, blocking pipeline sends.
 MEGATRON_2021 = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
                           overlap_p2p=False, fp32_params=False,
-                          grad_reduce_bytes=4)
+                          grad_reduce_bytes=4, grad_accumulation_bytes=10.0)
 
 
 def gpt(params_b: float, heads: int, hidden: int, layers: int) -> ModelSpec:

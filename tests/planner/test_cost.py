@@ -91,6 +91,12 @@ def adam_s(params: float) -> float:
     return ADAM_TRAFFIC * params / MEMORY_BW
 
 
+def accumulate_s(params: float) -> float:
+    """Each micro-batch's weight gradients cast to FP32 (read 2, write 4 bytes per parameter)
+    and added into the FP32 .grad (read 4 + 4, write 4): 18 bytes per parameter."""
+    return 18 * params / MEMORY_BW
+
+
 def ring_allreduce_s(num_bytes: float, ranks: int, bandwidth: float, latency: float) -> float:
     """Ring all-reduce (Patarasuk & Yuan 2009): 2(g-1)/g * n/W + 2(g-1) * alpha."""
     return 2 * (ranks - 1) / ranks * num_bytes / bandwidth + 2 * (ranks - 1) * latency
@@ -144,7 +150,8 @@ def test_a_single_device_plan_is_micro_batches_times_forward_plus_backward():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, LAYERS),), 2, 4)])
     prediction = predict(plan)
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(2), head_s(2)
-    micro_batch = LAYERS * (block_forward + block_backward) + head_forward + head_backward
+    micro_batch = (LAYERS * (block_forward + block_backward) + head_forward + head_backward
+                   + accumulate_s(MODEL_PARAMS))
     iteration = 4 * micro_batch + adam_s(MODEL_PARAMS)
     assert prediction.iteration_time_s == pytest.approx(iteration, rel=1e-9)
     assert prediction.tokens_per_s == pytest.approx(8 * SEQ / iteration, rel=1e-9)
@@ -159,11 +166,12 @@ def test_1f1b_of_two_unequal_stages_with_a_send_between_machines():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, 1), _stage(["box.1:0"], 1, 4)), 1, 4)])
     prediction = predict(plan)
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(1), head_s(1)
-    first = block_forward + block_backward
-    last = 3 * (block_forward + block_backward) + head_forward + head_backward
+    last_params = 3 * BLOCK_PARAMS + HEAD_PARAMS  # more than the first stage's
+    first = block_forward + block_backward + accumulate_s(BLOCK_PARAMS + EMBEDDING_PARAMS)
+    last = 3 * (block_forward + block_backward) + head_forward + head_backward + accumulate_s(
+        last_params)
     send = NETWORK_LATENCY + SEQ * H * 2 / NETWORK_BW  # one sequence's BF16 activations: 2.15 ms
     pipeline = (first + send) + (last + send) + (4 - 1) * (last + send)
-    last_params = 3 * BLOCK_PARAMS + HEAD_PARAMS  # more than the first stage's
     assert prediction.iteration_time_s == pytest.approx(pipeline + adam_s(last_params), rel=1e-9)
     assert list(prediction.stage_times_s[0]) == pytest.approx([first, last], rel=1e-9)
     breakdown = prediction.breakdown  # on the critical path: the last stage paces the pipeline
@@ -232,7 +240,7 @@ def test_data_parallel_over_the_network_costs_the_gradient_all_reduce():
     two_nodes = [Pipeline((_stage([f"box.{n}:0"], 0, LAYERS),), 1, 1) for n in (0, 1)]
     local = predict(toy_plan(one_node)).breakdown.dp_s
     remote = predict(toy_plan(two_nodes)).breakdown.dp_s
-    backward = LAYERS * block_s(1)[1] + head_s(1)[1]
+    backward = LAYERS * block_s(1)[1] + head_s(1)[1] + accumulate_s(MODEL_PARAMS)
     grads = 2 * MODEL_PARAMS  # BF16
     assert remote == pytest.approx(
         ring_allreduce_s(grads, 2, NETWORK_BW, NETWORK_LATENCY) - backward, rel=1e-9)
@@ -246,9 +254,10 @@ def test_uneven_batch_shares_make_the_slower_replica_the_critical_path():
                  Pipeline((_stage(["box.0:1"], 0, LAYERS),), 1, 2)]
     prediction = predict(toy_plan(pipelines))
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(1), head_s(1)
-    micro_batch = LAYERS * (block_forward + block_backward) + head_forward + head_backward
-    # the gradient ring over PCIe (6.7 ms) hides under the last backward pass (7.5 ms)
-    backward = LAYERS * block_backward + head_backward
+    micro_batch = (LAYERS * (block_forward + block_backward) + head_forward + head_backward
+                   + accumulate_s(MODEL_PARAMS))
+    # the gradient ring over PCIe (6.7 ms) hides under the last backward pass (9.0 ms)
+    backward = LAYERS * block_backward + head_backward + accumulate_s(MODEL_PARAMS)
     assert ring_allreduce_s(2 * MODEL_PARAMS, 2, PCIE_BW, PCIE_LATENCY) < backward
     assert prediction.iteration_time_s == pytest.approx(
         6 * micro_batch + adam_s(MODEL_PARAMS), rel=1e-9)

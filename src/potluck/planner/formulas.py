@@ -15,7 +15,11 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
   Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
 - Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
-  master, both moments and the gradient, write them back and the 16-bit copy).
+  master, both moments and the gradient, write them back and the 16-bit copy);
+- gradient accumulation: every micro-batch's weight gradients are added into an
+  FP32 buffer outside the GEMMs (Megatron-LM's ``param.main_grad.add_(param.grad)``
+  hook, megatron/model/distributed.py; PyTorch's AccumulateGrad), a memory-bound
+  pass over the stage's parameters.
 """
 
 from __future__ import annotations
@@ -121,6 +125,14 @@ def model_state_bytes(params: float, layout: StateBytes = MIXED_PRECISION_MASTER
                       sharding: StateSharding = NOT_SHARDED) -> float:
     """Weights, gradients and Adam states of ``params`` parameters on one device."""
     return params * (layout.weights + layout.grads + layout.optimizer / sharding.optimizer_shards)
+
+
+def grad_accumulation_time_s(params: float, bytes_per_param: float,
+                             memory_bandwidth_bytes_per_s: float) -> float:
+    """One micro-batch's weight gradients added into the accumulation buffer: a memory-bound
+    pass of ``bytes_per_param`` bytes over each of ``params`` parameters (e.g. 10 for
+    Megatron-LM's hook: read the 16-bit gradient, read and write the FP32 ``main_grad``)."""
+    return params * bytes_per_param / (memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
 def adam_step_time_s(params: float, memory_bandwidth_bytes_per_s: float) -> float:
