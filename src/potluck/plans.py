@@ -68,6 +68,9 @@ class Execution:
     # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
     # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
     grad_accumulation_bytes: float = 18.0
+    # host time to issue one block's forward (twice that for its backward), a floor under the
+    # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
+    block_host_s: float = 192e-6
 
 
 @dataclass(frozen=True)
