@@ -2,10 +2,10 @@
 
 The expected values are worked out here from first principles, not with the cost model:
 a made-up device with round figures (``toy``: 100 TFLOP/s at 50% matmul efficiency,
-1000 GB/s of memory bandwidth, 64 SMs), two machines of two joined by 8 Gb/s, and a small
+1000 GB/s of memory bandwidth, 32 SMs), two machines of two joined by 8 Gb/s, and a small
 GPT-style model (h = 1024, ffn = 4h, 8 heads, vocabulary 8192, no biases, no dropout,
 untied head) trained on sequences of 1024 tokens in BF16. Shapes are chosen so that every
-GEMM is compute-bound and fills whole waves of the 64 SMs (so wave quantization costs
+GEMM is compute-bound and fills whole waves of the 32 SMs (so wave quantization costs
 nothing), and a block's forward is far above the kernel-dispatch floor.
 """
 
@@ -30,7 +30,7 @@ nodes:
 
 TOY_CLUSTER = """
 devices:
-  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 64}
+  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 32}
 nodes:
   - {name: box, gpu: toy, gpus_per_node: 2, count: 2, nvlink: none, intra_bandwidth: 20GB/s,
      intra_latency: 10us, inter_bandwidth: 8Gb/s, inter_latency: 50us}
@@ -64,7 +64,7 @@ def block_s(b: int) -> tuple[float, float, float]:
     tokens = b * SEQ
     # QKV, output projection, fc1, fc2: 2 FLOPs per multiply-add. All compute-bound: the QKV
     # GEMM of one sequence does 6.4 GFLOP (129 us) and moves 14.7 MB (18 us). Output tiles of
-    # 128 x 128: 8b row tiles x (24, 8, 32, 8) column tiles, whole waves of 64 SMs.
+    # 256 x 128: 4b row tiles x (24, 8, 32, 8) column tiles, whole waves of 32 SMs.
     gemms = 2 * tokens * (H * 3 * H + H * H + H * FFN + FFN * H) / GEMM_FLOPS
     # FlashAttention: QK^T and AV, 2*b*s^2*h FLOPs each, half of them masked (causal); 2.1 GFLOP
     # per sequence (51 us) against 8 bytes per token and hidden unit read and written (10 us).
@@ -80,7 +80,7 @@ def block_s(b: int) -> tuple[float, float, float]:
 
 
 def head_s(b: int) -> tuple[float, float]:
-    """The head's forward and backward seconds: output projection (8b x 64 tiles), and the
+    """The head's forward and backward seconds: output projection (4b x 64 tiles of 256 x 128), and the
     loss reading and writing the FP32 logits about three times (12 bytes per logit)."""
     tokens = b * SEQ
     projection = 2 * tokens * H * VOCAB / GEMM_FLOPS

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 
 GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
+LARGE_GEMM_TILE = (256, 128)  # cuBLAS's largest 16-bit tile (NVIDIA GEMM guide's A100 example)
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
 ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
 KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
@@ -58,16 +59,31 @@ def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
 
 
 def wave_efficiency(rows: int, cols: int, processors: int) -> float:
-    """Share of the last wave's processors that have a tile (wave quantization).
+    """Share of the streaming multiprocessors' tile slots that do useful work.
 
-    A GEMM's output is cut into ``GEMM_TILE x GEMM_TILE`` tiles that run in waves of
-    one tile per streaming multiprocessor; a partial last wave idles the rest
-    (NVIDIA, "Matrix Multiplication Background User's Guide").
+    A GEMM's output is cut into tiles, one thread block each, that run in waves of
+    one tile per streaming multiprocessor; partial tiles at the matrix edges (tile
+    quantization) and a partial last wave (wave quantization) waste the rest
+    (NVIDIA, "Matrix Multiplication Background User's Guide"). cuBLAS runs large
+    GEMMs with its largest tensor-core tile, 256 x 128 (the guide's A100 example), in
+    whichever orientation wastes less; a GEMM with fewer such tiles than processors
+    runs ``GEMM_TILE x GEMM_TILE`` tiles instead.
     """
     if processors <= 0:
         return 1.0
-    tiles = math.ceil(rows / GEMM_TILE) * math.ceil(cols / GEMM_TILE)
-    return tiles / (math.ceil(tiles / processors) * processors)
+    large = [_tiled_efficiency(rows, cols, tile_rows, tile_cols, processors)
+             for tile_rows, tile_cols in (LARGE_GEMM_TILE, LARGE_GEMM_TILE[::-1])
+             if math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols) >= processors]
+    if large:
+        return max(large)
+    return _tiled_efficiency(rows, cols, GEMM_TILE, GEMM_TILE, processors)
+
+
+def _tiled_efficiency(rows: int, cols: int, tile_rows: int, tile_cols: int,
+                      processors: int) -> float:
+    tiles = math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols)
+    waves = math.ceil(tiles / processors)
+    return rows * cols / (waves * processors * tile_rows * tile_cols)
 
 
 def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
