@@ -10,7 +10,8 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   NCCL's bus-bandwidth convention);
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
   (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
-  multiprocessors (NVIDIA, "Matrix Multiplication Background User's Guide");
+  multiprocessors, 256 x 128 tiles for large GEMMs, partial tiles and partial waves
+  wasted (NVIDIA, "Matrix Multiplication Background User's Guide");
 - model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
   Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
