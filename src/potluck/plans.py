@@ -64,6 +64,13 @@ class Execution:
     grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
     micro_batch_overhead_s: float = 0.0  # host time per micro-batch per stage (scheduler, Python)
     step_overhead_s: float = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
+    # memory traffic per parameter and micro-batch to add its weight gradient into the
+    # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
+    # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
+    grad_accumulation_bytes: float = 18.0
+    # host time to issue one block's forward (twice that for its backward), a floor under the
+    # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
+    block_host_s: float = 192e-6
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 The expected values are worked out here from first principles, not with the cost model:
 a made-up device with round figures (``toy``: 100 TFLOP/s at 50% matmul efficiency,
-1000 GB/s of memory bandwidth, 64 SMs), two machines of two joined by 8 Gb/s, and a small
+1000 GB/s of memory bandwidth, 32 SMs), two machines of two joined by 8 Gb/s, and a small
 GPT-style model (h = 1024, ffn = 4h, 8 heads, vocabulary 8192, no biases, no dropout,
 untied head) trained on sequences of 1024 tokens in BF16. Shapes are chosen so that every
-GEMM is compute-bound and fills whole waves of the 64 SMs (so wave quantization costs
+GEMM is compute-bound and fills whole waves of the 32 SMs (so wave quantization costs
 nothing), and a block's forward is far above the kernel-dispatch floor.
 """
 
@@ -15,6 +15,7 @@ from potluck.cluster import Cluster, parse_cluster
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
+from potluck.planner import compute, formulas
 from potluck.planner.compute import effective_dtype
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
@@ -29,7 +30,7 @@ nodes:
 
 TOY_CLUSTER = """
 devices:
-  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 64}
+  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 32}
 nodes:
   - {name: box, gpu: toy, gpus_per_node: 2, count: 2, nvlink: none, intra_bandwidth: 20GB/s,
      intra_latency: 10us, inter_bandwidth: 8Gb/s, inter_latency: 50us}
@@ -63,7 +64,7 @@ def block_s(b: int) -> tuple[float, float, float]:
     tokens = b * SEQ
     # QKV, output projection, fc1, fc2: 2 FLOPs per multiply-add. All compute-bound: the QKV
     # GEMM of one sequence does 6.4 GFLOP (129 us) and moves 14.7 MB (18 us). Output tiles of
-    # 128 x 128: 8b row tiles x (24, 8, 32, 8) column tiles, whole waves of 64 SMs.
+    # 256 x 128: 4b row tiles x (24, 8, 32, 8) column tiles, whole waves of 32 SMs.
     gemms = 2 * tokens * (H * 3 * H + H * H + H * FFN + FFN * H) / GEMM_FLOPS
     # FlashAttention: QK^T and AV, 2*b*s^2*h FLOPs each, half of them masked (causal); 2.1 GFLOP
     # per sequence (51 us) against 8 bytes per token and hidden unit read and written (10 us).
@@ -79,7 +80,7 @@ def block_s(b: int) -> tuple[float, float, float]:
 
 
 def head_s(b: int) -> tuple[float, float]:
-    """The head's forward and backward seconds: output projection (8b x 64 tiles), and the
+    """The head's forward and backward seconds: output projection (4b x 64 tiles of 256 x 128), and the
     loss reading and writing the FP32 logits about three times (12 bytes per logit)."""
     tokens = b * SEQ
     projection = 2 * tokens * H * VOCAB / GEMM_FLOPS
@@ -89,6 +90,12 @@ def head_s(b: int) -> tuple[float, float]:
 
 def adam_s(params: float) -> float:
     return ADAM_TRAFFIC * params / MEMORY_BW
+
+
+def accumulate_s(params: float) -> float:
+    """Each micro-batch's weight gradients cast to FP32 (read 2, write 4 bytes per parameter)
+    and added into the FP32 .grad (read 4 + 4, write 4): 18 bytes per parameter."""
+    return 18 * params / MEMORY_BW
 
 
 def ring_allreduce_s(num_bytes: float, ranks: int, bandwidth: float, latency: float) -> float:
@@ -144,7 +151,8 @@ def test_a_single_device_plan_is_micro_batches_times_forward_plus_backward():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, LAYERS),), 2, 4)])
     prediction = predict(plan)
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(2), head_s(2)
-    micro_batch = LAYERS * (block_forward + block_backward) + head_forward + head_backward
+    micro_batch = (LAYERS * (block_forward + block_backward) + head_forward + head_backward
+                   + accumulate_s(MODEL_PARAMS))
     iteration = 4 * micro_batch + adam_s(MODEL_PARAMS)
     assert prediction.iteration_time_s == pytest.approx(iteration, rel=1e-9)
     assert prediction.tokens_per_s == pytest.approx(8 * SEQ / iteration, rel=1e-9)
@@ -159,11 +167,12 @@ def test_1f1b_of_two_unequal_stages_with_a_send_between_machines():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, 1), _stage(["box.1:0"], 1, 4)), 1, 4)])
     prediction = predict(plan)
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(1), head_s(1)
-    first = block_forward + block_backward
-    last = 3 * (block_forward + block_backward) + head_forward + head_backward
+    last_params = 3 * BLOCK_PARAMS + HEAD_PARAMS  # more than the first stage's
+    first = block_forward + block_backward + accumulate_s(BLOCK_PARAMS + EMBEDDING_PARAMS)
+    last = 3 * (block_forward + block_backward) + head_forward + head_backward + accumulate_s(
+        last_params)
     send = NETWORK_LATENCY + SEQ * H * 2 / NETWORK_BW  # one sequence's BF16 activations: 2.15 ms
     pipeline = (first + send) + (last + send) + (4 - 1) * (last + send)
-    last_params = 3 * BLOCK_PARAMS + HEAD_PARAMS  # more than the first stage's
     assert prediction.iteration_time_s == pytest.approx(pipeline + adam_s(last_params), rel=1e-9)
     assert list(prediction.stage_times_s[0]) == pytest.approx([first, last], rel=1e-9)
     breakdown = prediction.breakdown  # on the critical path: the last stage paces the pipeline
@@ -232,7 +241,7 @@ def test_data_parallel_over_the_network_costs_the_gradient_all_reduce():
     two_nodes = [Pipeline((_stage([f"box.{n}:0"], 0, LAYERS),), 1, 1) for n in (0, 1)]
     local = predict(toy_plan(one_node)).breakdown.dp_s
     remote = predict(toy_plan(two_nodes)).breakdown.dp_s
-    backward = LAYERS * block_s(1)[1] + head_s(1)[1]
+    backward = LAYERS * block_s(1)[1] + head_s(1)[1] + accumulate_s(MODEL_PARAMS)
     grads = 2 * MODEL_PARAMS  # BF16
     assert remote == pytest.approx(
         ring_allreduce_s(grads, 2, NETWORK_BW, NETWORK_LATENCY) - backward, rel=1e-9)
@@ -246,9 +255,10 @@ def test_uneven_batch_shares_make_the_slower_replica_the_critical_path():
                  Pipeline((_stage(["box.0:1"], 0, LAYERS),), 1, 2)]
     prediction = predict(toy_plan(pipelines))
     (block_forward, block_backward, _), (head_forward, head_backward) = block_s(1), head_s(1)
-    micro_batch = LAYERS * (block_forward + block_backward) + head_forward + head_backward
-    # the gradient ring over PCIe (6.7 ms) hides under the last backward pass (7.5 ms)
-    backward = LAYERS * block_backward + head_backward
+    micro_batch = (LAYERS * (block_forward + block_backward) + head_forward + head_backward
+                   + accumulate_s(MODEL_PARAMS))
+    # the gradient ring over PCIe (6.7 ms) hides under the last backward pass (9.0 ms)
+    backward = LAYERS * block_backward + head_backward + accumulate_s(MODEL_PARAMS)
     assert ring_allreduce_s(2 * MODEL_PARAMS, 2, PCIE_BW, PCIE_LATENCY) < backward
     assert prediction.iteration_time_s == pytest.approx(
         6 * micro_batch + adam_s(MODEL_PARAMS), rel=1e-9)
@@ -394,3 +404,19 @@ def _stage(devices, start, end):
 
 def _cost(execution: Execution) -> CostModel:
     return CostModel(Cluster(parse_cluster(TOY_CLUSTER)), TOY, SEQ, execution=execution)
+
+
+def test_the_default_host_floor_is_24_eager_kernels_at_8_us_each():
+    assert Execution().block_host_s == pytest.approx(
+        compute.OPS_PER_BLOCK_FORWARD * formulas.KERNEL_DISPATCH_S)
+
+
+def test_a_block_issued_by_a_slow_host_runs_at_the_host_pace():
+    """A framework whose host takes 3.9 ms to issue a block's forward (AMP's profile of
+    Megatron-LM v1.1.5 under DeepSpeed, one layer at micro-batch 1 on a V100) floors the toy
+    block's 0.81 ms forward at 3.9 ms and its 1.66 ms backward at 7.8 ms."""
+    slow_host = Execution(block_host_s=3.9e-3)
+    times = _cost(slow_host).block_times(toy_device(), 1, 1, Recompute.NONE)
+    assert times.forward_s == pytest.approx(3.9e-3)
+    assert times.backward_s == pytest.approx(7.8e-3)
+    assert times.weight_grad_s == pytest.approx(block_s(1)[2], rel=1e-9)

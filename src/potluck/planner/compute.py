@@ -6,8 +6,10 @@ A block's forward is its four GEMMs under the roofline with wave quantization
 batched GEMMs and a softmax over the ``b*a*s^2`` scores) and its element-wise
 traffic, op by op (eager PyTorch, or fused kernels); the backward is twice
 the GEMMs and the element-wise traffic plus the attention's backward, and
-recomputation adds the forward again. Host dispatch of eager kernels is a
-floor. No communication: the cost model (:mod:`potluck.planner.cost`) adds
+recomputation adds the forward again. The host's time to issue a block's
+kernels (``Execution.block_host_s``; potluck's eager PyTorch: 24 kernels x 8 us)
+is a floor under its forward, twice that under its backward: a block whose GPU
+work is shorter runs at the host's pace. No communication: the cost model (:mod:`potluck.planner.cost`) adds
 tensor-parallel collectives and transfers.
 """
 
@@ -61,6 +63,7 @@ class ComputeModel:
         self.dtype = dtype
         self.fused_kernels = execution.fused_kernels
         self.flash_attention = execution.flash_attention
+        self.block_host_s = execution.block_host_s
         # plain dicts, not lru_cache on bound methods: no reference cycle, so a finished
         # search's caches are freed at once instead of by a later full garbage collection
         self._blocks: dict[tuple, BlockTimes] = {}
@@ -105,7 +108,7 @@ class ComputeModel:
             backward += forward
         elif recompute is Recompute.SELECTIVE and not self.flash_attention:
             backward += attention.forward_s  # flash kernels recompute the scores anyway
-        dispatch = OPS_PER_BLOCK_FORWARD * formulas.KERNEL_DISPATCH_S
+        dispatch = self.block_host_s
         forward_total = max(forward, dispatch)
         backward_total = max(backward, 2.0 * dispatch)
         return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)

@@ -123,6 +123,12 @@ class CostModel:
         return self.execution.step_overhead_s + formulas.adam_step_time_s(
             params / sharding.optimizer_shards, device_type.memory_bandwidth_bytes_per_s)
 
+    def grad_accumulation_s(self, device_type: DeviceType, params: float) -> float:
+        """One micro-batch's weight gradients of a device's ``params`` added into the
+        accumulation buffer (``execution.grad_accumulation_bytes`` per parameter)."""
+        return formulas.grad_accumulation_time_s(params, self.execution.grad_accumulation_bytes,
+                                                 device_type.memory_bandwidth_bytes_per_s)
+
     def overhead_bytes(self, device_type: DeviceType) -> float:
         return 0.0 if device_type.is_cpu else GPU_RUNTIME_OVERHEAD_BYTES
 
@@ -191,8 +197,10 @@ class CostModel:
         host = 0.5 * self.execution.micro_batch_overhead_s  # half with each pass
         forward = host + n * (block.forward_s + tp_comm)
         backward = host + n * (block.backward_s + tp_backward)
-        weight_grad = n * block.weight_grad_s
-        compute = n * (block.forward_s + block.backward_s)
+        accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
+        backward += accumulate
+        weight_grad = n * block.weight_grad_s + accumulate
+        compute = n * (block.forward_s + block.backward_s) + accumulate
         if shape.last:
             head = self.head_times(device_type, tp, b)
             forward += head.forward_s

@@ -10,12 +10,17 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   NCCL's bus-bandwidth convention);
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
   (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
-  multiprocessors (NVIDIA, "Matrix Multiplication Background User's Guide");
+  multiprocessors, 256 x 128 tiles for large GEMMs, partial tiles and partial waves
+  wasted (NVIDIA, "Matrix Multiplication Background User's Guide");
 - model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
   Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
 - Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
-  master, both moments and the gradient, write them back and the 16-bit copy).
+  master, both moments and the gradient, write them back and the 16-bit copy);
+- gradient accumulation: every micro-batch's weight gradients are added into an
+  FP32 buffer outside the GEMMs (Megatron-LM's ``param.main_grad.add_(param.grad)``
+  hook, megatron/model/distributed.py; PyTorch's AccumulateGrad), a memory-bound
+  pass over the stage's parameters.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 
 GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
+LARGE_GEMM_TILE = (256, 128)  # cuBLAS's largest 16-bit tile (NVIDIA GEMM guide's A100 example)
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
 ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
 KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
@@ -54,16 +60,31 @@ def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
 
 
 def wave_efficiency(rows: int, cols: int, processors: int) -> float:
-    """Share of the last wave's processors that have a tile (wave quantization).
+    """Share of the streaming multiprocessors' tile slots that do useful work.
 
-    A GEMM's output is cut into ``GEMM_TILE x GEMM_TILE`` tiles that run in waves of
-    one tile per streaming multiprocessor; a partial last wave idles the rest
-    (NVIDIA, "Matrix Multiplication Background User's Guide").
+    A GEMM's output is cut into tiles, one thread block each, that run in waves of
+    one tile per streaming multiprocessor; partial tiles at the matrix edges (tile
+    quantization) and a partial last wave (wave quantization) waste the rest
+    (NVIDIA, "Matrix Multiplication Background User's Guide"). cuBLAS runs large
+    GEMMs with its largest tensor-core tile, 256 x 128 (the guide's A100 example), in
+    whichever orientation wastes less; a GEMM with fewer such tiles than processors
+    runs ``GEMM_TILE x GEMM_TILE`` tiles instead.
     """
     if processors <= 0:
         return 1.0
-    tiles = math.ceil(rows / GEMM_TILE) * math.ceil(cols / GEMM_TILE)
-    return tiles / (math.ceil(tiles / processors) * processors)
+    large = [_tiled_efficiency(rows, cols, tile_rows, tile_cols, processors)
+             for tile_rows, tile_cols in (LARGE_GEMM_TILE, LARGE_GEMM_TILE[::-1])
+             if math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols) >= processors]
+    if large:
+        return max(large)
+    return _tiled_efficiency(rows, cols, GEMM_TILE, GEMM_TILE, processors)
+
+
+def _tiled_efficiency(rows: int, cols: int, tile_rows: int, tile_cols: int,
+                      processors: int) -> float:
+    tiles = math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols)
+    waves = math.ceil(tiles / processors)
+    return rows * cols / (waves * processors * tile_rows * tile_cols)
 
 
 def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
@@ -121,6 +142,14 @@ def model_state_bytes(params: float, layout: StateBytes = MIXED_PRECISION_MASTER
                       sharding: StateSharding = NOT_SHARDED) -> float:
     """Weights, gradients and Adam states of ``params`` parameters on one device."""
     return params * (layout.weights + layout.grads + layout.optimizer / sharding.optimizer_shards)
+
+
+def grad_accumulation_time_s(params: float, bytes_per_param: float,
+                             memory_bandwidth_bytes_per_s: float) -> float:
+    """One micro-batch's weight gradients added into the accumulation buffer: a memory-bound
+    pass of ``bytes_per_param`` bytes over each of ``params`` parameters (e.g. 10 for
+    Megatron-LM's hook: read the 16-bit gradient, read and write the FP32 ``main_grad``)."""
+    return params * bytes_per_param / (memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
 def adam_step_time_s(params: float, memory_bandwidth_bytes_per_s: float) -> float:
