@@ -17,7 +17,8 @@ their GPUs (:attr:`potluck.cluster.topology.Cluster.devices`). A pinned layout r
 first ``tp x pp x dp`` devices of that order (the framework launched on that many);
 an unpinned one uses every device. The blocks are split evenly, the batch too
 (``FamilySetting.uniform``); pipelines whose stages sit on different GPU types are
-timed as separate families that share that even split.
+timed as separate families that share that even split. ``--partition`` and TP pinned per
+node group do not apply: the framework decides both.
 """
 
 from __future__ import annotations
