@@ -34,29 +34,37 @@ from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import search
-from potluck.plans import DType, Execution, TimeBreakdown, TrainingShape
+from potluck.plans import DType, Execution, Placement, TimeBreakdown, TrainingShape
 from potluck.schedules import Schedule
 
 DATA = Path(__file__).parent / "data"
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
 
 # How each framework ran its published steps: an execution preset and the traits in which
-# these runs differ from it (the presets are potluck's `--execution` names).
+# these runs differ from it (the presets are potluck's `--execution` names). Every one of
+# them places ranks in Megatron-LM's and DeepSpeed's fixed order over the hostfile
+# (tensor-parallel rank fastest, then data-parallel, then pipeline) and splits the blocks
+# evenly: `placement: rank-order` (potluck.plans.Placement), the cluster files listing the
+# machines in launch order.
+RANK_ORDER = {"placement": Placement.RANK_ORDER}
 FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # DeepSpeed's pipeline engine over Megatron-LM v1.1.5 (2020) as AMP ran it, with
     # "fp32_allreduce": true in AMP's examples/ds_config.json: FP32 gradients on the wire.
-    "deepspeed": ("deepspeed", {"grad_reduce_bytes": 4}),
+    # AMP's trials ran DeepSpeed's default rank order (het_cluster_results.txt: rank map
+    # "None", machine i holding ranks 4i..4i+3) with AMP's own layer partition, within a
+    # block or two of even (e.g. [5, 7, 6, 6] blocks for pp=4).
+    "deepspeed": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
     # BigScience's Megatron-DeepSpeed (2021-22): Megatron's fused softmax and bias-GeLU kernels,
     # attention scores in memory, DeepSpeed's pipeline engine (gradients reduced after the
     # last micro-batch, blocking sends), fp16/bf16 weights with FP32 masters; DeepSpeed's
     # ZeRO-1 reduces the gradients in the 16-bit training dtype (communication_data_type's
     # default). ZeRO-1 itself is the CSV's zero1 column.
-    "megatron-deepspeed": ("megatron-lm-2021", {"grad_reduce_bytes": 2}),
+    "megatron-deepspeed": ("megatron-lm-2021", {"grad_reduce_bytes": 2, **RANK_ORDER}),
     # Sailor's Megatron-DeepSpeed fork (2024-25) training in FP32: no fused softmax (it needs
     # 16-bit inputs), no flash attention, DeepSpeed's engine with ZeRO stage 0 (FP32
     # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
     # model state per parameter, as fp32_params=False counts.
-    "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4}),
+    "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
 }
 # The presets' traits (potluck.cluster.execution.PRESETS once that module is merged; then
 # `execution` below becomes `return replace(preset(name), **overrides)`).

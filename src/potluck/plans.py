@@ -44,6 +44,24 @@ class DType(str, Enum):
         return 4 if self is DType.FP32 else 2
 
 
+class Placement(str, Enum):
+    """Who decides which devices run which stage, and how the layers are split.
+
+    ``rank-order`` is how Megatron-LM and DeepSpeed place ranks: over the devices in
+    launch order (the cluster file's node groups in order, their machines in order, each
+    machine's GPUs in order), tensor-parallel rank fastest, then data-parallel, then
+    pipeline, so that replica ``d`` of stage ``s`` holds ranks ``(s * dp + d) * tp`` to
+    ``+ tp`` (Megatron-LM ``megatron/core/parallel_state.initialize_model_parallel``, order
+    ``tp-dp-pp``; DeepSpeed ``PipeModelDataParallelTopology``, axes ``pipe, data, model``,
+    row-major); blocks split evenly over the stages, the first ``layers % pp`` stages one
+    block more (DeepSpeed ``runtime/utils.partition_uniform``; Megatron-LM requires the
+    division to be exact), and the batch evenly over the replicas.
+    """
+
+    PLANNED = "planned"  # potluck chooses devices per stage and splits layers by speed
+    RANK_ORDER = "rank-order"  # Megatron-LM / DeepSpeed rank order, even layer split
+
+
 @dataclass(frozen=True)
 class Execution:
     """How the training code executes a step, as far as time and memory depend on it.
@@ -71,6 +89,7 @@ class Execution:
     # host time to issue one block's forward (twice that for its backward), a floor under the
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
     block_host_s: float = 192e-6
+    placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ cost model:
 4. with ``pp`` and ``dp`` pinned, or when no family holds a pinned layout, add that
    layout built directly (:mod:`potluck.planner.pinned`: its pipelines may span
    GPU types and need not be identical);
-5. build the best candidates as Plans and rank them with the full cost model
+5. with ``Placement.RANK_ORDER`` (how Megatron-LM and DeepSpeed place ranks), only
+   layouts in the framework's rank order with an even split
+   (:mod:`potluck.planner.rank_order`) replace steps 2-4;
+6. build the best candidates as Plans and rank them with the full cost model
    (network cards shared, every gradient ring priced).
 
 Groups left out of every family, and pipelines that get no micro-batch, are
@@ -46,6 +49,12 @@ from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySettin
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
+from potluck.planner.rank_order import (
+    launch_order,
+    rank_order_pipelines,
+    rank_order_refusal,
+    rank_order_shapes,
+)
 from potluck.planner.space import (
     Unit,
     UnitLayout,
@@ -56,7 +65,7 @@ from potluck.planner.space import (
     stage_orders,
     tp_options,
 )
-from potluck.plans import Pipeline, Plan, Stage, TrainingShape
+from potluck.plans import Pipeline, Placement, Plan, Stage, TrainingShape
 from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)
@@ -111,7 +120,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             best = tuple(_distinct(plans, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
     runner = _Search(cluster, cost, training, options, progress)
-    reason = pinned_refusal(runner.families, runner.groups, training.global_batch, options)
+    reason = runner.refusal()
     raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
 
 
@@ -139,12 +148,25 @@ class _Search:
         # every stage order of a mixed family where that stays cheap: small clusters
         self._exhaustive_orders = 4 if cluster.spec.num_gpus <= SMALL_CLUSTER_GPUS else 2
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
+        self.rank_order = cost.execution.placement is Placement.RANK_ORDER
+
+    def refusal(self) -> str | None:
+        """Why the pins (or the rank order) leave no layout, with numbers; None if unknown."""
+        batch = self.training.global_batch
+        if self.rank_order:
+            return rank_order_refusal(launch_order(self.cluster, self.options), self.cost.model,
+                                      self.options, batch)
+        return pinned_refusal(self.families, self.groups, batch, self.options)
 
     def run(self, zero1: bool) -> list[Plan]:
         """Two passes: find promising structures at the smallest micro-batch that fits, then
-        score those structures at every micro-batch size and recomputation mode."""
-        structures = self._promising_structures(zero1)
+        score those structures at every micro-batch size and recomputation mode. In rank
+        order, only the framework's layouts."""
         heap: list[tuple[float, int, _Combo]] = []
+        if self.rank_order:
+            self._push_layouts(zero1, heap, self._rank_order_layouts())
+            return self._plans(heap)
+        structures = self._promising_structures(zero1)
         for recompute in self._recomputes():
             for setting in self._settings(zero1, recompute):
                 for structure in structures:
@@ -153,6 +175,9 @@ class _Search:
                         self._push(heap, combo)
         if self._fully_pinned() or (not heap and self._pinned_shape()):
             self._push_pinned_layouts(zero1, heap)
+        return self._plans(heap)
+
+    def _plans(self, heap: list) -> list[Plan]:
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = [self._evaluate(self._build(combo)) for combo in combos]
         plans.sort(key=_rank)
@@ -176,6 +201,17 @@ class _Search:
                    for shape in pinned_shapes(self.groups, model, self.options,
                                               self.training.global_batch)
                    for pipelines in arrangements(self.families, self.groups, model, shape)]
+        self._push_layouts(zero1, heap, layouts)
+
+    def _rank_order_layouts(self) -> list[tuple[tuple[Unit, ...], ...]]:
+        """Every (tp, pp, dp) the pins allow, laid out in the framework's rank order."""
+        devices = launch_order(self.cluster, self.options)
+        shapes = rank_order_shapes(devices, self.cost.model, self.options,
+                                   self.training.global_batch)
+        return [rank_order_pipelines(devices, shape) for shape in shapes]
+
+    def _push_layouts(self, zero1: bool, heap: list,
+                      layouts: list[tuple[tuple[Unit, ...], ...]]) -> None:
         for recompute in self._recomputes():
             for setting in self._settings(zero1, recompute):
                 for pipelines in layouts:
@@ -251,7 +287,7 @@ class _Search:
             sizes = [b for b in (1, 2, 4, 8, 16, 32, 64)
                      if b <= min(batch, options.max_micro_batch_size) and batch % b == 0]
         virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
-        uniform = options.partition is Partition.UNIFORM
+        uniform = options.partition is Partition.UNIFORM or self.rank_order
         for b in sizes:
             yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform, batch // b)
 
@@ -401,7 +437,7 @@ class _Search:
             pipelines=tuple(pipelines), schedule=setting.schedule,
             virtual_stages=setting.virtual_stages, recompute=setting.recompute,
             zero1=setting.zero1 and len(pipelines) > 1, unused_devices=unused,
-            notes=_unused_notes(self.cluster, unused),
+            notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
         )
 
     def _evaluate(self, plan: Plan) -> Plan:
@@ -449,6 +485,13 @@ def _unused_notes(cluster: Cluster, unused: tuple[str, ...]) -> tuple[str, ...]:
         f"{group} left out: the plan is faster without them"
         for group, count in per_group.items()
     )
+
+
+def _launch_notes(unused: tuple[str, ...]) -> tuple[str, ...]:
+    if not unused:
+        return ()
+    return (f"rank order: {len(unused)} devices of the cluster file are not launched "
+            "(the framework launches tp x pp x dp ranks, the first in the file)",)
 
 
 def _rank(plan: Plan) -> tuple[float, int]:

@@ -1,0 +1,102 @@
+"""Layouts placed in a framework's rank order (:attr:`potluck.plans.Placement.RANK_ORDER`).
+
+Megatron-LM and DeepSpeed do not choose devices: they number the processes in launch
+order (the hostfile's machines in order, each machine's GPUs in order) and lay the
+parallel dimensions over those ranks with tensor parallelism fastest, then data
+parallelism, then the pipeline. Replica ``d`` of stage ``s`` holds the ``tp`` ranks from
+``(s * dp + d) * tp`` on:
+
+- Megatron-LM ``megatron/core/parallel_state.initialize_model_parallel`` (order
+  ``tp-dp-pp``: with 16 GPUs, tp 2 and pp 4, the tensor groups are [0, 1], [2, 3], ...,
+  the data groups [0, 2], [1, 3], [4, 6], ... and the pipelines [0, 4, 8, 12], ...);
+- DeepSpeed ``runtime/pipe/topology.PipeModelDataParallelTopology`` (axes ``pipe``,
+  ``data``, ``model`` in row-major order: the same ranks).
+
+Here launch order is the cluster file's order: node groups as listed, their machines,
+their GPUs (:attr:`potluck.cluster.topology.Cluster.devices`). A pinned layout runs on the
+first ``tp x pp x dp`` devices of that order (the framework launched on that many);
+an unpinned one uses every device. The blocks are split evenly, the batch too
+(``FamilySetting.uniform``); pipelines whose stages sit on different GPU types are
+timed as separate families that share that even split. ``--partition`` and TP pinned per
+node group do not apply: the framework decides both.
+"""
+
+from __future__ import annotations
+
+from potluck.cluster.topology import Cluster, Device
+from potluck.model.spec import ModelSpec
+from potluck.planner.options import SearchOptions
+from potluck.planner.pinned import PinnedShape
+from potluck.planner.space import MAX_TP, Unit
+from potluck.schedules import schedule_for
+
+Pipelines = tuple[tuple[Unit, ...], ...]
+
+
+def launch_order(cluster: Cluster, options: SearchOptions) -> tuple[Device, ...]:
+    """The devices in launch order, only those of the node groups ``options`` allows."""
+    return tuple(d for d in cluster.devices
+                 if options.groups is None or d.group in options.groups)
+
+
+def rank_order_shapes(devices: tuple[Device, ...], model: ModelSpec, options: SearchOptions,
+                      global_batch: int) -> list[PinnedShape]:
+    """Every (tp, pp, dp) the pins allow over ``devices``: all of them unless tp, pp and dp
+    are all pinned (then the first tp x pp x dp), every tensor-parallel group inside one
+    machine, at most one replica per micro-batch."""
+    virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
+    micro_batches = global_batch // (options.micro_batch_size or 1)
+    pinned = options.tp and options.pp and options.dp
+    world = options.tp * options.pp * options.dp if pinned else len(devices)
+    if world > len(devices):
+        return []
+    shapes = []
+    for tp in [options.tp] if options.tp else [t for t in (1, 2, 4, 8) if t <= MAX_TP]:
+        if model.num_heads % tp or model.num_kv_heads % tp or world % tp:
+            continue
+        for pp in [options.pp] if options.pp else range(1, model.num_layers // virtual + 1):
+            dp, rest = divmod(world, tp * pp)
+            if rest or dp < 1 or (options.dp and dp != options.dp) or dp > micro_batches:
+                continue
+            if pp * virtual <= model.num_layers and _tp_inside_machines(devices, tp, world):
+                shapes.append(PinnedShape(tp, pp, dp))
+    return shapes
+
+
+def _tp_inside_machines(devices: tuple[Device, ...], tp: int, world: int) -> bool:
+    return all(len({d.node for d in devices[start:start + tp]}) == 1
+               for start in range(0, world, tp))
+
+
+def rank_order_pipelines(devices: tuple[Device, ...], shape: PinnedShape) -> Pipelines:
+    """The ``dp`` pipelines of ``shape`` in rank order: replica ``d`` of stage ``s`` on the
+    ``tp`` devices from ``(s * dp + d) * tp`` on."""
+    tp, pp, dp = shape.tp, shape.pp, shape.dp
+
+    def unit(stage: int, replica: int) -> Unit:
+        start = (stage * dp + replica) * tp
+        group = devices[start:start + tp]
+        return Unit(group[0].group, group[0].node_index, group)
+
+    return tuple(tuple(unit(s, d) for s in range(pp)) for d in range(dp))
+
+
+def rank_order_refusal(devices: tuple[Device, ...], model: ModelSpec,
+                       options: SearchOptions, global_batch: int) -> str | None:
+    """Why no layout in rank order exists, before memory is looked at; None when some does."""
+    if rank_order_shapes(devices, model, options, global_batch):
+        return None
+    world = len(devices)
+    if options.tp and options.pp and options.dp:
+        world = options.tp * options.pp * options.dp
+        if world > len(devices):
+            return (f"rank order: tp {options.tp} x pp {options.pp} x dp {options.dp} = {world} "
+                    f"ranks, the cluster has {len(devices)} devices; pin smaller degrees")
+    if options.tp and world % options.tp == 0 and not _tp_inside_machines(devices, options.tp,
+                                                                           world):
+        return (f"rank order: tensor-parallel groups of {options.tp} consecutive ranks span "
+                "two machines in the cluster file's order; pin a --tp that divides every "
+                "machine's GPU count")
+    return (f"rank order: no tp x pp x dp with the pins multiplies to the {world} devices "
+            "in the cluster file (the framework uses every rank it launches); pin degrees "
+            f"whose product is {world}")
