@@ -2,7 +2,8 @@
 
 Megatron-LM, Narayanan et al. SC'21, Table 1 (also in the Megatron-LM README): GPT models
 with s=2048, V=51200 on DGX A100 80GB nodes (8 GPUs, NVSwitch, 8x200 Gb/s InfiniBand),
-full activation recomputation, fused kernels; throughput reported in their Eq. 3 FLOPs
+full activation recomputation, Megatron-LM's execution of the time (the ``megatron-lm-2021``
+preset, src/potluck/cluster/execution.py); throughput reported in their Eq. 3 FLOPs
 (which count the recomputation). Korthikanti et al. 2022 (abstract): 530B on 2240 A100s,
 MFU 54.2% with selective recomputation and sequence parallelism, 42.1% with full
 recomputation. potluck is given each run's tp/pp/dp and recomputation and predicts the rest.
@@ -13,11 +14,12 @@ Usage: python benchmarks/published_runs.py
 from __future__ import annotations
 
 from potluck.cluster import parse_cluster
+from potluck.cluster.execution import preset
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
-from potluck.plans import Execution, Schedule, TrainingShape
+from potluck.plans import Schedule, TrainingShape
 
 # (parameters B, heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU)
 SC21_TABLE_1 = [
@@ -33,11 +35,7 @@ SC21_TABLE_1 = [
     (1008, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
 SEQ, VOCAB = 2048, 51200
-# Megatron-LM as in SC'21: fused kernels, attention scores in memory (no FlashAttention yet),
-# gradients all-reduced in FP32 after the backward pass, blocking pipeline sends.
-MEGATRON_2021 = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
-                          overlap_p2p=False, fp32_params=False,
-                          grad_reduce_bytes=4, grad_accumulation_bytes=10.0)
+EXECUTION = "megatron-lm-2021"  # `potluck plan --execution megatron-lm-2021` plans the same
 
 
 def gpt(params_b: float, heads: int, hidden: int, layers: int) -> ModelSpec:
@@ -66,7 +64,7 @@ def predict(model: ModelSpec, gpus: int, batch: int, tp: int, pp: int, recompute
             schedule: Schedule):
     options = SearchOptions(tp=tp, pp=pp, dp=gpus // (tp * pp), recompute=recompute,
                             schedule=schedule, top_k=1)
-    shape = TrainingShape(batch, SEQ, execution=MEGATRON_2021)
+    shape = TrainingShape(batch, SEQ, execution=preset(EXECUTION))
     return search(selene(gpus), model, shape, options).best
 
 

@@ -55,8 +55,65 @@ def test_plan_json_has_the_documented_fields(cluster_file, tmp_path):
 def test_plan_table_shows_stages_and_the_time_breakdown(cluster_file):
     result = potluck("plan", "-c", str(cluster_file), "-m", "gpt3-1.3b", "--top", "3")
     assert result.returncode == 0, result.stderr
-    for heading in ("Pipelines and stages", "Predicted iteration", "Best alternatives", "bubble"):
+    for heading in ("Pipelines and stages", "Predicted iteration", "Best alternatives", "bubble",
+                    "execution: potluck"):
         assert heading in result.stdout
+
+
+def _published_runs():
+    """benchmarks/published_runs.py, imported from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.py"
+    spec = importlib.util.spec_from_file_location("published_runs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_execution_flag_predicts_a_published_run_as_the_benchmark_does(tmp_path):
+    """SC'21 Table 1, first row (1.7B on 32 A100s, t/p/d 1/1/32): the CLI with
+    --execution megatron-lm-2021 plans what benchmarks/published_runs.py does."""
+    from potluck.model.counts import Recompute
+    from potluck.plans import Schedule
+
+    runs = _published_runs()
+    expected = runs.predict(runs.gpt(1.7, 24, 2304, 24), 32, 512, 1, 1, Recompute.FULL,
+                            Schedule.ONE_F_ONE_B)
+    cluster = tmp_path / "selene.yaml"
+    cluster.write_text("nodes: [{name: dgx, gpu: a100-80g-sxm, gpus_per_node: 8, count: 4, "
+                       "inter_bandwidth: 1600Gb/s, inter_latency: 5us}]\n")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 2304, "n_layer": 24,
+                                  "n_head": 24, "n_positions": 2048, "vocab_size": 51200}))
+    result = potluck("plan", "-c", str(cluster), "-m", str(config), "--global-batch", "512",
+                     "--seq-len", "2048", "--tp", "1", "--pp", "1", "--dp", "32",
+                     "--recompute", "full", "--execution", "megatron-lm-2021", "--top", "1",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["execution"] == "megatron-lm-2021"
+    assert summary["plan"]["training"]["execution"]["flash_attention"] is False
+    assert summary["iteration_time_s"] == pytest.approx(expected.prediction.iteration_time_s,
+                                                        rel=1e-9)
+
+
+@pytest.mark.parametrize(("flag", "section", "fragment"), [
+    ("megatron", "", "--execution 'megatron' is neither a preset nor a file; did you mean "
+                     "'megatron-lm'?"),
+    (None, "execution: {preset: deepspeed, overlap_pp: true}\n",
+     "lab.yaml:5: execution.overlap_pp: unknown key; did you mean 'overlap_p2p'?"),
+    (None, "execution: {grad_reduce_bytes: fp32}\n",
+     "execution.grad_reduce_bytes: must be 2 (16-bit gradients on the wire) or 4 (FP32)"),
+])
+def test_execution_errors_are_one_line(tmp_path, flag, section, fragment):
+    path = tmp_path / "lab.yaml"
+    path.write_text(CLUSTER + section)
+    result = potluck("plan", "-c", str(path), "-m", "gpt3-125m",
+                     *(["--execution", flag] if flag else []))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
 @pytest.mark.parametrize(
@@ -161,6 +218,7 @@ def test_train_plans_first_and_writes_the_run_directory(tmp_path):
         (["--steps", "0"], "--steps must be at least 1, not 0"),
         (["--steps", "-3"], "--steps must be at least 1, not -3"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be 0"),
+        (["--execution", "deepspeed"], "--execution deepspeed differs from the plan's potluck"),
     ],
 )
 def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
@@ -177,6 +235,19 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_train_refuses_execution_traits_the_runtime_does_not_run(tmp_path):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER + "execution: {preset: megatron-lm}\n")
+    result = potluck("train", "--cluster", str(cluster), "--model", "tiny-llama", "--steps", "1",
+                     "--global-batch", "4", "--seq-len", "32")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert ("the plan's execution (megatron-lm) asks for fused_kernels=true, fp32_params=false, "
+            "which potluck's runtime does not run; make the plan with --execution potluck"
+            in lines[0])
 
 
 def test_exporting_a_run_without_checkpoints_says_how_to_get_one(tmp_path):

@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from potluck.cluster.execution import Execution, choose_execution, describe
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.economics.candidates import CostRequest
 from potluck.economics.cheapest import check_deadline, plan_cheapest
@@ -53,13 +54,24 @@ def as_model(model: str | Path | ModelSpec) -> ModelSpec:
 
 
 def training_shape(model: ModelSpec, global_batch: int | None = None, seq_len: int | None = None,
-                   dtype: str | DType = DType.BF16) -> TrainingShape:
-    """The training shape with potluck's defaults filled in."""
+                   dtype: str | DType = DType.BF16,
+                   execution: Execution | None = None) -> TrainingShape:
+    """The training shape with potluck's defaults filled in (execution: potluck's runtime)."""
     return TrainingShape(
         global_batch=DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch,
         seq_len=min(model.max_seq_len, DEFAULT_SEQ_LEN) if seq_len is None else seq_len,
-        dtype=DType(dtype),
+        dtype=DType(dtype), execution=execution or Execution(),
     )
+
+
+def as_execution(execution: str | Path | Execution | None,
+                 cluster: ClusterSpec | None = None) -> Execution:
+    """The execution traits to plan with: ``execution`` (traits, a preset name or a YAML
+    file), else the cluster file's ``execution:`` section, else potluck's runtime."""
+    if isinstance(execution, Execution):
+        return execution
+    from_cluster = cluster.execution if cluster is not None else None
+    return choose_execution(str(execution) if execution is not None else None, from_cluster)
 
 
 def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
@@ -70,13 +82,15 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
          schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero1: bool | None = None,
          top_k: int = 5, objective: str | Objective = Objective.TIME,
          tokens: int | str | None = None, deadline_hours: float | None = None,
-         pricing: Pricing | None = None,
+         pricing: Pricing | None = None, execution: str | Path | Execution | None = None,
          progress: Callable[[float], None] | None = None) -> SearchResult:
     """Plan training of ``model`` on ``cluster``: the best plans, best first.
 
     ``objective="cost"`` chooses the plan and the subset of the devices with the lowest USD
     per token (priced by ``pricing``); ``deadline_hours`` requires ``tokens`` to be trained
-    by then (for either objective).
+    by then (for either objective). ``execution`` is the framework that will train (a
+    preset name such as ``megatron-lm``, a YAML file of traits, or :class:`Execution`);
+    by default the cluster file's ``execution:`` section, else potluck's runtime.
     """
     spec, model_spec = as_cluster(cluster), as_model(model)
     options = SearchOptions(
@@ -84,7 +98,7 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
         recompute=Recompute(recompute) if recompute else None,
         partition=Partition(partition), schedule=Schedule(schedule), zero1=zero1, top_k=top_k,
     )
-    shape = training_shape(model_spec, global_batch, seq_len, dtype)
+    shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution, spec))
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if _objective(objective) is Objective.COST:
         return plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours, progress)
@@ -104,10 +118,11 @@ def cost(model: str | Path | ModelSpec, tokens: int | str, *,
          offers: str | Path | list[Offer] | None = None, max_gpus: int | None = None,
          max_usd_per_hour: float | None = None, deadline_hours: float | None = None,
          pricing: Pricing | None = None, global_batch: int | None = None, seq_len: int | None = None,
-         dtype: str | DType = DType.BF16,
+         dtype: str | DType = DType.BF16, execution: str | Path | Execution | None = None,
          progress: Callable[[float], None] | None = None) -> CostStudy:
     """Rank offers (an offers file, or the catalog's GPUs up to ``max_gpus``) for training
-    ``tokens`` tokens of ``model``: by USD per million tokens, with time to train and RCC."""
+    ``tokens`` tokens of ``model``: by USD per million tokens, with time to train and RCC.
+    ``execution``: the framework that will train (as for :func:`plan`; default potluck's)."""
     model_spec = as_model(model)
     request = CostRequest(parse_count(tokens, "--tokens"), pricing or Pricing(), deadline_hours,
                           max_usd_per_hour, max_gpus)
@@ -115,7 +130,7 @@ def cost(model: str | Path | ModelSpec, tokens: int | str, *,
         candidates = catalog_offers(max_gpus or MAX_GPUS_PER_NODE)
     else:
         candidates = offers if isinstance(offers, list) else load_offers(offers)
-    shape = training_shape(model_spec, global_batch, seq_len, dtype)
+    shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution))
     return cost_study(model_spec, shape, candidates, request, progress=progress)
 
 
@@ -161,11 +176,12 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
                  plan_file: str | Path | Plan | None = None, global_batch: int | None = None,
                  seq_len: int | None = None, dtype: str | DType = DType.BF16,
                  partition: str | Partition = Partition.BALANCED,
-                 run_dir: str | Path | None = None) -> Plan:
+                 run_dir: str | Path | None = None,
+                 execution: str | Path | Execution | None = None) -> Plan:
     """The plan to train: ``plan_file`` (checked against ``cluster`` and ``model`` when given),
-    or the best plan for ``cluster`` and ``model``: CPU ranks the cluster has no calibration
-    for are planned with this machine's measured figures (``profiler.quick``, kept in
-    ``run_dir``)."""
+    or the best plan for ``cluster`` and ``model`` (with ``execution``, as :func:`plan`): CPU
+    ranks the cluster has no calibration for are planned with this machine's measured
+    figures (``profiler.quick``, kept in ``run_dir``)."""
     from potluck.plans import check_plan_matches, load_plan
 
     if plan_file is not None:
@@ -173,6 +189,7 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
         check_plan_matches(chosen, as_cluster(cluster) if cluster is not None else None,
                            as_model(model) if model is not None else None)
         _check_shape_flags(chosen, global_batch, seq_len)
+        _check_execution_flag(chosen, execution)
         return chosen
     if cluster is None or model is None:
         raise ConfigError("give --plan PLAN.json, or --cluster and --model to plan first")
@@ -181,7 +198,7 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
     model_spec = as_model(model)
     spec = with_measured_cpu(as_cluster(cluster), model_spec, run_dir)
     return plan(spec, model_spec, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
-                partition=partition).best
+                partition=partition, execution=execution).best
 
 
 def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None) -> None:
@@ -190,6 +207,15 @@ def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | No
         if given is not None and given != planned:
             raise ConfigError(f"{flag} {given} differs from the plan's {planned}; "
                               "drop the flag or make a new plan")
+
+
+def _check_execution_flag(chosen: Plan, execution: str | Path | Execution | None) -> None:
+    if execution is None:
+        return
+    wanted = as_execution(execution)
+    if wanted != chosen.training.execution:
+        raise ConfigError(f"--execution {describe(wanted)} differs from the plan's "
+                          f"{describe(chosen.training.execution)}; drop the flag or make a new plan")
 
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
@@ -221,9 +247,11 @@ def train(cluster: str | Path | ClusterSpec | None = None,
           model: str | Path | ModelSpec | None = None, *, plan_file: str | Path | Plan | None = None,
           global_batch: int | None = None, seq_len: int | None = None,
           dtype: str | DType = DType.BF16, partition: str | Partition = Partition.BALANCED,
-          **options: object) -> TrainResult:
+          execution: str | Path | Execution | None = None, **options: object) -> TrainResult:
     """Plan (unless ``plan_file`` is given) and train on this machine's ranks.
 
+    ``execution`` is as for :func:`plan`; potluck's runtime refuses traits it does not run
+    (:func:`potluck.runtime.launch.checks.check_execution`).
     Further keyword arguments are :class:`potluck.runtime.options.TrainOptions` fields
     (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
     ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
@@ -231,7 +259,8 @@ def train(cluster: str | Path | ClusterSpec | None = None,
     out = options.get("out")
     chosen = resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                           seq_len=seq_len, dtype=dtype, partition=partition,
-                          run_dir=out if isinstance(out, str | Path) else None)
+                          run_dir=out if isinstance(out, str | Path) else None,
+                          execution=execution)
     return run_plan(chosen, train_options(**options))
 
 

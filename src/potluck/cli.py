@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
+from potluck.cluster.execution import PRESETS
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
@@ -35,7 +36,11 @@ def _names(choices: Iterable[Enum]) -> tuple[str, ...]:
 
 def _or(choices: Iterable[Enum]) -> str:
     """``a, b, c or d``: the values a flag accepts, for its help."""
-    *rest, last = _names(choices)
+    return _or_text(_names(choices))
+
+
+def _or_text(names: Iterable[str]) -> str:
+    *rest, last = names
     return f"{', '.join(rest)} or {last}" if rest else last
 
 app = typer.Typer(
@@ -55,6 +60,10 @@ LifetimeOpt = Annotated[float, typer.Option(help="Buy: years the GPUs serve.")]
 UtilizationOpt = Annotated[float, typer.Option(help="Buy: share of their life the GPUs train.")]
 ElectricityOpt = Annotated[float, typer.Option(help="Buy: electricity price, USD per kWh.")]
 PueOpt = Annotated[float, typer.Option(help="Buy: power overhead on the boards (host, cooling).")]
+ExecutionOpt = Annotated[str | None, typer.Option(
+    "--execution", metavar="NAME|FILE",
+    help=f"The framework that will train: {_or_text(PRESETS)} (default: the cluster file's "
+    "execution: section, else potluck), or a YAML file of traits (docs/execution.md).")]
 
 
 @app.command()
@@ -90,8 +99,13 @@ def plan(
     utilization: UtilizationOpt = prices.DEFAULT_UTILIZATION,
     electricity_usd_per_kwh: ElectricityOpt = prices.DEFAULT_ELECTRICITY_USD_PER_KWH,
     pue: PueOpt = prices.DEFAULT_PUE,
+    execution: ExecutionOpt = None,
 ) -> None:
-    """Find the fastest (or cheapest per token) data/tensor/pipeline-parallel plan for a model."""
+    """Find the fastest (or cheapest per token) data/tensor/pipeline-parallel plan for a model.
+
+    --execution presets: potluck (potluck's runtime), megatron-lm (Megatron-LM today),
+    megatron-lm-2021 (Megatron-LM of SC'21), deepspeed (DeepSpeed's pipeline engine, fp16).
+    """
     from potluck.economics.report import plan_cost_json, plan_cost_line
     from potluck.plans import save_plan
     from potluck.report import render_result, result_json
@@ -110,7 +124,8 @@ def plan(
             cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
             pp=pp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
             partition=partition, schedule=schedule, zero1=zero1, top_k=top, objective=objective,
-            tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, progress=report,
+            tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, execution=execution,
+            progress=report,
         )
     if output is not None:
         save_plan(result.best, output)
@@ -152,6 +167,7 @@ def cost(
     top: Annotated[int, typer.Option("--top", help="How many candidates to show.")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write the time-against-cost plot here.")] = None,
+    execution: ExecutionOpt = None,
 ) -> None:
     """Which GPUs to rent or buy: rank offers by USD per million tokens, with plans and RCC."""
     from potluck.economics.report import render_study, study_json
@@ -163,7 +179,7 @@ def cost(
         study = api.cost(
             model, tokens, offers=offers, max_gpus=max_gpus, max_usd_per_hour=max_usd_per_hour,
             deadline_hours=deadline_hours, pricing=pricing, global_batch=global_batch,
-            seq_len=seq_len, dtype=dtype, progress=report,
+            seq_len=seq_len, dtype=dtype, execution=execution, progress=report,
         )
     if plot is not None:
         from potluck.economics.plot import plot_study
@@ -478,15 +494,23 @@ def train(
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
+    execution: ExecutionOpt = None,
 ) -> None:
-    """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine."""
+    """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine.
+
+    potluck's runtime runs the potluck execution traits (and with or without overlapped
+    gradient reduction, FP32 or 16-bit gradients on the wire, SDPA or eager attention);
+    a plan asking for others (fused kernels, 16-bit weights, blocking sends) is refused.
+    """
+    from potluck.runtime.launch.checks import check_execution
     from potluck.runtime.launch.torchrun import plan_nodes
     from potluck.runtime.loop.metrics import summarize
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len, run_dir=out)
+                              seq_len=seq_len, run_dir=out, execution=execution)
+    check_execution(chosen)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,

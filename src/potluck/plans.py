@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from potluck.cluster.execution import Execution
+from potluck.cluster.execution import Placement as Placement  # re-exported: plans name it
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
@@ -42,54 +44,6 @@ class DType(str, Enum):
     @property
     def bytes(self) -> int:
         return 4 if self is DType.FP32 else 2
-
-
-class Placement(str, Enum):
-    """Who decides which devices run which stage, and how the layers are split.
-
-    ``rank-order`` is how Megatron-LM and DeepSpeed place ranks: over the devices in
-    launch order (the cluster file's node groups in order, their machines in order, each
-    machine's GPUs in order), tensor-parallel rank fastest, then data-parallel, then
-    pipeline, so that replica ``d`` of stage ``s`` holds ranks ``(s * dp + d) * tp`` to
-    ``+ tp`` (Megatron-LM ``megatron/core/parallel_state.initialize_model_parallel``, order
-    ``tp-dp-pp``; DeepSpeed ``PipeModelDataParallelTopology``, axes ``pipe, data, model``,
-    row-major); blocks split evenly over the stages, the first ``layers % pp`` stages one
-    block more (DeepSpeed ``runtime/utils.partition_uniform``; Megatron-LM requires the
-    division to be exact), and the batch evenly over the replicas.
-    """
-
-    PLANNED = "planned"  # potluck chooses devices per stage and splits layers by speed
-    RANK_ORDER = "rank-order"  # Megatron-LM / DeepSpeed rank order, even layer split
-
-
-@dataclass(frozen=True)
-class Execution:
-    """How the training code executes a step, as far as time and memory depend on it.
-
-    The defaults describe potluck's runtime: Hugging Face models in PyTorch eager mode
-    with SDPA (flash) attention, FP32 weights under 16-bit autocast, gradient reduction
-    in 16 bits overlapped with the backward pass. Other settings let the cost model
-    describe other frameworks (e.g. Megatron-LM of 2021: fused kernels, attention scores
-    in memory, 16-bit weights with FP32 master copies, FP32 gradient all-reduce after the
-    backward pass) when comparing with their published runs.
-    """
-
-    fused_kernels: bool = False  # Megatron/TE-style fused norms, rotary and activations
-    flash_attention: bool = True  # FlashAttention/SDPA kernels (False: scores in memory)
-    overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
-    overlap_p2p: bool = True  # pipeline sends and receives overlap compute
-    fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
-    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
-    micro_batch_overhead_s: float = 0.0  # host time per micro-batch per stage (scheduler, Python)
-    step_overhead_s: float = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
-    # memory traffic per parameter and micro-batch to add its weight gradient into the
-    # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
-    # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
-    grad_accumulation_bytes: float = 18.0
-    # host time to issue one block's forward (twice that for its backward), a floor under the
-    # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
-    block_host_s: float = 192e-6
-    placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
 
 
 @dataclass(frozen=True)

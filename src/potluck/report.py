@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
@@ -47,6 +48,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "micro_batch_size": plan.pipelines[0].micro_batch_size,
         "recompute": plan.recompute.value,
         "schedule": plan.schedule.value,
+        "execution": describe(plan.training.execution),
         "breakdown_s": {k: getattr(breakdown, k) for k in breakdown.__dataclass_fields__},
         "devices": devices,
         "notes": list(plan.notes),
@@ -100,6 +102,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
         f"tokens, {dtype_label(plan)}"
     )
+    console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     for table in (_stage_table(plan, prediction), _headline_table(prediction),
                   _breakdown_table(prediction)):
         console.print()

@@ -23,7 +23,8 @@ from runtime_helpers import (
 )
 
 from potluck.model.counts import Recompute
-from potluck.plans import Schedule
+from potluck.plans import Execution, Schedule
+from potluck.runtime.models.build import attention_implementation, build_model
 
 TOLERANCE = 2e-5
 TIED_LLAMA = replace(TINY_LLAMA, tied_embeddings=True)
@@ -106,3 +107,16 @@ def test_any_module_with_a_block_list_matches_single_process(case):
     expected = reference_losses(TINY_LLAMA, plan.training.global_batch, model=toy_reference())
     got = run_plan(plan, model_factory=toy_on_meta)
     assert got == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_a_plan_without_flash_attention_trains_with_eager_attention_alike():
+    """``execution.flash_attention: false`` (scores in memory) is one the runtime runs: the
+    model is built with Hugging Face's eager attention, and tensor parallelism still
+    computes the plain loop's losses."""
+    assert attention_implementation(False) == "eager"
+    assert build_model(TINY_LLAMA, "eager").config._attn_implementation == "eager"
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 2, 2)])
+    plan = replace(plan, training=replace(plan.training,
+                                          execution=Execution(flash_attention=False)))
+    expected = reference_losses(TINY_LLAMA, plan.training.global_batch)
+    assert run_plan(plan) == pytest.approx(expected, abs=TOLERANCE)

@@ -20,14 +20,18 @@ a frozen, JSON-serializable :class:`ClusterSpec` that carries every device type
 it uses, so a plan made from it is self-contained. The parts it is made of
 (:class:`~potluck.cluster.nodes.NodeGroup`, :class:`~potluck.cluster.nodes.LinkSpec`)
 live in :mod:`potluck.cluster.nodes`; a ``calibration:`` section is read and
-applied by :mod:`potluck.cluster.calibration`.
+applied by :mod:`potluck.cluster.calibration`; an ``execution:`` section (the framework
+that will train, :mod:`potluck.cluster.execution`) is read into ``ClusterSpec.execution``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from potluck.cluster.calibration import (
     Calibration,
@@ -37,6 +41,7 @@ from potluck.cluster.calibration import (
     parse_calibration,
 )
 from potluck.cluster.catalog import DeviceType, LinkKind, lookup, make_device_type
+from potluck.cluster.execution import Execution, parse_execution
 from potluck.cluster.nodes import (
     DEFAULT_INTER_BANDWIDTH_BYTES_PER_S,
     DEFAULT_INTER_LATENCY_S,
@@ -59,6 +64,10 @@ class ClusterSpec:
     links: tuple[LinkSpec, ...] = ()
     name: str = "cluster"
     calibration: Calibration | None = None  # what was measured, already applied to the above
+    # The file's ``execution:`` section. Plans carry the traits they were made with in
+    # ``training.execution`` (the flag may override this), so it is not written into plans.
+    execution: Annotated[SkipJsonSchema[Execution | None], Field(exclude=True)] = field(
+        default=None, compare=False)
 
     def device_type(self, name: str) -> DeviceType:
         for device_type in self.device_types:
@@ -76,7 +85,7 @@ _NODE_KEYS = (
     "inter_bandwidth", "intra_latency", "inter_latency", "price_per_hour", "purchase_price",
     "power_w",
 )
-_TOP_KEYS = ("name", "nodes", "devices", "links", "calibration")
+_TOP_KEYS = ("name", "nodes", "devices", "links", "calibration", "execution")
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -106,6 +115,9 @@ def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> C
     device_types = tuple(lookup(name, custom) for name in used)
     name = top.get("name", non_empty_str, default_name)
     spec = ClusterSpec(nodes=groups, device_types=device_types, links=links, name=name)
+    if top.has("execution"):
+        spec = replace(spec, execution=parse_execution(
+            top.data["execution"], label, "execution", top.line_of("execution")))
     return _calibrated(spec, top) if top.has("calibration") else spec
 
 
@@ -117,6 +129,7 @@ def _calibrated(spec: ClusterSpec, top: Fields) -> ClusterSpec:
         nodes=tuple(calibrate_group(group, found) for group in spec.nodes),
         device_types=tuple(calibrate_device(t, found) for t in spec.device_types),
         links=calibrated_links(spec.links, found), name=spec.name, calibration=found,
+        execution=spec.execution,
     )
 
 

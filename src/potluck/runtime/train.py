@@ -22,13 +22,13 @@ from torch import nn
 
 from potluck.plans import Plan, load_plan
 from potluck.runtime.checkpoints import training_run
-from potluck.runtime.launch.checks import check_local, check_trace
+from potluck.runtime.launch.checks import check_execution, check_local, check_trace
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
 from potluck.runtime.loop.metrics import run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
-from potluck.runtime.models.build import build_model
+from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallelize import parallelize
@@ -52,11 +52,13 @@ def train_rank(plan: Plan, options: TrainOptions,
                source: BatchSource | None = None) -> list[StepMetrics]:
     """Run this rank's part of ``plan`` (inside a launched process)."""
     check_trace(options)
+    check_execution(plan)
     computed = compute_plan(plan, options)
+    attention = attention_implementation(plan.training.execution.flash_attention)
     session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
     try:
         with session.guard():
-            model = model_factory() if model_factory else build_model(computed.model)
+            model = model_factory() if model_factory else build_model(computed.model, attention)
             parallel = parallelize(model, session, seed=options.seed)
             source = source or batch_source(computed, options)
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,

@@ -3,12 +3,20 @@
 :func:`check_local` runs in the launching process of ``potluck train``: the
 plan (and the plan actually computed, with a stand-in) is valid, the counts
 and flags make sense, a plan that spans several machines is only emulated
-here, the GPUs it needs exist, the data and tokenizer fit the model. Each
-failure is one :class:`~potluck.errors.ConfigError` that says how to fix it.
+here, the GPUs it needs exist, the data and tokenizer fit the model, and the
+plan's execution traits are ones potluck's runtime runs (:func:`check_execution`).
+Each failure is one :class:`~potluck.errors.ConfigError` that says how to fix it.
 """
 
 from __future__ import annotations
 
+from potluck.cluster.execution import (
+    DEFAULT_PRESET,
+    PRESETS,
+    describe,
+    differences,
+    traits_text,
+)
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan
 from potluck.runtime.launch.session import wants_gpu
@@ -21,6 +29,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     """One clear error when ``plan`` cannot run on this machine."""
     check_plan(plan)
     check_plan(compute_plan(plan, options))
+    check_execution(plan)
     nodes = plan_nodes(plan)
     check_counts(options)
     check_trace(options)
@@ -31,6 +40,28 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
     check_data(plan, options)
+
+
+# Traits the runtime follows whatever their value: the gradient all-reduce overlaps the
+# backward pass or not (runtime/grads/data_parallel.py), crosses the wire in 16 or 32 bits
+# (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py); host time per
+# micro-batch and step only describe how long the runtime takes.
+RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention",
+                   "micro_batch_overhead_s", "step_overhead_s")
+
+
+def check_execution(plan: Plan) -> None:
+    """The plan's execution traits are ones potluck's runtime runs: every trait outside
+    :data:`RUNTIME_FOLLOWS` as in the ``potluck`` preset (no fused kernels, FP32 weights,
+    overlapped pipeline sends)."""
+    execution = plan.training.execution
+    refused = [name for name in differences(PRESETS[DEFAULT_PRESET], execution)
+               if name not in RUNTIME_FOLLOWS]
+    if refused:
+        raise ConfigError(
+            f"the plan's execution ({describe(execution)}) asks for "
+            f"{traits_text(execution, refused)}, which potluck's "
+            f"runtime does not run; make the plan with --execution {DEFAULT_PRESET}")
 
 
 def check_counts(options: TrainOptions) -> None:

@@ -60,6 +60,12 @@ def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa") -> Any:
     return config
 
 
+def attention_implementation(flash_attention: bool) -> str:
+    """The Hugging Face attention a plan's ``execution.flash_attention`` asks for: SDPA
+    (flash/memory-efficient kernels), or ``eager`` (the scores held in memory)."""
+    return "sdpa" if flash_attention else "eager"
+
+
 def build_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> nn.Module:
     """An unmodified ``*ForCausalLM`` for ``spec`` with its parameters on the meta device."""
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,260 @@
+"""How the training code executes a step: the :class:`Execution` traits, their named presets,
+and the ``execution:`` section of a cluster file (or a file of its own) that chooses them.
+
+A cluster file may say which framework will train on it::
+
+    execution:
+      preset: megatron-lm      # start from a named preset (default: potluck)
+      overlap_grad_reduce: false   # any trait, overriding the preset's
+
+``potluck plan|train|cost --execution NAME|FILE`` overrides the section (a preset name, or
+a YAML file with the same keys). The chosen traits land in the plan's
+``training.execution``; the cost model reads them there. The presets, and where each of
+their figures comes from, are documented in ``docs/execution.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from potluck.errors import ConfigError
+from potluck.units import parse_duration_s
+from potluck.yamlio import Fields, load_yaml
+
+
+class Placement(str, Enum):
+    """Who decides which devices run which stage, and how the layers are split.
+
+    ``rank-order`` is how Megatron-LM and DeepSpeed place ranks: over the devices in
+    launch order (the cluster file's node groups in order, their machines in order, each
+    machine's GPUs in order), tensor-parallel rank fastest, then data-parallel, then
+    pipeline, so that replica ``d`` of stage ``s`` holds ranks ``(s * dp + d) * tp`` to
+    ``+ tp`` (Megatron-LM ``megatron/core/parallel_state.initialize_model_parallel``, order
+    ``tp-dp-pp``; DeepSpeed ``PipeModelDataParallelTopology``, axes ``pipe, data, model``,
+    row-major); blocks split evenly over the stages, the first ``layers % pp`` stages one
+    block more (DeepSpeed ``runtime/utils.partition_uniform``; Megatron-LM requires the
+    division to be exact), and the batch evenly over the replicas.
+    """
+
+    PLANNED = "planned"  # potluck chooses devices per stage and splits layers by speed
+    RANK_ORDER = "rank-order"  # Megatron-LM / DeepSpeed rank order, even layer split
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the training code executes a step, as far as time and memory depend on it.
+
+    The defaults describe potluck's runtime: Hugging Face models in PyTorch eager mode
+    with SDPA (flash) attention, FP32 weights under 16-bit autocast, gradient reduction
+    in 16 bits overlapped with the backward pass. Other settings let the cost model
+    describe other frameworks (e.g. Megatron-LM of 2021: fused kernels, attention scores
+    in memory, 16-bit weights with FP32 master copies, FP32 gradient all-reduce after the
+    backward pass) when comparing with their published runs.
+    """
+
+    fused_kernels: bool = False  # Megatron/TE-style fused norms, rotary and activations
+    flash_attention: bool = True  # FlashAttention/SDPA kernels (False: scores in memory)
+    overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
+    overlap_p2p: bool = True  # pipeline sends and receives overlap compute
+    fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
+    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
+    micro_batch_overhead_s: float = 0.0  # host time per micro-batch per stage (scheduler, Python)
+    step_overhead_s: float = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
+    # memory traffic per parameter and micro-batch to add its weight gradient into the
+    # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
+    # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
+    grad_accumulation_bytes: float = 18.0
+    # host time to issue one block's forward (twice that for its backward), a floor under the
+    # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
+    block_host_s: float = 192e-6
+    placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
+
+
+DEFAULT_PRESET = "potluck"
+
+PRESETS: dict[str, Execution] = {
+    # potluck's own runtime (docs/runtime.md): the Execution defaults.
+    "potluck": Execution(),
+    # Megatron-LM / Megatron-Core today (github.com/NVIDIA/Megatron-LM, main of 2026-08,
+    # megatron/training/arguments.py and megatron/core/transformer/transformer_config.py).
+    "megatron-lm": Execution(
+        # Fusions are on unless turned off (--no-masked-softmax-fusion, --no-bias-gelu-fusion,
+        # --no-bias-dropout-fusion, --no-rope-fusion, --no-gradient-accumulation-fusion), and
+        # transformer_impl defaults to Transformer Engine (fused LayerNorm+Linear).
+        fused_kernels=True,
+        # attention_backend defaults to `auto`: Transformer Engine picks flash/fused attention.
+        flash_attention=True,
+        # --overlap-grad-reduce: off by default, passed by Megatron's own recipes
+        # (examples/llama/train_llama3_8b_h100_fp8.sh, with --use-distributed-optimizer).
+        overlap_grad_reduce=True,
+        # On by default (--no-overlap-p2p-communication turns it off), but arguments.py
+        # applies it to the interleaved schedule only; plain 1F1B sends block.
+        overlap_p2p=True,
+        # --bf16 sets params_dtype to bf16; the optimizer keeps FP32 main params
+        # (--main-params-dtype fp32, the default).
+        fp32_params=False,
+        # With --bf16, accumulate_allreduce_grads_in_fp32 is switched on unless
+        # --grad-reduce-in-bf16 is given (--main-grads-dtype fp32, the default).
+        grad_reduce_bytes=4,
+        # Gradients accumulate into the FP32 main_grad buffer (read the 16-bit gradient, read
+        # and write main_grad: formulas.grad_accumulation_time_s); gradient_accumulation_fusion
+        # (on by default) does that add inside the weight-gradient GEMM.
+        grad_accumulation_bytes=10.0,
+    ),
+    # Megatron-LM as in Narayanan et al., SC'21 (arXiv:2104.04473): commit a2fdcdf of
+    # 2021-11-10. Fused kernels (§4.2 of the paper: bias+GeLU, bias+dropout+add, scale+mask+
+    # softmax); attention scores in memory (FlashAttention came in 2022, arXiv:2205.14135);
+    # megatron/training.py all-reduces gradients after forward_backward_func returns;
+    # megatron/p2p_communication.py waits on every batch_isend_irecv request and then
+    # torch.cuda.synchronize() (blocking sends); Float16Module weights with FP32 master
+    # copies in Float16OptimizerWithFloat16Params; --accumulate-allreduce-grads-in-fp32
+    # (forced on for bf16 in megatron/arguments.py); megatron/model/distributed.py's hook adds
+    # each 16-bit gradient into the FP32 main_grad buffer (10 bytes per parameter).
+    "megatron-lm-2021": Execution(
+        fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
+        overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4, grad_accumulation_bytes=10.0,
+    ),
+    # DeepSpeed's pipeline engine (deepspeed.pipe.PipelineModule, as in AMP/Metis-era runs of
+    # 2021-2022) with fp16 and plain PyTorch layers (github.com/microsoft/DeepSpeed,
+    # deepspeed/runtime/pipe/): no fused transformer kernels and no FlashAttention in the
+    # model code of that era; schedule.py's TrainSchedule issues ReduceGrads after the last
+    # micro-batch's backward pass (engine._exec_reduce_grads), so the all-reduce does not
+    # overlap it; p2p.send asserts async_op=False (blocking dist.send); the fp16 optimizer
+    # keeps 16-bit weights and FP32 master copies; engine.communication_data_type defaults
+    # to fp16 when fp16 is enabled (config key `communication_data_type`, default None).
+    "deepspeed": Execution(
+        fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
+        overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2,
+    ),
+}
+
+PRESET_SUMMARIES = {
+    "potluck": "potluck's runtime: eager PyTorch, SDPA attention, FP32 weights, 16-bit "
+               "gradient reduction overlapped with the backward pass",
+    "megatron-lm": "Megatron-LM today: fused kernels, flash attention, 16-bit weights with "
+                   "FP32 main params, FP32 gradient reduction overlapped, overlapped sends",
+    "megatron-lm-2021": "Megatron-LM of SC'21: fused kernels, attention scores in memory, "
+                        "FP32 gradient all-reduce after the backward pass, blocking sends",
+    "deepspeed": "DeepSpeed pipeline engine, fp16: no fused kernels, scores in memory, "
+                 "fp16 gradient all-reduce after the backward pass, blocking sends",
+}
+
+TRAIT_NAMES = tuple(f.name for f in fields(Execution))
+_KEYS = ("preset", *TRAIT_NAMES)
+
+
+def preset(name: str) -> Execution:
+    """The traits of the preset ``name`` (one line naming the presets if unknown)."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        tip = f"did you mean {close[0]!r}?" if close else f"presets: {', '.join(PRESETS)}"
+        raise ConfigError(f"unknown execution preset {name!r}; {tip}")
+    return PRESETS[name]
+
+
+def parse_execution(data: Any, label: str, where: str = "execution", line: int = 0) -> Execution:
+    """Read an ``execution`` mapping: ``preset`` (default potluck), then traits overriding it."""
+    section = Fields(data, label, where, line)
+    section.check_keys(_KEYS)
+    base = section.get("preset", _preset_name, DEFAULT_PRESET)
+    try:
+        traits = preset(base)
+    except ConfigError as err:
+        raise section.error("preset", str(err)) from None
+    overrides = {name: section.get(name, _converter(name)) for name in TRAIT_NAMES
+                 if section.has(name)}
+    return replace(traits, **overrides)
+
+
+def load_execution(path: str | Path) -> Execution:
+    """A YAML file with the keys of a cluster file's ``execution:`` section."""
+    return parse_execution(load_yaml(path, "execution file"), str(path))
+
+
+def choose_execution(flag: str | None, from_cluster: Execution | None = None) -> Execution:
+    """``--execution`` (a preset name or a YAML file), else the cluster file's section,
+    else potluck's runtime."""
+    if flag is None:
+        return from_cluster if from_cluster is not None else PRESETS[DEFAULT_PRESET]
+    if flag in PRESETS:
+        return PRESETS[flag]
+    if Path(flag).suffix in (".yaml", ".yml") or Path(flag).is_file():
+        return load_execution(flag)
+    close = difflib.get_close_matches(flag, PRESETS, n=1)
+    tip = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"--execution {flag!r} is neither a preset nor a file; {tip}"
+                      f"give one of {', '.join(PRESETS)} or a YAML file of traits")
+
+
+def describe(execution: Execution) -> str:
+    """The nearest preset's name and the traits that differ from it:
+    ``megatron-lm``, ``megatron-lm-2021 + overlap_p2p=true``."""
+    name = min(PRESETS, key=lambda n: len(differences(PRESETS[n], execution)))
+    changed = differences(PRESETS[name], execution)
+    if not changed:
+        return name
+    return f"{name} + {traits_text(execution, changed)}"
+
+
+def traits_text(execution: Execution, names: list[str]) -> str:
+    """``fused_kernels=true, grad_reduce_bytes=4``: the named traits as a cluster file
+    writes them."""
+    return ", ".join(f"{name}={_text(getattr(execution, name))}" for name in names)
+
+
+def differences(base: Execution, execution: Execution) -> list[str]:
+    """The traits of ``execution`` that differ from ``base``, in field order."""
+    return [name for name in TRAIT_NAMES if getattr(base, name) != getattr(execution, name)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _preset_name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"must be a preset name ({', '.join(PRESETS)}), not {value!r}")
+    return value.strip()
+
+
+def _converter(name: str):
+    """How a trait is read, by the type of its default: true/false, 2 or 4 bytes, a duration
+    (bare numbers are seconds), or an enum's value."""
+    default = getattr(Execution(), name)
+    if isinstance(default, bool):
+        return _boolean
+    if name == "grad_reduce_bytes":
+        return _grad_bytes
+    if isinstance(default, float):
+        return lambda value: parse_duration_s(value, name)
+    if isinstance(default, Enum):
+        return lambda value: _enum(type(default), value)
+    return type(default)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, not {value!r}")
+    return value
+
+
+def _grad_bytes(value: Any) -> int:
+    if isinstance(value, bool) or value not in (2, 4):
+        raise ConfigError(f"must be 2 (16-bit gradients on the wire) or 4 (FP32), not {value!r}")
+    return int(value)
+
+
+def _enum(kind: type[Enum], value: Any) -> Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise ConfigError(f"must be one of {allowed}, not {value!r}") from None

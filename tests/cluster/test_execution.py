@@ -1,0 +1,146 @@
+"""Execution presets, the cluster file's ``execution:`` section, and which one a plan gets."""
+
+from dataclasses import fields
+
+import pytest
+
+from potluck import api
+from potluck.cluster import parse_cluster
+from potluck.cluster.execution import (
+    PRESET_SUMMARIES,
+    PRESETS,
+    Execution,
+    choose_execution,
+    describe,
+    differences,
+    load_execution,
+    parse_execution,
+    preset,
+)
+from potluck.errors import ConfigError
+from potluck.plans import plan_from_dict, plan_to_dict
+
+NODES = "nodes: [{name: box, gpu: rtx3090, gpus_per_node: 2}]\n"
+
+
+def test_potluck_is_the_default_runtime():
+    assert PRESETS["potluck"] == Execution()
+    assert choose_execution(None) == Execution()
+
+
+def test_every_preset_is_documented_and_distinct():
+    assert set(PRESET_SUMMARIES) == set(PRESETS)
+    traits = list(PRESETS.values())
+    assert len(set(traits)) == len(traits)
+
+
+def test_megatron_lm_today_fuses_overlaps_and_reduces_in_fp32():
+    today = preset("megatron-lm")
+    assert today.fused_kernels and today.flash_attention
+    assert today.overlap_grad_reduce and today.overlap_p2p
+    assert not today.fp32_params and today.grad_reduce_bytes == 4
+
+
+def test_megatron_lm_2021_differs_from_today_in_attention_and_overlap():
+    assert differences(preset("megatron-lm"), preset("megatron-lm-2021")) == [
+        "flash_attention", "overlap_grad_reduce", "overlap_p2p"]
+
+
+def test_deepspeed_pipeline_engine_blocks_and_reduces_fp16_after_backward():
+    assert preset("deepspeed") == Execution(
+        fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
+        overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2)
+
+
+def test_no_preset_invents_host_overheads():
+    for traits in PRESETS.values():
+        assert traits.micro_batch_overhead_s == 0 and traits.step_overhead_s == 0
+
+
+def test_section_starts_from_its_preset_and_overrides_traits():
+    spec = parse_cluster(NODES + "execution:\n  preset: megatron-lm-2021\n"
+                         "  overlap_p2p: true\n  step_overhead_s: 2ms\n")
+    assert spec.execution == Execution(
+        fused_kernels=True, flash_attention=False, overlap_grad_reduce=False, overlap_p2p=True,
+        fp32_params=False, grad_reduce_bytes=4, step_overhead_s=0.002)
+
+
+def test_section_without_preset_overrides_potluck():
+    spec = parse_cluster(NODES + "execution: {grad_reduce_bytes: 4}\n")
+    assert spec.execution == Execution(grad_reduce_bytes=4)
+
+
+def test_a_cluster_without_section_has_no_execution():
+    assert parse_cluster(NODES).execution is None
+
+
+@pytest.mark.parametrize(("section", "fragment"), [
+    ("{fused_kernel: true}", "lab.yaml:2: execution.fused_kernel: unknown key; did you mean "
+                             "'fused_kernels'?"),
+    ("{preset: megatron}", "execution.preset: unknown execution preset 'megatron'; did you mean "
+                           "'megatron-lm'?"),
+    ("{overlap_p2p: 'yes'}", "execution.overlap_p2p: must be true or false, not 'yes'"),
+    ("{grad_reduce_bytes: 3}", "execution.grad_reduce_bytes: must be 2"),
+    ("{step_overhead_s: soon}", "execution.step_overhead_s: cannot read 'soon' as a duration"),
+    ("[potluck]", "lab.yaml:2: execution must be a mapping"),
+])
+def test_section_errors_are_one_line_at_the_line(section, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_cluster(NODES + f"execution: {section}\n", "lab.yaml")
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_describe_names_the_nearest_preset_and_what_differs():
+    assert describe(preset("megatron-lm")) == "megatron-lm"
+    assert describe(Execution()) == "potluck"
+    changed = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
+                        overlap_p2p=True, fp32_params=False, grad_reduce_bytes=4,
+                        micro_batch_overhead_s=1e-4)
+    assert describe(changed) == ("megatron-lm-2021 + overlap_p2p=true, "
+                                 "micro_batch_overhead_s=0.0001")
+
+
+def test_flag_takes_a_preset_name_or_a_file(tmp_path):
+    path = tmp_path / "framework.yaml"
+    path.write_text("preset: deepspeed\nfused_kernels: true\n")
+    assert choose_execution("deepspeed") == preset("deepspeed")
+    assert choose_execution(str(path)) == load_execution(path)
+    assert load_execution(path).fused_kernels and not load_execution(path).overlap_p2p
+
+
+def test_an_unknown_flag_value_says_what_is_accepted():
+    with pytest.raises(ConfigError, match="neither a preset nor a file; did you mean 'deepspeed'"):
+        choose_execution("deepspeeed")
+    with pytest.raises(ConfigError, match="execution file 'missing.yaml' not found"):
+        choose_execution("missing.yaml")
+
+
+def test_flag_beats_cluster_section_beats_default():
+    spec = parse_cluster(NODES + "execution: {preset: megatron-lm}\n")
+    assert api.as_execution(None, spec) == preset("megatron-lm")
+    assert api.as_execution("deepspeed", spec) == preset("deepspeed")
+    assert api.as_execution(None, parse_cluster(NODES)) == Execution()
+
+
+def test_the_plan_carries_the_chosen_traits_and_round_trips():
+    spec = parse_cluster(NODES + "execution: {preset: megatron-lm-2021}\n")
+    from_section = api.plan(spec, "gpt3-125m", global_batch=8, seq_len=256, top_k=1).best
+    assert from_section.training.execution == preset("megatron-lm-2021")
+    flagged = api.plan(spec, "gpt3-125m", global_batch=8, seq_len=256, top_k=1,
+                       execution="potluck").best
+    assert flagged.training.execution == Execution()
+    assert flagged.prediction.iteration_time_s < from_section.prediction.iteration_time_s
+    data = plan_to_dict(from_section)
+    assert data["training"]["execution"]["overlap_p2p"] is False
+    assert "execution" not in data["cluster"]  # the plan's traits live in training only
+    assert plan_from_dict(data).training.execution == preset("megatron-lm-2021")
+
+
+def test_every_trait_can_be_set_in_a_section():
+    wanted = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
+                       overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4,
+                       micro_batch_overhead_s=1e-4, step_overhead_s=0.003)
+    for field in fields(Execution):
+        value = getattr(wanted, field.name)
+        parsed = parse_execution({field.name: value}, "x.yaml")
+        assert getattr(parsed, field.name) == value != getattr(Execution(), field.name)
