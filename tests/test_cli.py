@@ -237,6 +237,13 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
     assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+def test_cost_takes_the_execution_flag():
+    result = potluck("cost", "-m", "gpt3-125m", "--tokens", "1B", "--max-gpus", "1",
+                     "--execution", "megatron-2021")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "did you mean 'megatron-lm-2021'?" in result.stderr
+
+
 def test_train_refuses_execution_traits_the_runtime_does_not_run(tmp_path):
     cluster = tmp_path / "cpus.yaml"
     cluster.write_text(CPU_CLUSTER + "execution: {preset: megatron-lm}\n")

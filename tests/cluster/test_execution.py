@@ -144,3 +144,10 @@ def test_every_trait_can_be_set_in_a_section():
         value = getattr(wanted, field.name)
         parsed = parse_execution({field.name: value}, "x.yaml")
         assert getattr(parsed, field.name) == value != getattr(Execution(), field.name)
+
+
+def test_cost_plans_every_offer_with_the_chosen_traits():
+    study = api.cost("gpt3-125m", "1B", max_gpus=1, global_batch=8, seq_len=512,
+                     execution="deepspeed")
+    assert study.candidates
+    assert {c.plan.training.execution for c in study.candidates} == {preset("deepspeed")}
