@@ -7,6 +7,7 @@ multi-rank layouts are in test_equivalence.py.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from potluck.cluster.execution import preset
+from potluck.errors import ConfigError
 from potluck.runtime import (
     Trainer,
     TrainOptions,
@@ -33,6 +36,7 @@ from potluck.runtime import (
     train_rank,
 )
 from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.models.build import build_model
 
 SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
@@ -125,3 +129,15 @@ def test_resume_under_another_plan_continues_the_same_loss_curve(tmp_path):
     after = run_local(_metrics_of_rank, second.devices,
                       (second, TrainOptions(steps=4, resume=True, **common)))[0]
     assert before + after == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=4), abs=2e-5)
+
+
+def test_parallelize_refuses_execution_traits_the_runtime_does_not_run():
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)])
+    plan = replace(plan, training=replace(plan.training, execution=preset("megatron-lm-2021")))
+    session = start(plan)
+    try:
+        with pytest.raises(ConfigError, match=r"asks for fused_kernels=true, overlap_p2p=false, "
+                                              r"fp32_params=false, which potluck's runtime"):
+            parallelize(build_model(TINY_LLAMA), session)
+    finally:
+        session.close()

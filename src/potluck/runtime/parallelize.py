@@ -1,7 +1,9 @@
 """Turn a plain model into this rank's part of a plan, and run one training step.
 
-:func:`parallelize` applies parallelism to an unmodified model in a fixed
-order (the step names are torchtitan's):
+:func:`parallelize` first refuses a plan whose execution traits the runtime
+does not run (:func:`~potluck.runtime.launch.checks.check_execution`), then
+applies parallelism to an unmodified model in a fixed order (the step names
+are torchtitan's):
 
 1. ``apply_tp`` (:func:`~potluck.runtime.parallel.tensor_parallel.apply_tp`):
    shard the blocks (and embedding/head) this rank holds over its stage's
@@ -48,6 +50,7 @@ from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.zero import Zero1, assign_owners
+from potluck.runtime.launch.checks import check_execution
 from potluck.runtime.launch.session import Session
 from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
@@ -130,6 +133,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     Gradients cross the wire in buckets of at most ``bucket_elements`` elements.
     """
     layout = session.layout
+    check_execution(layout.plan)
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
     kinds = init_kinds(model)

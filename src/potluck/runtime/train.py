@@ -22,7 +22,7 @@ from torch import nn
 
 from potluck.plans import Plan, load_plan
 from potluck.runtime.checkpoints import training_run
-from potluck.runtime.launch.checks import check_execution, check_local, check_trace
+from potluck.runtime.launch.checks import check_local, check_trace
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
@@ -52,7 +52,6 @@ def train_rank(plan: Plan, options: TrainOptions,
                source: BatchSource | None = None) -> list[StepMetrics]:
     """Run this rank's part of ``plan`` (inside a launched process)."""
     check_trace(options)
-    check_execution(plan)
     computed = compute_plan(plan, options)
     attention = attention_implementation(plan.training.execution.flash_attention)
     session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
