@@ -146,3 +146,13 @@ def test_a_missing_cluster_file_is_one_line(tmp_path) -> None:
     runs = write_runs(tmp_path / "runs.csv", [1.0, 2.0], LAYOUTS[:2])
     with pytest.raises(ConfigError, match="cluster file .*nope.yaml' not found; check the path"):
         calibrate_measured(runs, MODEL, tmp_path / "nope.yaml")
+
+
+def test_runs_are_planned_with_the_cluster_files_execution_preset(tmp_path) -> None:
+    runs = write_runs(tmp_path / "runs.csv", true_times())
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(CLAIMED_TEXT + "execution: {preset: megatron-lm-2021}\n")
+    outcome = calibrate_measured(runs, MODEL, cluster, tmp_path / "out.yaml")
+    traits = {p.plan.training.execution.fused_kernels for p in outcome.planned}
+    assert traits == {True}  # the preset's, not potluck's
+    assert load_cluster(tmp_path / "out.yaml").execution.fused_kernels  # and potluck plan reads it

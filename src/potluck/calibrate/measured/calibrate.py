@@ -33,6 +33,7 @@ from potluck.calibrate.measured.output import (
 from potluck.calibrate.measured.params import Parameter, candidates
 from potluck.calibrate.measured.runs import read_runs
 from potluck.calibrate.measured.stats import mape
+from potluck.cluster.execution import parse_execution
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.spec import ModelSpec
@@ -76,7 +77,7 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
     """Fit the inputs of ``cluster`` to the runs of ``runs_file`` and write ``out``."""
     text = _read(cluster)
     spec, section = read_cluster(text, str(cluster))
-    execution = with_overheads(Execution(), section, str(cluster))
+    execution = parse_execution(section, str(cluster)) if section else Execution()
     runs = read_runs(runs_file, {group.name: group.num_gpus for group in spec.nodes})
     planned, skipped = plan_runs(spec, model, runs, execution)
     _check_enough(Path(runs_file), len(runs), planned, skipped)
