@@ -226,15 +226,18 @@ def _preset_name(value: Any) -> str:
 
 
 def _converter(name: str):
-    """How a trait is read, by the type of its default: true/false, 2 or 4 bytes, a duration
-    (bare numbers are seconds), or an enum's value."""
+    """How a trait is read, by its name and the type of its default: true/false, 2 or 4
+    bytes, a duration for ``*_s`` (bare numbers are seconds), another number, or an enum's
+    value."""
     default = getattr(Execution(), name)
     if isinstance(default, bool):
         return _boolean
     if name == "grad_reduce_bytes":
         return _grad_bytes
-    if isinstance(default, float):
+    if name.endswith("_s"):
         return lambda value: parse_duration_s(value, name)
+    if isinstance(default, int | float):
+        return _non_negative
     if isinstance(default, Enum):
         return lambda value: _enum(type(default), value)
     return type(default)
@@ -244,6 +247,12 @@ def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"must be true or false, not {value!r}")
     return value
+
+
+def _non_negative(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"must be a non-negative number, not {value!r}")
+    return float(value)
 
 
 def _grad_bytes(value: Any) -> int:
