@@ -23,7 +23,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from potluck.cluster.execution import preset
+from potluck.cluster.execution import Execution, preset
 from potluck.errors import ConfigError
 from potluck.runtime import (
     Trainer,
@@ -35,6 +35,7 @@ from potluck.runtime import (
     start,
     train_rank,
 )
+from potluck.runtime.launch.checks import check_execution
 from potluck.runtime.loop.batches import RandomTokens
 from potluck.runtime.models.build import build_model
 
@@ -141,3 +142,13 @@ def test_parallelize_refuses_execution_traits_the_runtime_does_not_run():
             parallelize(build_model(TINY_LLAMA), session)
     finally:
         session.close()
+
+
+def test_the_runtime_runs_the_choices_it_follows_and_any_host_time():
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)])
+    followed = Execution(flash_attention=False, overlap_grad_reduce=False, grad_reduce_bytes=4,
+                         micro_batch_overhead_s=0.002, step_overhead_s=0.01)
+    check_execution(replace(plan, training=replace(plan.training, execution=followed)))
+    with pytest.raises(ConfigError, match=r"asks for overlap_p2p=false, which"):
+        check_execution(replace(plan, training=replace(
+            plan.training, execution=replace(followed, overlap_p2p=False))))

@@ -42,26 +42,29 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_data(plan, options)
 
 
-# Traits the runtime follows whatever their value: the gradient all-reduce overlaps the
+# Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
 # backward pass or not (runtime/grads/data_parallel.py), crosses the wire in 16 or 32 bits
-# (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py); host time per
-# micro-batch and step only describe how long the runtime takes.
-RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention",
-                   "micro_batch_overhead_s", "step_overhead_s")
+# (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py).
+RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention")
 
 
 def check_execution(plan: Plan) -> None:
-    """The plan's execution traits are ones potluck's runtime runs: every trait outside
-    :data:`RUNTIME_FOLLOWS` as in the ``potluck`` preset (no fused kernels, FP32 weights,
-    overlapped pipeline sends)."""
+    """The plan's execution traits are ones potluck's runtime runs: every choice (a true/false
+    or named trait) outside :data:`RUNTIME_FOLLOWS` as in the ``potluck`` preset (no fused
+    kernels, FP32 weights, overlapped pipeline sends). Figures (host seconds, bytes of
+    traffic) only describe how long a step takes, so any value runs."""
     execution = plan.training.execution
     refused = [name for name in differences(PRESETS[DEFAULT_PRESET], execution)
-               if name not in RUNTIME_FOLLOWS]
+               if name not in RUNTIME_FOLLOWS and not _is_figure(getattr(execution, name))]
     if refused:
         raise ConfigError(
             f"the plan's execution ({describe(execution)}) asks for "
             f"{traits_text(execution, refused)}, which potluck's "
             f"runtime does not run; make the plan with --execution {DEFAULT_PRESET}")
+
+
+def _is_figure(value: object) -> bool:
+    return isinstance(value, float)
 
 
 def check_counts(options: TrainOptions) -> None:
