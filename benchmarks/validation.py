@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck import api
+from potluck.cluster.execution import preset
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
@@ -66,21 +67,10 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # model state per parameter, as fp32_params=False counts.
     "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
 }
-# The presets' traits (potluck.cluster.execution.PRESETS once that module is merged; then
-# `execution` below becomes `return replace(preset(name), **overrides)`).
-_PRESETS: dict[str, Execution] = {
-    "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
-                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2),
-    "megatron-lm-2021": Execution(fused_kernels=True, flash_attention=False,
-                                  overlap_grad_reduce=False, overlap_p2p=False,
-                                  fp32_params=False, grad_reduce_bytes=4),
-}
-
-
 def execution(framework: str) -> Execution:
     """The execution traits of ``framework`` (a key of ``FRAMEWORKS``)."""
     name, overrides = FRAMEWORKS[framework]
-    return replace(_PRESETS[name], **overrides)
+    return replace(preset(name), **overrides)
 
 
 @dataclass(frozen=True)
