@@ -237,6 +237,13 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, extra, fragment):
     assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+def test_plan_help_lists_the_execution_presets():
+    result = potluck("plan", "--help")
+    assert result.returncode == 0
+    for name in ("potluck (", "megatron-lm (", "megatron-lm-2021 (", "deepspeed ("):
+        assert name in result.stdout
+
+
 def test_cost_takes_the_execution_flag():
     result = potluck("cost", "-m", "gpt3-125m", "--tokens", "1B", "--max-gpus", "1",
                      "--execution", "megatron-2021")

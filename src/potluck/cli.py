@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
-from potluck.cluster.execution import PRESETS
+from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
@@ -66,7 +66,8 @@ ExecutionOpt = Annotated[str | None, typer.Option(
     "execution: section, else potluck), or a YAML file of traits (docs/execution.md).")]
 
 
-@app.command()
+@app.command(epilog="--execution presets: " + "; ".join(
+    f"{name} ({summary})" for name, summary in PRESET_SUMMARIES.items()) + ".")
 def plan(
     cluster: ClusterOpt,
     model: ModelOpt,
@@ -101,11 +102,7 @@ def plan(
     pue: PueOpt = prices.DEFAULT_PUE,
     execution: ExecutionOpt = None,
 ) -> None:
-    """Find the fastest (or cheapest per token) data/tensor/pipeline-parallel plan for a model.
-
-    --execution presets: potluck (potluck's runtime), megatron-lm (Megatron-LM today),
-    megatron-lm-2021 (Megatron-LM of SC'21), deepspeed (DeepSpeed's pipeline engine, fp16).
-    """
+    """Find the fastest (or cheapest per token) data/tensor/pipeline-parallel plan for a model."""
     from potluck.economics.report import plan_cost_json, plan_cost_line
     from potluck.plans import save_plan
     from potluck.report import render_result, result_json
