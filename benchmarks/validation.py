@@ -60,13 +60,19 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # last micro-batch, blocking sends), fp16/bf16 weights with FP32 masters; DeepSpeed's
     # ZeRO-1 reduces the gradients in the 16-bit training dtype (communication_data_type's
     # default). ZeRO-1 itself is the CSV's zero1 column.
-    "megatron-deepspeed": ("megatron-lm-2021", {"grad_reduce_bytes": 2, **RANK_ORDER}),
+    # DeepSpeed's engine, not Megatron's main_grad hook, accumulates the gradients: as the
+    # deepspeed preset counts them.
+    "megatron-deepspeed": ("megatron-lm-2021", {
+        "grad_reduce_bytes": 2,
+        "grad_accumulation_bytes": preset("deepspeed").grad_accumulation_bytes, **RANK_ORDER}),
     # Sailor's Megatron-DeepSpeed fork (2024-25) training in FP32: no fused softmax (it needs
     # 16-bit inputs), no flash attention, DeepSpeed's engine with ZeRO stage 0 (FP32
     # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
     # model state per parameter, as fp32_params=False counts.
     "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
 }
+
+
 def execution(framework: str) -> Execution:
     """The execution traits of ``framework`` (a key of ``FRAMEWORKS``)."""
     name, overrides = FRAMEWORKS[framework]

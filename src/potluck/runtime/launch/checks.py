@@ -44,8 +44,9 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
 
 # Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
 # backward pass or not (runtime/grads/data_parallel.py), crosses the wire in 16 or 32 bits
-# (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py).
-RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention")
+# (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py), and any
+# placement's layout runs as the plan lays it out (runtime/layout.py).
+RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement")
 
 
 def check_execution(plan: Plan) -> None:
