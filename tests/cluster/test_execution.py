@@ -146,3 +146,18 @@ def test_cost_plans_every_offer_with_the_chosen_traits():
                      execution="deepspeed")
     assert study.candidates
     assert {c.plan.training.execution for c in study.candidates} == {preset("deepspeed")}
+
+
+def test_named_and_numeric_traits_read_as_written():
+    from potluck.plans import Placement
+
+    spec = parse_cluster(NODES + "execution: {placement: rank-order, block_host_s: 150us, "
+                                 "grad_accumulation_bytes: 10}\n")
+    assert spec.execution.placement is Placement.RANK_ORDER
+    assert spec.execution.block_host_s == pytest.approx(150e-6)
+    assert spec.execution.grad_accumulation_bytes == 10.0
+    with pytest.raises(ConfigError, match="execution.placement: must be one of planned, "
+                                          "rank-order, not 'megatron'"):
+        parse_cluster(NODES + "execution: {placement: megatron}\n")
+    with pytest.raises(ConfigError, match="grad_accumulation_bytes: must be a non-negative"):
+        parse_cluster(NODES + "execution: {grad_accumulation_bytes: -1}\n")
