@@ -3,8 +3,6 @@ TF32 matmuls switched on for tf32 only (the flags read the same on CPU builds)."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from runtime_helpers import LR, SEQ_LEN, TINY_LLAMA, make_plan, pipe, reference_losses
@@ -48,8 +46,8 @@ def test_each_dtype_has_one_torch_setting(dtype, autocast, tf32):
 
 def _gpu_session(dtype: DType, device_id: str) -> Session:
     """A session of a GPU rank, built without a GPU (nothing runs on it)."""
-    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)], cluster=GPUS, device_ids=[device_id])
-    plan = replace(plan, training=replace(plan.training, dtype=dtype))
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)], cluster=GPUS, device_ids=[device_id],
+                     dtype=dtype)
     return Session(plan, Layout(plan, 0, (device_id,)), torch.device("cuda", 0), None)
 
 
@@ -65,8 +63,7 @@ def test_a_gpu_rank_computes_in_its_devices_dtype(dtype, device_id, computed):
 
 
 def test_an_fp32_plan_trains_without_autocast_and_without_tf32():
-    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)])
-    assert plan.training.dtype is DType.FP32
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], dtype=DType.FP32)
     apply_precision(torch_precision(DType.TF32))  # a previous run's setting
     session = start(plan)
     try:
@@ -87,8 +84,7 @@ def test_an_fp32_plan_trains_without_autocast_and_without_tf32():
 
 
 def test_a_tf32_plan_on_cpu_ranks_computes_in_fp32():
-    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)])
-    plan = replace(plan, training=replace(plan.training, dtype=DType.TF32))
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 2)], dtype=DType.TF32)
     session = start(plan)
     try:
         assert session.compute_dtype is DType.FP32 and session.autocast_dtype is None
