@@ -3,6 +3,8 @@ which states, gradients and MFU."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from potluck import api
@@ -14,7 +16,7 @@ from potluck.model import load_model
 from potluck.planner import formulas
 from potluck.planner.compute import ComputeModel, achievable_flops, effective_dtype, peak_flops
 from potluck.planner.cost import CostModel
-from potluck.plans import DType
+from potluck.plans import DType, plan_from_dict, plan_to_json
 from potluck.report import dtype_notes
 
 # explicit figures (not the catalog's): 16-bit 100 TFLOPS, TF32 50, FP32 20
@@ -119,3 +121,13 @@ def test_notes_name_the_devices_computing_in_another_dtype_and_why():
 def test_an_unknown_dtype_is_one_line():
     with pytest.raises(ConfigError, match="bf16, fp16, fp32, tf32"):
         api.training_shape(load_model("tiny-llama"), dtype="fp8")
+
+
+def test_a_tf32_plan_round_trips_and_older_dtypes_still_load():
+    best = api.plan(parse_cluster(CLUSTER, "amp.yaml"), "tiny-llama", global_batch=8, seq_len=128,
+                    dtype="tf32").best
+    loaded = plan_from_dict(json.loads(plan_to_json(best)))
+    assert loaded.training.dtype is DType.TF32
+    data = json.loads(plan_to_json(best))
+    data["training"]["dtype"] = "bf16"  # what plans before tf32 hold
+    assert plan_from_dict(data).training.dtype is DType.BF16
