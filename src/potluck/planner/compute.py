@@ -56,12 +56,11 @@ def peak_flops(device_type: DeviceType, requested: DType) -> float:
     dtype = effective_dtype(device_type, requested)
     if dtype is DType.TF32:
         return device_type.tf32_tflops * 1e12
-    if dtype is not DType.FP32:
+    # a CPU's `tflops` is its FP32 peak, the figure `potluck profile` calibrates against
+    if dtype is not DType.FP32 or device_type.is_cpu:
         return device_type.tflops * 1e12
     if device_type.fp32_tflops > 0:
         return device_type.fp32_tflops * 1e12
-    if device_type.is_cpu:
-        return device_type.tflops * 1e12
     raise ConfigError(
         f"device {device_type.name!r} has no fp32_tflops figure, needed to plan "
         f"{requested.value}: set fp32_tflops (and tf32_tflops, if it has TF32 tensor cores) "
