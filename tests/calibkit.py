@@ -37,7 +37,7 @@ def plan_on(spec, dp: int, pp: int, overlap: bool = False) -> Plan:
     pipelines = tuple(
         Pipeline(tuple(Stage((f"cpu.0:{k * pp + i}",), ((i * layers, (i + 1) * layers),))
                        for i in range(pp)), 2, 2) for k in range(dp))
-    shape = TrainingShape(4 * dp, 128, DType.FP32, Execution(overlap_grad_reduce=overlap))
+    shape = TrainingShape(4 * dp, 128, DType.BF16, Execution(overlap_grad_reduce=overlap))
     return Plan(cluster=spec, model=MODEL, training=shape, pipelines=pipelines)
 
 

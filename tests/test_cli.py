@@ -127,6 +127,7 @@ def test_execution_errors_are_one_line(tmp_path, flag, section, fragment):
         (["--model", "gpt3-1.3b", "--recompute", "some"], "--recompute must be one of"),
         (["--model", "gpt3-1.3b", "--global-batch", "0"], "--global-batch must be at least 1"),
         (["--model", "gpt3-1.3b", "--seq-len", "0"], "--seq-len must be at least 1"),
+        (["--model", "gpt3-1.3b", "--dtype", "fp8"], "--dtype must be one of bf16, fp16, fp32, tf32"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment):
@@ -135,6 +136,38 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(cluster_file, args, fragment)
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+V100S = """
+nodes:
+  - {name: v, gpu: v100-32g, gpus_per_node: 2}
+devices:
+  v100-32g: {fp32_tflops: 15.7, tf32_tflops: 0}
+"""
+
+
+def test_plan_says_its_dtype_and_notes_a_device_computing_in_another(tmp_path):
+    cluster = tmp_path / "v100.yaml"
+    cluster.write_text(V100S)
+    note = "v100-32g computes in fp32, not tf32: no TF32 tensor cores"
+    result = potluck("plan", "-c", str(cluster), "-m", "gpt3-125m", "--dtype", "tf32", "--top", "1")
+    assert result.returncode == 0, result.stderr
+    assert "tokens, tf32" in result.stdout
+    assert [line for line in result.stdout.splitlines() if "note:" in line] == [f"note: {note}"]
+    data = json.loads(potluck("plan", "-c", str(cluster), "-m", "gpt3-125m", "--dtype", "tf32",
+                              "--json").stdout)
+    assert data["dtype"] == "tf32" and data["dtype_notes"] == [note]
+    assert data["plan"]["training"]["dtype"] == "tf32"
+
+
+def test_planning_fp32_without_the_devices_fp32_figure_names_the_field_to_set(tmp_path):
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text("nodes: [{name: m, gpu: my-gpu, gpus_per_node: 2}]\n"
+                       "devices:\n  my-gpu: {tflops: 100, memory: 24GB}\n")
+    result = potluck("plan", "-c", str(cluster), "-m", "gpt3-125m", "--dtype", "fp32")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "'my-gpu' has no fp32_tflops figure" in lines[0], result.stderr
 
 
 def test_bad_cluster_files_are_one_line(tmp_path):
@@ -197,7 +230,7 @@ def test_train_plans_first_and_writes_the_run_directory(tmp_path):
     cluster.write_text(CPU_CLUSTER)
     out = tmp_path / "run"
     result = potluck("train", "--cluster", str(cluster), "--model", "tiny-llama", "--steps", "3",
-                     "--global-batch", "4", "--seq-len", "32", "--out", str(out))
+                     "--global-batch", "4", "--seq-len", "32", "--dtype", "fp32", "--out", str(out))
     assert result.returncode == 0, result.stderr
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
@@ -205,7 +238,9 @@ def test_train_plans_first_and_writes_the_run_directory(tmp_path):
     for field in ("step", "loss", "tokens_per_s", "step_time_s", "predicted_step_time_s",
                   "peak_memory_gb"):
         assert field in record
-    assert json.loads((out / "plan.json").read_text())["training"]["global_batch"] == 4
+    training = json.loads((out / "plan.json").read_text())["training"]
+    assert training["global_batch"] == 4 and training["dtype"] == "fp32"
+    assert all(json.loads(line)["loss"] > 0 for line in lines)
     assert "loss" in result.stdout
 
 
@@ -214,6 +249,7 @@ def test_train_plans_first_and_writes_the_run_directory(tmp_path):
     [
         (["--data", "no/such/corpus"], "not found"),
         (["--global-batch", "6"], "differs from the plan's"),
+        (["--dtype", "tf32"], "--dtype tf32 differs from the plan's bf16"),
         (["--cluster", "OTHER"], "make a new plan"),
         (["--steps", "0"], "--steps must be at least 1, not 0"),
         (["--steps", "-3"], "--steps must be at least 1, not -3"),

@@ -11,7 +11,7 @@ from rich.console import Console
 from potluck import api
 from potluck.cluster.spec import parse_cluster
 from potluck.examples import example_path
-from potluck.report import dtype_label, render_result, same_layout_notes, stage_order
+from potluck.report import plan_dtype_notes, render_result, same_layout_notes, stage_order
 
 
 def _rendered(width: int) -> str:
@@ -51,12 +51,13 @@ def test_alternatives_with_one_layout_in_two_orders_are_told_apart():
     assert same_layout_notes((plan, plan)) == []
 
 
-def test_the_header_names_the_devices_that_train_in_another_dtype():
+def test_a_note_names_the_devices_that_train_in_another_dtype():
     cluster = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n"
                             "  - {name: v, gpu: v100-32g, gpus_per_node: 2}\n", "mixed.yaml")
     plan = api.plan(cluster, "gpt3-125m", dp=4, pp=1, tp=1).best
-    assert dtype_label(plan) == "bf16 (fp16 on v100-32g)"
+    assert plan_dtype_notes(plan) == ["v100-32g computes in fp16, not bf16: no bf16 support"]
     cpus = parse_cluster("nodes:\n  - {name: c, gpu: cpu, gpus_per_node: 2}\n", "cpu.yaml")
-    assert dtype_label(api.plan(cpus, "tiny-llama").best) == "bf16 (fp32 on cpu)"
+    assert plan_dtype_notes(api.plan(cpus, "tiny-llama").best) == [
+        "cpu computes in fp32, not bf16: CPU ranks train in fp32"]
     a100s = parse_cluster("nodes:\n  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n", "a.yaml")
-    assert dtype_label(api.plan(a100s, "gpt3-125m").best) == "bf16"
+    assert plan_dtype_notes(api.plan(a100s, "gpt3-125m").best) == []

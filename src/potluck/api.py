@@ -60,7 +60,7 @@ def training_shape(model: ModelSpec, global_batch: int | None = None, seq_len: i
     return TrainingShape(
         global_batch=DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch,
         seq_len=min(model.max_seq_len, DEFAULT_SEQ_LEN) if seq_len is None else seq_len,
-        dtype=DType(dtype), execution=execution or Execution(),
+        dtype=as_dtype(dtype), execution=execution or Execution(),
     )
 
 
@@ -72,6 +72,15 @@ def as_execution(execution: str | Path | Execution | None,
         return execution
     from_cluster = cluster.execution if cluster is not None else None
     return choose_execution(str(execution) if execution is not None else None, from_cluster)
+
+
+def as_dtype(dtype: str | DType) -> DType:
+    """``dtype`` as a :class:`DType` (bf16, fp16, fp32 or tf32)."""
+    try:
+        return DType(dtype)
+    except ValueError:
+        names = ", ".join(d.value for d in DType)
+        raise ConfigError(f"dtype must be one of {names}, not {dtype!r}") from None
 
 
 def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
@@ -174,21 +183,21 @@ class TrainResult:
 def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
                  model: str | Path | ModelSpec | None = None, *,
                  plan_file: str | Path | Plan | None = None, global_batch: int | None = None,
-                 seq_len: int | None = None, dtype: str | DType = DType.BF16,
+                 seq_len: int | None = None, dtype: str | DType | None = None,
                  partition: str | Partition = Partition.BALANCED,
                  run_dir: str | Path | None = None,
                  execution: str | Path | Execution | None = None) -> Plan:
     """The plan to train: ``plan_file`` (checked against ``cluster`` and ``model`` when given),
-    or the best plan for ``cluster`` and ``model`` (with ``execution``, as :func:`plan`): CPU
-    ranks the cluster has no calibration for are planned with this machine's measured
-    figures (``profiler.quick``, kept in ``run_dir``)."""
+    or the best plan for ``cluster`` and ``model`` (in ``dtype``, default bf16; with
+    ``execution``, as :func:`plan`): CPU ranks the cluster has no calibration for are planned
+    with this machine's measured figures (``profiler.quick``, kept in ``run_dir``)."""
     from potluck.plans import check_plan_matches, load_plan
 
     if plan_file is not None:
         chosen = plan_file if isinstance(plan_file, Plan) else load_plan(plan_file)
         check_plan_matches(chosen, as_cluster(cluster) if cluster is not None else None,
                            as_model(model) if model is not None else None)
-        _check_shape_flags(chosen, global_batch, seq_len)
+        _check_shape_flags(chosen, global_batch, seq_len, dtype)
         _check_execution_flag(chosen, execution)
         return chosen
     if cluster is None or model is None:
@@ -197,13 +206,17 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
 
     model_spec = as_model(model)
     spec = with_measured_cpu(as_cluster(cluster), model_spec, run_dir)
-    return plan(spec, model_spec, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
-                partition=partition, execution=execution).best
+    return plan(spec, model_spec, global_batch=global_batch, seq_len=seq_len,
+                dtype=DType.BF16 if dtype is None else dtype, partition=partition,
+                execution=execution).best
 
 
-def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None) -> None:
+def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None,
+                       dtype: str | DType | None) -> None:
+    wanted = as_dtype(dtype).value if dtype is not None else None
     for flag, given, planned in (("--global-batch", global_batch, chosen.training.global_batch),
-                                 ("--seq-len", seq_len, chosen.training.seq_len)):
+                                 ("--seq-len", seq_len, chosen.training.seq_len),
+                                 ("--dtype", wanted, chosen.training.dtype.value)):
         if given is not None and given != planned:
             raise ConfigError(f"{flag} {given} differs from the plan's {planned}; "
                               "drop the flag or make a new plan")
@@ -246,7 +259,7 @@ def run_plan(chosen: Plan, options: TrainOptions) -> TrainResult:
 def train(cluster: str | Path | ClusterSpec | None = None,
           model: str | Path | ModelSpec | None = None, *, plan_file: str | Path | Plan | None = None,
           global_batch: int | None = None, seq_len: int | None = None,
-          dtype: str | DType = DType.BF16, partition: str | Partition = Partition.BALANCED,
+          dtype: str | DType | None = None, partition: str | Partition = Partition.BALANCED,
           execution: str | Path | Execution | None = None, **options: object) -> TrainResult:
     """Plan (unless ``plan_file`` is given) and train on this machine's ranks.
 

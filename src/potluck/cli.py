@@ -27,8 +27,6 @@ from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.schedules import Schedule
 
-TRAINED_DTYPES = (DType.BF16, DType.FP16)  # what --dtype plans for (fp32: CPU ranks only)
-
 
 def _names(choices: Iterable[Enum]) -> tuple[str, ...]:
     return tuple(choice.value for choice in choices)
@@ -59,6 +57,9 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Rent at spot prices, not 
 LifetimeOpt = Annotated[float, typer.Option(help="Buy: years the GPUs serve.")]
 UtilizationOpt = Annotated[float, typer.Option(help="Buy: share of their life the GPUs train.")]
 ElectricityOpt = Annotated[float, typer.Option(help="Buy: electricity price, USD per kWh.")]
+DtypeOpt = Annotated[str, typer.Option(
+    help="bf16, fp16, fp32 or tf32 (FP32 with TF32 matmuls); devices without bf16 use fp16, "
+    "without TF32 fp32; CPUs fp32.")]
 PueOpt = Annotated[float, typer.Option(help="Buy: power overhead on the boards (host, cooling).")]
 ExecutionOpt = Annotated[str | None, typer.Option(
     "--execution", metavar="NAME|FILE",
@@ -74,7 +75,7 @@ def plan(
     global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
     seq_len: Annotated[int | None, typer.Option(
         help="Tokens per sequence (default min(2048, model max)).")] = None,
-    dtype: Annotated[str, typer.Option(help="bf16 or fp16 (devices without bf16 use fp16).")] = "bf16",
+    dtype: DtypeOpt = "bf16",
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
     dp: Annotated[int | None, typer.Option(help="Pin the number of data-parallel replicas.")] = None,
@@ -108,7 +109,7 @@ def plan(
     from potluck.report import render_result, result_json
     from potluck.units import parse_count
 
-    _check_choice("--dtype", dtype, TRAINED_DTYPES)
+    _check_choice("--dtype", dtype, DType)
     _check_choice("--partition", partition, Partition)
     _check_choice("--schedule", schedule, Schedule)
     if recompute is not None:
@@ -160,7 +161,7 @@ def cost(
     global_batch: Annotated[int | None, typer.Option(help="Sequences per iteration (default 64).")] = None,
     seq_len: Annotated[int | None, typer.Option(
         help="Tokens per sequence (default min(2048, model max)).")] = None,
-    dtype: Annotated[str, typer.Option(help="bf16 or fp16.")] = "bf16",
+    dtype: DtypeOpt = "bf16",
     top: Annotated[int, typer.Option("--top", help="How many candidates to show.")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write the time-against-cost plot here.")] = None,
@@ -169,7 +170,7 @@ def cost(
     """Which GPUs to rent or buy: rank offers by USD per million tokens, with plans and RCC."""
     from potluck.economics.report import render_study, study_json
 
-    _check_choice("--dtype", dtype, TRAINED_DTYPES)
+    _check_choice("--dtype", dtype, DType)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
                        electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
     with _progress("planning offers", enabled=not as_json) as report:
@@ -475,6 +476,8 @@ def train(
     steps: Annotated[int, typer.Option(help="Training steps.")] = 20,
     global_batch: Annotated[int | None, typer.Option(help="Sequences per step (default 64).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default 2048).")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="bf16, fp16, fp32 or tf32 when planning now (default bf16; --plan: the plan's).")] = None,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of initial weights and data order.")] = 0,
     out: Annotated[Path | None, typer.Option(
@@ -505,8 +508,10 @@ def train(
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
+    if dtype is not None:
+        _check_choice("--dtype", dtype, DType)
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len, run_dir=out, execution=execution)
+                              seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
     check_execution(chosen)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,

@@ -37,13 +37,23 @@ PLAN_VERSION = 1
 
 
 class DType(str, Enum):
+    """What training computes in: 16-bit autocast (bf16, fp16) or FP32 storage, whose
+    matmuls run on the ordinary FP32 cores (fp32) or on TF32 tensor cores (tf32)."""
+
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    TF32 = "tf32"  # FP32 weights, gradients and activations; TF32 tensor-core matmuls
 
     @property
     def bytes(self) -> int:
-        return 4 if self is DType.FP32 else 2
+        """Bytes per activation element (TF32 is an FP32 tensor: only matmuls round)."""
+        return 4 if self.is_full_precision else 2
+
+    @property
+    def is_full_precision(self) -> bool:
+        """FP32 storage and no autocast (fp32, tf32)."""
+        return self in (DType.FP32, DType.TF32)
 
 
 @dataclass(frozen=True)

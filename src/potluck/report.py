@@ -5,16 +5,18 @@ The summary fields are documented in the README; keep the two in step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
-from potluck.plans import Plan, Prediction, plan_to_dict
+from potluck.plans import DType, Plan, Prediction, plan_to_dict
 from potluck.tables import compact_table
 from potluck.units import format_duration
 
@@ -49,6 +51,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "recompute": plan.recompute.value,
         "schedule": plan.schedule.value,
         "execution": describe(plan.training.execution),
+        "dtype": plan.training.dtype.value,
+        "dtype_notes": plan_dtype_notes(plan),
         "breakdown_s": {k: getattr(breakdown, k) for k in breakdown.__dataclass_fields__},
         "devices": devices,
         "notes": list(plan.notes),
@@ -100,14 +104,14 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"({plan.num_gpus} of {plan.cluster.num_gpus} GPUs): {plan.layout()}, "
         f"micro-batch {plan.pipelines[0].micro_batch_size}, recompute {plan.recompute.value}, "
         f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
-        f"tokens, {dtype_label(plan)}"
+        f"tokens, {shape.dtype.value}"
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     for table in (_stage_table(plan, prediction), _headline_table(prediction),
                   _breakdown_table(prediction)):
         console.print()
         console.print(table)
-    for note in plan.notes:
+    for note in [*plan_dtype_notes(plan), *plan.notes]:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
@@ -184,21 +188,30 @@ def same_layout_notes(plans: tuple[Plan, ...]) -> list[str]:
     return notes
 
 
-def dtype_label(plan: Plan) -> str:
-    """The training dtype and the device types that compute in another one:
-    ``bf16 (fp16 on v100-32g)``; CPU ranks train in fp32."""
-    cluster = Cluster(plan.cluster)
-    requested = plan.training.dtype
-    others: dict[str, list[str]] = {}
-    types = {cluster.device(d).type.name: cluster.device(d).type for d in plan.devices}
-    for name, device_type in sorted(types.items()):
+def dtype_notes(requested: DType, device_types: Iterable[DeviceType]) -> list[str]:
+    """One line per dtype some device types compute in instead of ``requested``, and why:
+    ``v100-32g computes in fp16, not bf16: no bf16``."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for device_type in sorted({t.name: t for t in device_types}.values(), key=lambda t: t.name):
         dtype = effective_dtype(device_type, requested)
         if dtype is not requested:
-            others.setdefault(dtype.value, []).append(name)
-    if not others:
-        return requested.value
-    exceptions = "; ".join(f"{dtype} on {', '.join(names)}" for dtype, names in others.items())
-    return f"{requested.value} ({exceptions})"
+            groups.setdefault((dtype.value, _why(device_type, requested)), []).append(device_type.name)
+    return [f"{', '.join(names)} compute{'s' if len(names) == 1 else ''} in {dtype}, "
+            f"not {requested.value}: {why}" for (dtype, why), names in groups.items()]
+
+
+def _why(device_type: DeviceType, requested: DType) -> str:
+    if device_type.is_cpu:
+        return "CPU ranks train in fp32"
+    if requested is DType.BF16:
+        return "no bf16 support"
+    return "no TF32 tensor cores"
+
+
+def plan_dtype_notes(plan: Plan) -> list[str]:
+    """:func:`dtype_notes` for the device types a plan uses."""
+    cluster = Cluster(plan.cluster)
+    return dtype_notes(plan.training.dtype, (cluster.device(d).type for d in plan.devices))
 
 
 def stage_order(plan: Plan) -> str:

@@ -59,7 +59,7 @@ def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
     (HEADER + "\n1,1,2,1,8,,0.5\n", r"runs.csv:2: column 'seq_len' is empty; give the run's value"),
     (HEADER + "\n1,1,2,1,8,512\n", r"runs.csv:2: 6 values for 7 columns"),
     (HEADER + ",dtype\n1,1,2,1,8,512,0.5,int8\n",
-     r"runs.csv:2: column 'dtype' must be one of bf16, fp16, fp32, not 'int8'"),
+     r"runs.csv:2: column 'dtype' must be one of bf16, fp16, fp32, tf32, not 'int8'"),
     (HEADER + ",schedule\n1,2,1,1,8,512,0.5,pipedream\n", r"runs.csv:2: column 'schedule' must be one of"),
     (HEADER + "\n2,2,4,1,16,512,0.5\n",
      r"runs.csv:2: tp\*pp\*dp = 16 GPUs but the cluster has 8; give the cluster file the run"),

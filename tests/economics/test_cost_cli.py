@@ -69,8 +69,22 @@ def test_cost_table_shows_rcc_beside_the_training_figures(monkeypatch, capsys, w
     assert "bought: 2 years" in out
 
 
+def test_cost_says_its_dtype_and_which_gpus_compute_in_another(monkeypatch, capsys, write):
+    offers = write("offers.yaml", OFFERS + "  - {name: tees, gpu: t4, gpus_per_node: 4}\n")
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "gpt3-350m", "--tokens", "1B",
+                       "--offers", str(offers), "--dtype", "bf16")
+    assert code == 0 and "gpt3-350m: 1,000,000,000 tokens, bf16," in out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: t4 computes in fp16, not bf16: no bf16 support"]
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "gpt3-350m", "--tokens", "1B",
+                       "--offers", str(offers), "--dtype", "bf16", "--json")
+    study = json.loads(out)
+    assert study["dtype"] == "bf16" and study["dtype_notes"] == [notes[0].removeprefix("note: ")]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "lots"], "--tokens: cannot read 'lots'"),
+    (["--tokens", "1B", "--dtype", "fp8"], "--dtype must be one of bf16, fp16, fp32, tf32, not 'fp8'"),
     (["--tokens", "1B", "--mode", "lease"], "--mode must be one of rent, buy"),
     (["--tokens", "1B", "--utilization", "2"], "--utilization must be in (0, 1]"),
     (["--tokens", "1B", "--offers", "BAD"], ":3: offers[0].gpus_per_node: must be a whole number"),

@@ -8,7 +8,9 @@ import torch
 from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.model.spec import load_model
+from potluck.planner.compute import achievable_flops
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.plans import DType
 from potluck.profiler import ProfileOptions, profile
 from potluck.profiler.calibration_file import (
     calibrated_text,
@@ -40,7 +42,7 @@ def test_profiled_file_describes_the_hosts_and_calibrates_the_cost_model_inputs(
     spec = load_cluster(path)
     assert [(g.name, g.gpu, g.gpus_per_node) for g in spec.nodes] == [("hosta", "cpu", 2)]
     cpu = spec.device_type("cpu")
-    assert cpu.achievable_flops == pytest.approx(0.1e12, rel=1e-3)  # measured FP32 FLOP/s
+    assert achievable_flops(cpu, DType.FP32) == pytest.approx(0.1e12, rel=1e-3)  # measured FP32 FLOP/s
     assert cpu.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY == pytest.approx(
         16e9, rel=1e-3)
     assert spec.nodes[0].intra_bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-3)
@@ -68,7 +70,7 @@ def test_calibrating_a_file_replaces_only_its_calibration_section() -> None:
     assert text.count("calibration:") == 1
     spec = parse_cluster(text)
     cpu = spec.device_type("cpu")
-    assert cpu.achievable_flops == pytest.approx(0.1e12, rel=1e-3)
+    assert achievable_flops(cpu, DType.FP32) == pytest.approx(0.1e12, rel=1e-3)
     assert cpu.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY == pytest.approx(
         16e9, rel=1e-3)  # relative to the catalog, not to the old calibration
     with pytest.raises(ConfigError, match="no rtx3090 node groups"):

@@ -6,7 +6,9 @@ import pytest
 
 from potluck.cluster.spec import parse_cluster
 from potluck.model.spec import load_model
+from potluck.planner.compute import achievable_flops
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.plans import DType
 from potluck.profiler import quick
 from potluck.profiler.compute import DeviceMeasurement
 
@@ -44,7 +46,7 @@ def test_only_cpu_devices_without_a_calibration_entry_are_measured() -> None:
 def test_the_measured_figures_become_the_cpu_calibration(measured) -> None:
     spec = quick.with_measured_cpu(CPU2, MODEL)
     cpu = spec.device_type("cpu")
-    assert cpu.achievable_flops == pytest.approx(40e9, rel=1e-9)  # FP32, what CPU ranks use
+    assert achievable_flops(cpu, DType.FP32) == pytest.approx(40e9, rel=1e-9)  # FP32, what CPU ranks use
     assert cpu.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY == pytest.approx(6e9)
     assert [d.device for d in spec.calibration.devices] == ["cpu"]
     assert measured == [2]  # one rank's share of a machine of two ranks
@@ -58,4 +60,4 @@ def test_measured_once_per_process_and_kept_in_the_run_directory(measured, tmp_p
     assert (tmp_path / quick.CACHE_FILE).is_file()
     monkeypatch.setattr(quick, "_MEASURED", {})  # a new process: the run directory's figures
     spec = quick.with_measured_cpu(CPU2, MODEL, tmp_path)
-    assert measured == [2] and spec.device_type("cpu").achievable_flops == pytest.approx(40e9)
+    assert measured == [2] and achievable_flops(spec.device_type("cpu"), DType.FP32) == pytest.approx(40e9)

@@ -47,8 +47,11 @@ def pipe(stages: Sequence[tuple[int, tuple[int, int] | tuple[tuple[int, int], ..
 
 def make_plan(model: ModelSpec, pipelines: Sequence[tuple[list[StageSpec], int, int]], *,
               schedule: Schedule = Schedule.ONE_F_ONE_B, recompute: Recompute = Recompute.NONE,
-              seq_len: int = SEQ_LEN, cluster=CPU_CLUSTER, device_ids: Sequence[str] = ()) -> Plan:
-    """A plan that hands out the cluster's devices in order."""
+              seq_len: int = SEQ_LEN, cluster=CPU_CLUSTER, device_ids: Sequence[str] = (),
+              dtype: DType = DType.BF16) -> Plan:
+    """A plan that hands out the cluster's devices in order. CPU ranks (emulated GPUs
+    included) compute in fp32 whatever ``dtype`` says; it sets what the GPUs' predictions,
+    and so the emulator's targets, assume."""
     ids = list(device_ids) or [f"cpu.0:{i}" for i in range(8)]
     next_device = iter(ids)
     built = []
@@ -61,7 +64,7 @@ def make_plan(model: ModelSpec, pipelines: Sequence[tuple[list[StageSpec], int, 
     virtual = len(built[0].stages[0].layer_ranges)
     total = sum(p.batch_share for p in built)
     return Plan(cluster=cluster, model=model,
-                training=TrainingShape(global_batch=total, seq_len=seq_len, dtype=DType.FP32),
+                training=TrainingShape(global_batch=total, seq_len=seq_len, dtype=dtype),
                 pipelines=tuple(built), schedule=schedule, virtual_stages=virtual,
                 recompute=recompute)
 

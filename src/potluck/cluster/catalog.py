@@ -66,10 +66,6 @@ class DeviceType:
     def is_cpu(self) -> bool:
         return self.name == "cpu"
 
-    @property
-    def achievable_flops(self) -> float:
-        """FLOP/s that large GEMMs reach on this device (peak x efficiency)."""
-        return self.tflops * 1e12 * self.matmul_efficiency
 
 _FIELDS: dict[str, tuple[str, Any]] = {
     "tflops": ("tflops", float),

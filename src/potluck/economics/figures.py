@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from potluck.cluster.topology import Cluster
 from potluck.economics.prices import Pricing, plan_usd_per_hour
+from potluck.planner.compute import peak_flops
 from potluck.plans import Plan
 
 SECONDS_PER_HOUR = 3600.0
@@ -30,7 +31,7 @@ class CostFigures:
 
     usd_per_hour: float
     tokens_per_s: float
-    peak_tflops: float  # sum of the used GPUs' peak dense 16-bit TFLOPS
+    peak_tflops: float  # sum of the used GPUs' dense peak TFLOPS in the dtype each trains in
     achieved_tflops: float  # model FLOPs per second the plan reaches, all GPUs together
     gpus: int
     tokens: int  # the training run the time and total refer to
@@ -80,7 +81,8 @@ def plan_figures(plan: Plan, pricing: Pricing, tokens: int) -> CostFigures:
     if prediction is None:
         raise ValueError("plan_figures needs a plan with a prediction (from the search)")
     cluster = Cluster(plan.cluster)
-    peak_tflops = sum(cluster.device(d).type.tflops for d in plan.devices)
+    dtype = plan.training.dtype
+    peak_tflops = sum(peak_flops(cluster.device(d).type, dtype) for d in plan.devices) / 1e12
     return CostFigures(
         usd_per_hour=plan_usd_per_hour(plan, pricing),
         tokens_per_s=prediction.tokens_per_s,

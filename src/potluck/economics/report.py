@@ -14,13 +14,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from potluck.cluster.topology import Cluster
 from potluck.economics import rank
 from potluck.economics.candidates import Candidate
 from potluck.economics.figures import CostFigures, plan_figures
 from potluck.economics.prices import Pricing
 from potluck.economics.study import CostStudy
 from potluck.plans import Plan
-from potluck.report import plan_summary
+from potluck.report import dtype_notes, plan_summary
 
 DEFAULT_ROWS = 15
 WIDE_COLUMNS = 120
@@ -64,6 +65,7 @@ def study_json(study: CostStudy) -> dict[str, Any]:
     return {
         "model": study.model.name, "tokens": study.request.tokens,
         "global_batch": study.training.global_batch, "seq_len": study.training.seq_len,
+        "dtype": study.training.dtype.value, "dtype_notes": study_dtype_notes(study),
         "pricing": pricing, "deadline_hours": study.request.deadline_hours,
         "candidates": [candidate_json(c, ranks, c.name in front) for c in study.candidates],
         "pareto": [c.name for c in study.pareto],
@@ -83,6 +85,8 @@ def render_study(console: Console, study: CostStudy, rows: int = DEFAULT_ROWS) -
         console.print(f"[dim]{len(study.candidates) - rows} more candidates: --top or --json[/dim]")
     for line in summary_lines(study):
         console.print(line)
+    for note in study_dtype_notes(study):
+        console.print(f"[yellow]note:[/yellow] {note}")
     if study.skipped:
         example = study.skipped[0]
         console.print(f"[dim]{len(study.skipped)} offers skipped (--json says why), e.g. {example.name}: "
@@ -95,7 +99,8 @@ def _study_table(study: CostStudy, rows: int, wide: bool) -> Table:
     """Cheapest first; a narrow console drops the plan, total and achieved-TFLOPS columns."""
     ranks, front = _ranks(study), {c.name for c in study.pareto}
     table = Table(title=f"{study.model.name}: {study.request.tokens:,} tokens, "
-                        f"{study.request.pricing.describe()}", title_justify="left", box=box.SIMPLE_HEAD,
+                        f"{study.training.dtype.value}, {study.request.pricing.describe()}",
+                  title_justify="left", box=box.SIMPLE_HEAD,
                   caption=TABLE_CAPTION, caption_justify="left")
     columns = [c for c in ("#", "offer", "GPUs", "plan", "tokens/s", "$/h", "$/Mtok", "hours", "total $",
                            "RCC", "RCC #", "model TF/$h") if wide or c not in NARROW_DROPS]
@@ -121,6 +126,12 @@ def _study_table(study: CostStudy, rows: int, wide: bool) -> Table:
 def _gpus(candidate: Candidate) -> str:
     used, offered = candidate.figures.gpus, candidate.offer.num_gpus
     return str(used) if used == offered else f"{used} of {offered}"
+
+
+def study_dtype_notes(study: CostStudy) -> list[str]:
+    """The candidates' device types that compute in another dtype than the study's."""
+    types = (Cluster(c.plan.cluster).device(d).type for c in study.candidates for d in c.plan.devices)
+    return dtype_notes(study.training.dtype, types)
 
 
 def summary_lines(study: CostStudy) -> list[str]:

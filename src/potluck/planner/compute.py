@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from potluck.cluster.catalog import DeviceType
+from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec
@@ -36,12 +37,42 @@ CAUSAL_FRACTION = 0.5
 
 
 def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
-    """CPU ranks train in FP32; devices without BF16 fall back to FP16."""
+    """The dtype a device computes in when ``requested`` is asked for: CPU ranks train in
+    FP32 whatever is asked; devices without BF16 fall back to FP16; TF32 on a device
+    without TF32 tensor cores (``tf32_tflops`` 0: before Ampere, AMD CDNA 2) is plain FP32."""
     if device_type.is_cpu:
         return DType.FP32
     if requested is DType.BF16 and not device_type.bf16:
         return DType.FP16
+    if requested is DType.TF32 and device_type.tf32_tflops <= 0:
+        return DType.FP32
     return requested
+
+
+def peak_flops(device_type: DeviceType, requested: DType) -> float:
+    """Dense peak FLOP/s of the dtype ``device_type`` computes in when ``requested`` is
+    asked for: 16-bit tensor (``tflops``), TF32 tensor (``tf32_tflops``) or FP32 on the
+    ordinary cores (``fp32_tflops``; the catalog's CPU ``tflops`` is already FP32)."""
+    dtype = effective_dtype(device_type, requested)
+    if dtype is DType.TF32:
+        return device_type.tf32_tflops * 1e12
+    # a CPU's `tflops` is its FP32 peak, the figure `potluck profile` calibrates against
+    if dtype is not DType.FP32 or device_type.is_cpu:
+        return device_type.tflops * 1e12
+    if device_type.fp32_tflops > 0:
+        return device_type.fp32_tflops * 1e12
+    raise ConfigError(
+        f"device {device_type.name!r} has no fp32_tflops figure, needed to plan "
+        f"{requested.value}: set fp32_tflops (and tf32_tflops, if it has TF32 tensor cores) "
+        "under devices in the cluster file")
+
+
+def achievable_flops(device_type: DeviceType, requested: DType) -> float:
+    """FLOP/s large GEMMs reach: the dtype's peak x ``matmul_efficiency``. The efficiency is
+    measured on 16-bit GEMMs (and calibrated in the device's 16-bit dtype); potluck applies
+    the same share to the TF32 and FP32 peaks, as no per-dtype measurement is published for
+    most devices (cuBLAS SGEMM and TF32 GEMMs reach a similar share of their own peaks)."""
+    return peak_flops(device_type, requested) * device_type.matmul_efficiency
 
 
 @dataclass(frozen=True)
@@ -73,6 +104,10 @@ class ComputeModel:
         """Bytes per activation element in the dtype ``device_type`` computes in."""
         return effective_dtype(device_type, self.dtype).bytes
 
+    def achievable_flops(self, device_type: DeviceType) -> float:
+        """FLOP/s large GEMMs reach on ``device_type`` in the dtype it computes in."""
+        return achievable_flops(device_type, self.dtype)
+
     def element_scale(self, device: DeviceType) -> float:
         """Element-wise traffic is counted in 16-bit elements; FP32 doubles it."""
         return self.element_bytes(device) / 2.0
@@ -100,7 +135,7 @@ class ComputeModel:
         elementwise = (counts.block_elementwise_bytes(m, b, s, fused=self.fused_kernels) / tp
                        * self.element_scale(device))
         elementwise_s = formulas.roofline_time_s(
-            0.0, elementwise, device.achievable_flops, device.memory_bandwidth_bytes_per_s
+            0.0, elementwise, self.achievable_flops(device), device.memory_bandwidth_bytes_per_s
         )
         forward = gemms + attention.forward_s + elementwise_s
         backward = 2.0 * gemms + attention.backward_s + 2.0 * elementwise_s
@@ -130,7 +165,7 @@ class ComputeModel:
         return sum(self._gemm_s(device, *shape) for shape in shapes)
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
-        return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), device.achievable_flops,
+        return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), self.achievable_flops(device),
                                     device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
                                     device.sm_count)
 
@@ -140,7 +175,7 @@ class ComputeModel:
         flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self.element_scale(device)
-        return formulas.roofline_time_s(flops, traffic, device.achievable_flops * FLASH_FORWARD_OF_GEMM,
+        return formulas.roofline_time_s(flops, traffic, self.achievable_flops(device) * FLASH_FORWARD_OF_GEMM,
                                         device.memory_bandwidth_bytes_per_s)
 
     def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
@@ -153,7 +188,7 @@ class ComputeModel:
         scores = self._gemm_s(device, heads * s, m.head_dim, s)
         values = self._gemm_s(device, heads * s, s, m.head_dim)
         softmax_bytes = (4.0 + (5.0 if m.dropout else 0.0)) * heads * s * s * scale
-        softmax = formulas.roofline_time_s(0.0, softmax_bytes, device.achievable_flops,
+        softmax = formulas.roofline_time_s(0.0, softmax_bytes, self.achievable_flops(device),
                                            device.memory_bandwidth_bytes_per_s)
         return scores + values + softmax
 
@@ -163,6 +198,6 @@ class ComputeModel:
         projection = self._gemm_s(device, rows, m.hidden_size, m.vocab_size // tp)
         # FP32 logits: softmax and cross-entropy read and write them about three times
         loss_traffic = 12.0 * rows * m.vocab_size / tp
-        loss = formulas.roofline_time_s(0.0, loss_traffic, device.achievable_flops,
+        loss = formulas.roofline_time_s(0.0, loss_traffic, self.achievable_flops(device),
                                         device.memory_bandwidth_bytes_per_s)
         return BlockTimes(projection + loss, 2.0 * projection + loss, weight_grad_s=projection)

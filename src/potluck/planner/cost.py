@@ -27,7 +27,7 @@ from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
-from potluck.planner.compute import BlockTimes, ComputeModel
+from potluck.planner.compute import BlockTimes, ComputeModel, effective_dtype
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape
@@ -105,8 +105,9 @@ class CostModel:
         return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
 
     def state_layout(self, device_type: DeviceType) -> formulas.StateBytes:
-        """Bytes per parameter of weights, gradients and optimizer states on a device."""
-        if device_type.is_cpu:
+        """Bytes per parameter of weights, gradients and optimizer states on a device: plain
+        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution."""
+        if effective_dtype(device_type, self.dtype).is_full_precision:
             return formulas.FP32
         if self.execution.fp32_params:
             return formulas.FP32_PARAMS_AUTOCAST

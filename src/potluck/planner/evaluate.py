@@ -24,6 +24,7 @@ from potluck import placement
 from potluck.cluster.topology import Device
 from potluck.model import counts
 from potluck.placement import StageRef
+from potluck.planner import compute
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NicSharing
@@ -258,7 +259,8 @@ class PlanEvaluation:
         tokens_per_s = tokens / iteration_s
         flops_per_s = counts.model_flops_per_token(model, plan.training.seq_len) * tokens_per_s
         used = [d for stages in self.devices for stage in stages for d in stage]
-        peak_flops = sum(d.type.tflops for d in used) * 1e12
+        # MFU against the peak of the dtype each device computes in (TF32, FP32 or 16-bit)
+        peak_flops = sum(compute.peak_flops(d.type, plan.training.dtype) for d in used)
         return Prediction(
             iteration_time_s=iteration_s,
             tokens_per_s=tokens_per_s,

@@ -114,7 +114,7 @@ MIXED_PRECISION_MASTER = StateBytes(2.0, 2.0, 12.0)
 # FP32 weights under 16-bit autocast (plus autocast's 16-bit copy of every weight, kept for
 # the step), FP32 gradients, Adam moments: what PyTorch AMP and potluck's runtime hold.
 FP32_PARAMS_AUTOCAST = StateBytes(6.0, 4.0, 8.0)
-FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (CPU ranks)
+FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (fp32, tf32 and CPU ranks)
 
 
 @dataclass(frozen=True)

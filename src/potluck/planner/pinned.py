@@ -82,7 +82,8 @@ def arrangements(evaluator: FamilyEvaluator, groups: tuple[NodeGroup, ...], mode
     first (the first stages hold the most activations), machine by machine."""
     spec = evaluator.cluster.spec
     found = []
-    for key in (lambda g: spec.device_type(g.gpu).achievable_flops,
+    speed = evaluator.cost.compute.achievable_flops  # in the dtype each type computes in
+    for key in (lambda g: speed(spec.device_type(g.gpu)),
                 lambda g: spec.device_type(g.gpu).memory_bytes):
         ordered = sorted(groups, key=lambda g, key=key: (-key(g), g.name))
         units = [u for g in ordered if tp_options(g, model, shape.tp)

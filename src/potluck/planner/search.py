@@ -295,7 +295,7 @@ class _Search:
                         setting: FamilySetting) -> list[FamilyOption]:
         options = self.options
         memory = {g.name: self.cost.cluster.spec.device_type(g.gpu).memory_bytes for g in family}
-        speed = {g.name: self.cost.cluster.spec.device_type(g.gpu).achievable_flops
+        speed = {g.name: self.cost.compute.achievable_flops(self.cost.cluster.spec.device_type(g.gpu))
                  for g in family}
         found: list[FamilyOption] = []
         orders = stage_orders(family, memory, speed, self._exhaustive_orders)

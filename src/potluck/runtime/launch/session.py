@@ -29,11 +29,11 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
 from potluck.planner.compute import effective_dtype
 from potluck.plans import DType, Plan
+from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
 from potluck.runtime.launch.watchdog import RankFailure, Watchdog
 from potluck.runtime.layout import Layout
 
 DEFAULT_TIMEOUT_S = 600.0
-_TORCH_DTYPES = {DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP32: None}
 
 
 @dataclass
@@ -54,12 +54,20 @@ class Session:
         return self.device.type == "cuda"
 
     @property
+    def compute_dtype(self) -> DType:
+        """The dtype this rank computes in: its device's (fp16 without bf16, fp32 without
+        TF32, as the planner assumes) on a GPU; fp32 on CPU ranks, emulated ones included."""
+        return self._dtype_of(self.layout.role.device) if self.use_gpu else DType.FP32
+
+    @property
+    def precision(self) -> TorchPrecision:
+        """Autocast and TF32 settings of :attr:`compute_dtype`."""
+        return torch_precision(self.compute_dtype)
+
+    @property
     def autocast_dtype(self) -> torch.dtype | None:
-        """bf16/fp16 autocast on GPUs (fp16 on devices without bf16, as the planner
-        assumes); CPUs compute in fp32."""
-        if not self.use_gpu:
-            return None
-        return _TORCH_DTYPES[self._dtype_of(self.layout.role.device)]
+        """bf16/fp16 autocast for 16-bit dtypes; none for fp32 and tf32."""
+        return self.precision.autocast
 
     @property
     def any_fp16(self) -> bool:
@@ -170,7 +178,9 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
     layout.create_groups()
     watchdog = Watchdog(dist.distributed_c10d._get_default_store(), rank, layout.device_of_rank)
     watchdog.start()
-    return Session(plan, layout, device, watchdog)
+    session = Session(plan, layout, device, watchdog)
+    apply_precision(session.precision)
+    return session
 
 
 def _init_process_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
