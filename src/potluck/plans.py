@@ -62,6 +62,26 @@ class Placement(str, Enum):
     RANK_ORDER = "rank-order"  # Megatron-LM / DeepSpeed rank order, even layer split
 
 
+class TiedGradSync(str, Enum):
+    """How the gradient of a tied embedding (held by the first and the last stage) is summed.
+
+    ``holders`` is potluck's runtime (:mod:`potluck.runtime.grads.buckets`): the tied
+    weight is a bucket of its own, all-reduced over every stage that holds it, in every
+    pipeline at once, launched with the stages' other buckets (the last one, as the
+    embedding's gradient is the last a backward pass completes). ``pipeline-ends`` is
+    Megatron-LM and DeepSpeed: each stage's data-parallel reduction includes its copy of the
+    weight, and the first and the last stage of each pipeline sum theirs in a separate
+    collective, one phase after the other: Megatron-LM after the data-parallel reduction
+    (``finalize_model_grads``: ``finish_grad_sync``, then ``_allreduce_embedding_grads``),
+    DeepSpeed before it (``TrainSchedule``: ``ReduceTiedGrads``, ``ReduceGrads``,
+    ``OptimizerStep``). Priced as Megatron-LM's order: DeepSpeed's pipeline engine never
+    overlaps its reduction with the backward pass, and then both orders take the same time.
+    """
+
+    HOLDERS = "holders"
+    PIPELINE_ENDS = "pipeline-ends"
+
+
 @dataclass(frozen=True)
 class Execution:
     """How the training code executes a step, as far as time and memory depend on it.
@@ -90,6 +110,7 @@ class Execution:
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
     block_host_s: float = 192e-6
     placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
+    tied_grad_sync: TiedGradSync = TiedGradSync.HOLDERS  # a tied embedding's sum (TiedGradSync)
 
 
 @dataclass(frozen=True)
