@@ -17,7 +17,7 @@ from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
-from potluck.plans import Execution, Schedule, TrainingShape
+from potluck.plans import Execution, Schedule, TiedGradSync, TrainingShape
 
 # (parameters B, heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU)
 SC21_TABLE_1 = [
@@ -37,7 +37,8 @@ SEQ, VOCAB = 2048, 51200
 # gradients all-reduced in FP32 after the backward pass, blocking pipeline sends.
 MEGATRON_2021 = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
                           overlap_p2p=False, fp32_params=False,
-                          grad_reduce_bytes=4, grad_accumulation_bytes=10.0)
+                          grad_reduce_bytes=4, grad_accumulation_bytes=10.0,
+                          tied_grad_sync=TiedGradSync.PIPELINE_ENDS)
 
 
 def gpt(params_b: float, heads: int, hidden: int, layers: int) -> ModelSpec:

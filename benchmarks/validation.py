@@ -34,7 +34,7 @@ from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import search
-from potluck.plans import DType, Execution, Placement, TimeBreakdown, TrainingShape
+from potluck.plans import DType, Execution, Placement, TiedGradSync, TimeBreakdown, TrainingShape
 from potluck.schedules import Schedule
 
 DATA = Path(__file__).parent / "data"
@@ -70,10 +70,12 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
 # `execution` below becomes `return replace(preset(name), **overrides)`).
 _PRESETS: dict[str, Execution] = {
     "deepspeed": Execution(fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
-                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2),
+                           overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2,
+                           tied_grad_sync=TiedGradSync.PIPELINE_ENDS),
     "megatron-lm-2021": Execution(fused_kernels=True, flash_attention=False,
                                   overlap_grad_reduce=False, overlap_p2p=False,
-                                  fp32_params=False, grad_reduce_bytes=4),
+                                  fp32_params=False, grad_reduce_bytes=4,
+                                  tied_grad_sync=TiedGradSync.PIPELINE_ENDS),
 }
 
 
