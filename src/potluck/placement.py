@@ -15,9 +15,10 @@ stages hold the same parameters", used by
   the two coincide; for pipelines of different depth the price groups whole
   stages where the runtime sums unit by unit.
 
-The planner prices a tied embedding the way Megatron-LM exchanges it: in
-each stage's ring, plus a sum between each pipeline's first and last stage;
-potluck's runtime sums the tied weight over all of its holders at once.
+A tied weight is summed as :class:`potluck.plans.TiedGradSync` says: over all
+of its :func:`holders` at once, apart from the stages' rings (potluck's
+runtime, the cost model's default), or in each stage's ring and then between
+each pipeline's :func:`tied_ends` (Megatron-LM, DeepSpeed).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def _most_held(layer_stage: list[int], layers: list[int]) -> int:
 
 def tied_ends(plan: Plan) -> list[tuple[StageRef, StageRef]]:
     """Per pipeline of more than one stage, its first and last stage: where a tied embedding
-    and its head copy sum their gradients (Megatron-LM's embedding group)."""
+    and its head copy sum their gradients in Megatron-LM's embedding group (none: the tied
+    weight needs no sum apart from the stages' rings)."""
     if not plan.model.tied_embeddings:
         return []
     return [((k, 0), (k, p.pp - 1)) for k, p in enumerate(plan.pipelines) if p.pp > 1]

@@ -27,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from potluck.cluster.execution import Execution
 from potluck.cluster.execution import Placement as Placement  # re-exported: plans name it
+from potluck.cluster.execution import TiedGradSync as TiedGradSync  # re-exported
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute

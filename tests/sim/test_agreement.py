@@ -86,3 +86,23 @@ def test_zero1_gradient_scatter_and_parameter_gather_agree_with_the_cost_model()
     gather_s = sharded.optimizer_steps[0].end_s - sharded.optimizer_steps[0].start_s
     plain = simulate(plan)
     assert gather_s > 10 * (plain.optimizer_steps[0].end_s - plain.optimizer_steps[0].start_s)
+
+
+@pytest.mark.parametrize("tied_sync", ["holders", "pipeline-ends"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_tied_embedding_phases_agree_with_the_cost_model(tied_sync: str, overlap: bool) -> None:
+    """Two pipelines whose ends sit on two machines: the stages' gradient rings inside each
+    machine, the tied embedding's sum across them, in the phases the cost model prices
+    (with the stages' rings, over all holders; or after them, per pipeline)."""
+    from dataclasses import replace
+
+    from potluck.plans import Execution, TiedGradSync
+
+    model = replace(flat_model(8), vocab_size=32000, tied_embeddings=True)
+    plan = make_plan(cluster(SLOW_NETWORK), model, pp=2, micro_batches=4, dp=2,
+                     devices=["box.0:0", "box.1:0", "box.0:1", "box.1:1"])
+    execution = Execution(overlap_grad_reduce=overlap, tied_grad_sync=TiedGradSync(tied_sync))
+    plan = replace(plan, training=replace(plan.training, execution=execution))
+    result = simulate(plan)
+    assert len(result.gradient_syncs) == (3 if tied_sync == "holders" else 4)
+    assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.03)

@@ -8,7 +8,7 @@ import pytest
 from potluck.cluster import parse_cluster
 from potluck.model.spec import model_from_hf_config
 from potluck.planner.search import SearchOptions, search
-from potluck.plans import DType, Execution, Placement, TrainingShape
+from potluck.plans import DType, Execution, Placement, TiedGradSync, TrainingShape
 from potluck.sim import simulate
 
 MIXED = parse_cluster("""
@@ -18,13 +18,16 @@ nodes:
 """, "mixed.yaml")
 
 
-def test_simulator_runs_a_rank_order_plan():
-    """Replicas on different GPU types, gradient rings across machines (the model's embedding
-    untied: the simulator and the cost model price a tied embedding's exchange apart)."""
+@pytest.mark.parametrize("tied_sync", list(TiedGradSync))
+def test_simulator_runs_a_rank_order_plan(tied_sync: TiedGradSync):
+    """Replicas on different GPU types, gradient rings across machines that start at different
+    times, the tied embedding summed over all its holders with the stages' rings (potluck) or
+    between each pipeline's ends after them (Megatron-LM): both price the same phases."""
     model = model_from_hf_config({"model_type": "gpt2", "n_layer": 6, "n_embd": 512, "n_head": 8,
-                                  "vocab_size": 50257, "n_positions": 1024,
-                                  "tie_word_embeddings": False}, name="gpt2-6l-untied")
-    shape = TrainingShape(24, 512, DType.FP16, Execution(placement=Placement.RANK_ORDER))
+                                  "vocab_size": 50257, "n_positions": 1024}, name="gpt2-6l")
+    assert model.tied_embeddings
+    execution = Execution(placement=Placement.RANK_ORDER, tied_grad_sync=tied_sync)
+    shape = TrainingShape(24, 512, DType.FP16, execution)
     plan = search(MIXED, model, shape, SearchOptions(tp=1, pp=2, dp=3, top_k=1)).best
     assert [p.stages[1].devices for p in plan.pipelines] == [("a.1:1",), ("b.0:0",), ("b.0:1",)]
     result = simulate(plan)

@@ -44,6 +44,26 @@ class Placement(str, Enum):
     RANK_ORDER = "rank-order"  # Megatron-LM / DeepSpeed rank order, even layer split
 
 
+class TiedGradSync(str, Enum):
+    """How the gradient of a tied embedding (held by the first and the last stage) is summed.
+
+    ``holders`` is potluck's runtime (:mod:`potluck.runtime.grads.buckets`): the tied
+    weight is a bucket of its own, all-reduced over every stage that holds it, in every
+    pipeline at once, launched with the stages' other buckets (the last one, as the
+    embedding's gradient is the last a backward pass completes). ``pipeline-ends`` is
+    Megatron-LM and DeepSpeed: each stage's data-parallel reduction includes its copy of the
+    weight, and the first and the last stage of each pipeline sum theirs in a separate
+    collective, one phase after the other: Megatron-LM after the data-parallel reduction
+    (``finalize_model_grads``: ``finish_grad_sync``, then ``_allreduce_embedding_grads``),
+    DeepSpeed before it (``TrainSchedule``: ``ReduceTiedGrads``, ``ReduceGrads``,
+    ``OptimizerStep``). Priced as Megatron-LM's order: DeepSpeed's pipeline engine never
+    overlaps its reduction with the backward pass, and then both orders take the same time.
+    """
+
+    HOLDERS = "holders"
+    PIPELINE_ENDS = "pipeline-ends"
+
+
 @dataclass(frozen=True)
 class Execution:
     """How the training code executes a step, as far as time and memory depend on it.
@@ -72,6 +92,7 @@ class Execution:
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
     block_host_s: float = 192e-6
     placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
+    tied_grad_sync: TiedGradSync = TiedGradSync.HOLDERS  # a tied embedding's sum (TiedGradSync)
 
 
 DEFAULT_PRESET = "potluck"
@@ -104,6 +125,10 @@ PRESETS: dict[str, Execution] = {
         # and write main_grad: formulas.grad_accumulation_time_s); gradient_accumulation_fusion
         # (on by default) does that add inside the weight-gradient GEMM.
         grad_accumulation_bytes=10.0,
+        # Ranks in tp-dp-pp order, even layer split (parallel_state.initialize_model_parallel);
+        # the tied embedding summed by the first and last stage after the data-parallel
+        # reduction (finalize_model_grads: finish_grad_sync, then _allreduce_embedding_grads).
+        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
     ),
     # Megatron-LM as in Narayanan et al., SC'21 (arXiv:2104.04473): commit a2fdcdf of
     # 2021-11-10. Fused kernels (§4.2 of the paper: bias+GeLU, bias+dropout+add, scale+mask+
@@ -117,6 +142,7 @@ PRESETS: dict[str, Execution] = {
     "megatron-lm-2021": Execution(
         fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
         overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4, grad_accumulation_bytes=10.0,
+        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
     ),
     # DeepSpeed's pipeline engine (deepspeed.pipe.PipelineModule, as in AMP/Metis-era runs of
     # 2021-2022) with fp16 and plain PyTorch layers (github.com/microsoft/DeepSpeed,
@@ -129,6 +155,11 @@ PRESETS: dict[str, Execution] = {
     "deepspeed": Execution(
         fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
         overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2,
+        # AccumulateGrad on the 16-bit .grad (read 2 + 2, write 2); PipeModelDataParallelTopology
+        # places ranks pipe-data-model (rank order); ReduceTiedGrads sums the tied embedding of
+        # the first and last stage in its own step.
+        grad_accumulation_bytes=6.0, placement=Placement.RANK_ORDER,
+        tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
     ),
 }
 

@@ -5,10 +5,12 @@
 pipeline times per replica (unequal stages, under the plan's schedule,
 :mod:`potluck.schedules`), the data-parallel reduction of each stage's
 gradients over the ring of replicas holding the same layers
-(:func:`potluck.placement.replica_stages`; network cards shared by the rings
-that cross them, overlapped with the last backward pass), the tied-embedding
-exchange, the optimizer step (with ZeRO-1's parameter all-gather), the
-critical-path breakdown and per-device memory.
+(:func:`potluck.placement.replica_stages`; overlapped with the last backward
+pass), the tied embedding's sum (:class:`potluck.plans.TiedGradSync`: with the
+stages' rings over all its holders, or after them between each pipeline's
+ends), network cards shared by the rings that cross them while they run
+(:func:`shared_ends`), the optimizer step (with ZeRO-1's parameter
+all-gather), the critical-path breakdown and per-device memory.
 
 The per-stage figures the emulator and calibration need for a plan
 (:func:`stage_op_times`, :func:`stage_send_s`) and the gradient groups the
@@ -18,17 +20,18 @@ the very ones the prediction adds up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from potluck import placement
 from potluck.cluster.topology import Device
 from potluck.model import counts
 from potluck.placement import StageRef
-from potluck.planner import compute
+from potluck.planner import compute, formulas
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NicSharing
-from potluck.plans import DeviceMemory, Plan, Prediction, TimeBreakdown
+from potluck.plans import DeviceMemory, Plan, Prediction, TiedGradSync, TimeBreakdown
 from potluck.schedules import PipelineTime, StageWork, schedule_for
 
 StageDevices = list[list[tuple[Device, ...]]]  # per pipeline, per stage: its TP group
@@ -36,12 +39,24 @@ StageDevices = list[list[tuple[Device, ...]]]  # per pipeline, per stage: its TP
 
 @dataclass
 class GradientGroup:
-    """Replicas of one stage's parameters that reduce their gradients together."""
+    """Replicas of one stage's parameters (or of the tied embedding) that reduce their
+    gradients together.
+
+    Groups of one ``phase`` run at once and share the machines' network cards; a stage
+    starts its part in a later phase once its groups of the earlier phases have ended
+    (:attr:`potluck.plans.TiedGradSync.PIPELINE_ENDS`: the tied embedding's exchange after
+    the data-parallel reduction)."""
 
     members: list[StageRef]
     rings: list[list[Device]]  # one ring per tensor-parallel rank
     grad_bytes: float
     scatter: bool = False  # ZeRO-1: reduce-scattered to the owners, half an all-reduce
+    phase: int = 0
+    # the tied embedding's sum starts only once the members' backward passes are over
+    # (the embedding's gradient is the last one a backward pass completes; frameworks sum
+    # it after the schedule): it hides behind no backward
+    after_backward: bool = False
+    gathers: bool = True  # ZeRO-1: the owners' updated parameters all-gathered to the group
 
     @property
     def bytes_per_ring(self) -> float:
@@ -53,10 +68,64 @@ class GradientGroup:
             return cost.network.allreduce_s(self.bytes_per_ring, ring, sharing)
         return cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
 
+    def terms(self, cost: CostModel) -> tuple[float, float]:
+        """The collective's latency (its slowest ring's) and the bytes each hop carries: the
+        two terms of :meth:`sync_s`, ``latency + bytes / bandwidth``."""
+        collective = (formulas.ring_allgather_time_s if self.scatter
+                      else formulas.ring_allreduce_time_s)
+        g = len(self.rings[0])
+        latency = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
+        return (collective(self.bytes_per_ring, g, math.inf, latency),
+                collective(self.bytes_per_ring, g, 1.0, 0.0))
+
     def gather_s(self, cost: CostModel, sharing: NicSharing) -> float:
         """ZeRO-1: the owners' updated parameters all-gathered over the slowest ring."""
         return max(cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
                    for ring in self.rings)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One gradient group's collective in its phase, as :func:`shared_ends` runs it."""
+
+    rings: list[list[Device]]
+    begin_s: float  # its bytes start to move (after its latency)
+    work_bytes: float  # bytes each hop carries
+    ready_s: float  # it ends no earlier (its members' gradients are complete)
+
+
+def shared_ends(cost: CostModel, collectives: list[Collective]) -> list[float]:
+    """When each collective of one phase ends, its rings sharing every machine's network card
+    equally with the rings running at the same moment (:meth:`NicSharing.of_rings`), the
+    shares divided again whenever a collective starts or ends: the fluid form of the
+    simulator's fair sharing (:mod:`potluck.sim.network`). Collectives that all run from start
+    to end together take what ``NicSharing.of_rings`` over all of them gives."""
+    left = [c.work_bytes for c in collectives]
+    ends: list[float | None] = [c.begin_s if c.work_bytes <= 0 else None for c in collectives]
+    t = min((c.begin_s for c in collectives), default=0.0)
+    while any(end is None for end in ends):
+        waiting = [c.begin_s for c, end in zip(collectives, ends, strict=True)
+                   if end is None and c.begin_s > t]
+        active = [i for i, c in enumerate(collectives) if ends[i] is None and c.begin_s <= t]
+        if not active:
+            t = min(waiting)
+            continue
+        sharing = NicSharing.of_rings(r for i in active for r in collectives[i].rings)
+        rate = {i: min(cost.network.ring_link(r, sharing).bandwidth_bytes_per_s
+                       for r in collectives[i].rings) for i in active}
+        step = min([left[i] / rate[i] for i in active] + [w - t for w in waiting])
+        t += step
+        for i in active:
+            if left[i] <= rate[i] * step * (1 + 1e-12):
+                ends[i] = t
+            left[i] -= rate[i] * step
+    return [max(end, c.ready_s) for end, c in zip(ends, collectives, strict=True)]
+
+
+def gradient_phases(groups: list[GradientGroup]) -> list[list[GradientGroup]]:
+    """The groups that exchange anything (more than one member), phase by phase."""
+    phases = sorted({g.phase for g in groups})
+    return [[g for g in groups if g.phase == phase and len(g.members) > 1] for phase in phases]
 
 
 @dataclass(frozen=True)
@@ -146,10 +215,9 @@ class PlanEvaluation:
             for k, p in enumerate(self.plan.pipelines)
         ]
         groups = self.gradient_groups([[c.params for c in stage_costs] for stage_costs in costs])
-        rings_sharing = NicSharing.of_rings(ring for group in groups for ring in group.rings)
-        dp_end_s = self._dp_end_s(groups, costs, times, rings_sharing)
+        dp_end_s = self._reduction_end_s(groups, costs, times)
         pipe_end_s = max(t.total_s for t in times)
-        optimizer_s = self._optimizer_s(costs, groups, rings_sharing)
+        optimizer_s = self._optimizer_s(costs, groups)
         iteration_s = max(pipe_end_s, dp_end_s) + optimizer_s
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
         return self._summary(iteration_s, breakdown, self._memory(costs), costs)
@@ -178,18 +246,53 @@ class PlanEvaluation:
 
     def gradient_groups(self, params: list[list[float]]) -> list[GradientGroup]:
         """Each stage of the longest pipeline with its replicas in the other pipelines
-        (:func:`potluck.placement.replica_stages`), then the tied-embedding groups."""
+        (:func:`potluck.placement.replica_stages`), then the tied embedding's groups
+        (:meth:`_tied_groups`); a stage's group leaves out a tied weight summed apart."""
+        tied = self._tied_groups()
+        apart = {m for g in tied for m in g.members} if self._tied_alone() else set()
         groups = []
         for members in placement.replica_stages(self.plan):
             lead, i = members[0]
-            group = self._group(list(members), params[lead][i] * len(self.devices[lead][i]))
+            full_params = params[lead][i] * len(self.devices[lead][i])
+            if (lead, i) in apart:
+                full_params -= self._tied_params()
+            group = self._group(list(members), full_params)
             aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
             group.scatter = self.plan.zero1 and aligned
             groups.append(group)
+        return groups + tied
+
+    def _tied_params(self) -> float:
         m = self.cost.model
-        for first, last in placement.tied_ends(self.plan):
-            groups.append(self._group([first, last], m.vocab_size * m.hidden_size))
-        return groups
+        return m.vocab_size * m.hidden_size
+
+    def _tied_alone(self) -> bool:
+        """Whether the tied weight is summed in a group of its own only (potluck's runtime),
+        not also in each stage's data-parallel group (Megatron-LM, DeepSpeed)."""
+        return self.cost.execution.tied_grad_sync is TiedGradSync.HOLDERS
+
+    def _tied_groups(self) -> list[GradientGroup]:
+        """Where a tied embedding's gradient is summed (pipelines of one stage: in the
+        stage's own group). ``holders``: one group of every stage that holds it, its ring
+        through one machine after the other (NCCL builds rings that enter and leave each
+        machine once; NVIDIA/nccl src/graph/search.cc), run with the stages' groups.
+        ``pipeline-ends``: per pipeline its first and last stage, after the stages' groups."""
+        if not placement.tied_ends(self.plan):
+            return []
+        weight = self._tied_params()
+        if self._tied_alone():
+            members = self._by_machine(list(placement.holders(self.plan, placement.TIED)))
+            return [replace(self._group(members, weight), after_backward=True)]
+        return [replace(self._group([first, last], weight), phase=1, after_backward=True,
+                        gathers=False)
+                for first, last in placement.tied_ends(self.plan)]
+
+    def _by_machine(self, members: list[StageRef]) -> list[StageRef]:
+        """``members`` with those on one machine side by side, machines in order of first use."""
+        nodes = [self.devices[k][j][0].node for k, j in members]
+        first = {node: nodes.index(node) for node in nodes}
+        return [m for _, m in sorted(zip(nodes, members, strict=True),
+                                     key=lambda pair: first[pair[0]])]
 
     def _group(self, members: list[StageRef], full_params: float) -> GradientGroup:
         tp = min(len(self.devices[k][j]) for k, j in members)
@@ -197,24 +300,31 @@ class PlanEvaluation:
         element = self.cost.grad_bytes(self.devices[members[0][0]][members[0][1]][0].type)
         return GradientGroup(members, rings, element * full_params)
 
-    def _dp_end_s(self, groups: list[GradientGroup], costs: list[list[StageCost]],
-                  times: list[PipelineTime], sharing: NicSharing) -> float:
-        """When the last gradient reduction ends; each starts when all its replicas are done
-        and overlaps with the last micro-batch's backward of the slowest replica."""
-        end = 0.0
-        for group in groups:
-            if len(group.members) <= 1:
-                continue
-            allreduce = max(group.sync_s(self.cost, ring, sharing) for ring in group.rings)
-            ready = max(times[k].finish_s[j] for k, j in group.members)
-            window = min(costs[k][j].work.backward_s for k, j in group.members)
-            if not self.cost.execution.overlap_grad_reduce:
+    def _reduction_end_s(self, groups: list[GradientGroup], costs: list[list[StageCost]],
+                         times: list[PipelineTime]) -> float:
+        """When the last gradient reduction ends, phase after phase (:func:`gradient_phases`;
+        the rings of one phase share network cards while they run, :func:`shared_ends`). A
+        group starts when all its members are ready (their backward passes done; in a later
+        phase, their earlier groups ended) and, in the first phase with
+        ``overlap_grad_reduce``, hides behind the last micro-batch's backward of its slowest
+        member unless ``after_backward``."""
+        done = {(k, j): t.finish_s[j] for k, t in enumerate(times) for j in range(len(t.finish_s))}
+        for index, phase in enumerate(gradient_phases(groups)):
+            collectives = []
+            for group in phase:
                 window = 0.0
-            end = max(end, ready + max(0.0, allreduce - window))
-        return end
+                if index == 0 and self.cost.execution.overlap_grad_reduce \
+                        and not group.after_backward:
+                    window = min(costs[k][j].work.backward_s for k, j in group.members)
+                ready = max(done[m] for m in group.members)
+                latency, work = group.terms(self.cost)
+                collectives.append(Collective(group.rings, ready - window + latency, work, ready))
+            for group, end in zip(phase, shared_ends(self.cost, collectives), strict=True):
+                for member in group.members:
+                    done[member] = max(done[member], end)
+        return max(done.values())
 
-    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[GradientGroup],
-                     sharing: NicSharing) -> float:
+    def _optimizer_s(self, costs: list[list[StageCost]], groups: list[GradientGroup]) -> float:
         sharding = stage_sharding(self.plan)
         step = max(
             self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, sharding)
@@ -222,8 +332,9 @@ class PlanEvaluation:
         )
         if not (self.plan.zero1 and self.plan.dp > 1):
             return step
-        gathers = [g.gather_s(self.cost, sharing) for g in groups if len(g.members) > 1]
-        return step + max(gathers, default=0.0)
+        gathering = [g for g in groups if g.gathers and len(g.members) > 1]
+        sharing = NicSharing.of_rings(ring for group in gathering for ring in group.rings)
+        return step + max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
 
     def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
                    dp_s: float, optimizer_s: float) -> TimeBreakdown:

@@ -7,12 +7,16 @@
    shared in the same pattern) reuses its twin's timings: this is what makes
    a 1024-GPU plan simulate in well under a second.
 2. **Gradients and optimizer.** Every gradient group of the cost model
-   (stage replicas, tied embeddings) all-reduces over its rings; the
-   all-reduce starts when the last of its members starts its last backward
-   (buckets overlap that backward, as DDP does) and ends no earlier than the
-   members' gradients are complete. All-reduces share links with each other;
-   they are assumed not to meet the pipelines' own transfers (they overlap only
-   the final backward). Each stage then runs its optimizer step.
+   (stage replicas, tied embeddings) all-reduces over its rings, in the cost
+   model's phases (:func:`potluck.planner.evaluate.gradient_phases`: the tied
+   embedding's pairs after the stages' rings under ``pipeline-ends``); in the
+   first phase an all-reduce starts when the last of its members starts its
+   last backward (buckets overlap that backward, as DDP does) or, for the tied
+   weight, once their backward passes are over; in a later phase, once its
+   members' earlier groups have ended. It ends no earlier than the members'
+   gradients are complete. All-reduces of one phase share links with each
+   other; they are assumed not to meet the pipelines' own transfers (they
+   overlap only the final backward). Each stage then runs its optimizer step.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from collections.abc import Sequence
 
 from potluck.errors import ConfigError
 from potluck.ops import OpKind
+from potluck.placement import StageRef
 from potluck.planner.cost import CostModel
-from potluck.planner.evaluate import GradientGroup, gradient_groups, predict
+from potluck.planner.evaluate import GradientGroup, gradient_groups, gradient_phases, predict
 from potluck.plans import Plan, check_pipeline_schedule, check_plan
 from potluck.schedules import PipelineSchedule, Schedule, schedule_for
 from potluck.sim import engine, program
@@ -173,26 +178,42 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
     ready, window = _gradient_ready(runs)
     if not plan.training.execution.overlap_grad_reduce:
         window = ready  # the all-reduce waits for the whole backward pass
-    groups = [g for g in gradient_groups(cost, plan) if len(g.members) > 1]
-    phase = engine.Program()
-    for group in groups:
-        flow = network.ring_flow(group.rings, group.bytes_per_ring, group.scatter)
-        phase.add_transfer(flow, [], release_s=max(window[m] for m in group.members))
-    timings = engine.run(phase, network.capacity)
+    groups = gradient_groups(cost, plan)
     syncs, done_s = [], dict(ready)
-    for op, group in enumerate(groups):
-        end = max(timings.end_s[op], max(ready[m] for m in group.members))
-        syncs.append(GradientSync(tuple(group.members), timings.start_s[op], end))
-        for member in group.members:
-            done_s[member] = max(done_s[member], end)
+    for index, phase in enumerate(gradient_phases(groups)):  # a later phase hides behind none
+        syncs += _reduce_phase(phase, network, window if index == 0 else done_s, done_s)
     steps = []
     for k, work in enumerate(workloads):
         for i, stage in enumerate(work.stages):
             start = done_s[(k, i)]
             steps.append(OptimizerStep(k, i, start, start + stage.optimizer_s))
     if plan.zero1:
-        steps = _with_parameter_gather(groups, network, steps)
+        gathering = [g for g in groups if g.gathers and len(g.members) > 1]
+        steps = _with_parameter_gather(gathering, network, steps)
     return syncs, steps
+
+
+def _reduce_phase(phase: list[GradientGroup], network: Network, window: dict[StageRef, float],
+                  done_s: dict[StageRef, float]) -> list[GradientSync]:
+    """One phase of gradient collectives, run together on the engine (they share links).
+
+    A group starts once its members are ready: ``done_s`` (their gradients complete, or
+    their earlier phases over), or, overlapping the backward, when its last backward
+    started (``window``); it ends no earlier than ``done_s``. Updates ``done_s``."""
+    program_ = engine.Program()
+    for group in phase:
+        release = max(done_s[m] if group.after_backward else window[m] for m in group.members)
+        program_.add_transfer(network.ring_flow(group.rings, group.bytes_per_ring, group.scatter),
+                              [], release_s=release)
+    timings = engine.run(program_, network.capacity)
+    syncs = []
+    for op, group in enumerate(phase):
+        end = max(timings.end_s[op], max(done_s[m] for m in group.members))
+        syncs.append(GradientSync(tuple(group.members), timings.start_s[op], end))
+    for sync in syncs:
+        for member in sync.members:
+            done_s[member] = max(done_s[member], sync.end_s)
+    return syncs
 
 
 def _with_parameter_gather(groups: list[GradientGroup], network: Network, steps: list[OptimizerStep]
