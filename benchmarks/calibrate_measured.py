@@ -76,8 +76,8 @@ def run_case(model, rows: int, noise: float, folder: Path) -> list[str]:
         return [f"| {rows} | {noise:.0%} | refused: {err} | | | | | |"]
     total_s = time.perf_counter() - started
     figures = summary(outcome)
-    fitted = ", ".join(f"{p.name} {p.start:.3g} -> {v:.3g}" if p.is_log else
-                       f"{p.name} {v * 1e3:.3g} ms" for p, v in outcome.fit.values.items())
+    fitted = ", ".join(f"{p.name} {v * 1e3:.3g} ms" if p.in_seconds else
+                       f"{p.name} {p.start:.3g} -> {v:.3g}" for p, v in outcome.fit.values.items())
     return [f"| {rows} ({len(outcome.planned)} planned) | {noise:.0%} | {fitted} | "
             f"{figures['mape_before']:.1%} | {figures['mape_after']:.1%} | "
             f"{figures['mape_leave_one_out']:.1%} | {figures['spearman_leave_one_out']:.3f} | "

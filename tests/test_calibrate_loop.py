@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibkit import CLAIMED, TRUE_MEMORY_BANDWIDTH, plan_on, synthetic_run
+from calibkit import CLAIMED, CLUSTER_TEXT, TRUE_MEMORY_BANDWIDTH, plan_on, synthetic_run
 from potluck.calibrate import calibrate_run as calibrate_module
 from potluck.calibrate.calibrate_run import calibrate_run
 from potluck.calibrate.fit import Fit
@@ -93,3 +93,18 @@ def test_the_cli_refuses_in_one_line_with_a_non_zero_exit(tmp_path, monkeypatch,
     assert err.startswith("potluck: error: calibration refused") and err.count("\n") == 1
     assert not (tmp_path / "c.yaml").exists()
 
+
+
+def test_calibrating_a_file_with_an_execution_section_updates_it_in_place(tmp_path) -> None:
+    """The fitted host time replaces the file's own; its other keys stay; one section."""
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(CLUSTER_TEXT + "execution:\n  step_overhead_s: 0.5\n"
+                       "  micro_batch_overhead_s: 0.001\n")
+    run = with_host_time(synthetic_run(tmp_path / "run", dp=2, pp=1))
+    outcome = calibrate_run(run, cluster=cluster, out=tmp_path / "c.yaml")
+    text = (tmp_path / "c.yaml").read_text()
+    assert text.count("execution:") == 1
+    section = yaml.safe_load(text)["execution"]
+    assert section == {"step_overhead_s": pytest.approx(outcome.fit.step_overhead_s, rel=1e-4),
+                       "micro_batch_overhead_s": 0.001}
+    assert outcome.fit.step_overhead_s > HOST_S / 2

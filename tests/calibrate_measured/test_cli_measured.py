@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from measuredkit import LAYOUTS, true_times, write_claimed, write_runs
+from measuredkit import LAYOUTS, MODEL_NAME, true_times, write_claimed, write_runs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 HUNG_S = 600  # not a speed check: see tests/test_cli.py
@@ -25,14 +25,14 @@ def potluck(*args: str) -> subprocess.CompletedProcess:
 def test_calibrate_then_plan_predicts_the_measured_runs(tmp_path) -> None:
     runs = write_runs(tmp_path / "runs.csv", true_times(overhead_s=0.0))
     cluster, out = write_claimed(tmp_path / "lab.yaml"), tmp_path / "calibrated.yaml"
-    done = potluck("calibrate", "--measured", str(runs), "-m", "gpt3-125m", "-c", str(cluster),
+    done = potluck("calibrate", "--measured", str(runs), "-m", MODEL_NAME, "-c", str(cluster),
                    "-o", str(out))
     assert done.returncode == 0, done.stderr
     for text in ("a100-80g-sxm matmul_efficiency", "network bandwidth factor", "leave-one-out",
                  "Spearman", f"calibrated cluster file: {out}"):
         assert text in done.stdout
     tp, pp, dp, mbs, batch, seq = LAYOUTS[1]
-    planned = potluck("plan", "-c", str(out), "-m", "gpt3-125m", "--tp", str(tp), "--pp", str(pp),
+    planned = potluck("plan", "-c", str(out), "-m", MODEL_NAME, "--tp", str(tp), "--pp", str(pp),
                       "--dp", str(dp), "--micro-batch-size", str(mbs), "--global-batch", str(batch),
                       "--seq-len", str(seq), "--json")
     assert planned.returncode == 0, planned.stderr
@@ -42,7 +42,7 @@ def test_calibrate_then_plan_predicts_the_measured_runs(tmp_path) -> None:
 
 def test_calibrate_measured_json(tmp_path) -> None:
     runs = write_runs(tmp_path / "runs.csv", true_times())
-    done = potluck("calibrate", "--measured", str(runs), "-m", "gpt3-125m", "-c",
+    done = potluck("calibrate", "--measured", str(runs), "-m", MODEL_NAME, "-c",
                    str(write_claimed(tmp_path / "lab.yaml")), "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -52,7 +52,7 @@ def test_calibrate_measured_json(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("RUN", "--measured", "runs.csv", "-m", "gpt3-125m", "-c", "lab.yaml"),
+    (("RUN", "--measured", "runs.csv", "-m", MODEL_NAME, "-c", "lab.yaml"),
      "give either a run directory or --measured runs.csv, not both"),
     (("--measured", "runs.csv", "-c", "lab.yaml"), "--measured needs --model"),
     ((), "give a run directory of potluck train --trace, or --measured runs.csv"),
@@ -68,7 +68,7 @@ def test_a_bad_csv_row_is_one_line(tmp_path) -> None:
     runs = tmp_path / "runs.csv"
     runs.write_text("tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s\n"
                     "1,1,4,2,12,512,0.5\n")
-    done = potluck("calibrate", "--measured", str(runs), "-m", "gpt3-125m", "-c",
+    done = potluck("calibrate", "--measured", str(runs), "-m", MODEL_NAME, "-c",
                    str(write_claimed(tmp_path / "lab.yaml")))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -83,7 +83,7 @@ def test_the_planner_uses_a_fitted_efficiency_and_network(tmp_path) -> None:
 
 
 def test_a_run_the_planner_refuses_is_left_out_not_fatal(tmp_path) -> None:
-    layouts = (*LAYOUTS, (1, 1, 1, 1, 8, 4096))  # gpt3-125m reads at most 2048 tokens
+    layouts = (*LAYOUTS, (1, 1, 1, 1, 8, 4096))  # GPT-3 models read at most 2048 tokens
     times = [*true_times(), 1.0]
     outcome = calibrate_measured(write_runs(tmp_path / "runs.csv", times, layouts), MODEL,
                                  write_claimed(tmp_path / "lab.yaml"), tmp_path / "out.yaml")

@@ -9,9 +9,11 @@ predicts the run's own step worse than the plan did is refused
 written beside the output first and only moved into place when it helps.
 
 The framework's host time per iteration that the optimizer step shows
-(:func:`potluck.calibrate.fit_devices.fit_step_overhead`) is written as the
+(:func:`potluck.calibrate.fit_devices.fit_step_overhead`) is set in the
 file's ``execution:`` section (``step_overhead_s``, the
-:class:`~potluck.plans.Execution` field), which the "after" plan runs with.
+:class:`~potluck.plans.Execution` field; the section's other keys kept, by
+:func:`potluck.cluster.calibration_file.with_execution`, the writer
+``calibrate --measured`` uses too), which the "after" plan runs with.
 """
 
 from __future__ import annotations
@@ -21,21 +23,19 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
 from potluck.calibrate.cluster_file import write_calibrated
 from potluck.calibrate.compare_run import compare_run
 from potluck.calibrate.fit import Fit, applied_overhead, fit_run
 from potluck.calibrate.measure import kept_steps
 from potluck.calibrate.run import RunRecord, load_run
-from potluck.cluster.spec import ClusterSpec, load_cluster
+from potluck.cluster.calibration_file import load_calibrated
+from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
 from potluck.plans import check_plan_matches
 from potluck.sim.compare import TraceComparison
 from potluck.version import __version__
 
 CALIBRATED_FILE = "calibrated.yaml"
-EXECUTION_SECTION = "execution"
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def calibrate_run(run_dir: str | Path, cluster: str | Path | None = None,
     refused (nothing written) when the fit would predict the run worse than before."""
     record = load_run(run_dir)
     if cluster is not None:
-        check_plan_matches(record.plan, load_cluster(cluster), label=f"{run_dir}/plan.json")
+        check_plan_matches(record.plan, load_calibrated(cluster), label=f"{run_dir}/plan.json")
     fit = fit_run(record, source=_source(record))
     path = Path(out) if out is not None else default_output(run_dir, cluster)
     before = compare_run(record)
@@ -92,15 +92,11 @@ def _written_overhead(fit: Fit) -> float | None:
 
 
 def _write(path: Path, fit: Fit, record: RunRecord, cluster: str | Path | None) -> ClusterSpec:
-    """The calibrated file at ``path`` (with an ``execution:`` section for a fitted host
-    time), read back."""
-    calibrated = write_calibrated(path, fit, record.plan.cluster, cluster)
+    """The calibrated file at ``path`` (a fitted host time set in its ``execution:``
+    section), its cluster read back."""
     overhead_s = _written_overhead(fit)
-    if overhead_s is not None:
-        section = {EXECUTION_SECTION: {"step_overhead_s": float(f"{overhead_s:.5g}")}}
-        with path.open("a") as file:
-            file.write(yaml.safe_dump(section, sort_keys=False))
-    return calibrated
+    execution = {} if overhead_s is None else {"step_overhead_s": overhead_s}
+    return write_calibrated(path, fit, record.plan.cluster, cluster, execution)
 
 
 def check_not_worse(record: RunRecord, before: TraceComparison, after: TraceComparison) -> None:

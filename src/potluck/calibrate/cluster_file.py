@@ -11,6 +11,7 @@ back as ``potluck plan`` would.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,13 @@ from potluck.calibrate.fit import Fit, calibration, uncalibrated_bandwidth
 from potluck.cluster.calibration_file import (
     bandwidth_text,
     duration_text,
+    load_calibrated,
     number,
     write_calibrated_cluster,
 )
 from potluck.cluster.catalog import DeviceType, catalog
 from potluck.cluster.nodes import NodeGroup
-from potluck.cluster.spec import ClusterSpec, default_nvlink, load_cluster
+from potluck.cluster.spec import ClusterSpec, default_nvlink
 
 
 def _size_text(num_bytes: float) -> str:
@@ -106,11 +108,12 @@ def cluster_text(spec: ClusterSpec) -> str:
 
 
 def write_calibrated(out: str | Path, fit: Fit, plan_cluster: ClusterSpec,
-                     cluster_file: str | Path | None = None) -> ClusterSpec:
-    """Write ``fit`` into ``cluster_file``'s text (or a description of ``plan_cluster``) at
-    ``out``; return the file read back."""
+                     cluster_file: str | Path | None = None,
+                     execution: Mapping[str, float] | None = None) -> ClusterSpec:
+    """Write ``fit`` (and the fitted ``execution`` fields) into ``cluster_file``'s text (or
+    a description of ``plan_cluster``) at ``out``; return the file's cluster read back."""
     if cluster_file is not None:
-        base, text = load_cluster(cluster_file), Path(cluster_file).read_text()
+        base, text = load_calibrated(cluster_file), Path(cluster_file).read_text()
     else:
         base, text = plan_cluster, cluster_text(plan_cluster)
-    return write_calibrated_cluster(out, text, calibration(fit, base))
+    return write_calibrated_cluster(out, text, calibration(fit, base), execution)

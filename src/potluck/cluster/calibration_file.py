@@ -1,5 +1,5 @@
-"""Writing the ``calibration:`` section of a cluster file: the one writer of what
-``potluck profile`` and ``potluck calibrate`` measured.
+"""Writing the ``calibration:`` and ``execution:`` sections of a cluster file: the one
+writer of what ``potluck profile`` and ``potluck calibrate`` measured and fitted.
 
 Each command builds a :class:`~potluck.cluster.calibration.Calibration`;
 :func:`calibration_section` turns it into the mapping
@@ -11,11 +11,17 @@ planner will. Figures have five significant digits: bandwidths in GB/s,
 latencies in microseconds, factors and TFLOP/s as plain numbers (the same
 spelling :func:`bandwidth_text`, :func:`duration_text` and :func:`number`
 give the rest of a cluster file a command writes).
+
+:func:`with_execution` sets fitted :class:`~potluck.plans.Execution` fields (host times,
+in seconds) in a file's ``execution:`` section, keeping its other keys, so that a file
+calibrated again still has one section; :func:`load_calibrated` reads a file's cluster
+with that section set aside (it describes the training code, not the machines).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +34,13 @@ from potluck.cluster.calibration import (
     MeasuredDevice,
     MeasuredLink,
 )
-from potluck.cluster.spec import ClusterSpec, load_cluster
+from potluck.cluster.spec import ClusterSpec, cluster_from_data
+from potluck.errors import ConfigError
+from potluck.yamlio import load_yaml
 
 _SECTION = re.compile(r"^calibration\s*:")
+EXECUTION_SECTION = "execution"
+_EXECUTION = re.compile(rf"^{EXECUTION_SECTION}\s*:")
 
 
 def number(value: float) -> float:
@@ -121,8 +131,34 @@ def with_calibration(text: str, calibration: Calibration) -> str:
     return without_calibration(text).rstrip("\n") + "\n" + section
 
 
-def write_calibrated_cluster(path: str | Path, text: str, calibration: Calibration) -> ClusterSpec:
-    """Write ``text`` with ``calibration`` as its section to ``path``; return the file read
-    back as the planner reads it."""
-    Path(path).write_text(with_calibration(text, calibration))
-    return load_cluster(path)
+def with_execution(text: str, fitted: Mapping[str, float], label: str = "cluster file") -> str:
+    """Cluster file ``text`` whose ``execution:`` section has the ``fitted`` fields set and its
+    other keys kept (one section, at the end); ``text`` itself when nothing was fitted."""
+    if not fitted:
+        return text
+    data = yaml.safe_load(text)
+    old = data.get(EXECUTION_SECTION) if isinstance(data, dict) else None
+    if old is not None and not isinstance(old, dict):
+        raise ConfigError(f"{label}: execution must be a mapping of Execution fields, "
+                          f"e.g. `micro_batch_overhead_s: 0.002`, not {old!r}")
+    section = {**(old or {}), **{key: number(value) for key, value in fitted.items()}}
+    dumped = yaml.safe_dump({EXECUTION_SECTION: section}, sort_keys=False)
+    return without_section(text, _EXECUTION).rstrip("\n") + "\n" + dumped
+
+
+def load_calibrated(path: str | Path) -> ClusterSpec:
+    """The cluster of a cluster file, its ``execution:`` section set aside."""
+    data = load_yaml(path, "cluster file")
+    if isinstance(data, dict):
+        data.pop(EXECUTION_SECTION, None)
+    return cluster_from_data(data, str(path), default_name=Path(path).stem)
+
+
+def write_calibrated_cluster(path: str | Path, text: str, calibration: Calibration,
+                             execution: Mapping[str, float] | None = None) -> ClusterSpec:
+    """Write ``text`` with ``calibration`` as its section (and the fitted ``execution``
+    fields in its ``execution:`` section) to ``path``; return the file's cluster read back
+    as the planner reads it."""
+    Path(path).write_text(with_execution(with_calibration(text, calibration), execution or {},
+                                         str(path)))
+    return load_calibrated(path)

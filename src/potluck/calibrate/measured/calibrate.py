@@ -90,7 +90,8 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
     path = Path(out) if out is not None else default_output(cluster)
     source = (f"potluck calibrate {__version__} --measured {Path(runs_file).name} "
               f"({len(planned)} runs, {datetime.date.today().isoformat()})")
-    new_text = calibrated_text(text, section, merged_calibration(spec, fit.values, source), fit.values)
+    new_text = calibrated_text(text, merged_calibration(spec, fit.values, source), fit.values,
+                               str(cluster))
     after_spec, after_section = read_cluster(new_text, str(path))
     before = tuple(float(t) for t in runs_model.predict({}))
     after = predict_on(planned, after_spec, after_section, str(path))

@@ -15,6 +15,19 @@ way within its bounds); it is fitted with the chosen ones and kept if its F stat
 :data:`F_TO_ENTER`; then an earlier input that the later ones make unnecessary (its F
 below :data:`F_TO_REMOVE`, or the rest fitting as well without it) is dropped. At most
 half as many inputs as runs are fitted.
+
+A floor under other times (``Execution.block_host_s``: a block runs at the host's pace
+when its GPU work is shorter) has no derivative until it binds, so its derivative cannot
+say whether it would help: it is probed instead, at :data:`PROBES_PER_DECADE` values a
+decade over its range with the chosen inputs held, scored by the drop in squared error
+its best value gives, and, if it enters, fitted from that value. Greedy entry lets a
+smooth input mimic a floor (a per-micro-batch overhead grows with the blocks a host-bound
+stage runs, and corrects the GPU-bound runs a little too), after which the floor and the
+input it needs beside it (the efficiency of the GPU-bound runs) no longer pass F-to-enter
+one at a time. So the selection is run a second time with the floor entered first, and
+the result with the smaller residual mean square (squared error per remaining degree of
+freedom; Draper & Smith, sec. 15.1) is kept. Where no value of the floor lowers the error
+(the runs are not host-bound) that second run does not happen.
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ SENSITIVITY = 1e-3  # |d ln(predicted) / d coordinate| below this on every run: 
 COLLINEAR = 0.05  # a derivative this close to the chosen ones' span tells nothing new
 EXACT = 1e-6  # RMS log error below this: nothing left to explain
 UNCHANGED = 1e-6  # a fitted coordinate this close to its start (relative, or x median run) is kept
+PROBES_PER_DECADE = 4  # values of a floor tried per decade of its range (factor 1.78 apart)
 
 
 @dataclass(frozen=True)
@@ -146,30 +160,92 @@ def fit_runs(model: RunModel, candidates: list[Parameter], rows: list[int] | Non
     r = problem.residuals(candidates, x)
     jac = problem.jacobian(candidates, x, r)
     exercised = [p for j, p in enumerate(candidates) if np.max(np.abs(jac[:, j])) > SENSITIVITY]
-    chosen: list[Parameter] = []
-    x_chosen = np.zeros(0)
-    loss = float(r @ r)
-    for _ in range(MAX_STEPS):
-        if len(chosen) >= len(rows) // 2 or math.sqrt(loss / len(rows)) <= EXACT:
-            break
-        best = _best_entry(problem, chosen, x_chosen, [p for p in candidates if p not in chosen], r)
-        if best is None:
-            break
-        trial = [*chosen, best]
-        x_trial = problem.solve(trial, np.append(x_chosen, problem.start([best])))
-        r_trial = problem.residuals(trial, x_trial)
-        trial_loss = float(r_trial @ r_trial)
-        if not _enters(loss, trial_loss, len(rows) - len(trial)):
-            break
-        chosen, x_chosen, r, loss = _backward(problem, trial, x_trial, r_trial, trial_loss)
+    best = _stepwise(problem, candidates, _State([], np.zeros(0), r, float(r @ r)))
+    for floor in [p for p in candidates if p.is_floor and not best.exact(len(rows))]:
+        forced = _forced(problem, floor, r)
+        if forced is not None:
+            branch = _stepwise(problem, candidates, forced)
+            if branch.mean_square(len(rows)) < best.mean_square(len(rows)):
+                best = branch
+    chosen, x_chosen = best.chosen, best.x
     moved = np.abs(x_chosen - problem.start(chosen)) > UNCHANGED
     kept = [p for p, keep in zip(chosen, moved, strict=True) if keep]
     return Fit(problem.values(kept, x_chosen[moved]), tuple(exercised))
 
 
+@dataclass(frozen=True)
+class _State:
+    """The inputs chosen so far, their coordinates, the residuals and their sum of squares."""
+
+    chosen: list[Parameter]
+    x: np.ndarray
+    r: np.ndarray
+    loss: float
+
+    def mean_square(self, runs: int) -> float:
+        """The residual mean square: the error per remaining degree of freedom."""
+        return self.loss / max(1, runs - len(self.chosen))
+
+    def exact(self, runs: int) -> bool:
+        """Nothing left to explain."""
+        return math.sqrt(self.loss / runs) <= EXACT
+
+
+def _stepwise(problem: _Problem, candidates: list[Parameter], state: _State) -> _State:
+    """Forward stepwise selection from ``state``: enter the best candidate while it passes
+    F-to-enter, dropping the inputs later ones make unnecessary."""
+    rows = len(problem.rows)
+    chosen, x_chosen, r, loss = state.chosen, state.x, state.r, state.loss
+    for _ in range(MAX_STEPS):
+        if len(chosen) >= rows // 2 or _State(chosen, x_chosen, r, loss).exact(rows):
+            break
+        entry = _best_entry(problem, chosen, x_chosen, [p for p in candidates if p not in chosen], r)
+        if entry is None:
+            break
+        best, x_best = entry
+        trial = [*chosen, best]
+        x_trial = problem.solve(trial, np.append(x_chosen, x_best))
+        r_trial = problem.residuals(trial, x_trial)
+        trial_loss = float(r_trial @ r_trial)
+        if not _enters(loss, trial_loss, rows - len(trial)):
+            break
+        chosen, x_chosen, r, loss = _backward(problem, trial, x_trial, r_trial, trial_loss)
+    return _State(chosen, x_chosen, r, loss)
+
+
+def _forced(problem: _Problem, floor: Parameter, r: np.ndarray) -> _State | None:
+    """``floor`` alone, fitted from its best probe; ``None`` if it explains nothing."""
+    if len(problem.rows) < 2:
+        return None
+    entry = _floor_entry(problem, [], np.zeros(0), floor, r)
+    if entry is None:
+        return None
+    x = problem.solve([floor], np.array([entry[2]]))
+    r_floor = problem.residuals([floor], x)
+    return _State([floor], x, r_floor, float(r_floor @ r_floor))
+
+
 def _best_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray,
-                others: list[Parameter], r: np.ndarray) -> Parameter | None:
-    """The candidate whose derivative, orthogonal to the chosen ones', best explains ``r``."""
+                others: list[Parameter], r: np.ndarray) -> tuple[Parameter, float] | None:
+    """The candidate that best explains ``r`` (its derivative orthogonal to the chosen
+    ones', or a floor's best probe), and the coordinate its fit starts from."""
+    smooth = [p for p in others if not p.is_floor]
+    scored = [_smooth_entry(problem, chosen, x_chosen, smooth, r)]
+    scored += [_floor_entry(problem, chosen, x_chosen, p, r) for p in others if p.is_floor]
+    found = [s for s in scored if s is not None]
+    if not found:
+        return None
+    _, param, x_start = max(found, key=lambda s: s[0])
+    return param, x_start
+
+
+Scored = tuple[float, Parameter, float]  # drop in squared error, candidate, its start coordinate
+
+
+def _smooth_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray,
+                  others: list[Parameter], r: np.ndarray) -> Scored | None:
+    """The candidate whose derivative, orthogonal to the chosen ones', best explains ``r``
+    (scored by the linearised drop in squared error)."""
     if not others:
         return None
     params = [*chosen, *others]
@@ -189,7 +265,24 @@ def _best_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray
         score = float(q @ r) ** 2 / float(q @ q)
         if score > best_score:
             best, best_score = params[j], score
-    return best
+    return None if best is None else (best_score, best, float(x[params.index(best)]))
+
+
+def _floor_entry(problem: _Problem, chosen: list[Parameter], x_chosen: np.ndarray,
+                 floor: Parameter, r: np.ndarray) -> Scored | None:
+    """A floor's best value on a log grid over its range, the chosen inputs held, scored by
+    the drop in squared error it gives; ``None`` if no value lowers the error."""
+    lower, upper = problem.bounds([floor])
+    count = max(2, math.ceil((upper[0] - lower[0]) / math.log(10) * PROBES_PER_DECADE) + 1)
+    params = [*chosen, floor]
+    loss = float(r @ r)
+    best, best_loss = None, loss
+    for x_floor in np.linspace(lower[0], upper[0], count):
+        probe = problem.residuals(params, np.append(x_chosen, x_floor))
+        probe_loss = float(probe @ probe)
+        if probe_loss < best_loss:
+            best, best_loss = float(x_floor), probe_loss
+    return None if best is None else (loss - best_loss, floor, best)
 
 
 def _backward(problem: _Problem, chosen: list[Parameter], x: np.ndarray, r: np.ndarray,

@@ -3,37 +3,35 @@
 The input file's text is kept; its ``calibration:`` section becomes the old one with
 the fitted entries in place (written by :mod:`potluck.cluster.calibration_file`, as
 ``potluck profile`` and ``potluck calibrate RUN_DIR`` write theirs) and its
-``execution:`` section gets the fitted overheads (keys are
-:class:`~potluck.plans.Execution` field names)::
+``execution:`` section gets the fitted host times, its other keys kept (keys are
+:class:`~potluck.plans.Execution` field names; written by
+:func:`potluck.cluster.calibration_file.with_execution`, as ``calibrate RUN_DIR``
+writes its own)::
 
     execution:
       micro_batch_overhead_s: 0.0021
       step_overhead_s: 0.015
+      block_host_s: 0.0045
 
 :func:`read_cluster` reads a cluster file with such a section: the cluster as
-:func:`~potluck.cluster.spec.cluster_from_data` reads the rest, and the overheads.
+:func:`~potluck.cluster.spec.cluster_from_data` reads the rest, and the section.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from potluck.calibrate.measured.params import Kind, Values, fitted_calibration
+from potluck.calibrate.measured.params import EXECUTION_KINDS, Values, fitted_calibration
 from potluck.cluster.calibration import Calibration, DeviceCalibration, LinkCalibration
-from potluck.cluster.calibration_file import number, with_calibration, without_section
+from potluck.cluster.calibration_file import EXECUTION_SECTION, with_calibration, with_execution
 from potluck.cluster.spec import ClusterSpec, cluster_from_data
 from potluck.errors import ConfigError
 from potluck.plans import Execution
 from potluck.yamlio import parse_yaml
 
-EXECUTION_SECTION = "execution"
-_EXECUTION = re.compile(rf"^{EXECUTION_SECTION}\s*:")
-OVERHEADS = (Kind.MICRO_BATCH_OVERHEAD.value, Kind.STEP_OVERHEAD.value)
+HOST_TIMES = tuple(kind.value for kind in EXECUTION_KINDS)  # the Execution fields a fit sets
 
 
 def read_cluster(text: str, label: str) -> tuple[ClusterSpec, dict[str, Any]]:
@@ -50,9 +48,9 @@ def read_cluster(text: str, label: str) -> tuple[ClusterSpec, dict[str, Any]]:
 
 
 def with_overheads(execution: Execution, section: dict[str, Any], label: str) -> Execution:
-    """``execution`` with the overheads an ``execution:`` section gives."""
+    """``execution`` with the host times an ``execution:`` section gives."""
     changes = {}
-    for key in OVERHEADS:
+    for key in HOST_TIMES:
         if key in section:
             value = section[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -81,13 +79,8 @@ def _link_key(link: LinkCalibration) -> tuple:
     return (link.kind.value, link.groups)
 
 
-def calibrated_text(text: str, section: dict[str, Any], calibration: Calibration,
-                    values: Values) -> str:
-    """``text`` with ``calibration`` and the ``execution:`` section (``section`` with the
-    fitted overheads set)."""
-    execution = dict(section)
-    execution.update({p.kind.value: number(v) for p, v in values.items() if p.kind.value in OVERHEADS})
-    result = with_calibration(without_section(text, _EXECUTION), calibration)
-    if not execution:
-        return result
-    return result + yaml.safe_dump({EXECUTION_SECTION: execution}, sort_keys=False)
+def calibrated_text(text: str, calibration: Calibration, values: Values, label: str) -> str:
+    """``text`` with ``calibration`` and the fitted host times set in its ``execution:``
+    section (its other keys kept)."""
+    fitted = {p.kind.value: v for p, v in values.items() if p.kind in EXECUTION_KINDS}
+    return with_execution(with_calibration(text, calibration), fitted, label)

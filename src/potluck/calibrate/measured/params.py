@@ -5,7 +5,10 @@
   ``inter_bandwidth`` and every declared link), PCIe inside a machine, NVLink inside a
   machine, each multiplying the cluster file's figure;
 * the framework's host time per micro-batch per stage and per iteration
-  (``Execution.micro_batch_overhead_s``, ``Execution.step_overhead_s``).
+  (``Execution.micro_batch_overhead_s``, ``Execution.step_overhead_s``);
+* the host's time to issue one transformer block's forward (``Execution.block_host_s``), a
+  floor under the block's GPU time (:mod:`potluck.planner.compute`): a *floor* parameter,
+  which the runs depend on only where it binds.
 
 Values are applied the way a ``calibration:`` section is (:mod:`potluck.cluster.calibration`),
 so what is fitted is exactly what the written file makes the planner see.
@@ -31,6 +34,9 @@ from potluck.plans import Execution
 
 EFFICIENCY_BOUNDS = (0.05, 1.0)  # a GEMM reaches between 5% and 100% of the peak
 LINK_FACTOR_BOUNDS = (0.01, 1.5)  # measured bandwidth / the cluster file's figure
+# one block's forward issued in 1 us (a CUDA graph) to 100 ms (a Python loop per kernel);
+# AMP's Megatron v1.1.5 profile shows 3.9-5.8 ms per layer (benchmarks/data/README.md)
+BLOCK_HOST_BOUNDS_S = (1e-6, 0.1)
 
 
 class Kind(str, Enum):
@@ -38,6 +44,10 @@ class Kind(str, Enum):
     LINK = "bandwidth_factor"
     MICRO_BATCH_OVERHEAD = "micro_batch_overhead_s"
     STEP_OVERHEAD = "step_overhead_s"
+    BLOCK_HOST = "block_host_s"
+
+
+EXECUTION_KINDS = (Kind.MICRO_BATCH_OVERHEAD, Kind.STEP_OVERHEAD, Kind.BLOCK_HOST)  # Execution fields
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,18 @@ class Parameter:
     @property
     def is_log(self) -> bool:
         """Fitted in log space (a relative change), else in seconds."""
-        return self.kind in (Kind.EFFICIENCY, Kind.LINK)
+        return self.kind in (Kind.EFFICIENCY, Kind.LINK, Kind.BLOCK_HOST)
+
+    @property
+    def in_seconds(self) -> bool:
+        """A duration (an :class:`~potluck.plans.Execution` field), else a ratio."""
+        return self.kind in EXECUTION_KINDS
+
+    @property
+    def is_floor(self) -> bool:
+        """A floor under other times: no derivative until it binds, so the fit probes its
+        range instead of following its derivative from the start."""
+        return self.kind is Kind.BLOCK_HOST
 
 
 Values = dict[Parameter, float]
@@ -77,6 +98,9 @@ def candidates(spec: ClusterSpec, execution: Execution, longest_s: float) -> lis
                            0.0, max(longest_s, execution.micro_batch_overhead_s)))
     found.append(Parameter(Kind.STEP_OVERHEAD, "", execution.step_overhead_s, 0.0,
                            max(longest_s, execution.step_overhead_s)))
+    low_s, high_s = BLOCK_HOST_BOUNDS_S
+    found.append(Parameter(Kind.BLOCK_HOST, "", min(max(execution.block_host_s, low_s), high_s),
+                           low_s, high_s))
     return found
 
 
@@ -154,7 +178,6 @@ def applied_cluster(spec: ClusterSpec, values: Values) -> ClusterSpec:
 
 
 def applied_execution(execution: Execution, values: Values) -> Execution:
-    """``execution`` with the overhead ``values`` applied."""
-    changes = {p.kind.value: v for p, v in values.items()
-               if p.kind in (Kind.MICRO_BATCH_OVERHEAD, Kind.STEP_OVERHEAD)}
+    """``execution`` with the host-time ``values`` applied."""
+    changes = {p.kind.value: v for p, v in values.items() if p.kind in EXECUTION_KINDS}
     return replace(execution, **changes) if changes else execution

@@ -14,7 +14,7 @@ from potluck.tables import compact_table
 
 
 def _value(param: Parameter, value: float) -> str:
-    return f"{value * 1e3:.4g} ms" if not param.is_log else f"{value:.4g}"
+    return f"{value * 1e3:.4g} ms" if param.in_seconds else f"{value:.4g}"
 
 
 def summary(outcome: MeasuredOutcome) -> dict[str, float | None]:
