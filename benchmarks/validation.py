@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck import api
+from potluck.calibrate.measured.output import HOST_TIMES
 from potluck.cluster.execution import preset
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
@@ -370,17 +371,13 @@ def write_runs(path: Path, runs: list[Run], source: Path) -> None:
 
 
 def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
-    """A calibrated cluster file and the set's execution with the overheads it fitted.
-
-    ``calibrate_measured`` writes the fitted framework overheads into an ``execution:``
-    section; its own reader applies them (until the cluster parser reads that section).
-    """
-    try:
-        from potluck.calibrate.measured.output import read_cluster, with_overheads
-    except ImportError:
-        return api.as_cluster(path), execution(vset.framework)
-    spec, section = read_cluster(path.read_text(), str(path))
-    return spec, with_overheads(execution(vset.framework), section, str(path))
+    """A calibrated cluster file and the set's execution with the host times it fitted
+    (``calibrate_measured`` writes them into the file's ``execution:`` section)."""
+    spec = api.as_cluster(path)
+    traits = execution(vset.framework)
+    if spec.execution is None:
+        return spec, traits
+    return spec, replace(traits, **{key: getattr(spec.execution, key) for key in HOST_TIMES})
 
 
 def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:

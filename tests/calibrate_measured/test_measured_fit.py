@@ -24,10 +24,9 @@ from potluck.calibrate.measured.calibrate import (
     check_improves,
 )
 from potluck.calibrate.measured.fit import Fit
-from potluck.calibrate.measured.output import read_cluster, with_overheads
 from potluck.calibrate.measured.params import Kind, Parameter
 from potluck.calibrate.measured.stats import leave_one_out, mape, ranks, spearman
-from potluck.cluster.spec import load_cluster
+from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
@@ -56,10 +55,10 @@ def test_the_written_file_carries_the_fit(tmp_path) -> None:
     calibrate_measured(runs, MODEL, write_claimed(tmp_path / "lab.yaml"), out)
     text = out.read_text()
     assert text.startswith(CLAIMED_TEXT)  # the input's text is kept, comments included
-    spec, section = read_cluster(text, str(out))
+    spec = parse_cluster(text, str(out))
     assert spec.device_type("a100-80g-sxm").matmul_efficiency == pytest.approx(TRUE_EFFICIENCY, rel=0.02)
     assert spec.nodes[0].inter_bandwidth_bytes_per_s == pytest.approx(0.4 * 10e9 / 8, rel=0.02)
-    overhead = with_overheads(Execution(), section, str(out)).micro_batch_overhead_s
+    overhead = spec.execution.micro_batch_overhead_s
     assert overhead == pytest.approx(TRUE_MICRO_BATCH_OVERHEAD_S, rel=0.02)
     # a layout the fit never saw, predicted on the written file, matches the true cluster
     shape = TrainingShape(64, 512, execution=Execution(micro_batch_overhead_s=overhead))

@@ -16,10 +16,9 @@ from measuredkit import (
 )
 
 from potluck.calibrate.measured.calibrate import calibrate_measured
-from potluck.calibrate.measured.output import read_cluster, with_overheads
 from potluck.calibrate.measured.params import Kind
 from potluck.calibrate.measured.stats import mape
-from potluck.plans import Execution
+from potluck.cluster.spec import load_cluster
 
 
 def fitted(outcome) -> dict[Kind, float]:
@@ -41,8 +40,7 @@ def test_host_bound_runs_give_the_host_time_per_block(tmp_path) -> None:
     network = [v for p, v in outcome.fit.values.items() if p.name == "network bandwidth factor"]
     assert network == [pytest.approx(TRUE_NETWORK_FACTOR, rel=0.02)]
     assert mape(outcome.after_s, outcome.measured_s) < 0.005
-    _, section = read_cluster(out.read_text(), str(out))
-    assert with_overheads(Execution(), section, str(out)).block_host_s == pytest.approx(
+    assert load_cluster(out).execution.block_host_s == pytest.approx(
         HOST_BOUND_BLOCK_S, rel=0.02)
 
 

@@ -28,8 +28,7 @@ from potluck.calibrate.compare_run import compare_run
 from potluck.calibrate.fit import Fit, applied_overhead, fit_run
 from potluck.calibrate.measure import kept_steps
 from potluck.calibrate.run import RunRecord, load_run
-from potluck.cluster.calibration_file import load_calibrated
-from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import PotluckError
 from potluck.plans import check_plan_matches
 from potluck.sim.compare import TraceComparison
@@ -70,7 +69,7 @@ def calibrate_run(run_dir: str | Path, cluster: str | Path | None = None,
     refused (nothing written) when the fit would predict the run worse than before."""
     record = load_run(run_dir)
     if cluster is not None:
-        check_plan_matches(record.plan, load_calibrated(cluster), label=f"{run_dir}/plan.json")
+        check_plan_matches(record.plan, load_cluster(cluster), label=f"{run_dir}/plan.json")
     fit = fit_run(record, source=_source(record))
     path = Path(out) if out is not None else default_output(run_dir, cluster)
     before = compare_run(record)

@@ -14,8 +14,8 @@ give the rest of a cluster file a command writes).
 
 :func:`with_execution` sets fitted :class:`~potluck.plans.Execution` fields (host times,
 in seconds) in a file's ``execution:`` section, keeping its other keys, so that a file
-calibrated again still has one section; :func:`load_calibrated` reads a file's cluster
-with that section set aside (it describes the training code, not the machines).
+calibrated again still has one section (the cluster parser reads it back into
+``ClusterSpec.execution``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from potluck.cluster.calibration import (
     MeasuredDevice,
     MeasuredLink,
 )
-from potluck.cluster.spec import ClusterSpec, cluster_from_data
+from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import ConfigError
-from potluck.yamlio import load_yaml
 
 _SECTION = re.compile(r"^calibration\s*:")
 EXECUTION_SECTION = "execution"
@@ -146,13 +145,6 @@ def with_execution(text: str, fitted: Mapping[str, float], label: str = "cluster
     return without_section(text, _EXECUTION).rstrip("\n") + "\n" + dumped
 
 
-def load_calibrated(path: str | Path) -> ClusterSpec:
-    """The cluster of a cluster file, its ``execution:`` section set aside."""
-    data = load_yaml(path, "cluster file")
-    if isinstance(data, dict):
-        data.pop(EXECUTION_SECTION, None)
-    return cluster_from_data(data, str(path), default_name=Path(path).stem)
-
 
 def write_calibrated_cluster(path: str | Path, text: str, calibration: Calibration,
                              execution: Mapping[str, float] | None = None) -> ClusterSpec:
@@ -161,4 +153,4 @@ def write_calibrated_cluster(path: str | Path, text: str, calibration: Calibrati
     as the planner reads it."""
     Path(path).write_text(with_execution(with_calibration(text, calibration), execution or {},
                                          str(path)))
-    return load_calibrated(path)
+    return load_cluster(path)

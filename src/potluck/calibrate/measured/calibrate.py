@@ -24,17 +24,11 @@ from potluck.calibrate.measured.fit import (
     loo_predictions,
     plan_runs,
 )
-from potluck.calibrate.measured.output import (
-    calibrated_text,
-    merged_calibration,
-    read_cluster,
-    with_overheads,
-)
+from potluck.calibrate.measured.output import calibrated_text, merged_calibration
 from potluck.calibrate.measured.params import Parameter, candidates
 from potluck.calibrate.measured.runs import read_runs
 from potluck.calibrate.measured.stats import mape
-from potluck.cluster.execution import parse_execution
-from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.spec import ClusterSpec, parse_cluster
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.spec import ModelSpec
 from potluck.planner.evaluate import predict
@@ -76,8 +70,8 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
                        out: str | Path | None = None) -> MeasuredOutcome:
     """Fit the inputs of ``cluster`` to the runs of ``runs_file`` and write ``out``."""
     text = _read(cluster)
-    spec, section = read_cluster(text, str(cluster))
-    execution = parse_execution(section, str(cluster)) if section else Execution()
+    spec = parse_cluster(text, str(cluster))
+    execution = spec.execution or Execution()
     runs = read_runs(runs_file, {group.name: group.num_gpus for group in spec.nodes})
     planned, skipped = plan_runs(spec, model, runs, execution)
     _check_enough(Path(runs_file), len(runs), planned, skipped)
@@ -92,9 +86,8 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
               f"({len(planned)} runs, {datetime.date.today().isoformat()})")
     new_text = calibrated_text(text, merged_calibration(spec, fit.values, source), fit.values,
                                str(cluster))
-    after_spec, after_section = read_cluster(new_text, str(path))
     before = tuple(float(t) for t in runs_model.predict({}))
-    after = predict_on(planned, after_spec, after_section, str(path))
+    after = predict_on(planned, parse_cluster(new_text, str(path)))
     check_improves(fit, before, after, runs_model.measured_s.tolist())
     path.write_text(new_text)
     return MeasuredOutcome(path, tuple(planned), tuple(skipped), fit, tuple(found), before, after,
@@ -117,13 +110,12 @@ def _check_enough(runs_file: Path, total: int, planned: list[PlannedRun],
                       f"at least {MIN_RUNS}{' (' + why + ')' if why else ''}; add runs")
 
 
-def predict_on(planned: list[PlannedRun], spec: ClusterSpec, section: dict, label: str
-               ) -> tuple[float, ...]:
-    """Each run's plan predicted on ``spec`` with the overheads of ``section``."""
+def predict_on(planned: list[PlannedRun], spec: ClusterSpec) -> tuple[float, ...]:
+    """Each run's plan predicted on ``spec``, with the execution traits of its ``execution:``
+    section (the runs' own where it has none)."""
     times = []
     for p in planned:
-        training = replace(p.plan.training,
-                           execution=with_overheads(p.plan.training.execution, section, label))
+        training = replace(p.plan.training, execution=spec.execution or p.plan.training.execution)
         times.append(predict(replace(p.plan, cluster=spec, training=training)).iteration_time_s)
     return tuple(times)
 

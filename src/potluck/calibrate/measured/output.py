@@ -13,51 +13,20 @@ writes its own)::
       step_overhead_s: 0.015
       block_host_s: 0.0045
 
-:func:`read_cluster` reads a cluster file with such a section: the cluster as
-:func:`~potluck.cluster.spec.cluster_from_data` reads the rest, and the section.
+The cluster parser reads the section back into ``ClusterSpec.execution``
+(:mod:`potluck.cluster.execution`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from potluck.calibrate.measured.params import EXECUTION_KINDS, Values, fitted_calibration
 from potluck.cluster.calibration import Calibration, DeviceCalibration, LinkCalibration
-from potluck.cluster.calibration_file import EXECUTION_SECTION, with_calibration, with_execution
-from potluck.cluster.spec import ClusterSpec, cluster_from_data
-from potluck.errors import ConfigError
-from potluck.plans import Execution
-from potluck.yamlio import parse_yaml
+from potluck.cluster.calibration_file import with_calibration, with_execution
+from potluck.cluster.spec import ClusterSpec
 
 HOST_TIMES = tuple(kind.value for kind in EXECUTION_KINDS)  # the Execution fields a fit sets
-
-
-def read_cluster(text: str, label: str) -> tuple[ClusterSpec, dict[str, Any]]:
-    """The cluster of a file's ``text`` and its ``execution:`` section (empty if none)."""
-    data = parse_yaml(text, label)
-    section: dict[str, Any] = {}
-    if isinstance(data, dict) and EXECUTION_SECTION in data:
-        raw = data.pop(EXECUTION_SECTION) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{label}: execution must be a mapping of Execution fields, "
-                              f"e.g. `micro_batch_overhead_s: 0.002`")
-        section = dict(raw)
-    return cluster_from_data(data, label, default_name=Path(label).stem), section
-
-
-def with_overheads(execution: Execution, section: dict[str, Any], label: str) -> Execution:
-    """``execution`` with the host times an ``execution:`` section gives."""
-    changes = {}
-    for key in HOST_TIMES:
-        if key in section:
-            value = section[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"{label}: execution.{key} must be a non-negative number of "
-                                  f"seconds, not {value!r}")
-            changes[key] = float(value)
-    return replace(execution, **changes)
 
 
 def merged_calibration(spec: ClusterSpec, values: Values, source: str) -> Calibration:
