@@ -22,25 +22,23 @@ Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatr
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from potluck import api
 from potluck.calibrate.measured.output import HOST_TIMES
+from potluck.calibrate.measured.runs import MeasuredRun, read_runs
+from potluck.calibrate.measured.stats import mape, spearman
 from potluck.cluster.execution import preset
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
 from potluck.model.counts import Recompute
-from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import search
-from potluck.plans import DType, Execution, Placement, TimeBreakdown, TrainingShape
+from potluck.plans import Execution, Placement, TimeBreakdown
 from potluck.schedules import Schedule
 
 DATA = Path(__file__).parent / "data"
-REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
 
 # How each framework ran its published steps: an execution preset and the traits in which
 # these runs differ from it (the presets are potluck's `--execution` names). Every one of
@@ -116,66 +114,22 @@ SETS: tuple[ValidationSet, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Run:
-    """One published run: its layout and measured seconds per iteration."""
-
-    line: int
-    tp: int
-    pp: int
-    dp: int
-    micro_batch_size: int
-    global_batch: int
-    seq_len: int
-    iteration_time_s: float
-    dtype: DType = DType.BF16
-    recompute: Recompute | None = None
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    zero1: bool | None = None
-    partition: Partition = Partition.BALANCED
-    groups: tuple[str, ...] | None = None  # node groups the run used (None: any)
-
-    def label(self) -> str:
-        return f"{self.tp}/{self.pp}/{self.dp} µb{self.micro_batch_size}"
+def read_set_runs(vset: ValidationSet) -> tuple[MeasuredRun, ...]:
+    """The runs of a set's CSV, read and checked as ``potluck calibrate --measured`` reads them."""
+    spec = api.as_cluster(DATA / vset.cluster)
+    return read_runs(DATA / vset.runs, {group.name: group.num_gpus for group in spec.nodes})
 
 
-def read_runs(path: Path) -> list[Run]:
-    """The runs of a validation CSV (``#`` lines are comments)."""
-    lines = path.read_text().splitlines()
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()
-                and not line.lstrip().startswith("#")]
-    header = [cell.strip() for cell in numbered[0][1].split(",")]
-    runs = []
-    for number, row in zip((n for n, _ in numbered[1:]), csv.reader(r for _, r in numbered[1:]),
-                           strict=True):
-        cells = dict(zip(header, (cell.strip() for cell in row), strict=True))
-        runs.append(_run(number, cells))
-    return runs
-
-
-def _run(line: int, cells: dict[str, str]) -> Run:
-    ints = {k: int(cells[k]) for k in REQUIRED if k != "iteration_time_s"}
-    optional: dict[str, object] = {}
-    if cells.get("dtype"):
-        optional["dtype"] = DType(cells["dtype"])
-    if cells.get("recompute"):
-        optional["recompute"] = Recompute(cells["recompute"])
-    if cells.get("schedule"):
-        optional["schedule"] = Schedule(cells["schedule"])
-    if cells.get("zero1"):
-        optional["zero1"] = cells["zero1"].lower() in ("true", "yes", "1")
-    if cells.get("partition"):
-        optional["partition"] = Partition(cells["partition"])
-    if cells.get("groups"):
-        optional["groups"] = tuple(cells["groups"].split("+"))
-    return Run(line, iteration_time_s=float(cells["iteration_time_s"]), **ints, **optional)
+def layout(run: MeasuredRun) -> str:
+    """``tp/pp/dp µb<micro-batch size>``: a run's layout in the tables."""
+    return f"{run.tp}/{run.pp}/{run.dp} µb{run.micro_batch_size}"
 
 
 @dataclass(frozen=True)
 class Outcome:
     """potluck's prediction for one run, or why it refused the run."""
 
-    run: Run
+    run: MeasuredRun
     predicted_s: float | None
     refusal: str = ""
     schedule: Schedule | None = None  # the schedule predicted, where it differs from the run's
@@ -187,16 +141,12 @@ class Outcome:
         return (self.predicted_s - self.run.iteration_time_s) / self.run.iteration_time_s
 
 
-def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
+def predict_run(vset: ValidationSet, run: MeasuredRun, spec: ClusterSpec | None = None,
                 traits: Execution | None = None) -> Outcome:
     """Plan ``run``'s pinned layout on the set's cluster (or ``spec``) and predict it."""
     schedule = timeline_schedule(run)
-    options = SearchOptions(tp=run.tp, pp=run.pp, dp=run.dp,
-                            micro_batch_size=run.micro_batch_size, recompute=run.recompute,
-                            schedule=schedule, zero1=run.zero1, partition=run.partition,
-                            groups=run.groups, top_k=1)
-    shape = TrainingShape(run.global_batch, run.seq_len, run.dtype,
-                          traits or execution(vset.framework))
+    options = replace(run.options(), schedule=schedule)
+    shape = run.shape(traits or execution(vset.framework))
     spec = spec or api.as_cluster(DATA / vset.cluster)
     try:
         plan = search(spec, api.as_model(vset.model_ref()), shape, options).best
@@ -207,7 +157,7 @@ def predict_run(vset: ValidationSet, run: Run, spec: ClusterSpec | None = None,
                    breakdown=plan.prediction.breakdown)
 
 
-def timeline_schedule(run: Run) -> Schedule:
+def timeline_schedule(run: MeasuredRun) -> Schedule:
     """The run's schedule, or GPipe for a 1F1B pipeline with fewer micro-batches than stages.
 
     DeepSpeed's and Megatron's 1F1B run such a pipeline (every stage does all its forward
@@ -219,32 +169,8 @@ def timeline_schedule(run: Run) -> Schedule:
     return run.schedule
 
 
-def ranks(values: list[float]) -> list[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    result = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for position in range(start, end + 1):
-            result[order[position]] = (start + end) / 2 + 1
-        start = end + 1
-    return result
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged)."""
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    norm = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return cov / norm if norm else float("nan")
-
-
-def mape(outcomes: list[Outcome]) -> float:
-    return sum(abs(o.error) for o in outcomes) / len(outcomes)
+def outcome_mape(outcomes: list[Outcome]) -> float:
+    return mape([o.predicted_s for o in outcomes], [o.run.iteration_time_s for o in outcomes])
 
 
 def summary(outcomes: list[Outcome]) -> tuple[int, float, float, float]:
@@ -254,7 +180,8 @@ def summary(outcomes: list[Outcome]) -> tuple[int, float, float, float]:
         return len(done), float("nan"), float("nan"), float("nan")
     errors = sorted(o.error for o in done)
     rho = spearman([o.predicted_s for o in done], [o.run.iteration_time_s for o in done])
-    return len(done), mape(done), rho, errors[len(errors) // 2]
+    return (len(done), outcome_mape(done), float("nan") if rho is None else rho,
+            errors[len(errors) // 2])
 
 
 def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
@@ -264,11 +191,11 @@ def print_rows(vset: ValidationSet, outcomes: list[Outcome]) -> None:
     print("|---:|---|---:|---:|---:|---|")
     for o in outcomes:
         if o.predicted_s is None:
-            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | refused | "
+            print(f"| {o.run.line} | {layout(o.run)} | {o.run.iteration_time_s:.3g} | refused | "
                   f"| {o.refusal} |")
         else:
             note = f" ({o.schedule.value}: fewer micro-batches than stages)" if o.schedule else ""
-            print(f"| {o.run.line} | {o.run.label()} | {o.run.iteration_time_s:.3g} | "
+            print(f"| {o.run.line} | {layout(o.run)} | {o.run.iteration_time_s:.3g} | "
                   f"{o.predicted_s:.3g}{note} | {o.error:+.0%} | {parts(o.breakdown)} |")
 
 
@@ -287,7 +214,7 @@ def print_summary(results: list[tuple[str, list[Outcome]]], title: str) -> None:
         count, err, rho, median = summary(outcomes)
         done = [o for o in outcomes if o.predicted_s is not None]
         worst = max(done, key=lambda o: abs(o.error), default=None)
-        worst_text = f"{worst.run.label()} {worst.error:+.0%}" if worst else "-"
+        worst_text = f"{layout(worst.run)} {worst.error:+.0%}" if worst else "-"
         print(f"| {name} | {len(outcomes)} | {count} | {err:.0%} | {rho:.2f} | "
               f"{median:+.0%} | {worst_text} |")
 
@@ -299,7 +226,7 @@ def print_refusals(results: list[tuple[str, list[Outcome]]]) -> None:
         for o in outcomes:
             if o.predicted_s is None:
                 reason = o.refusal.split("; drop the pins")[0]
-                groups.setdefault((name, reason), []).append(o.run.label())
+                groups.setdefault((name, reason), []).append(layout(o.run))
     if groups:
         print("\n| set | refused layouts (tp/pp/dp µbatch) | potluck's reason |")
         print("|---|---|---|")
@@ -307,7 +234,7 @@ def print_refusals(results: list[tuple[str, list[Outcome]]]) -> None:
             print(f"| {name} | {', '.join(labels)} | {reason} |")
 
 
-def micro_batches(run: Run) -> int:
+def micro_batches(run: MeasuredRun) -> int:
     """Micro-batches each pipeline runs per iteration."""
     return run.global_batch // (run.dp * run.micro_batch_size)
 
@@ -357,13 +284,13 @@ def print_pairs(results: list[tuple[str, list[Outcome]]]) -> None:
 # `potluck calibrate --measured`) and predict every run with the calibrated cluster file.
 
 
-def calibration_rows(runs: list[Run], k: int) -> list[Run]:
+def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
     """``k`` runs spread evenly over the file."""
     step = len(runs) / k
     return [runs[int(i * step)] for i in range(k)]
 
 
-def write_runs(path: Path, runs: list[Run], source: Path) -> None:
+def write_runs(path: Path, runs: list[MeasuredRun], source: Path) -> None:
     """The lines of ``runs`` from ``source`` (header included) into ``path``."""
     lines = source.read_text().splitlines()
     header = next(line for line in lines if line.strip() and not line.startswith("#"))
@@ -380,7 +307,7 @@ def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execu
     return spec, replace(traits, **{key: getattr(spec.execution, key) for key in HOST_TIMES})
 
 
-def calibrated(vset: ValidationSet, runs: list[Run], k: int) -> list[Outcome] | str:
+def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Outcome] | str:
     """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
     chosen = calibration_rows(runs, k)
     with tempfile.TemporaryDirectory() as tmp:
@@ -413,8 +340,9 @@ def megatron_sc21() -> list[Outcome]:
         plan = megatron.predict(megatron.gpt(params, heads, hidden, layers), gpus, batch, tp, pp,
                                 Recompute.FULL, schedule)
         measured_s = megatron.eq3_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
-        run = Run(line, tp, pp, gpus // (tp * pp), plan.pipelines[0].micro_batch_size, batch,
-                  megatron.SEQ, measured_s, recompute=Recompute.FULL, schedule=schedule)
+        run = MeasuredRun(line, tp, pp, gpus // (tp * pp), plan.pipelines[0].micro_batch_size,
+                          batch, megatron.SEQ, measured_s, recompute=Recompute.FULL,
+                          schedule=schedule)
         outcomes.append(Outcome(run, plan.prediction.iteration_time_s))
     return outcomes
 
@@ -433,7 +361,7 @@ def main() -> None:
     chosen = [s for s in SETS if not args.set or s.name in args.set]
     results = []
     for vset in chosen:
-        runs = read_runs(DATA / vset.runs)
+        runs = read_set_runs(vset)
         outcomes = [predict_run(vset, run) for run in runs]
         results.append((vset, outcomes))
         if args.rows:

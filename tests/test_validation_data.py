@@ -67,7 +67,7 @@ def test_every_run_fits_its_sets_cluster() -> None:
     validation = _validation()
     for vset in validation.SETS:
         gpus = as_cluster(DATA / vset.cluster).num_gpus
-        runs = validation.read_runs(DATA / vset.runs)
+        runs = validation.read_set_runs(vset)
         assert runs, vset.name
         for run in runs:
             assert run.tp * run.pp * run.dp <= gpus, f"{vset.name} line {run.line}"
@@ -79,9 +79,10 @@ def test_every_csv_belongs_to_a_set() -> None:
 
 
 def test_spearman_of_hand_ranked_values() -> None:
-    validation = _validation()
-    assert validation.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
-    assert validation.spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
-    assert validation.spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    from potluck.calibrate.measured.stats import ranks, spearman
+
+    assert ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
+    assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     # ranks (1,2,3,4) against (2,1,4,3): 1 - 6*4/(4*15) = 0.6
-    assert validation.spearman([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]) == pytest.approx(0.6)
+    assert spearman([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]) == pytest.approx(0.6)
