@@ -298,11 +298,13 @@ def calibrate(run_dir: str | Path, *, cluster: str | Path | None = None,
 
 
 def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
-                       cluster: str | Path, out: str | Path | None = None) -> MeasuredOutcome:
+                       cluster: str | Path, out: str | Path | None = None,
+                       progress: Callable[[float, str], None] | None = None) -> MeasuredOutcome:
     """Fit a few inputs of ``cluster`` (device efficiency, link bandwidths, framework
     overheads) to iteration times measured by any framework (``runs``: a CSV, one run per
     line) and write them into a cluster file (default ``<cluster>-calibrated.yaml``); the
-    outcome holds each run's error before, after and left out of the fit."""
+    outcome holds each run's error before, after and left out of the fit. ``progress(fraction,
+    what)`` hears of each fit."""
     from potluck.calibrate.measured.calibrate import calibrate_measured as fit_measured
 
-    return fit_measured(runs, as_model(model), cluster, out)
+    return fit_measured(runs, as_model(model), cluster, out, progress)

@@ -283,6 +283,7 @@ def calibrate(
 def _calibrate_measured(run: Path | None, measured: Path | None, model: str | None,
                         cluster: Path | None, out: Path | None, as_json: bool) -> None:
     from potluck.calibrate.measured.report import measured_json, render_measured
+    from potluck.profiler.report import progress_reporter
 
     if run is not None:
         raise ConfigError("give either a run directory or --measured runs.csv, not both")
@@ -291,7 +292,9 @@ def _calibrate_measured(run: Path | None, measured: Path | None, model: str | No
     if model is None or cluster is None:
         raise ConfigError("--measured needs --model (the model the runs trained) and --cluster "
                           "(the cluster file of the machines they ran on)")
-    outcome = api.calibrate_measured(measured, model=model, cluster=cluster, out=out)
+    with progress_reporter(err_console, "calibrate") as report:
+        outcome = api.calibrate_measured(measured, model=model, cluster=cluster, out=out,
+                                         progress=report)
     if as_json:
         sys.stdout.write(json.dumps(measured_json(outcome)) + "\n")
         return

@@ -49,6 +49,19 @@ def test_the_fit_recovers_efficiency_network_and_overhead(tmp_path) -> None:
     assert mape(outcome.after_s, outcome.measured_s) < 0.005 < mape(outcome.before_s, outcome.measured_s)
 
 
+def test_progress_says_how_long_the_leave_one_out_fits_take(tmp_path) -> None:
+    runs = write_runs(tmp_path / "runs.csv", true_times())
+    heard: list[tuple[float, str]] = []
+    calibrate_measured(runs, MODEL, write_claimed(tmp_path / "lab.yaml"),
+                       tmp_path / "calibrated.yaml", lambda f, what: heard.append((f, what)))
+    fractions = [f for f, _ in heard]
+    assert heard[0] == (0.0, f"planning {len(LAYOUTS)} runs")
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    estimate = next(what for _, what in heard if "leave-one-out fits, about" in what)
+    assert estimate.startswith("fitted in ") and f"; {len(LAYOUTS)} leave-one-out" in estimate
+    assert sum("leave-one-out fit " in what for _, what in heard) == len(LAYOUTS)
+
+
 def test_the_written_file_carries_the_fit(tmp_path) -> None:
     runs = write_runs(tmp_path / "runs.csv", true_times())
     out = tmp_path / "calibrated.yaml"

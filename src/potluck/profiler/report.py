@@ -30,10 +30,11 @@ def plan_line(options: ProfileOptions) -> str:
 
 
 @contextmanager
-def progress_reporter(console: Console) -> Iterator[Any]:
-    """A ``progress(fraction, what)`` callback showing on ``console``."""
+def progress_reporter(console: Console, label: str = "profile") -> Iterator[Any]:
+    """A ``progress(fraction, what)`` callback showing on ``console``: a bar on a terminal,
+    else one line per call, each starting with ``label``."""
     if console.is_terminal:
-        bar = Progress(TextColumn("profile"), BarColumn(), TextColumn("{task.description}"),
+        bar = Progress(TextColumn(label), BarColumn(), TextColumn("{task.description}"),
                        TimeElapsedColumn(), console=console, transient=True)
         task = bar.add_task("starting", total=1.0)
         with bar:
@@ -42,7 +43,7 @@ def progress_reporter(console: Console) -> Iterator[Any]:
     started = time.monotonic()
 
     def line(fraction: float, what: str) -> None:
-        console.print(f"profile: {fraction:4.0%} {what} ({time.monotonic() - started:.0f} s)",
+        console.print(f"{label}: {fraction:4.0%} {what} ({time.monotonic() - started:.0f} s)",
                       highlight=False, markup=False, soft_wrap=True)
 
     yield line

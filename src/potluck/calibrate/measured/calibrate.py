@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from potluck.plans import Execution
 from potluck.version import __version__
 
 MIN_RUNS = 2  # one input from one run would explain it by construction
+
+Progress = Callable[[float, str], None]  # (fraction done, what it is doing)
 
 
 class CalibrationRefused(PotluckError):
@@ -67,19 +70,23 @@ def default_output(cluster: str | Path) -> Path:
 
 
 def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | Path,
-                       out: str | Path | None = None) -> MeasuredOutcome:
-    """Fit the inputs of ``cluster`` to the runs of ``runs_file`` and write ``out``."""
+                       out: str | Path | None = None, progress: Progress | None = None
+                       ) -> MeasuredOutcome:
+    """Fit the inputs of ``cluster`` to the runs of ``runs_file`` and write ``out``;
+    ``progress(fraction, what)`` hears of the fit and each leave-one-out fit, and is told
+    after the first fit how long the others will take."""
+    report = progress or _silent
     text = _read(cluster)
     spec = parse_cluster(text, str(cluster))
     execution = spec.execution or Execution()
     runs = read_runs(runs_file, {group.name: group.num_gpus for group in spec.nodes})
+    report(0.0, f"planning {len(runs)} runs")
     planned, skipped = plan_runs(spec, model, runs, execution)
     _check_enough(Path(runs_file), len(runs), planned, skipped)
     started = time.perf_counter()
     runs_model = RunModel(spec, planned)
     found = candidates(spec, execution, float(runs_model.measured_s.max()))
-    fit = fit_runs(runs_model, found)
-    loo = loo_predictions(runs_model, found)
+    fit, loo = _fit_and_leave_out(runs_model, found, report)
     elapsed = time.perf_counter() - started
     path = Path(out) if out is not None else default_output(cluster)
     source = (f"potluck calibrate {__version__} --measured {Path(runs_file).name} "
@@ -92,6 +99,25 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
     path.write_text(new_text)
     return MeasuredOutcome(path, tuple(planned), tuple(skipped), fit, tuple(found), before, after,
                            tuple(loo), elapsed)
+
+
+def _fit_and_leave_out(runs_model: RunModel, found: list[Parameter], report: Progress
+                       ) -> tuple[Fit, list[float]]:
+    """The fit on every run, then each run left out of one; ``report`` says how long the
+    leave-one-out fits will take once the first fit has shown it."""
+    count, started = len(runs_model.planned), time.perf_counter()
+    report(0.0, f"fitting {count} runs")
+    fit = fit_runs(runs_model, found)
+    fit_s = time.perf_counter() - started
+    report(1 / (count + 1), f"fitted in {fit_s:.0f} s; {count} leave-one-out fits, "
+                            f"about {count * fit_s:.0f} s more")
+    loo = loo_predictions(runs_model, found, lambda i: report(
+        (i + 2) / (count + 1), f"leave-one-out fit {i + 1} of {count}"))
+    return fit, loo
+
+
+def _silent(fraction: float, what: str) -> None:
+    """No progress shown."""
 
 
 def _read(cluster: str | Path) -> str:

@@ -33,6 +33,7 @@ freedom; Draper & Smith, sec. 15.1) is kept. Where no value of the floor lowers 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -334,8 +335,10 @@ def _enters(loss: float, new_loss: float, dof: int) -> bool:
     return new_loss <= 0 or (loss - new_loss) / (new_loss / dof) >= F_TO_ENTER
 
 
-def loo_predictions(model: RunModel, candidates: list[Parameter]) -> list[float]:
-    """Each run predicted by a fit (choice of inputs included) made without it."""
+def loo_predictions(model: RunModel, candidates: list[Parameter],
+                    done: Callable[[int], None] | None = None) -> list[float]:
+    """Each run predicted by a fit (choice of inputs included) made without it; ``done(i)``
+    after run ``i``'s."""
     def fit_and_predict(rows: list[int], left_out: int) -> float:
         return float(model.predict(fit_runs(model, candidates, rows).values, [left_out])[0])
-    return leave_one_out(len(model.planned), fit_and_predict)
+    return leave_one_out(len(model.planned), fit_and_predict, done)

@@ -47,7 +47,13 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return cov / (var_a * var_b) ** 0.5
 
 
-def leave_one_out(count: int, fit_and_predict: Callable[[list[int], int], float]) -> list[float]:
+def leave_one_out(count: int, fit_and_predict: Callable[[list[int], int], float],
+                  done: Callable[[int], None] | None = None) -> list[float]:
     """For each row ``i``, ``fit_and_predict(other rows, i)``: row ``i`` predicted by a fit
-    that never saw it."""
-    return [fit_and_predict([k for k in range(count) if k != i], i) for i in range(count)]
+    that never saw it; ``done(i)`` after each."""
+    predictions = []
+    for i in range(count):
+        predictions.append(fit_and_predict([k for k in range(count) if k != i], i))
+        if done is not None:
+            done(i)
+    return predictions
