@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,3 +190,31 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     stuck = int((tmp_path / "stuck.pid").read_text())
     assert not _alive(stuck), "run_local returned while a rank still ran"
     assert time.monotonic() - began < START_S
+
+
+def test_ctrl_c_while_the_ranks_start_stops_them_without_a_traceback(tmp_path):
+    """Ctrl-C reaches every process of the terminal's foreground group: the fork server, still
+    importing torch, and the ranks must leave stopping to the launcher."""
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CLUSTER)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "train", "-c", str(cluster), "-m", "tiny-llama",
+         "--steps", "100000", "--global-batch", "4", "--seq-len", "32"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + START_S
+        while not started and time.monotonic() < deadline and launcher.poll() is None:
+            started = [p for p in _children(launcher.pid) if b"forkserver" in _cmdline(p)]
+            time.sleep(0.05)
+        assert started, "no fork server started"
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=GONE_S)
+        assert _gone_soon(started + _children(started[0])) == []
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.communicate()
+    assert launcher.returncode != 0
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]

@@ -15,6 +15,11 @@ end it when what started it is gone:
   or blocked SIGTERM from the process that started the launcher (exec keeps
   both): the launcher's SIGTERM, and a user's, then stop it.
 
+Ctrl-C is the launcher's to handle (as torchrun's agent does): it stops the
+ranks. The fork server and the ranks start with SIGINT blocked
+(:func:`starting_processes`) and the ranks then ignore it, so a Ctrl-C while
+they import torch prints no traceback from each of them.
+
 The launcher holds each rank by a :class:`RankHandle` (a pidfd on Linux):
 whether the rank is alive and the signals sent to it stay right after its
 parent, the fork server, died and it was re-parented, where
@@ -33,7 +38,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -43,12 +49,35 @@ LAUNCHER_GONE_EXIT = 1
 
 
 def die_with_launcher(launcher_pid: int) -> None:
-    """In a rank: end this process when its parent or the launcher is gone."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    """In a rank: end this process when its parent or the launcher is gone, or on SIGTERM;
+    leave Ctrl-C to the launcher."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _set_parent_death_signal()
     threading.Thread(target=_watch_launcher, args=(launcher_pid,), name="potluck-lifeline",
                      daemon=True).start()
+
+
+@contextmanager
+def starting_processes() -> Iterator[None]:
+    """Ctrl-C held back while this thread starts processes. SIGINT is blocked here, and the
+    fork server, the resource tracker and spawned ranks keep that mask through exec, so a
+    Ctrl-C cannot interrupt their imports with a traceback each. In the main thread, a
+    Ctrl-C meanwhile is delivered once every process has started: an interrupted start
+    leaves a process whose pid the launcher never learned, so cannot stop."""
+    pending: list[int] = []
+    deferred = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, lambda *_: pending.append(1)) if deferred else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if deferred:
+            signal.signal(signal.SIGINT, handler)
+    if pending:
+        signal.raise_signal(signal.SIGINT)
 
 
 def _set_parent_death_signal() -> None:

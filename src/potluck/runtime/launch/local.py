@@ -118,13 +118,14 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
     ranks: list[RankHandle] = []
     try:
-        for rank, device in enumerate(devices):
-            process = context.Process(
-                target=_rank_main, name=f"potluck-rank{rank}",
-                args=(fn, args, rank, rank_env(rank, world, device, port, env), threads,
-                      reports, os.getpid()))
-            process.start()
-            ranks.append(RankHandle(process))
+        with lifeline.starting_processes():
+            for rank, device in enumerate(devices):
+                process = context.Process(
+                    target=_rank_main, name=f"potluck-rank{rank}",
+                    args=(fn, args, rank, rank_env(rank, world, device, port, env), threads,
+                          reports, os.getpid()))
+                process.start()
+                ranks.append(RankHandle(process))
         return _collect([r.process for r in ranks], reports, devices, timeout_s, grace_s,
                         context.get_start_method() == "forkserver")
     finally:
