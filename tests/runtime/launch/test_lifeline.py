@@ -17,9 +17,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.watchdog import RankFailure
@@ -218,3 +220,34 @@ def test_ctrl_c_while_the_ranks_start_stops_them_without_a_traceback(tmp_path):
         launcher.communicate()
     assert launcher.returncode != 0
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+
+
+def _store_gone() -> str:
+    """What a rank's store client says when the store's server is gone (the launcher that
+    hosts it died); torch also logs a warning with a C++ stack trace."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False,
+                           timeout=timedelta(seconds=5))
+    client.set("key", "1")
+    del server
+    try:
+        client.add("key", 1)
+    except dist.DistNetworkError as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.parametrize("level", [None, "WARNING"])
+def test_ranks_log_torchs_cpp_warnings_only_when_asked_to(tmp_path, level):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)])}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
+    if level:
+        env["TORCH_CPP_LOG_LEVEL"] = level
+    script = ("from potluck.runtime.launch.local import run_local\n"
+              "from test_lifeline import _store_gone\n"
+              "print(run_local(_store_gone, ['cpu.0:0'])[0])\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=START_S, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Connection was likely closed" in result.stdout  # the error itself stays
+    assert ("recvValue failed" in result.stderr) == (level == "WARNING"), result.stderr[-3000:]

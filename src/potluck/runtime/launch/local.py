@@ -10,7 +10,9 @@ error raised names the rank that failed first and why. A run that exceeds
 itself (as torchrun's agent does), so it outlives every rank; no rank outlives
 the launcher or the fork server that starts the ranks
 (:mod:`~potluck.runtime.launch.lifeline`), and when the fork server dies the
-error says so instead of blaming a rank.
+error says so instead of blaming a rank. The ranks log torch's C++ warnings
+only when ``TORCH_CPP_LOG_LEVEL`` asks for them: a store client whose server is
+gone warns with a C++ stack before raising the same error as an exception.
 
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
@@ -25,7 +27,8 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 GRACE_S = 15.0
 STOP_WAIT_S = 5.0
+RANK_CPP_LOG_LEVEL = "ERROR"
 FORK_SERVER_GONE_EXIT = 255  # what multiprocessing reads when the fork server closes
 
 
@@ -118,7 +122,7 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
     ranks: list[RankHandle] = []
     try:
-        with lifeline.starting_processes():
+        with lifeline.starting_processes(), _rank_cpp_log_level():
             for rank, device in enumerate(devices):
                 process = context.Process(
                     target=_rank_main, name=f"potluck-rank{rank}",
@@ -130,6 +134,21 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
                         context.get_start_method() == "forkserver")
     finally:
         lifeline.stop(ranks, STOP_WAIT_S)
+
+
+@contextmanager
+def _rank_cpp_log_level() -> Iterator[None]:
+    """Start ranks (and the fork server, which passes its environment on) with torch's C++
+    log level at ERROR unless the user set ``TORCH_CPP_LOG_LEVEL``: c10 reads it once, when
+    torch is imported, so setting it inside a rank is too late."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = RANK_CPP_LOG_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float,
