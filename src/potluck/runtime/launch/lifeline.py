@@ -67,7 +67,8 @@ def starting_processes() -> Iterator[None]:
     Ctrl-C meanwhile is delivered once every process has started: an interrupted start
     leaves a process whose pid the launcher never learned, so cannot stop."""
     pending: list[int] = []
-    deferred = threading.current_thread() is threading.main_thread()
+    deferred = (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not None)  # None: not set from Python
     handler = signal.signal(signal.SIGINT, lambda *_: pending.append(1)) if deferred else None
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
