@@ -1,11 +1,11 @@
 """No rank outlives `potluck train`, and a run that loses a process says which, in one line.
 
-Each test starts `potluck train` on two CPU ranks with stdout and stderr on pipes (as
-`potluck train ... | tee log` has them), waits for its first step, kills one process
-of the run and checks what the user sees: how potluck exits, its stderr, and that no
-rank is left running. A rank left running would also hold the pipes open, so reading
-them to the end is itself bounded.
-"""
+Most tests start `potluck train` on two CPU ranks with stdout and stderr on pipes (as
+`potluck train ... | tee log` has them), wait for its first step, kill one process of
+the run (a rank, the fork server, the launcher) and check what the user sees: how
+potluck exits, its stderr, and that no rank is left running. A rank left running would
+also hold the pipes open, so reading them to the end is itself bounded. The others
+check Ctrl-C during the start, a rank that ignores SIGTERM, and torch's C++ warnings."""
 
 from __future__ import annotations
 
