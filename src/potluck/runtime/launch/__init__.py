@@ -7,5 +7,7 @@
 - :mod:`~potluck.runtime.launch.session`: a rank joins the job (process groups,
   device, layout);
 - :mod:`~potluck.runtime.launch.watchdog`: heartbeats, and the error that names
-  the rank that failed.
+  the rank that failed;
+- :mod:`~potluck.runtime.launch.lifeline`: no rank outlives its launcher or the
+  fork server that started it.
 """

@@ -7,7 +7,12 @@ a rank fails or dies, the others get a short grace period to stop on their
 own (their collectives fail and name the culprit), then are terminated; the
 error raised names the rank that failed first and why. A run that exceeds
 ``timeout_s`` is stopped the same way. The launcher hosts the rendezvous store
-itself (as torchrun's agent does), so it outlives every rank.
+itself (as torchrun's agent does), so it outlives every rank; no rank outlives
+the launcher or the fork server that starts the ranks
+(:mod:`~potluck.runtime.launch.lifeline`), and when the fork server dies the
+error says so instead of blaming a rank. The ranks log torch's C++ warnings
+only when ``TORCH_CPP_LOG_LEVEL`` asks for them: a store client whose server is
+gone warns with a C++ stack before raising the same error as an exception.
 
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
@@ -22,7 +27,8 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,11 +36,16 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import PotluckError
+from potluck.runtime.launch import lifeline
+from potluck.runtime.launch.lifeline import RankHandle
 from potluck.runtime.launch.watchdog import RankFailure, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 GRACE_S = 15.0
+STOP_WAIT_S = 5.0
+RANK_CPP_LOG_LEVEL = "ERROR"
+FORK_SERVER_GONE_EXIT = 255  # what multiprocessing reads when the fork server closes
 
 
 def free_port() -> int:
@@ -51,10 +62,12 @@ class _Report:
     error_type: str = ""
     message: str = ""
     details: str = ""
+    exit_code: int | None = None
 
 
 def _rank_main(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
-               threads: int, reports: Any) -> None:
+               threads: int, reports: Any, launcher_pid: int) -> None:
+    lifeline.die_with_launcher(launcher_pid)
     os.environ.update(env)
     torch.set_num_threads(threads)
     try:
@@ -95,8 +108,9 @@ def _context(fn: Callable[..., Any]) -> Any:
 
 def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
               timeout_s: float = 3600.0, env: dict[str, str] | None = None,
-              threads_per_rank: int | None = None) -> list[T]:
-    """Run ``fn(*args)`` on one process per device; their results, by rank."""
+              threads_per_rank: int | None = None, grace_s: float = GRACE_S) -> list[T]:
+    """Run ``fn(*args)`` on one process per device; their results, by rank. After the first
+    failure the others have ``grace_s`` to stop on their own."""
     world = len(devices)
     # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
     # any rank and the survivors can still ask it who failed.
@@ -106,20 +120,39 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
     context = _context(fn)
     reports = context.Queue()
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
-    processes = []
-    for rank, device in enumerate(devices):
-        rank_environment = rank_env(rank, world, device, port, env)
-        process = context.Process(target=_rank_main, name=f"potluck-rank{rank}",
-                                  args=(fn, args, rank, rank_environment, threads, reports))
-        process.start()
-        processes.append(process)
+    ranks: list[RankHandle] = []
     try:
-        return _collect(processes, reports, devices, timeout_s)
+        with lifeline.starting_processes(), _rank_cpp_log_level():
+            for rank, device in enumerate(devices):
+                process = context.Process(
+                    target=_rank_main, name=f"potluck-rank{rank}",
+                    args=(fn, args, rank, rank_env(rank, world, device, port, env), threads,
+                          reports, os.getpid()))
+                process.start()
+                ranks.append(RankHandle(process))
+        return _collect([r.process for r in ranks], reports, devices, timeout_s, grace_s,
+                        context.get_start_method() == "forkserver")
     finally:
-        _stop(processes)
+        lifeline.stop(ranks, STOP_WAIT_S)
 
 
-def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float) -> list:
+@contextmanager
+def _rank_cpp_log_level() -> Iterator[None]:
+    """Start ranks (and the fork server, which passes its environment on) with torch's C++
+    log level at ERROR unless the user set ``TORCH_CPP_LOG_LEVEL``: c10 reads it once, when
+    torch is imported, so setting it inside a rank is too late."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = RANK_CPP_LOG_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+
+
+def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float,
+             grace_s: float, fork_server: bool) -> list:
     results: dict[int, Any] = {}
     failures: dict[int, _Report] = {}
     deadline = time.monotonic() + timeout_s
@@ -130,7 +163,8 @@ def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: f
         now = time.monotonic()
         if failures and first_failure_at is None:
             first_failure_at = now
-        if first_failure_at is not None and now - first_failure_at > GRACE_S:
+            _raise_if_fork_server_died(failures, fork_server)
+        if first_failure_at is not None and now - first_failure_at > grace_s:
             break
         if now > deadline:
             raise RankFailure(f"the run did not finish within {timeout_s:.0f} s; stopped all ranks")
@@ -160,8 +194,8 @@ def _note_deaths(processes: list, results: dict, failures: dict) -> None:
             continue  # its report is still in the queue
         time.sleep(0.2)  # a failing rank reports before it exits; give the queue a moment
         if rank not in failures:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            failures[rank] = _Report(rank, False, error_type="Exit", message=how)
+            how = lifeline.killed_by(-code) if code < 0 else f"exited with code {code}"
+            failures[rank] = _Report(rank, False, error_type="Exit", message=how, exit_code=code)
 
 
 def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> PotluckError:
@@ -180,12 +214,15 @@ def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> Potluck
     return RankFailure(f"{name} {detail}")
 
 
-def _stop(processes: list) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(timeout=5)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=5)
+def _raise_if_fork_server_died(failures: dict[int, _Report], fork_server: bool) -> None:
+    """The fork server's death ends every rank, and ``multiprocessing`` reads each one's
+    exit code as 255: then name the fork server (it may take a moment to become waitable
+    after its sockets closed)."""
+    if not fork_server or all(r.exit_code != FORK_SERVER_GONE_EXIT for r in failures.values()):
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        death = lifeline.fork_server_death()
+        if death is not None:
+            raise RankFailure(f"{death}; every rank stopped with it (rerun the command)")
+        time.sleep(0.1)
