@@ -68,7 +68,7 @@ def test_pipeline_stages_reload_as_tensor_parallel_shards(tmp_path: Path):
 
 
 def _shard_bytes(out_dir: Path) -> int:
-    return sum(f.stat().st_size for f in checkpoint_path(out_dir, 3).glob("*.distcp"))
+    return sum(f.stat().st_size for f in checkpoint_path(out_dir, 3).glob("*.safetensors"))
 
 
 def test_data_parallel_replicas_are_written_once_and_reload_as_stages(tmp_path: Path):
