@@ -6,11 +6,11 @@ any run with an output directory, after the last one; :func:`save` and
 checkpoint whose files match their checksums (a damaged one is skipped with a
 warning naming the bad file).
 
-A checkpoint is *known good* when its files verified (the one a run resumed
-from) or when this run wrote it after a step that was not skipped and whose
-loss was finite. The newest known-good checkpoint is
-``Trainer.good_checkpoint``: pruning never deletes it (so a run whose state
-turned to inf or NaN cannot prune away the last good state), and a run that
+A checkpoint is *known good* once a step run from its state had finite
+gradients and a finite loss (``Trainer.note_checkpoint``; a step's own loss says
+nothing of the update it saves). The newest one is ``Trainer.good_checkpoint``.
+Pruning waits until the run has one and never deletes it, so a run whose state
+turned to inf or NaN keeps the checkpoints it started from, and a run that
 stops because every step is skipped names it.
 
 The bridge between the trainer and :mod:`potluck.runtime.checkpoints.storage`: the
@@ -26,7 +26,6 @@ another plan, with or without ZeRO-1.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,19 +64,14 @@ def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
     def hook(metrics: StepMetrics) -> None:
         done = metrics.step + 1
         if (every > 0 and done % every == 0) or done == options.steps:
-            good = not metrics.skipped and math.isfinite(metrics.loss)
-            save(trainer, source, out_dir, options.keep_checkpoints, known_good=good)
+            save(trainer, source, out_dir, options.keep_checkpoints)
 
     return hook
 
 
-def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0, *,
-         known_good: bool = True) -> Path:
-    """Checkpoint the state after the trainer's last step (collective: every rank calls).
-
-    ``known_good``: the step before it was finite, so the checkpoint becomes
-    ``trainer.good_checkpoint``; pruning keeps ``keep_last`` and the known-good one.
-    """
+def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
+    """Checkpoint the state after the trainer's last step (collective: every rank calls);
+    once the run has a known-good checkpoint, prune to it and the newest ``keep_last``."""
     model = trainer.model
     next_step = trainer.step_index
     writes = model.layout.role.pipeline == 0
@@ -91,9 +85,8 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0, *,
     if trainer.loss_scale is not None:
         trainer_state["loss_scale"] = trainer.loss_scale.state_dict()
     path = save_checkpoint(out_dir, next_step, state, trainer_state)
-    if known_good:
-        trainer.good_checkpoint = path
-    if model.layout.rank == 0:
+    trainer.note_checkpoint(path)
+    if model.layout.rank == 0 and trainer.good_checkpoint is not None:
         prune_checkpoints(out_dir, keep_last, keep=trainer.good_checkpoint)
     return path
 
@@ -118,7 +111,7 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     if "loss_scale" in saved and trainer.loss_scale is not None:
         trainer.loss_scale.load_state_dict(saved["loss_scale"])
     trainer.step_index = _saved_step(saved, path)
-    trainer.good_checkpoint = path
+    trainer.note_checkpoint(path, resumed=True)
     return trainer.step_index
 
 

@@ -26,6 +26,7 @@ returns rows ``[start, start + count)`` of global batch ``step`` as token ids
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import sys
 import time
@@ -129,7 +130,18 @@ class Trainer:
         self.emulated = emulated
         self.step_index = 0
         self.skipped_in_a_row = 0  # skips a lower loss scale could not have avoided
-        self.good_checkpoint: Path | None = None  # newest known good (set by checkpointing)
+        self.good_checkpoint: Path | None = None  # newest checkpoint a finite step ran from
+        self.resumed_from: Path | None = None
+        self._unconfirmed_checkpoint: Path | None = None
+
+    def note_checkpoint(self, path: Path, *, resumed: bool = False) -> None:
+        """A checkpoint of the current state was saved (or, ``resumed``, loaded). It becomes
+        :attr:`good_checkpoint` once a step run from this state has finite gradients and loss:
+        the state a step saves comes from that step's update, which its own loss cannot vouch
+        for."""
+        self._unconfirmed_checkpoint = path
+        if resumed:
+            self.resumed_from = path
 
     def step(self, rows: torch.Tensor) -> StepMetrics:
         """One training step on this replica's ``rows`` of the current global batch."""
@@ -152,6 +164,8 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_step(metrics)
         self.step_index += 1
+        if output.grads_finite and math.isfinite(output.loss) and self._unconfirmed_checkpoint:
+            self.good_checkpoint, self._unconfirmed_checkpoint = self._unconfirmed_checkpoint, None
         self._count_skips(output.grads_finite, lowerable)
         return metrics
 
@@ -193,8 +207,12 @@ class Trainer:
         self.skipped_in_a_row += 1
         if self.skipped_in_a_row < MAX_SKIPPED_STEPS:
             return
-        good = (f"the newest good checkpoint is {self.good_checkpoint}" if self.good_checkpoint
-                else "no checkpoint of this run is known to be good")
+        if self.good_checkpoint:
+            good = f"the newest good checkpoint is {self.good_checkpoint}"
+        elif self.resumed_from:
+            good = f"no step since it resumed from {self.resumed_from} was finite"
+        else:
+            good = "no checkpoint of this run is known to be good"
         lr = float(self.optimizer.param_groups[0]["lr"])
         raise TrainingError(
             f"stopped after step {self.step_index - 1}: {self.skipped_in_a_row} steps in a row "
