@@ -191,3 +191,17 @@ def test_tied_and_strided_tensors_round_trip(tmp_path: Path):
     load_checkpoint(latest_checkpoint(tmp_path), loaded)
     for key, value in state["model"].items():
         assert torch.equal(loaded["model"][key], value), key
+
+
+def test_plain_values_come_back_with_their_types_or_are_refused_before_loading(tmp_path: Path):
+    save_checkpoint(tmp_path, 1, {"optim": {"w": torch.ones(2), "betas": (0.9, 0.95), "lr": 1,
+                                            "foreach": None}}, {"step": 1})
+    state = {"optim": {"w": torch.zeros(2), "betas": (0.1, 0.2), "lr": 0.5, "foreach": True}}
+    load_checkpoint(latest_checkpoint(tmp_path), state)
+    assert state["optim"] == {"w": state["optim"]["w"], "betas": (0.9, 0.95), "lr": 1.0,
+                              "foreach": None}
+    assert isinstance(state["optim"]["lr"], float) and state["optim"]["w"].tolist() == [1.0, 1.0]
+    wrong = {"optim": {"w": torch.zeros(2), "betas": "fast"}}
+    with pytest.raises(ConfigError, match="value 'optim.betas' is a list, this run has a str"):
+        load_checkpoint(latest_checkpoint(tmp_path), wrong)
+    assert wrong["optim"]["w"].tolist() == [0.0, 0.0], "refused only after loading tensors"

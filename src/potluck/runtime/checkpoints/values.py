@@ -64,10 +64,15 @@ def read_values(text: str) -> dict[str, Any]:
 
 
 def values_problem(state: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
-    """The first plain value ``state`` asks for that ``saved`` lacks."""
-    for key, _ in _plain_leaves(state, ""):
+    """The first plain value ``state`` asks for that ``saved`` lacks or holds as another type
+    (checked before loading, so that every rank can refuse together)."""
+    for key, live in _plain_leaves(state, ""):
         if key not in saved:
             return f"it has no value {key!r}"
+        try:
+            _like(live, saved[key], key)
+        except ConfigError as err:
+            return str(err).removeprefix("checkpoint ")
     return None
 
 
