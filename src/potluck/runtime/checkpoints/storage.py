@@ -83,7 +83,7 @@ from potluck.runtime.checkpoints.manifest import (
     first_problem_on_any_rank,
     manifest_text,
 )
-from potluck.runtime.checkpoints.rng import load_rng_state, save_rng
+from potluck.runtime.checkpoints.rng import save_rng
 from potluck.runtime.checkpoints.values import (
     VALUES,
     read_values,
@@ -94,8 +94,6 @@ from potluck.runtime.checkpoints.values import (
 )
 
 log = logging.getLogger(__name__)
-
-__all__ = ["MARKER", "load_rng_state"]  # re-exported: the marker's and the RNG's owners are elsewhere
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE = "trainer_state.json"

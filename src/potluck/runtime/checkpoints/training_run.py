@@ -32,10 +32,10 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
+from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     load_checkpoint,
-    load_rng_state,
     prune_checkpoints,
     resume_checkpoint,
     save_checkpoint,
