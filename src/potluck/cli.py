@@ -486,7 +486,8 @@ def train(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Run directory: plan.json, metrics.jsonl, checkpoints/.")] = None,
     emulate: Annotated[bool, typer.Option(help="Dry-run on CPU ranks timed like the devices.")] = False,
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint to DIR every N steps (0: never).")] = 0,
+    checkpoint_every: Annotated[int, typer.Option(
+        help="Also checkpoint to DIR every N steps (0: the final state only).")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
     tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
     dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
@@ -537,12 +538,12 @@ def export(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
 ) -> None:
-    """Export the newest checkpoint of a run as a Hugging Face model (safetensors)."""
+    """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)."""
     from potluck.runtime.checkpoints.export import export_run
 
-    path = export_run(run, out)
-    console.print(f"exported to {path}: AutoModelForCausalLM.from_pretrained({str(path)!r})",
-                  highlight=False)
+    done = export_run(run, out)
+    console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: "
+                  f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})", highlight=False)
 
 
 def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,

@@ -23,3 +23,7 @@ class InfeasibleError(PotluckError):
     """No plan satisfies the request (memory, divisibility or pins)."""
 
     exit_code = 3
+
+
+class TrainingError(PotluckError):
+    """Training cannot go on (every step skipped: the state or the settings hold inf/NaN)."""

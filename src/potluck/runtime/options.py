@@ -29,7 +29,7 @@ class TrainOptions:
     timeout_s: float = 600.0  # how long a rank waits for the others
     tensorboard: bool = False
     progress: bool = True
-    checkpoint_every: int = 0  # save to out_dir/checkpoints every N steps and at the end
-    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    checkpoint_every: int = 0  # also save to out_dir/checkpoints every N steps (0: at the end only)
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all), and the newest known good
     resume: bool = False  # continue from the newest checkpoint in out_dir
     trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)

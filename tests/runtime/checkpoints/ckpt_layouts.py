@@ -13,6 +13,7 @@ from different numbers and only matches after loading.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,25 @@ def mismatch_worker(rank: int, world_size: int, out_dir: Path) -> None:
         assert "does not fit this model" in str(err) and "(32," in str(err)
         return
     raise AssertionError("loading a wider model did not fail")
+
+
+def damaged_file_worker(rank: int, world_size: int, out_dir: Path) -> None:
+    """Worker: save under ``pp``, damage a file only rank 1 hashes; every rank must raise the
+    same error naming it, none may hang or read the checkpoint."""
+    save("pp", rank, world_size, out_dir)
+    checkpoint = latest_checkpoint(out_dir)
+    names = sorted(json.loads((checkpoint / "manifest.json").read_text())["files"])
+    damaged = names[1::world_size][0]  # the files are hashed round-robin by rank
+    dist.barrier()
+    if rank == 0:
+        with open(checkpoint / damaged, "r+b") as file:
+            file.seek(-8, 2)
+            file.write(b"\xff" * 8)
+    dist.barrier()
+    parts, optimizers = build("pp", rank, world_size, seed=1)
+    try:
+        load_checkpoint(checkpoint, training_state(parts, optimizers))
+    except ConfigError as err:
+        assert f"{damaged} does not match its sha256" in str(err), err
+        return
+    raise AssertionError("a damaged checkpoint loaded")

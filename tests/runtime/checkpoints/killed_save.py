@@ -1,7 +1,7 @@
 """A process that saves checkpoint 1, then is SIGKILLed while saving checkpoint 2.
 
 ``python killed_save.py OUT_DIR WHERE`` with WHERE one of:
-``writing`` (shard files written, DCP's metadata not yet), or ``marker`` (the
+``writing`` (the shard file written, the manifest not yet), or ``marker`` (the
 marker written, the directory not yet renamed). Used by
 test_checkpoint_atomic.py; a kill is the one failure no ``finally`` can tidy.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
 from potluck.runtime.checkpoints import storage
 
@@ -29,7 +29,7 @@ def _kill_after(function):
 
 def _arm(where: str) -> None:
     if where == "writing":
-        FileSystemWriter.write_data = _kill_after(FileSystemWriter.write_data)
+        HuggingFaceStorageWriter.write_data = _kill_after(HuggingFaceStorageWriter.write_data)
     elif where == "marker":
         original = storage._write_synced
 

@@ -19,10 +19,12 @@ from potluck.runtime.checkpoints.storage import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
+    newest_verified,
     prune_checkpoints,
     read_trainer_state,
     resume_checkpoint,
     save_checkpoint,
+    training_state,
 )
 
 
@@ -68,7 +70,7 @@ def test_pipeline_stages_reload_as_tensor_parallel_shards(tmp_path: Path):
 
 
 def _shard_bytes(out_dir: Path) -> int:
-    return sum(f.stat().st_size for f in checkpoint_path(out_dir, 3).glob("*.distcp"))
+    return sum(f.stat().st_size for f in checkpoint_path(out_dir, 3).glob("*.safetensors"))
 
 
 def test_data_parallel_replicas_are_written_once_and_reload_as_stages(tmp_path: Path):
@@ -133,3 +135,73 @@ def test_prune_keeps_the_newest(tmp_path: Path):
     assert [p.name for p in removed] == ["step_000001"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "step_000002", "step_000003"]
+
+
+def test_prune_never_deletes_the_checkpoint_known_good(tmp_path: Path):
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, step, {"x": torch.ones(1) * step}, {"step": step})
+    removed = prune_checkpoints(tmp_path, keep_last=2, keep=checkpoint_path(tmp_path, 1))
+    assert [p.name for p in removed] == ["step_000002"]
+
+
+def test_a_damaged_file_on_the_rank_that_hashes_it_fails_every_rank_alike(tmp_path: Path):
+    run_ranks(layouts.damaged_file_worker, 2, tmp_path, timeout_s=60)
+
+
+def test_a_stray_safetensors_file_is_refused_before_anything_is_read(tmp_path: Path):
+    """The safetensors reader reads every *.safetensors file in the directory."""
+    from safetensors.torch import save_file
+
+    save_checkpoint(tmp_path, 1, {"model": {"w": torch.ones(3)}}, {"step": 1})
+    save_file({"model.w": torch.full((3,), 7.0)}, str(checkpoint_path(tmp_path, 1) / "extra.safetensors"))
+    with pytest.raises(ConfigError, match="extra.safetensors is not one of the files it was saved with"):
+        load_checkpoint(latest_checkpoint(tmp_path), {"model": {"w": torch.zeros(3)}})
+
+
+def test_the_newest_checkpoint_that_verifies_is_used_and_the_damaged_one_named(tmp_path: Path, caplog):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"model": {"w": torch.ones(3) * step}}, {"step": step})
+    (checkpoint_path(tmp_path, 2) / "values.json").write_text("[]\n")  # as long as "{}\n"
+    with caplog.at_level("WARNING"):
+        assert newest_verified(tmp_path) == checkpoint_path(tmp_path, 1)
+    assert "step_000002 cannot be used: values.json does not match its sha256" in caplog.text
+    assert "using step_000001 instead" in caplog.text
+    (checkpoint_path(tmp_path, 1) / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match=r"step_000002 cannot be used: values.json .*\(nor can the 1 "
+                                          r"older one\)"):
+        resume_checkpoint(tmp_path)
+
+
+def test_tied_and_strided_tensors_round_trip(tmp_path: Path):
+    """safetensors refuses tensors that share memory (GPT-2's tied embedding and head) and
+    non-contiguous ones; the checkpoint writes copies and loads both names back."""
+    from transformers import AutoModelForCausalLM
+
+    from potluck.model.hf import hf_config_for
+    from potluck.model.spec import PRESETS
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config_for(PRESETS["tiny-gpt2"]))
+    state = training_state([model], [torch.optim.AdamW(model.parameters())])
+    tied = state["model"]["lm_head.weight"], state["model"]["transformer.wte.weight"]
+    assert tied[0].data_ptr() == tied[1].data_ptr()
+    state["model"]["strided"] = torch.arange(12.0).reshape(3, 4).t()
+    save_checkpoint(tmp_path, 1, state, {"step": 1})
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+    load_checkpoint(latest_checkpoint(tmp_path), loaded)
+    for key, value in state["model"].items():
+        assert torch.equal(loaded["model"][key], value), key
+
+
+def test_plain_values_come_back_with_their_types_or_are_refused_before_loading(tmp_path: Path):
+    save_checkpoint(tmp_path, 1, {"optim": {"w": torch.ones(2), "betas": (0.9, 0.95), "lr": 1,
+                                            "foreach": None}}, {"step": 1})
+    state = {"optim": {"w": torch.zeros(2), "betas": (0.1, 0.2), "lr": 0.5, "foreach": True}}
+    load_checkpoint(latest_checkpoint(tmp_path), state)
+    assert state["optim"] == {"w": state["optim"]["w"], "betas": (0.9, 0.95), "lr": 1.0,
+                              "foreach": None}
+    assert isinstance(state["optim"]["lr"], float) and state["optim"]["w"].tolist() == [1.0, 1.0]
+    wrong = {"optim": {"w": torch.zeros(2), "betas": "fast"}}
+    with pytest.raises(ConfigError, match="value 'optim.betas' is a list, this run has a str"):
+        load_checkpoint(latest_checkpoint(tmp_path), wrong)
+    assert wrong["optim"]["w"].tolist() == [0.0, 0.0], "refused only after loading tensors"

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 from potluck.data import ByteTokenizer, TokenDataset, build_dataset, builtin_corpus_path
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import PRESETS
+from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     latest_checkpoint,
     load_checkpoint,
-    load_rng_state,
     save_checkpoint,
     training_state,
 )

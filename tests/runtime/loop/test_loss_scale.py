@@ -16,6 +16,7 @@ import torch
 from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe
 
 from potluck.cluster import Cluster, parse_cluster
+from potluck.errors import TrainingError
 from potluck.plans import DType, Plan
 from potluck.runtime import Trainer, build_model, parallelize, start
 from potluck.runtime.checkpoints import training_run
@@ -24,6 +25,7 @@ from potluck.runtime.launch.session import Session
 from potluck.runtime.layout import Layout
 from potluck.runtime.loop.batches import RandomTokens
 from potluck.runtime.loop.loss_scale import DynamicLossScale
+from potluck.runtime.loop.trainer import MAX_SKIPPED_STEPS
 
 STEPS = 4
 POISONED_STEP = 1  # rank 1 makes one gradient inf in this step
@@ -168,3 +170,34 @@ def test_a_bf16_plan_on_bf16_gpus_stays_bf16():
     session = _gpu_session("  - {name: a, gpu: a100-80g-sxm, gpus_per_node: 2}\n", DType.BF16)
     assert session.autocast_dtype is torch.bfloat16
     assert session.all_bf16 and not session.any_fp16
+
+
+def _steps_until_stopped(plan: Plan, scale: float | None) -> tuple[int, str]:
+    """Poison every step's gradients; how many steps ran before the run stopped, and why."""
+    session = start(plan, timeout_s=60)
+    try:
+        model = parallelize(build_model(plan.model), session)
+        policy = None if scale is None else DynamicLossScale(scale=scale)
+        trainer = Trainer(model, loss_scale=policy)
+        data = RandomTokens(plan.model.vocab_size, plan.training.seq_len, plan.training.global_batch)
+        next(iter(model.parameters())).register_hook(lambda grad: grad * math.inf)
+        for step in range(100):
+            try:
+                trainer.step(data.replica_rows(step, *session.layout.batch_rows))
+            except TrainingError as err:
+                return step + 1, str(err)
+        return 100, ""
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("scale", [None, 2.0**4])
+def test_a_run_whose_every_step_overflows_stops_once_a_lower_scale_cannot_help(scale):
+    """Skips while fp16's scale still halves (16 -> 1: four) are what loss scaling is for;
+    after that, or without scaling, MAX_SKIPPED_STEPS in a row stop the run."""
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 1)])
+    ran, why = run_local(_steps_until_stopped, plan.devices, (plan, scale), timeout_s=120)[0]
+    halvings = 0 if scale is None else 4
+    assert ran == halvings + MAX_SKIPPED_STEPS
+    assert f"{MAX_SKIPPED_STEPS} steps in a row were skipped" in why
+    assert "no checkpoint of this run is known to be good" in why

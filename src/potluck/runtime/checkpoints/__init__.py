@@ -1,7 +1,12 @@
 """Checkpoints and export.
 
 - :mod:`~potluck.runtime.checkpoints.storage`: sharded, atomic checkpoints on
-  torch.distributed.checkpoint, knowing nothing of the trainer;
+  torch.distributed.checkpoint (safetensors shards, JSON for the rest),
+  knowing nothing of the trainer;
+- :mod:`~potluck.runtime.checkpoints.manifest`: every file's SHA-256, written at
+  save and checked before anything is read;
+- :mod:`~potluck.runtime.checkpoints.values`: the non-tensor leaves of a state as JSON;
+- :mod:`~potluck.runtime.checkpoints.rng`: each rank's RNG states;
 - :mod:`~potluck.runtime.checkpoints.training_run`: what a training run saves
   and resumes (model, optimizer, step, data position, loss scale);
 - :mod:`~potluck.runtime.checkpoints.export`: trained weights as a Hugging Face

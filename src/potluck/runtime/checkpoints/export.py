@@ -5,7 +5,8 @@ The result is ``config.json`` plus ``model.safetensors``, which
 any model. The weights come either from per-rank partial state dicts (a
 pipeline rank's stage, a replica's duplicate; merged, with duplicates checked
 equal) or straight from a checkpoint directory, read in one process whatever
-plan saved it. The config is the spec's own Hugging Face config
+plan saved it, after every file was checked against the checkpoint's manifest.
+The config is the spec's own Hugging Face config
 (:func:`potluck.model.hf.hf_config_for`).
 
 Before anything is written the weights are checked against the model the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -107,22 +109,52 @@ def _tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Export the newest checkpoint of a ``potluck train --out`` directory to a Hugging
-    Face directory; the model is the one the run computed (a stand-in, when emulated)."""
-    from potluck.model.spec import model_from_dict
-    from potluck.plans import load_plan
-    from potluck.runtime.checkpoints.storage import CHECKPOINTS_DIR, latest_checkpoint, read_trainer_state
+@dataclass(frozen=True)
+class Exported:
+    """What :func:`export_run` wrote: the Hugging Face directory and where it came from."""
 
-    checkpoint = latest_checkpoint(run_dir)
+    out_dir: Path
+    checkpoint: Path
+    step: int
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
+    """Export the newest checkpoint of a ``potluck train --out`` directory that verifies to a
+    Hugging Face directory; the model is the one the run computed (a stand-in, when emulated).
+
+    A damaged newer checkpoint is skipped with a warning that names the bad file; the
+    result says which step was exported.
+    """
+    from potluck.runtime.checkpoints.storage import CHECKPOINTS_DIR, checkpoint_step, newest_verified
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory to write the Hugging Face "
+                          "model into")
+    checkpoint = newest_verified(run_dir, alone=True)
     if checkpoint is None:
         raise ConfigError(
             f"nothing to export: no complete checkpoint under {Path(run_dir) / CHECKPOINTS_DIR}; "
-            "train with --checkpoint-every N to save checkpoints"
+            "potluck train --out DIR saves one at the end of a run (and every N steps with "
+            "--checkpoint-every N)"
         )
+    path = export_checkpoint(checkpoint, _saved_model(checkpoint, Path(run_dir)), out)
+    return Exported(out_dir=path, checkpoint=checkpoint, step=checkpoint_step(checkpoint))
+
+
+def _saved_model(checkpoint: Path, run_dir: Path) -> ModelSpec:
+    """The model the run computed: from the checkpoint's trainer state, else the run's plan."""
+    from pydantic import ValidationError
+
+    from potluck.model.spec import model_from_dict
+    from potluck.plans import load_plan
+    from potluck.runtime.checkpoints.storage import TRAINER_STATE, read_trainer_state
+
     saved = read_trainer_state(checkpoint)
-    if "model" in saved:
-        spec = model_from_dict(saved["model"])
-    else:
-        spec = load_plan(Path(run_dir) / "plan.json").model
-    return export_checkpoint(checkpoint, spec, out_dir)
+    if "model" not in saved:
+        return load_plan(run_dir / "plan.json").model
+    try:
+        return model_from_dict(saved["model"])
+    except ValidationError:
+        raise ConfigError(f"{checkpoint / TRAINER_STATE}: its model is not a model potluck "
+                          "knows how to build") from None

@@ -1,11 +1,27 @@
-"""Sharded, atomic checkpoints with torch.distributed.checkpoint (DCP).
+"""Sharded, atomic, verified checkpoints with torch.distributed.checkpoint (DCP).
 
-A checkpoint is ``DIR/checkpoints/step_000100/``: DCP's shard files and
-``.metadata``, ``trainer_state.json`` (whatever JSON the trainer hands over:
-step, data position, plan summary), ``rng/rank_<r>.pt`` (each process's RNG)
-and the ``COMPLETE`` marker. Tensors are keyed by the model's ordinary
-Hugging Face FQNs (``model.model.layers.5.mlp.up_proj.weight`` under the
-``model`` section, flattened optimizer state such as
+A checkpoint is ``DIR/checkpoints/step_000100/``:
+
+- ``shard-0000R-model-00001-of-00001.safetensors``: the tensors rank R-1 wrote
+  (DCP's Hugging Face storage writer, one file per writing rank, each chunk's
+  offsets in the safetensors header);
+- ``values.json``: the state's non-tensor leaves (optimizer param-group settings;
+  :mod:`~potluck.runtime.checkpoints.values`);
+- ``trainer_state.json``: whatever JSON the trainer hands over (step, data
+  position, plan summary);
+- ``rng/rank_RRRRR.safetensors``: each process's RNG
+  (:mod:`~potluck.runtime.checkpoints.rng`);
+- ``manifest.json``: every other file's size and SHA-256
+  (:mod:`~potluck.runtime.checkpoints.manifest`), then the ``COMPLETE`` marker.
+
+Nothing is pickled: tensors are safetensors, everything else JSON, and the
+reader builds DCP's metadata from the safetensors headers, so loading a
+checkpoint from someone else's run directory cannot run code. A checkpoint of
+the old format (DCP's pickled ``.metadata``) is refused, never unpickled.
+
+Tensors are keyed by the model's ordinary Hugging Face FQNs
+(``model.model.layers.5.mlp.up_proj.weight`` under the ``model`` section,
+flattened optimizer state such as
 ``optim.state.model.layers.5.mlp.up_proj.weight.exp_avg``), so a pipeline
 rank saves only its stage's keys and tensor-parallel DTensors save their
 shards with the global shape. Every replica holds the whole model, so one
@@ -16,11 +32,14 @@ cannot write together. Loading asks DCP for exactly the keys (and shards) the
 loading rank holds, so a checkpoint loads under any other plan: other pp, tp
 or dp, uneven stages, other world size.
 
-Writing is atomic. Every rank writes into ``step_000100.partial``; after a
-barrier the coordinator writes the trainer state and the marker, then
-renames the directory to ``step_000100``. :func:`latest_checkpoint` only
-returns directories with the final name and the marker, so a save killed at
-any point never looks valid. All ranks must see one shared file system.
+Writing is atomic. Every rank writes into ``step_000100.partial`` and hashes
+the files it wrote; the coordinator writes the JSON files, the manifest and
+the marker, then renames the directory to ``step_000100``.
+:func:`latest_checkpoint` only returns directories with the final name and
+the marker, so a save killed at any point never looks valid. Before anything
+is read, every file is checked against the manifest; :func:`newest_verified`
+skips a damaged checkpoint, saying which file is bad, for the newest one that
+verifies. All ranks must see one shared file system.
 
 These functions take state dicts and a process group and know nothing about
 the trainer; :func:`training_state` and :func:`apply_training_state` are the
@@ -33,7 +52,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import warnings
@@ -45,6 +63,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -55,13 +74,29 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from potluck.errors import ConfigError
+from potluck.runtime.checkpoints.manifest import (
+    MANIFEST,
+    MARKER,
+    checkpoint_problem,
+    digests,
+    file_digest,
+    first_problem_on_any_rank,
+    manifest_text,
+)
+from potluck.runtime.checkpoints.rng import save_rng
+from potluck.runtime.checkpoints.values import (
+    VALUES,
+    read_values,
+    restore_values,
+    split_state,
+    values_problem,
+    values_text,
+)
 
 log = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
-MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
-RNG_DIR = "rng"
 PARTIAL_SUFFIX = ".partial"
 _STEP_NAME = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -94,20 +129,66 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def resume_checkpoint(out_dir: str | Path) -> Path:
-    """The checkpoint ``--resume`` continues from; a one-line ConfigError if there is none."""
-    latest = latest_checkpoint(out_dir)
-    if latest is None:
+def newest_verified(out_dir: str | Path, process_group: dist.ProcessGroup | None = None, *,
+                    alone: bool = False) -> Path | None:
+    """The newest finished checkpoint whose files match its manifest (None: there is none).
+
+    Each damaged one is skipped with one warning naming the bad file and the step used
+    instead; when every one is damaged, a ConfigError names the newest one's bad file.
+    Collective unless ``alone`` (one process checks every file itself).
+    """
+    found = complete_checkpoints(out_dir)
+    damaged: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        problem = checkpoint_problem(path, process_group, alone=alone)
+        if problem is None:
+            _warn_damaged(damaged, f"using {path.name} instead, the newest checkpoint that "
+                                   "verifies", process_group, alone)
+            return path
+        damaged.append((path, problem))
+    if not damaged:
+        return None
+    (newest, problem), older = damaged[0], len(damaged) - 1
+    also = f" (nor can the {older} older one{'s' if older > 1 else ''})" if older else ""
+    raise ConfigError(f"checkpoint {newest} cannot be used: {problem}{also}")
+
+
+def _warn_damaged(damaged: list[tuple[Path, str]], instead: str,
+                  group: dist.ProcessGroup | None, alone: bool) -> None:
+    if not alone and _distributed() and dist.get_rank(group) != 0:
+        return
+    for path, problem in damaged:
+        log.warning("checkpoint %s cannot be used: %s; %s", path, problem, instead)
+
+
+def resume_checkpoint(out_dir: str | Path,
+                      process_group: dist.ProcessGroup | None = None) -> Path:
+    """The checkpoint ``--resume`` continues from: the newest that verifies (collective)."""
+    found = newest_verified(out_dir, process_group)
+    if found is None:
         raise ConfigError(
             f"nothing to resume: no complete checkpoint under {Path(out_dir) / CHECKPOINTS_DIR}"
         )
-    return latest
+    return found
+
+
+class _ShardWriter(HuggingFaceStorageWriter):
+    """DCP's safetensors writer, one file per rank, remembering the files this rank wrote."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), save_distributed=True)
+        self.written: list[str] = []
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)
+        self.written = sorted({result.storage_data.relative_path for result in future.wait()})
+        return future
 
 
 def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
                     trainer_state: Mapping[str, Any],
                     process_group: dist.ProcessGroup | None = None) -> Path:
-    """Save ``state`` (nested dicts of tensors, DTensors, numbers) as checkpoint ``step``.
+    """Save ``state`` (nested dicts of tensors, DTensors, plain values) as checkpoint ``step``.
 
     Every rank of ``process_group`` must call this. Ranks of the writing replica pass
     their part of the state, ranks of other data-parallel replicas pass ``{}``; every
@@ -116,6 +197,7 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     this process alone.
     """
     trainer_json = json.dumps(dict(trainer_state), indent=2)  # fails on every rank alike
+    tensors, values = split_state(state)
     final = checkpoint_path(out_dir, step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     distributed = _distributed()
@@ -124,21 +206,65 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     _barrier(process_group)
+    writer = _ShardWriter(partial)
     with _single_process_is_intended():
-        dcp.save(dict(state), checkpoint_id=str(partial), process_group=process_group,
+        dcp.save(_writable(tensors), storage_writer=writer, process_group=process_group,
                  no_dist=not distributed)
-    _save_rng(partial / RNG_DIR)
-    _barrier(process_group)
+    rng = save_rng(partial).relative_to(partial)
+    files, values = _gathered(digests(partial, [*writer.written, str(rng)]), values,
+                              process_group)
     if coordinator:
-        _commit(partial, final, step, trainer_json)
+        _commit(partial, final, step, {VALUES: values_text(values), TRAINER_STATE: trainer_json},
+                files)
         log.info("saved checkpoint %s", final)
     _barrier(process_group)
     return final
 
 
-def _commit(partial: Path, final: Path, step: int, trainer_json: str) -> None:
-    """Write the trainer state and the marker, then give the directory its final name."""
-    _write_synced(partial / TRAINER_STATE, trainer_json)
+def _writable(state: Mapping[str, Any], seen: set[int] | None = None) -> dict[str, Any]:
+    """The tensors as safetensors takes them: contiguous, none sharing memory with another
+    (a tied embedding and head are one tensor under two names: the second is copied)."""
+    from torch.distributed.tensor import DTensor
+
+    seen = set() if seen is None else seen
+    result: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, Mapping):
+            result[key] = _writable(value, seen)
+            continue
+        local = value.to_local() if isinstance(value, DTensor) else value
+        storage = local.untyped_storage().data_ptr()
+        if not local.is_contiguous():
+            value = value.contiguous()
+        elif storage in seen and local.numel() > 0:
+            value = value.clone()
+        seen.add(storage)
+        result[key] = value
+    return result
+
+
+def _gathered(files: dict[str, Any], values: dict[str, Any],
+              group: dist.ProcessGroup | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every rank's file digests and plain values, merged (after every rank has written)."""
+    if not _distributed():
+        return files, values
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (files, values), group=group)
+    merged_files: dict[str, Any] = {}
+    merged_values: dict[str, Any] = {}
+    for rank_files, rank_values in parts:
+        merged_files.update(rank_files)
+        merged_values.update(rank_values)
+    return merged_files, merged_values
+
+
+def _commit(partial: Path, final: Path, step: int, texts: Mapping[str, str],
+            files: dict[str, Any]) -> None:
+    """Write the JSON files, the manifest and the marker, then give the directory its name."""
+    for name, text in texts.items():
+        _write_synced(partial / name, text)
+        files[name] = file_digest(partial / name)
+    _write_synced(partial / MANIFEST, manifest_text(files))
     world_size = dist.get_world_size() if _distributed() else 1
     marker = {"step": step, "world_size": world_size,
               "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -155,56 +281,102 @@ def _commit(partial: Path, final: Path, step: int, trainer_json: str) -> None:
 
 
 def load_checkpoint(path: str | Path, state: dict[str, Any],
-                    process_group: dist.ProcessGroup | None = None) -> dict[str, Any]:
+                    process_group: dist.ProcessGroup | None = None, *,
+                    verify: bool = True) -> dict[str, Any]:
     """Load checkpoint ``path`` into ``state`` in place; return its trainer state.
 
     ``state`` holds the keys (and, for DTensors, the shards) this rank needs, already
     allocated; they may be any subset of the saved keys, laid out under any plan.
-    A key missing from the checkpoint, or a shape that differs, is a ConfigError
-    raised on every rank alike.
+    Every file is first checked against the manifest (``verify=False``: the caller
+    just did, as :func:`resume_checkpoint` does). A damaged file, a key missing from
+    the checkpoint or a shape that differs is a ConfigError raised on every rank alike.
     """
     path = Path(path)
     if not (path / MARKER).is_file():
         raise ConfigError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
-    problem = _state_problem(state, dcp.FileSystemReader(str(path)).read_metadata())
-    problem = _first_problem_on_any_rank(problem, process_group)
+    if verify and (problem := checkpoint_problem(path, process_group)):
+        raise ConfigError(f"checkpoint {path} cannot be used: {problem}")
+    tensors, _ = split_state(state)
+    reader = HuggingFaceStorageReader(str(path))
+    saved_values, problem = _fit_problem(path, reader, tensors, state)
+    problem = first_problem_on_any_rank(problem, process_group)
     if problem:
         raise ConfigError(f"checkpoint {path} does not fit this model: {problem}")
-    with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=str(path), process_group=process_group,
-                 no_dist=not _distributed())
+    _read(path, tensors, reader, process_group)
+    restore_values(state, saved_values)
     if not _distributed() or dist.get_rank(process_group) == 0:
         log.info("loaded checkpoint %s", path)
     return read_trainer_state(path)
 
 
+def _fit_problem(path: Path, reader: HuggingFaceStorageReader, tensors: Mapping[str, Any],
+                 state: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The saved plain values, and the first thing this rank asks for that is not there."""
+    try:
+        saved_values = read_values((path / VALUES).read_text())
+        metadata = reader.read_metadata()
+    except ConfigError as err:
+        return {}, str(err)
+    except Exception as err:  # noqa: BLE001 - a malformed shard header, whatever the library says
+        return {}, f"its shards cannot be read ({_one_line(err)})"
+    return saved_values, _state_problem(tensors, metadata) or values_problem(state, saved_values)
+
+
+def _read(path: Path, tensors: dict[str, Any], reader: HuggingFaceStorageReader,
+          group: dist.ProcessGroup | None) -> None:
+    """DCP's load from the safetensors shards (every rank fails together if one does)."""
+    try:
+        with _single_process_is_intended():
+            dcp.load(tensors, storage_reader=reader, process_group=group,
+                     no_dist=not _distributed())
+    except Exception as err:  # noqa: BLE001 - DCP wraps each rank's failure in its own type
+        raise ConfigError(f"checkpoint {path} cannot be read: {_one_line(err)}") from err
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}"
+
+
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / TRAINER_STATE).read_text())
+    try:
+        state = json.loads((Path(path) / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        state = None
+    if not isinstance(state, dict):
+        raise ConfigError(f"{Path(path) / TRAINER_STATE} is missing or not a JSON object")
+    return state
 
 
 def load_full_state_dict(path: str | Path, section: str = "model") -> dict[str, torch.Tensor]:
     """Every tensor of one section (e.g. ``model``) as full, unsharded CPU tensors.
 
-    Runs in this process alone (no collectives), whatever plan saved the checkpoint.
+    Runs in this process alone (no collectives), whatever plan saved the checkpoint;
+    every file is checked against the manifest first.
     """
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    tensors: dict[str, torch.Tensor] = {}
-    for flat_key, item in metadata.state_dict_metadata.items():
-        object_path = (metadata.planner_data or {}).get(flat_key, (flat_key,))
-        if isinstance(item, TensorStorageMetadata) and len(object_path) == 2 \
-                and object_path[0] == section:
-            tensors[object_path[1]] = torch.empty(item.size, dtype=item.properties.dtype)
+    path = Path(path)
+    if problem := checkpoint_problem(path, alone=True):
+        raise ConfigError(f"checkpoint {path} cannot be used: {problem}")
+    reader = HuggingFaceStorageReader(str(path))
+    try:
+        metadata = reader.read_metadata()
+    except Exception as err:  # noqa: BLE001 - a malformed shard header
+        raise ConfigError(f"checkpoint {path} cannot be read: {_one_line(err)}") from err
+    prefix = f"{section}."
+    tensors = {key.removeprefix(prefix): torch.empty(item.size, dtype=item.properties.dtype)
+               for key, item in metadata.state_dict_metadata.items()
+               if key.startswith(prefix) and isinstance(item, TensorStorageMetadata)}
     if not tensors:
         raise ConfigError(f"checkpoint {path} has no {section!r} tensors")
-    with _single_process_is_intended():
-        dcp.load({section: tensors}, checkpoint_id=str(path), no_dist=True)
+    _read(path, {section: tensors}, reader, None)
     return tensors
 
 
-def prune_checkpoints(out_dir: str | Path, keep_last: int) -> list[Path]:
+def prune_checkpoints(out_dir: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
     """Delete all but the newest ``keep_last`` finished checkpoints (``keep_last < 1`` keeps
-    them all); call on one rank only."""
+    them all), never ``keep`` (the newest one known good); call on one rank only."""
     doomed = complete_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []
+    doomed = [path for path in doomed if keep is None or path.resolve() != Path(keep).resolve()]
     for path in doomed:
         shutil.rmtree(path)
     return doomed
@@ -237,28 +409,6 @@ def apply_training_state(parts: Sequence[torch.nn.Module],
                                  options=_OPTIONS)
 
 
-def load_rng_state(path: str | Path) -> bool:
-    """Restore this process's RNG from checkpoint ``path``; False if it saved none for this rank."""
-    file = Path(path) / RNG_DIR / f"rank_{_global_rank()}.pt"
-    if not file.is_file():
-        log.warning("checkpoint %s has no RNG state for rank %d; keeping the seeded RNG",
-                    path, _global_rank())
-        return False
-    saved = torch.load(file, weights_only=True)
-    torch.set_rng_state(saved["torch"])
-    random.setstate(saved["python"])
-    if saved.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(saved["cuda"])
-    return True
-
-
-def _save_rng(directory: Path) -> None:
-    directory.mkdir(exist_ok=True)
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": cuda}
-    torch.save(state, directory / f"rank_{_global_rank()}.pt")
-
-
 def _state_problem(state: Mapping[str, Any], metadata: Metadata) -> str | None:
     """The first requested tensor the checkpoint lacks or holds in another shape."""
     saved = metadata.state_dict_metadata
@@ -280,16 +430,6 @@ def _flat_tensors(state: Mapping[str, Any], prefix: str):
             yield name, value
 
 
-def _first_problem_on_any_rank(problem: str | None,
-                               group: dist.ProcessGroup | None) -> str | None:
-    """Share each rank's problem so that all ranks raise together instead of hanging."""
-    if not _distributed():
-        return problem
-    problems: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(problems, problem, group=group)
-    return next((p for p in problems if p), None)
-
-
 @contextlib.contextmanager
 def _single_process_is_intended() -> Iterator[None]:
     """Silence DCP's warning that it saves or loads in one process: here that is the intent."""
@@ -300,10 +440,6 @@ def _single_process_is_intended() -> Iterator[None]:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _global_rank() -> int:
-    return dist.get_rank() if _distributed() else 0
 
 
 def _barrier(group: dist.ProcessGroup | None) -> None:

@@ -1,7 +1,17 @@
-"""Checkpoints of a training run: save every N steps, resume from the newest.
+"""Checkpoints of a training run: save every N steps and the final state, resume.
 
-:func:`checkpoint_hook` saves after every ``--checkpoint-every`` steps and
-after the last one; :func:`save` and :func:`resume` do the work.
+:func:`checkpoint_hook` saves after every ``--checkpoint-every`` steps and, in
+any run with an output directory, after the last one; :func:`save` and
+:func:`resume` do the work. :func:`resume` continues from the newest
+checkpoint whose files match their checksums (a damaged one is skipped with a
+warning naming the bad file).
+
+A checkpoint is *known good* once a step run from its state had finite
+gradients and a finite loss (``Trainer.note_checkpoint``; a step's own loss says
+nothing of the update it saves). The newest one is ``Trainer.good_checkpoint``.
+Pruning waits until the run has one and never deletes it, so a run whose state
+turned to inf or NaN keeps the checkpoints it started from, and a run that
+stops because every step is skipped names it.
 
 The bridge between the trainer and :mod:`potluck.runtime.checkpoints.storage`: the
 model's state under its own parameter names (``ParallelModel.module``), the
@@ -22,10 +32,10 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
+from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     load_checkpoint,
-    load_rng_state,
     prune_checkpoints,
     resume_checkpoint,
     save_checkpoint,
@@ -44,22 +54,24 @@ def checkpoint_dir(options: TrainOptions) -> str:
 
 def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
                     ) -> Callable[[StepMetrics], None] | None:
-    """Save every ``checkpoint_every`` steps and after the last one (None: never)."""
+    """Save every ``checkpoint_every`` steps (0: none in between) and after the last one;
+    None without an output directory (``checkpoint_every`` then needs one)."""
     every = options.checkpoint_every
-    if every <= 0:
+    if not options.out_dir and every <= 0:
         return None
     out_dir = checkpoint_dir(options)
 
     def hook(metrics: StepMetrics) -> None:
         done = metrics.step + 1
-        if done % every == 0 or done == options.steps:
+        if (every > 0 and done % every == 0) or done == options.steps:
             save(trainer, source, out_dir, options.keep_checkpoints)
 
     return hook
 
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
-    """Checkpoint the state after the trainer's last step (collective: every rank calls)."""
+    """Checkpoint the state after the trainer's last step (collective: every rank calls);
+    once the run has a known-good checkpoint, prune to it and the newest ``keep_last``."""
     model = trainer.model
     next_step = trainer.step_index
     writes = model.layout.role.pipeline == 0
@@ -73,8 +85,9 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     if trainer.loss_scale is not None:
         trainer_state["loss_scale"] = trainer.loss_scale.state_dict()
     path = save_checkpoint(out_dir, next_step, state, trainer_state)
-    if model.layout.rank == 0:
-        prune_checkpoints(out_dir, keep_last)
+    trainer.note_checkpoint(path)
+    if model.layout.rank == 0 and trainer.good_checkpoint is not None:
+        prune_checkpoints(out_dir, keep_last, keep=trainer.good_checkpoint)
     return path
 
 
@@ -85,16 +98,25 @@ def _states_only(optim: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
-    """Load the newest checkpoint under ``out_dir``; returns the step to continue from."""
+    """Load the newest checkpoint under ``out_dir`` that verifies; returns the step to
+    continue from (collective: every rank calls)."""
     path = resume_checkpoint(out_dir)
     model = trainer.model
     state = training_state([model.module], [trainer.optimizer])
-    saved = load_checkpoint(path, state)
+    saved = load_checkpoint(path, state, verify=False)  # resume_checkpoint verified it
     apply_training_state([model.module], [trainer.optimizer], state)
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)
     if "loss_scale" in saved and trainer.loss_scale is not None:
         trainer.loss_scale.load_state_dict(saved["loss_scale"])
-    trainer.step_index = int(saved["step"])
+    trainer.step_index = _saved_step(saved, path)
+    trainer.note_checkpoint(path, resumed=True)
     return trainer.step_index
+
+
+def _saved_step(saved: dict[str, Any], path: Path) -> int:
+    step = saved.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ConfigError(f"checkpoint {path}: its trainer state has no step number")
+    return step

@@ -74,7 +74,8 @@ def check_counts(options: TrainOptions) -> None:
         raise ConfigError(f"--steps must be at least 1, not {options.steps}")
     if options.checkpoint_every < 0:
         raise ConfigError(
-            f"--checkpoint-every must be 0 (never) or a number of steps, not {options.checkpoint_every}"
+            f"--checkpoint-every must be 0 (only the final state) or a number of steps, "
+            f"not {options.checkpoint_every}"
         )
 
 

@@ -204,7 +204,7 @@ def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> Potluck
     report = min(primary or failures.values(), key=lambda r: r.rank)
     if report.error_type == "RankFailure":
         return RankFailure(report.message)
-    if report.error_type in ("ConfigError", "InfeasibleError"):
+    if report.error_type in ("ConfigError", "InfeasibleError", "TrainingError"):
         from potluck import errors
 
         return getattr(errors, report.error_type)(report.message)

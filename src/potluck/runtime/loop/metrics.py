@@ -2,7 +2,9 @@
 
 Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
 (:func:`run_callbacks` picks them from the run's options).
-``metrics.jsonl`` gets one JSON object per step with at least ``step``,
+``metrics.jsonl`` gets one JSON object per step, each step once (a run that
+resumes from step N first drops the lines of step N on, which the run it
+continues had written after its checkpoint), with at least ``step``,
 ``loss``, ``tokens_per_s``, ``step_time_s``, ``predicted_step_time_s`` and
 ``peak_memory_gb``; an emulated run's rows also ``dilation`` (every op was
 padded to ``dilation x`` its time on the plan's device) and
@@ -16,6 +18,8 @@ after a run.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,10 @@ from potluck.errors import ConfigError
 from potluck.runtime.loop.trainer import Callback, StepMetrics
 from potluck.runtime.options import TrainOptions
 
+log = logging.getLogger(__name__)
+
 EMULATION_FIELDS = ("dilation", "device_step_time_s")
+METRICS_FILE = "metrics.jsonl"
 
 
 def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
@@ -36,11 +43,13 @@ def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
 
 
 class MetricsLog:
-    """Appends one JSON line per step to ``DIR/metrics.jsonl``."""
+    """Appends one JSON line per step to ``DIR/metrics.jsonl``, from ``first_step`` on:
+    lines of that step and later already there are dropped first (a resumed run)."""
 
-    def __init__(self, out_dir: str | Path) -> None:
-        self.path = Path(out_dir) / "metrics.jsonl"
+    def __init__(self, out_dir: str | Path, first_step: int = 0) -> None:
+        self.path = Path(out_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        keep_steps_before(self.path, first_step)
         self._file = self.path.open("a")
 
     def on_step(self, metrics: StepMetrics) -> None:
@@ -49,6 +58,30 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def keep_steps_before(path: Path, first_step: int) -> None:
+    """Rewrite ``path`` (atomically: a temporary file, then a rename) with only the lines
+    of steps before ``first_step``; a torn or foreign line is dropped too."""
+    if not path.is_file():
+        return
+    lines = path.read_text(errors="replace").splitlines()
+    kept = [line for line in lines if (step := _step_of(line)) is not None and step < first_step]
+    if len(kept) == len(lines):
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(line + "\n" for line in kept))
+    os.replace(temporary, path)
+    log.info("%s: dropped %d lines from step %d on", path, len(lines) - len(kept), first_step)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 class TensorBoardLog:
@@ -105,7 +138,7 @@ def run_callbacks(options: TrainOptions, rank: int, done_steps: int) -> list[Cal
         return []
     callbacks: list[Callback] = []
     if options.out_dir:
-        callbacks.append(MetricsLog(options.out_dir))
+        callbacks.append(MetricsLog(options.out_dir, first_step=done_steps))
         if options.tensorboard:
             callbacks.append(TensorBoardLog(options.out_dir))
     if options.progress:

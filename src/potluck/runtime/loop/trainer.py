@@ -13,7 +13,9 @@ step and hands :class:`StepMetrics` to its callbacks on rank 0
 metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
 rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
 :class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` makes that the rare overflow
-it is meant to be.
+it is meant to be. A run stops (:class:`~potluck.errors.TrainingError`, on every rank
+at the same step) after :data:`MAX_SKIPPED_STEPS` skipped steps in a row that lowering
+the loss scale could not have helped.
 
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
 one): ``replica_rows(step, start, count)``
@@ -24,21 +26,34 @@ returns rows ``[start, start + count)`` of global batch ``step`` as token ids
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from potluck.errors import TrainingError
 from potluck.ops import OpKind
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.parallelize import ParallelModel
 
 log = logging.getLogger(__name__)
+
+MAX_SKIPPED_STEPS = 8
+"""Skipped steps in a row after which a run stops. Only steps that a lower loss scale
+could not have saved count: every skip without fp16 loss scaling (bf16 and fp32 never
+overflow from scaling), and under fp16 the skips once the scale is at its floor. The
+default scale starts at 2^16 with a floor of 1, so a run whose state is inf or NaN stops
+after at most 16 + 8 skips in fp16 (more if the scale had grown), after 8 otherwise.
+Eight in a row is far beyond a bad batch or two: data differs from step to step, a
+skipped step leaves the weights as they were, and so each further skip means the
+weights, the optimizer state or the learning rate are broken."""
 
 
 class BatchSource(Protocol):
@@ -114,12 +129,26 @@ class Trainer:
             prediction.iteration_time_s if prediction else None)
         self.emulated = emulated
         self.step_index = 0
+        self.skipped_in_a_row = 0  # skips a lower loss scale could not have avoided
+        self.good_checkpoint: Path | None = None  # newest checkpoint a finite step ran from
+        self.resumed_from: Path | None = None
+        self._unconfirmed_checkpoint: Path | None = None
+
+    def note_checkpoint(self, path: Path, *, resumed: bool = False) -> None:
+        """A checkpoint of the current state was saved (or, ``resumed``, loaded). It becomes
+        :attr:`good_checkpoint` once a step run from this state has finite gradients and loss:
+        the state a step saves comes from that step's update, which its own loss cannot vouch
+        for."""
+        self._unconfirmed_checkpoint = path
+        if resumed:
+            self.resumed_from = path
 
     def step(self, rows: torch.Tensor) -> StepMetrics:
         """One training step on this replica's ``rows`` of the current global batch."""
         with self.model.session.guard():
             start_s = time.perf_counter()
             scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
+            lowerable = self.loss_scale is not None and scale > self.loss_scale.min_scale
             output = self.model.forward_backward(rows, scale)
             if output.grads_finite:
                 self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
@@ -135,6 +164,9 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_step(metrics)
         self.step_index += 1
+        if output.grads_finite and math.isfinite(output.loss) and self._unconfirmed_checkpoint:
+            self.good_checkpoint, self._unconfirmed_checkpoint = self._unconfirmed_checkpoint, None
+        self._count_skips(output.grads_finite, lowerable)
         return metrics
 
     def fit(self, source: BatchSource, steps: int,
@@ -160,8 +192,33 @@ class Trainer:
             log.info("step %d: fp16 gradients overflowed at loss scale %g; step skipped, "
                      "scale lowered", self.step_index, scale)
         else:
-            log.warning("step %d: gradients are inf or NaN; optimizer step skipped (lower the "
-                        "learning rate if this repeats)", self.step_index)
+            level = logging.WARNING if self.skipped_in_a_row == 0 else logging.DEBUG
+            log.log(level, "step %d: gradients are inf or NaN; optimizer step skipped (lower "
+                    "the learning rate if this repeats)", self.step_index)
+
+    def _count_skips(self, grads_finite: bool, lowerable: bool) -> None:
+        """Stop after MAX_SKIPPED_STEPS skips in a row that a lower scale cannot avoid
+        (identical on every rank: all of them see the same all-reduced gradient norm)."""
+        if grads_finite:
+            self.skipped_in_a_row = 0
+            return
+        if lowerable:
+            return
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row < MAX_SKIPPED_STEPS:
+            return
+        if self.good_checkpoint:
+            good = f"the newest good checkpoint is {self.good_checkpoint}"
+        elif self.resumed_from:
+            good = f"no step since it resumed from {self.resumed_from} was finite"
+        else:
+            good = "no checkpoint of this run is known to be good"
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        raise TrainingError(
+            f"stopped after step {self.step_index - 1}: {self.skipped_in_a_row} steps in a row "
+            "were skipped because their gradients were inf or NaN, which a lower loss scale "
+            f"cannot fix (the weights are no longer finite, or the learning rate {lr:g} is too "
+            f"high); {good}")
 
     def _update(self) -> None:
         self.optimizer.step()

@@ -1,0 +1,72 @@
+"""Each rank's random number generators in a checkpoint, without pickles.
+
+``rng/rank_00003.safetensors`` holds rank 3's torch CPU generator state (a
+uint8 tensor) and, where this rank has initialized CUDA, the state of its own
+current device only (a rank never restores another rank's GPU), with
+python's ``random`` state as JSON in the file's metadata. Dropout masks after
+a resume are then those of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from potluck.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RNG_DIR = "rng"
+
+
+def rng_file(checkpoint: Path, rank: int) -> Path:
+    return checkpoint / RNG_DIR / f"rank_{rank:05d}.safetensors"
+
+
+def save_rng(checkpoint: Path) -> Path:
+    """Write this process's RNG states into ``checkpoint``; returns the file written."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        tensors["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
+    path = rng_file(checkpoint, _global_rank())
+    path.parent.mkdir(exist_ok=True)
+    save_file(tensors, str(path), metadata={"python": json.dumps(random.getstate())})
+    return path
+
+
+def load_rng_state(checkpoint: str | Path) -> bool:
+    """Restore this process's RNG from ``checkpoint``; False if it saved none for this rank."""
+    path = rng_file(Path(checkpoint), _global_rank())
+    if not path.is_file():
+        log.warning("checkpoint %s has no RNG state for rank %d; keeping the seeded RNG",
+                    checkpoint, _global_rank())
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            python = _python_state(json.loads((file.metadata() or {})["python"]))
+            cpu = file.get_tensor("torch")
+            cuda = file.get_tensor("cuda") if "cuda" in file.keys() else None
+        random.setstate(python)
+        torch.set_rng_state(cpu)
+    except (SafetensorError, KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise ConfigError(f"{path}: not an RNG state potluck wrote ({err})") from None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
+    return True
+
+
+def _python_state(saved: list) -> tuple:
+    """``random.getstate()``'s tuple back from its JSON lists."""
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
