@@ -1,13 +1,16 @@
-"""YAML reading that remembers line numbers, so errors can point at the bad line.
+"""Reading the files users give: YAML that remembers line numbers, so errors can point at
+the bad line, and JSON; a file that is not UTF-8 text is one clear error, not a traceback.
 
 ``load_yaml`` returns plain ``dict``/``list`` subclasses that carry the line of
 each key and item. :class:`Fields` reads one mapping with typed getters and
-prefixes every error with ``file:line``.
+prefixes every error with ``file:line``. ``read_text`` and ``parse_json`` serve the
+JSON files (plans, model configs).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,7 +68,29 @@ def load_yaml(path: str | Path, what: str) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} not found; check the path")
-    return parse_yaml(path.read_text(), str(path))
+    return parse_yaml(read_text(path, what), str(path))
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; one ConfigError when it cannot be read or is not UTF-8 text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: the {what} is not UTF-8 text (byte {err.start} is "
+                          f"{err.object[err.start:err.start + 1]!r}); give a text file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+
+
+def parse_json(path: Path, what: str) -> Any:
+    """A JSON file's value; one ConfigError naming the line when it is malformed."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except (ValueError, RecursionError) as err:  # an integer of thousands of digits, deep nesting
+        raise ConfigError(f"{path}: the {what} cannot be read as JSON ({err})") from None
 
 
 def parse_yaml(text: str, label: str) -> Any:
