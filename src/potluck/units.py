@@ -126,7 +126,8 @@ def _plain_number(value: object, what: str, kind: str) -> float:
 
 def _finite(number: float, raw: object, what: str) -> float:
     if not math.isfinite(number):
-        raise ConfigError(f"{what}: {raw!r} is not a finite number; write a figure such as 12.5")
+        raise ConfigError(f"{what}: {raw!r} is not a finite number (or too large for one); "
+                          "write a figure such as 12.5")
     return number
 
 

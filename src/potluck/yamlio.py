@@ -100,8 +100,8 @@ def parse_yaml(text: str, label: str) -> Any:
         mark = err.problem_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{label}{line}: malformed YAML: {err.problem}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{label}: malformed YAML: {err}") from None
+    except yaml.YAMLError as err:  # e.g. a control character: "unacceptable character #x0005"
+        raise ConfigError(f"{label}: malformed YAML: {' '.join(str(err).split())}") from None
 
 
 class Fields:
@@ -146,7 +146,7 @@ class Fields:
         try:
             return convert(self.data[key])
         except ConfigError as err:
-            raise self.error(key, str(err).split(": ", 1)[-1]) from None
+            raise self.error(key, _without_subject(str(err))) from None
         except (TypeError, ValueError) as err:
             raise self.error(key, f"bad value {self.data[key]!r} ({err})") from None
 
@@ -154,6 +154,13 @@ class Fields:
         if not self.has(key):
             return None
         return self.get(key, convert)
+
+
+def _without_subject(message: str) -> str:
+    """``bandwidth: cannot read ...`` without its ``bandwidth: `` (the caller names the key);
+    a message that only holds ``: `` in a value it shows (``not {'a': 1}``) stays whole."""
+    subject, colon, rest = message.partition(": ")
+    return rest if colon and not any(c.isspace() for c in subject) else message
 
 
 def positive_int(value: Any) -> int:
