@@ -173,7 +173,7 @@ def _in_catalog(name: str) -> bool:
     return True
 
 
-MAX_GPUS = 16384  # a cluster's GPUs (check_size); 16,384 H100s take 35 s to plan (docs/limits.md)
+MAX_GPUS = 16384  # a cluster's GPUs (check_size); 16,384 H100s take 30 s to plan (README)
 NAME_CHARACTERS = "letters, digits, '-' or '_'"
 MAX_NAME_CHARS = 64
 
