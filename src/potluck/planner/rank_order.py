@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.spec import ModelSpec
-from potluck.planner.options import SearchOptions
+from potluck.planner.options import SearchOptions, micro_batch_sizes
 from potluck.planner.pinned import PinnedShape
 from potluck.planner.space import MAX_TP, Unit
 from potluck.schedules import schedule_for
@@ -70,21 +70,26 @@ def _products(devices: tuple[Device, ...], model: ModelSpec,
 
 
 def _batch_problem(shape: PinnedShape, global_batch: int, options: SearchOptions) -> str | None:
-    """Why the framework cannot split ``global_batch`` over the shape's replicas (evenly,
-    into micro-batches its schedule runs, at the smallest micro-batch the pins allow)."""
+    """Why the framework cannot split ``global_batch`` over the shape's replicas: evenly,
+    into micro-batches its schedule runs, at any micro-batch size the search tries (the
+    reason at the smallest); None when one size works."""
     schedule = schedule_for(options.schedule)
-    micro_batch = options.micro_batch_size or 1
-    micro_batches = global_batch // micro_batch
+    virtual = schedule.chunks(options.virtual_stages)
     split = f"dp {shape.dp} (tp {shape.tp} x pp {shape.pp})"
-    if micro_batches % shape.dp:
-        return (f"{split} needs the {micro_batches} micro-batches of {micro_batch} to split "
-                f"evenly over {shape.dp} replicas; use a global batch that is a multiple of "
-                f"{shape.dp * micro_batch}")
-    problem = schedule.problem(micro_batches // shape.dp, shape.pp,
-                               schedule.chunks(options.virtual_stages))
-    if problem is not None:
-        return f"{split} leaves {micro_batches // shape.dp} micro-batches per replica, and {problem}"
-    return None
+    reasons = []
+    for micro_batch in micro_batch_sizes(options, global_batch):
+        micro_batches = global_batch // micro_batch
+        if micro_batches % shape.dp:
+            reasons.append(f"{split} needs the {micro_batches} micro-batches of {micro_batch} to "
+                           f"split evenly over {shape.dp} replicas; use a global batch that is "
+                           f"a multiple of {shape.dp * micro_batch}")
+            continue
+        problem = schedule.problem(micro_batches // shape.dp, shape.pp, virtual)
+        if problem is None:
+            return None
+        reasons.append(f"{split} leaves {micro_batches // shape.dp} micro-batches of "
+                       f"{micro_batch} per replica, and {problem}")
+    return reasons[0] if reasons else f"{split}: no micro-batch size divides the global batch"
 
 
 def _tp_inside_machines(devices: tuple[Device, ...], tp: int, world: int) -> bool:
