@@ -202,3 +202,24 @@ def test_rank_order_pins_that_leave_ranks_idle_say_so_not_out_of_memory(tmp_path
     line = one_line_error(result, "uses all 3 ranks", "dp 3 (tp 1 x pp 1)",
                           "multiple of 3")
     assert "memory" not in line
+
+
+def _alias_bomb(levels: int) -> str:
+    """A node group name that YAML aliases expand to 9^levels strings."""
+    value = "&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+    for i in range(1, levels + 1):
+        value = f"&a{i} [{value}, " + ", ".join([f"*a{i - 1}"] * 8) + "]"
+    return value
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("nodes:\n  - {name: " + _alias_bomb(8) + ", gpu: t4, gpus_per_node: 1}\n",
+     "expands to more than 100,000 values"),
+    ("nodes: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+])
+def test_a_cluster_file_that_expands_or_nests_without_end_is_one_line(tmp_path, text, fragment):
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(text)
+    result = potluck("plan", "-c", cluster, "-m", "tiny-llama")
+    one_line_error(result, fragment)
+    assert len(result.stderr) < 300  # not the 43 million strings the aliases stand for

@@ -93,7 +93,36 @@ def parse_json(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: the {what} cannot be read as JSON ({err})") from None
 
 
+MAX_VALUES = 100_000  # values a file may expand to (YAML aliases may repeat one many times)
+
+
 def parse_yaml(text: str, label: str) -> Any:
+    """The YAML document in ``text``; one ConfigError when it is malformed, nested too deeply
+    or expands (through aliases: ``*a`` repeats what ``&a`` names) to more than
+    :data:`MAX_VALUES` values."""
+    data = _load(text, label)
+    if _count_values(data, MAX_VALUES) > MAX_VALUES:
+        raise ConfigError(f"{label}: the file expands to more than {MAX_VALUES:,} values "
+                          "(through YAML aliases *name); write the values out")
+    return data
+
+
+def _count_values(value: Any, budget: int) -> int:
+    """How many values ``value`` holds, counting a repeated alias each time; stops past
+    ``budget``, so the count takes at most that many steps."""
+    count, pending = 0, [value]
+    while pending and count <= budget:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count
+
+
+def _load(text: str, label: str) -> Any:
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as err:
@@ -102,6 +131,8 @@ def parse_yaml(text: str, label: str) -> Any:
         raise ConfigError(f"{label}{line}: malformed YAML: {err.problem}") from None
     except yaml.YAMLError as err:  # e.g. a control character: "unacceptable character #x0005"
         raise ConfigError(f"{label}: malformed YAML: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: malformed YAML: nested too deeply") from None
 
 
 class Fields:
