@@ -223,3 +223,17 @@ def test_a_cluster_file_that_expands_or_nests_without_end_is_one_line(tmp_path, 
     result = potluck("plan", "-c", cluster, "-m", "tiny-llama")
     one_line_error(result, fragment)
     assert len(result.stderr) < 300  # not the 43 million strings the aliases stand for
+
+
+def test_names_free_to_hold_any_text_are_printed_as_written(tmp_path):
+    """A cluster's and a model's name are free text: shown as written, not read as markup."""
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text('name: "[/bold] [red]lab"\n' + CLUSTER)
+    model = tmp_path / "[bold]mine" / "config.json"
+    model.parent.mkdir()
+    model.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                 "num_attention_heads": 4, "intermediate_size": 128,
+                                 "vocab_size": 300}))
+    result = potluck("plan", "-c", cluster, "-m", model, "--global-batch", 8, "--seq-len", 128)
+    assert result.returncode == 0, result.stderr
+    assert "[bold]mine on [/bold] [red]lab (" in result.stdout
