@@ -17,22 +17,24 @@ norm, the output projection and the loss.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import NonNegativeInt, PositiveInt, TypeAdapter, ValidationError
 
 from potluck.cluster.execution import Execution
 from potluck.cluster.execution import Placement as Placement  # re-exported: plans name it
 from potluck.cluster.execution import TiedGradSync as TiedGradSync  # re-exported
-from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.spec import ClusterSpec, check_spec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.schedules import Schedule, schedule_for
+from potluck.yamlio import parse_json
 
 PLAN_VERSION = 1
 
@@ -61,8 +63,8 @@ class DType(str, Enum):
 class TrainingShape:
     """What one iteration trains on, and how the step executes."""
 
-    global_batch: int  # sequences per iteration, all replicas together
-    seq_len: int
+    global_batch: PositiveInt  # sequences per iteration, all replicas together
+    seq_len: PositiveInt
     dtype: DType = DType.BF16
     execution: Execution = Execution()
 
@@ -77,7 +79,7 @@ class Stage:
     """
 
     devices: tuple[str, ...]
-    layer_ranges: tuple[tuple[int, int], ...]
+    layer_ranges: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
 
     @property
     def tp(self) -> int:
@@ -93,8 +95,8 @@ class Pipeline:
     """One data-parallel replica: its stages and its share of the global batch."""
 
     stages: tuple[Stage, ...]
-    micro_batch_size: int
-    num_micro_batches: int
+    micro_batch_size: PositiveInt
+    num_micro_batches: PositiveInt
 
     @property
     def batch_share(self) -> int:
@@ -163,7 +165,7 @@ class Plan:
     training: TrainingShape
     pipelines: tuple[Pipeline, ...]
     schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = 1
+    virtual_stages: PositiveInt = 1
     recompute: Recompute = Recompute.NONE
     zero1: bool = False
     unused_devices: tuple[str, ...] = ()
@@ -207,30 +209,63 @@ def plan_to_json(plan: Plan, indent: int | None = 2) -> str:
 
 
 def plan_from_dict(data: Any, label: str = "plan") -> Plan:
+    """A plan from its JSON form, validated as a file from someone else: a known version,
+    every field of its type, every number finite (counts and sizes at least 1), every name
+    as a cluster file allows it (:func:`potluck.cluster.spec.check_spec`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{label}: a plan must be a JSON object")
-    version = data.get("version", PLAN_VERSION)
-    if version != PLAN_VERSION:
-        raise ConfigError(
-            f"{label}: plan version {version} is not supported (this potluck reads "
-            f"version {PLAN_VERSION}); make the plan again with `potluck plan`"
-        )
+    _check_version(data, label)
+    where = _non_finite(data)
+    if where is not None:
+        raise ConfigError(f"{label}: {where}: is not a finite number; make the plan again "
+                          "with `potluck plan`")
     try:
-        return _adapter().validate_python(data)
+        plan = _adapter().validate_python(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise ConfigError(f"{label}: {where}: {first['msg']}") from None
+        raise ConfigError(f"{label}: {where}: {first['msg']}; fix it or make the plan again "
+                          "with `potluck plan`") from None
+    except ConfigError as err:  # a dataclass's own check (e.g. ModelSpec's shape)
+        raise ConfigError(f"{label}: {err}") from None
+    try:
+        check_spec(plan.cluster)
+    except ConfigError as err:
+        raise ConfigError(f"{label}: cluster: {err}") from None
+    return plan
+
+
+def _check_version(data: dict[str, Any], label: str) -> None:
+    if "version" not in data:
+        raise ConfigError(f"{label}: the plan has no 'version' (this potluck reads version "
+                          f"{PLAN_VERSION}); make the plan again with `potluck plan`")
+    version = data["version"]
+    if isinstance(version, bool) or version != PLAN_VERSION:
+        raise ConfigError(
+            f"{label}: plan version {version!r} is not supported (this potluck reads "
+            f"version {PLAN_VERSION}); make the plan again with `potluck plan`"
+        )
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The path (``cluster.nodes.0.inter_bandwidth_bytes_per_s``) of the first NaN or
+    infinite number in a JSON value, None when every number is finite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(top level)"
+    items = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"plan file {str(path)!r} not found; make one with `potluck plan -o`")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    data = parse_json(path, "plan file")
     return plan_from_dict(data, str(path))
 
 

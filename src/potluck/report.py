@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from potluck.cluster.catalog import DeviceType
@@ -100,7 +101,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     prediction = _prediction(plan)
     shape = plan.training
     console.print(
-        f"[bold]{plan.model.name}[/bold] on [bold]{plan.cluster.name}[/bold] "
+        f"[bold]{escape(plan.model.name)}[/bold] on [bold]{escape(plan.cluster.name)}[/bold] "
         f"({plan.num_gpus} of {plan.cluster.num_gpus} GPUs): {plan.layout()}, "
         f"micro-batch {plan.pipelines[0].micro_batch_size}, recompute {plan.recompute.value}, "
         f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
@@ -112,7 +113,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         console.print()
         console.print(table)
     for note in [*plan_dtype_notes(plan), *plan.notes]:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
 
 
 def _stage_table(plan: Plan, prediction: Prediction) -> Table:

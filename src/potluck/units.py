@@ -9,6 +9,7 @@ Capital ``B`` means bytes, lower-case ``b`` bits, as on network datasheets.
 
 from __future__ import annotations
 
+import math
 import re
 
 from potluck.errors import ConfigError
@@ -32,11 +33,19 @@ def _as_number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        return _float(value)
     try:
         return float(str(value).strip())
     except ValueError:
         return None
+
+
+def _float(value: int | float) -> float:
+    """``value`` as a float; integers too large for one are infinite (refused as such)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def parse_bandwidth_bytes_per_s(value: object, what: str = "bandwidth") -> float:
@@ -88,19 +97,48 @@ def parse_count(value: object, what: str = "count") -> int:
             raise ConfigError(f"{what}: cannot read {value!r} as a number; write e.g. 2B, 300M or 1e9")
         amount, suffix = match.groups()
         number = float(amount) * _COUNT_SCALE[suffix.lower()]
-    if number <= 0 or number != int(number):
+    if not math.isfinite(number) or number <= 0 or number != int(number):
         raise ConfigError(f"{what}: {value!r} must be a positive whole number")
     return int(number)
 
 
-def _positive(number: float, raw: object, what: str) -> float:
+def positive_number(value: object, what: str = "value") -> float:
+    """A plain number greater than zero (not a string, not true/false, not inf or nan)."""
+    number = _plain_number(value, what, "a positive number")
     if number <= 0:
+        raise ConfigError(f"{what}: must be a positive number, not {value!r}")
+    return number
+
+
+def non_negative_number(value: object, what: str = "value") -> float:
+    """A plain number of at least zero (not a string, not true/false, not inf or nan)."""
+    number = _plain_number(value, what, "a non-negative number")
+    if number < 0:
+        raise ConfigError(f"{what}: must be a non-negative number, not {value!r}")
+    return number
+
+
+def _plain_number(value: object, what: str, kind: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what}: must be {kind}, not {value!r}")
+    return _finite(_float(value), value, what)
+
+
+def _finite(number: float, raw: object, what: str) -> float:
+    if not math.isfinite(number):
+        raise ConfigError(f"{what}: {raw!r} is not a finite number (or too large for one); "
+                          "write a figure such as 12.5")
+    return number
+
+
+def _positive(number: float, raw: object, what: str) -> float:
+    if _finite(number, raw, what) <= 0:
         raise ConfigError(f"{what}: {raw!r} must be greater than zero")
     return number
 
 
 def _non_negative(number: float, raw: object, what: str) -> float:
-    if number < 0:
+    if _finite(number, raw, what) < 0:
         raise ConfigError(f"{what}: {raw!r} must not be negative")
     return number
 

@@ -1,13 +1,16 @@
-"""YAML reading that remembers line numbers, so errors can point at the bad line.
+"""Reading the files users give: YAML that remembers line numbers, so errors can point at
+the bad line, and JSON; a file that is not UTF-8 text is one clear error, not a traceback.
 
 ``load_yaml`` returns plain ``dict``/``list`` subclasses that carry the line of
 each key and item. :class:`Fields` reads one mapping with typed getters and
-prefixes every error with ``file:line``.
+prefixes every error with ``file:line``. ``read_text`` and ``parse_json`` serve the
+JSON files (plans, model configs).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,18 +68,71 @@ def load_yaml(path: str | Path, what: str) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} not found; check the path")
-    return parse_yaml(path.read_text(), str(path))
+    return parse_yaml(read_text(path, what), str(path))
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; one ConfigError when it cannot be read or is not UTF-8 text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: the {what} is not UTF-8 text (byte {err.start} is "
+                          f"{err.object[err.start:err.start + 1]!r}); give a text file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+
+
+def parse_json(path: Path, what: str) -> Any:
+    """A JSON file's value; one ConfigError naming the line when it is malformed."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except (ValueError, RecursionError) as err:  # an integer of thousands of digits, deep nesting
+        raise ConfigError(f"{path}: the {what} cannot be read as JSON ({err})") from None
+
+
+MAX_VALUES = 100_000  # values a file may expand to (YAML aliases may repeat one many times)
 
 
 def parse_yaml(text: str, label: str) -> Any:
+    """The YAML document in ``text``; one ConfigError when it is malformed, nested too deeply
+    or expands (through aliases: ``*a`` repeats what ``&a`` names) to more than
+    :data:`MAX_VALUES` values."""
+    data = _load(text, label)
+    if _count_values(data, MAX_VALUES) > MAX_VALUES:
+        raise ConfigError(f"{label}: the file expands to more than {MAX_VALUES:,} values "
+                          "(through YAML aliases *name); write the values out")
+    return data
+
+
+def _count_values(value: Any, budget: int) -> int:
+    """How many values ``value`` holds, counting a repeated alias each time; stops past
+    ``budget``, so the count takes at most that many steps."""
+    count, pending = 0, [value]
+    while pending and count <= budget:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count
+
+
+def _load(text: str, label: str) -> Any:
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{label}{line}: malformed YAML: {err.problem}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{label}: malformed YAML: {err}") from None
+    except yaml.YAMLError as err:  # e.g. a control character: "unacceptable character #x0005"
+        raise ConfigError(f"{label}: malformed YAML: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: malformed YAML: nested too deeply") from None
 
 
 class Fields:
@@ -121,7 +177,7 @@ class Fields:
         try:
             return convert(self.data[key])
         except ConfigError as err:
-            raise self.error(key, str(err).split(": ", 1)[-1]) from None
+            raise self.error(key, _without_subject(str(err))) from None
         except (TypeError, ValueError) as err:
             raise self.error(key, f"bad value {self.data[key]!r} ({err})") from None
 
@@ -129,6 +185,13 @@ class Fields:
         if not self.has(key):
             return None
         return self.get(key, convert)
+
+
+def _without_subject(message: str) -> str:
+    """``bandwidth: cannot read ...`` without its ``bandwidth: `` (the caller names the key);
+    a message that only holds ``: `` in a value it shows (``not {'a': 1}``) stays whole."""
+    subject, colon, rest = message.partition(": ")
+    return rest if colon and not any(c.isspace() for c in subject) else message
 
 
 def positive_int(value: Any) -> int:

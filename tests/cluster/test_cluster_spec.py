@@ -119,6 +119,12 @@ def test_bad_bandwidth_points_at_its_line():
         ("nodes:\n  - {name: box.1, gpu: t4, gpus_per_node: 1}\n", "cannot contain '.'"),
         ("nodes:\n  - {name: 'a:b', gpu: t4, gpus_per_node: 1}\n", "cannot contain ':'"),
         ("nodes:\n  - {name: my box, gpu: t4, gpus_per_node: 1}\n", "cannot contain a space"),
+        ("nodes:\n  - {name: 'x;touch owned;', gpu: t4, gpus_per_node: 1}\n", "cannot contain a space, ';'"),
+        ("nodes:\n  - {name: a, gpu: mine, gpus_per_node: 1}\ndevices:\n  'mine$(id)': {tflops: 10}\n",
+         "device type name 'mine$(id)' cannot contain '$', '(', ')'"),
+        ("nodes:\n  - {name: a, gpu: t4, gpus_per_node: 8, count: 4096}\n", "at most 16,384"),
+        ("nodes:\n  - {name: a, gpu: t4, gpus_per_node: 1, count: 1e400}\n", "at least 1"),
+        ("nodes:\n  - {name: a, gpu: t4, gpus_per_node: 1, inter_bandwidth: 1e400}\n", "not a finite"),
     ],
 )
 def test_invalid_clusters_are_explained_in_one_line(text, fragment):

@@ -71,6 +71,7 @@ BAD = [
     ("offers:\n  - gpu: rtx3090\n    gpus_per_node: 2\n    nvlink: some\n", 4, "must be none, pairs or all"),
     ("offers:\n  - gpu: rtx4090\n    gpus_per_node: 2\n    price_per_hour: -1\n", 4, "non-negative"),
     ("offers:\n  - gpu: rtx4090\n    gpus_per_node: 2\n    price_per_hour: cheap\n", 4, "non-negative"),
+    ("offers:\n  - gpu: rtx4090\n    gpus_per_node: 2\n    price_per_hour: .nan\n", 4, "not a finite number"),
     ("offers:\n  - gpu: rtx4090\n    gpus_per_node: 2\n    pric_per_hour: 1\n", 4,
      "did you mean 'price_per_hour'"),
     ("offers:\n  - gpu: rtx4090\n    gpus_per_node: 2\n    network: fast\n", 4, "as a bandwidth"),

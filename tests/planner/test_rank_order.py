@@ -8,7 +8,7 @@ import pytest
 
 from potluck.cluster import parse_cluster
 from potluck.errors import InfeasibleError
-from potluck.model.spec import model_from_hf_config
+from potluck.model.spec import load_model, model_from_hf_config
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import (
     DType,
@@ -20,6 +20,7 @@ from potluck.plans import (
     plan_to_dict,
     plan_to_json,
 )
+from potluck.schedules import Schedule
 
 # two V100 machines, then one T4 machine, two GPUs each, as a hostfile would list them
 MIXED = parse_cluster("""
@@ -152,3 +153,24 @@ def test_plan_json_round_trips_the_placement(gpt2_small):
     assert data["training"]["execution"]["placement"] == "rank-order"
     assert plan_from_dict(data) == plan
     assert '"placement": "planned"' in plan_to_json(replace(plan, training=TrainingShape(24, 512)))
+
+
+def test_a_layout_the_schedule_runs_only_at_a_larger_micro_batch_is_kept():
+    """Interleaved over 3 stages: 10 micro-batches of 1 need a multiple of 3 rounds, 5 of 2
+    run in one; the layout is the framework's, planned at micro-batch 2."""
+    spec = parse_cluster("nodes: [{name: a, gpu: rtx3090, gpus_per_node: 3}]", "three.yaml")
+    shape = TrainingShape(10, 128, DType.BF16, RANK_ORDER)
+    best = search(spec, load_model("gpt3-125m"), shape,
+                  SearchOptions(pp=3, schedule=Schedule.INTERLEAVED, top_k=1)).best
+    assert best.layout() == "dp=1 pp=3 tp=1" and best.pipelines[0].micro_batch_size == 2
+
+
+def test_pins_whose_batch_the_framework_cannot_split_say_so_for_each_layout():
+    spec = parse_cluster("nodes: [{name: a, gpu: t4, gpus_per_node: 1, count: 2}]", "two.yaml")
+    shape = TrainingShape(8, 128, DType.FP16, RANK_ORDER)
+    with pytest.raises(InfeasibleError) as err:
+        search(spec, load_model("tiny-llama"), shape, SearchOptions(micro_batch_size=8))
+    message = str(err.value)
+    assert "dp 2 (tp 1 x pp 1)" in message and "multiple of 16" in message
+    assert "dp 1 (tp 1 x pp 2)" in message and "1F1B needs at least" in message
+    assert "memory" not in message

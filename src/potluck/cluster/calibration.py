@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
-from pydantic import Field, WithJsonSchema
+from pydantic import Field, NonNegativeFloat, PositiveFloat, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
 from potluck.cluster.catalog import DeviceType
@@ -50,7 +50,7 @@ from potluck.cluster.nodes import (
     PathKind,
 )
 from potluck.errors import ConfigError
-from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
+from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s, positive_number
 from potluck.yamlio import Fields, LineList
 
 LINK_KINDS = (PathKind.PCIE, PathKind.NVLINK, PathKind.NETWORK)  # what an entry can name
@@ -85,8 +85,8 @@ KIND_IN_PLANS = WithJsonSchema({"title": "Kind", "type": "string"})
 @dataclass(frozen=True)
 class DeviceCalibration:
     device: str  # a device type name of the cluster
-    matmul_efficiency: float | None = None
-    memory_bandwidth_factor: float | None = None
+    matmul_efficiency: PositiveFloat | None = None
+    memory_bandwidth_factor: PositiveFloat | None = None
     measured: Annotated[SkipJsonSchema[MeasuredDevice | None], NOT_IN_PLANS] = None  # not read back
 
 
@@ -94,8 +94,8 @@ class DeviceCalibration:
 class LinkCalibration:
     """Measured figures of one kind of link inside node groups, or between two groups."""
 
-    bandwidth_bytes_per_s: float
-    latency_s: float | None = None
+    bandwidth_bytes_per_s: PositiveFloat
+    latency_s: NonNegativeFloat | None = None
     kind: Annotated[PathKind, KIND_IN_PLANS] = PathKind.NETWORK
     groups: tuple[str, ...] = ()  # empty: every group
     between: tuple[str, str] | None = None
@@ -127,8 +127,8 @@ def parse_calibration(top: Fields, device_names: set[str], group_names: set[str]
                            table.line_of(name))
             entry.check_keys(_DEVICE_KEYS)
             devices.append(DeviceCalibration(
-                str(name), entry.optional("matmul_efficiency", _positive_float),
-                entry.optional("memory_bandwidth_factor", _positive_float)))
+                str(name), entry.optional("matmul_efficiency", positive_number),
+                entry.optional("memory_bandwidth_factor", positive_number)))
     links = []
     if section.has("links"):
         raw = section.data["links"]
@@ -171,12 +171,6 @@ def _kind(value: Any) -> PathKind:
     if value not in LINK_KINDS:
         raise ConfigError(f"must be one of {', '.join(k.value for k in LINK_KINDS)}, not {value!r}")
     return PathKind(value)
-
-
-def _positive_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"must be a positive number, not {value!r}")
-    return float(value)
 
 
 def calibrate_device(device_type: DeviceType, calibration: Calibration) -> DeviceType:

@@ -18,9 +18,15 @@ from importlib import resources
 from typing import Any
 
 import yaml
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 from potluck.errors import ConfigError
-from potluck.units import parse_bandwidth_bytes_per_s, parse_size_bytes
+from potluck.units import (
+    non_negative_number,
+    parse_bandwidth_bytes_per_s,
+    parse_size_bytes,
+    positive_number,
+)
 
 DEFAULT_MATMUL_EFFICIENCY = 0.8
 DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S = 1000e9
@@ -45,21 +51,21 @@ class DeviceType:
     """One accelerator model with the figures potluck plans with."""
 
     name: str
-    tflops: float  # dense 16-bit tensor-core peak
-    memory_bytes: float
-    memory_bandwidth_bytes_per_s: float = DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S
+    tflops: PositiveFloat  # dense 16-bit tensor-core peak
+    memory_bytes: PositiveFloat
+    memory_bandwidth_bytes_per_s: PositiveFloat = DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S
     bf16: bool = True
     link: LinkKind = LinkKind.NONE
-    link_bandwidth_bytes_per_s: float = 0.0
-    pcie_bandwidth_bytes_per_s: float = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
-    matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
-    price_per_hour_usd: float = 0.0
-    spot_price_per_hour_usd: float = 0.0
-    purchase_price_usd: float = 0.0
-    power_w: float = 0.0
-    sm_count: int = 0
-    fp32_tflops: float = 0.0  # non-tensor FP32 peak (0: not known)
-    tf32_tflops: float = 0.0  # dense TF32 tensor-core peak (0: the hardware has none)
+    link_bandwidth_bytes_per_s: NonNegativeFloat = 0.0
+    pcie_bandwidth_bytes_per_s: PositiveFloat = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
+    matmul_efficiency: PositiveFloat = DEFAULT_MATMUL_EFFICIENCY
+    price_per_hour_usd: NonNegativeFloat = 0.0
+    spot_price_per_hour_usd: NonNegativeFloat = 0.0
+    purchase_price_usd: NonNegativeFloat = 0.0
+    power_w: NonNegativeFloat = 0.0
+    sm_count: NonNegativeInt = 0
+    fp32_tflops: NonNegativeFloat = 0.0  # non-tensor FP32 peak (0: not known)
+    tf32_tflops: NonNegativeFloat = 0.0  # dense TF32 tensor-core peak (0: the hardware has none)
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -85,6 +91,7 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "tf32_tflops": ("tf32_tflops", float),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
+_POSITIVE = {"tflops", "matmul_efficiency"}  # the other numbers may be 0 (free, not known)
 # YAML field -> DeviceType attribute, in the catalog's order (what `potluck catalog NAME` lists).
 FIELD_ATTRS: dict[str, str] = {key: attr for key, (attr, _) in _FIELDS.items()}
 # A `sources` key that covers several fields; a field's own key wins, then its group, then `all`.
@@ -124,11 +131,12 @@ def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"device {name!r}: {key} must be a whole number, not {value!r}")
         return value
+    what = f"device {name!r} {key}"
     if convert is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConfigError(f"device {name!r}: {key} must be a non-negative number, not {value!r}")
-        return float(value)
-    return convert(value, what=f"device {name!r} {key}")
+        # the peak and the share of it reached divide every compute time: zero is no device
+        check = positive_number if key in _POSITIVE else non_negative_number
+        return check(value, what)
+    return convert(value, what=what)
 
 
 def make_device_type(name: str, raw: dict[str, Any], base: DeviceType | None = None) -> DeviceType:

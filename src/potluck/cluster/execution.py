@@ -21,8 +21,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from pydantic import NonNegativeFloat, PositiveInt
+
 from potluck.errors import ConfigError
-from potluck.units import parse_duration_s
+from potluck.units import non_negative_number, parse_duration_s
 from potluck.yamlio import Fields, load_yaml
 
 
@@ -81,16 +83,16 @@ class Execution:
     overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
     overlap_p2p: bool = True  # pipeline sends and receives overlap compute
     fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
-    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire
-    micro_batch_overhead_s: float = 0.0  # host time per micro-batch per stage (scheduler, Python)
-    step_overhead_s: float = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
+    grad_reduce_bytes: PositiveInt = 2  # bytes per gradient element on the wire
+    micro_batch_overhead_s: NonNegativeFloat = 0.0  # host time per micro-batch per stage (scheduler, Python)
+    step_overhead_s: NonNegativeFloat = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
     # memory traffic per parameter and micro-batch to add its weight gradient into the
     # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
     # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
-    grad_accumulation_bytes: float = 18.0
+    grad_accumulation_bytes: NonNegativeFloat = 18.0
     # host time to issue one block's forward (twice that for its backward), a floor under the
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
-    block_host_s: float = 192e-6
+    block_host_s: NonNegativeFloat = 192e-6
     placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
     tied_grad_sync: TiedGradSync = TiedGradSync.HOLDERS  # a tied embedding's sum (TiedGradSync)
 
@@ -268,7 +270,7 @@ def _converter(name: str):
     if name.endswith("_s"):
         return lambda value: parse_duration_s(value, name)
     if isinstance(default, int | float):
-        return _non_negative
+        return lambda value: non_negative_number(value, name)
     if isinstance(default, Enum):
         return lambda value: _enum(type(default), value)
     return type(default)
@@ -278,12 +280,6 @@ def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"must be true or false, not {value!r}")
     return value
-
-
-def _non_negative(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"must be a non-negative number, not {value!r}")
-    return float(value)
 
 
 def _grad_bytes(value: Any) -> int:

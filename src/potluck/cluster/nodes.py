@@ -1,7 +1,8 @@
 """What a cluster is built from: node groups of identical machines, the links declared
 between groups, and the kinds of path a transfer between two devices takes.
 
-These are plain values with no parsing: :mod:`potluck.cluster.spec` reads them
+These are plain values with no parsing (their types say which numbers must be positive,
+for plan files, which carry them and are checked on load): :mod:`potluck.cluster.spec` reads them
 from a cluster file, :mod:`potluck.cluster.calibration` replaces their figures
 with measured ones, and :mod:`potluck.cluster.topology` answers which path
 joins two devices.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 DEFAULT_INTER_BANDWIDTH_BYTES_PER_S = 10e9 / 8  # 10 Gb/s Ethernet
 DEFAULT_INTRA_LATENCY_S = 5e-6
@@ -42,17 +45,17 @@ class NodeGroup:
 
     name: str
     gpu: str
-    gpus_per_node: int
-    count: int = 1
+    gpus_per_node: PositiveInt
+    count: PositiveInt = 1
     nvlink: NvlinkTopology = NvlinkTopology.NONE
-    nvlink_bandwidth_bytes_per_s: float | None = None
-    intra_bandwidth_bytes_per_s: float | None = None
-    inter_bandwidth_bytes_per_s: float = DEFAULT_INTER_BANDWIDTH_BYTES_PER_S
-    intra_latency_s: float = DEFAULT_INTRA_LATENCY_S
-    inter_latency_s: float = DEFAULT_INTER_LATENCY_S
-    price_per_hour_usd: float | None = None
-    purchase_price_usd: float | None = None
-    power_w: float | None = None
+    nvlink_bandwidth_bytes_per_s: PositiveFloat | None = None
+    intra_bandwidth_bytes_per_s: PositiveFloat | None = None
+    inter_bandwidth_bytes_per_s: PositiveFloat = DEFAULT_INTER_BANDWIDTH_BYTES_PER_S
+    intra_latency_s: NonNegativeFloat = DEFAULT_INTRA_LATENCY_S
+    inter_latency_s: NonNegativeFloat = DEFAULT_INTER_LATENCY_S
+    price_per_hour_usd: NonNegativeFloat | None = None
+    purchase_price_usd: NonNegativeFloat | None = None
+    power_w: NonNegativeFloat | None = None
 
     @property
     def num_gpus(self) -> int:
@@ -64,5 +67,5 @@ class LinkSpec:
     """A link between two node groups that differs from their own network."""
 
     between: tuple[str, str]
-    bandwidth_bytes_per_s: float
-    latency_s: float = DEFAULT_INTER_LATENCY_S
+    bandwidth_bytes_per_s: PositiveFloat
+    latency_s: NonNegativeFloat = DEFAULT_INTER_LATENCY_S

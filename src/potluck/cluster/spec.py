@@ -51,7 +51,7 @@ from potluck.cluster.nodes import (
     NvlinkTopology,
 )
 from potluck.errors import ConfigError
-from potluck.units import parse_bandwidth_bytes_per_s, parse_duration_s
+from potluck.units import non_negative_number, parse_bandwidth_bytes_per_s, parse_duration_s
 from potluck.yamlio import Fields, LineList, load_yaml, non_empty_str, parse_yaml, positive_int
 
 
@@ -110,6 +110,10 @@ def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> C
         for i, item in enumerate(raw_nodes)
     )
     _check_unique_names(groups, top)
+    try:
+        check_size(groups)
+    except ConfigError as err:
+        raise top.error("nodes", str(err)) from None
     links = _links(top, {group.name for group in groups})
     used = dict.fromkeys(group.gpu for group in groups)
     device_types = tuple(lookup(name, custom) for name in used)
@@ -149,12 +153,13 @@ def _custom_devices(top: Fields) -> dict[str, DeviceType]:
         return {}
     devices = Fields(top.data["devices"], top.label, "devices", top.line_of("devices"))
     custom: dict[str, DeviceType] = {}
-    for name, raw in devices.data.items():
-        entry = Fields(raw, top.label, f"devices.{name}", devices.line_of(name))
-        base_name = entry.data.get("base", name if _in_catalog(name) else None)
+    for key, raw in devices.data.items():
+        entry = Fields(raw, top.label, f"devices.{key}", devices.line_of(key))
         try:
-            base = lookup(base_name) if base_name is not None else None
-            custom[str(name)] = make_device_type(str(name), dict(entry.data), base)
+            name = check_name(key, "device type name")
+            base_name = entry.data.get("base", name if _in_catalog(name) else None)
+            base = lookup(str(base_name)) if base_name is not None else None
+            custom[name] = make_device_type(name, dict(entry.data), base)
         except ConfigError as err:
             raise entry.error(None, str(err)) from None
     return custom
@@ -168,16 +173,30 @@ def _in_catalog(name: str) -> bool:
     return True
 
 
-def group_name(value: Any) -> str:
-    """A node group's name: device ids are ``<group>.<machine>:<gpu>``, so it cannot hold
-    ``.``, ``:`` or spaces."""
+MAX_GPUS = 16384  # a cluster's GPUs (check_size); 16,384 H100s take 30 s to plan (README)
+NAME_CHARACTERS = "letters, digits, '-' or '_'"
+MAX_NAME_CHARS = 64
+
+
+def check_name(value: Any, what: str = "node group name") -> str:
+    """A name that ends up in device ids (``<group>.<machine>:<gpu>``), environment variables
+    and shell commands: ASCII letters, digits, ``-`` and ``_``, starting with a letter or
+    digit. The cluster loader and the plan loader both check names with it."""
     name = non_empty_str(value)
-    bad = sorted({c for c in name if c in ".:" or c.isspace()})
+    bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "-_"))})
     if bad:
         shown = ", ".join("a space" if c.isspace() else repr(c) for c in bad)
-        raise ConfigError(f"node group name {name!r} cannot contain {shown} (device ids are "
-                          "<group>.<machine>:<gpu>); use letters, digits, '-' or '_'")
+        raise ConfigError(f"{what} {name!r} cannot contain {shown} (names reach device ids "
+                          f"<group>.<machine>:<gpu> and shell commands); use {NAME_CHARACTERS}")
+    if name.startswith("-") or len(name) > MAX_NAME_CHARS:
+        raise ConfigError(f"{what} {name!r} must start with a letter or digit and have at most "
+                          f"{MAX_NAME_CHARS} characters; use {NAME_CHARACTERS}")
     return name
+
+
+def group_name(value: Any) -> str:
+    """A node group's name (:func:`check_name`)."""
+    return check_name(value, "node group name")
 
 
 def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
@@ -201,9 +220,9 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         ),
         intra_latency_s=node.get("intra_latency", parse_duration_s, DEFAULT_INTRA_LATENCY_S),
         inter_latency_s=node.get("inter_latency", parse_duration_s, DEFAULT_INTER_LATENCY_S),
-        price_per_hour_usd=node.optional("price_per_hour", _non_negative_float),
-        purchase_price_usd=node.optional("purchase_price", _non_negative_float),
-        power_w=node.optional("power_w", _non_negative_float),
+        price_per_hour_usd=node.optional("price_per_hour", non_negative_number),
+        purchase_price_usd=node.optional("purchase_price", non_negative_number),
+        power_w=node.optional("power_w", non_negative_number),
     )
     _check_nvlink(node, group, device_type)
     return group
@@ -236,18 +255,57 @@ def _check_nvlink(node: Fields, group: NodeGroup, device_type: DeviceType) -> No
         raise node.error("nvlink", "pairs needs an even gpus_per_node")
 
 
-def _non_negative_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"must be a non-negative number, not {value!r}")
-    return float(value)
-
-
 def _check_unique_names(groups: tuple[NodeGroup, ...], top: Fields) -> None:
     seen: set[str] = set()
     for group in groups:
         if group.name in seen:
             raise top.error("nodes", f"two node groups are named {group.name!r}; names must differ")
         seen.add(group.name)
+
+
+def check_size(groups: tuple[NodeGroup, ...]) -> None:
+    """At most :data:`MAX_GPUS` GPUs: the search's time grows with the devices (the largest
+    cluster of ``benchmarks/search_scale.py`` has 1,024)."""
+    total = sum(group.num_gpus for group in groups)
+    if total > MAX_GPUS:
+        sizes = ", ".join(f"{g.name}: {g.count:,} x {g.gpus_per_node:,}" for g in groups)
+        raise ConfigError(f"the cluster has {total:,} GPUs ({sizes}); potluck plans for at most "
+                          f"{MAX_GPUS:,}: check count and gpus_per_node")
+
+
+def check_spec(spec: ClusterSpec) -> None:
+    """What :func:`cluster_from_data` checks of names, references and size, for a cluster
+    that did not come from a cluster file (a plan file carries one). Numbers are checked
+    by the types of the fields (positive, at least 0) when the plan is read."""
+    types = {}
+    for i, device_type in enumerate(spec.device_types):
+        _at(f"device_types[{i}].name", check_name, device_type.name, "device type name")
+        types[device_type.name] = device_type
+    names = set()
+    for i, group in enumerate(spec.nodes):
+        _at(f"nodes[{i}].name", check_name, group.name, "node group name")
+        if group.name in names:
+            raise ConfigError(f"nodes[{i}].name: two node groups are named {group.name!r}")
+        if group.gpu not in types:
+            raise ConfigError(f"nodes[{i}].gpu: {group.gpu!r} is none of the device types "
+                              f"({', '.join(types)})")
+        names.add(group.name)
+    for i, link in enumerate((*spec.links, *_calibration_links(spec))):
+        for name in link.between or ():
+            if name not in names:
+                raise ConfigError(f"links[{i}].between: no node group named {name!r}")
+    check_size(spec.nodes)
+
+
+def _at(where: str, check: Any, *args: Any) -> None:
+    try:
+        check(*args)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _calibration_links(spec: ClusterSpec) -> tuple:
+    return spec.calibration.links if spec.calibration is not None else ()
 
 
 def _links(top: Fields, group_names: set[str]) -> tuple[LinkSpec, ...]:

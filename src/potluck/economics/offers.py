@@ -45,7 +45,7 @@ from potluck.cluster.spec import (
     parse_nvlink_topology,
 )
 from potluck.errors import ConfigError
-from potluck.units import parse_bandwidth_bytes_per_s
+from potluck.units import non_negative_number, parse_bandwidth_bytes_per_s
 from potluck.yamlio import Fields, load_yaml, non_empty_str, parse_yaml, positive_int
 
 MAX_GPUS_PER_NODE = 8
@@ -164,15 +164,10 @@ def _check_nvlink(fields: Fields, device_type: DeviceType, nvlink: NvlinkTopolog
         raise fields.error("nvlink", f"pairs needs an even gpus_per_node, not {per_node}")
 
 
-def _price(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"must be a non-negative number, not {value!r}")
-    return float(value)
-
-
 def _priced_type(fields: Fields, device_type: DeviceType, source: str) -> DeviceType:
     """The device type with the offer's prices; its sources say where they come from."""
-    overrides = {attr: fields.get(key, _price) for key, attr in _PRICE_KEYS.items() if fields.has(key)}
+    overrides = {attr: fields.get(key, non_negative_number) for key, attr in _PRICE_KEYS.items()
+                 if fields.has(key)}
     if "price_per_hour_usd" in overrides and "spot_price_per_hour_usd" not in overrides:
         overrides["spot_price_per_hour_usd"] = 0.0
     if not overrides:

@@ -11,7 +11,6 @@ model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -19,6 +18,9 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model import byte_vocab
+from potluck.yamlio import parse_json
+
+MAX_SIZE = 2**31 - 1  # any width, depth or vocabulary (their products stay exact floats)
 
 
 class MlpKind(str, Enum):
@@ -56,8 +58,9 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "ffn_hidden_size", "vocab_size", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model {self.name!r}: {name} must be at least 1")
+            if not 1 <= getattr(self, name) <= MAX_SIZE:
+                raise ConfigError(f"model {self.name!r}: {name} must be from 1 to {MAX_SIZE:,}, "
+                                  f"not {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
@@ -190,42 +193,69 @@ def _model_name(config_path: Path, config: dict[str, Any]) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    data = parse_json(path, "model config")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a model config must be a JSON object")
     return data
 
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense"}
+_FAMILIES = ("LLaMA, Mistral, Qwen2 and GPT-2 (decoder-only, causal language models; "
+             "model_type llama, mistral, qwen2 or gpt2)")
+_CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # how transformers names decoder LM classes
 
 
 def model_from_hf_config(config: dict[str, Any], name: str = "model") -> ModelSpec:
-    """Read LLaMA/Mistral/Qwen2-style or GPT-2-style ``config.json`` keys."""
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type == "gpt2" or "n_embd" in config:
+    """Read LLaMA/Mistral/Qwen2-style or GPT-2-style ``config.json`` keys.
+
+    The family is the config's ``model_type``; a config without one is read by its keys
+    (``n_embd``: GPT-2, ``intermediate_size``: LLaMA), unless its ``architectures`` name no
+    causal language model (a BERT or T5 config is refused, not misread)."""
+    model_type = str(config.get("model_type") or "").lower()
+    if model_type and model_type != "gpt2" and model_type not in _LLAMA_LIKE:
+        raise ConfigError(f"model config {name!r}: model_type {model_type!r}"
+                          f"{_architectures(config)} is not supported; potluck plans {_FAMILIES}")
+    if not model_type:
+        _check_architectures(config, name)
+    if model_type == "gpt2" or (not model_type and "n_embd" in config):
         return _from_gpt2_config(config, name)
-    if model_type in _LLAMA_LIKE or "intermediate_size" in config:
+    if model_type or "intermediate_size" in config:
         return _from_llama_config(config, name, model_type or "llama")
-    raise ConfigError(
-        f"model config {name!r}: model_type {model_type!r} is not supported; "
-        "potluck reads LLaMA, Mistral, Qwen2 and GPT-2 configs"
-    )
+    raise ConfigError(f"model config {name!r} has no model_type and neither GPT-2 keys (n_embd) "
+                      f"nor LLaMA keys (intermediate_size); potluck plans {_FAMILIES}")
+
+
+def _architectures(config: dict[str, Any]) -> str:
+    names = config.get("architectures")
+    return f" ({', '.join(map(str, names))})" if isinstance(names, list) and names else ""
+
+
+def _check_architectures(config: dict[str, Any], name: str) -> None:
+    names = config.get("architectures")
+    if not isinstance(names, list) or not names:
+        return
+    if not any(str(n).endswith(_CAUSAL_HEADS) for n in names):
+        raise ConfigError(f"model config {name!r} is a{_architectures(config)} model, not a causal "
+                          f"language model; potluck plans {_FAMILIES}")
 
 
 def _need(config: dict[str, Any], key: str, name: str) -> int:
     value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"model config {name!r}: missing or non-integer {key!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"model config {name!r}: {key!r} must be a whole number of at least 1, "
+                          f"not {value!r}")
     return value
+
+
+def _optional(config: dict[str, Any], key: str, name: str, default: int) -> int:
+    """``config[key]`` when given (a whole number of at least 1), else ``default``."""
+    return _need(config, key, name) if config.get(key) is not None else default
 
 
 def _from_llama_config(config: dict[str, Any], name: str, family: str) -> ModelSpec:
     heads = _need(config, "num_attention_heads", name)
     hidden = _need(config, "hidden_size", name)
-    head_dim = config.get("head_dim") or hidden // heads
+    head_dim = _optional(config, "head_dim", name, hidden // heads)
     if head_dim * heads != hidden:
         raise ConfigError(
             f"model config {name!r}: head_dim x num_attention_heads != hidden_size is not supported"
@@ -236,10 +266,10 @@ def _from_llama_config(config: dict[str, Any], name: str, family: str) -> ModelS
         hidden_size=hidden,
         num_layers=_need(config, "num_hidden_layers", name),
         num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
+        num_kv_heads=_optional(config, "num_key_value_heads", name, heads),
         ffn_hidden_size=_need(config, "intermediate_size", name),
         vocab_size=_need(config, "vocab_size", name),
-        max_seq_len=config.get("max_position_embeddings") or 2048,
+        max_seq_len=_optional(config, "max_position_embeddings", name, 2048),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(config.get("attention_bias", family == "qwen2")),
         hf_config=dict(config),
@@ -248,20 +278,31 @@ def _from_llama_config(config: dict[str, Any], name: str, family: str) -> ModelS
 
 def _from_gpt2_config(config: dict[str, Any], name: str) -> ModelSpec:
     hidden = _need(config, "n_embd", name)
-    dropout = any(float(config.get(k, 0.1) or 0) > 0 for k in ("resid_pdrop", "attn_pdrop"))
+    heads = _need(config, "n_head", name)
     return ModelSpec(
         name=name, family="gpt2", hidden_size=hidden,
         num_layers=_need(config, "n_layer", name),
-        num_heads=_need(config, "n_head", name),
-        num_kv_heads=_need(config, "n_head", name),
-        ffn_hidden_size=config.get("n_inner") or 4 * hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=_optional(config, "n_inner", name, 4 * hidden),
         vocab_size=_need(config, "vocab_size", name),
-        max_seq_len=config.get("n_positions") or 1024,
+        max_seq_len=_optional(config, "n_positions", name, 1024),
         mlp=MlpKind.GELU, norm=NormKind.LAYERNORM,
         tied_embeddings=bool(config.get("tie_word_embeddings", True)),
-        learned_positions=True, linear_bias=True, qkv_bias=True, dropout=dropout,
+        learned_positions=True, linear_bias=True, qkv_bias=True, dropout=_gpt2_dropout(config, name),
         hf_config=dict(config),
     )
+
+
+def _gpt2_dropout(config: dict[str, Any], name: str) -> bool:
+    """Whether the residual or attention dropout is on (GPT-2's default: 0.1)."""
+    probabilities = [config.get(key, 0.1) for key in ("resid_pdrop", "attn_pdrop")]
+    for key, value in zip(("resid_pdrop", "attn_pdrop"), probabilities, strict=True):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not 0 <= value <= 1):
+            raise ConfigError(f"model config {name!r}: {key!r} must be a probability from 0 to 1, "
+                              f"not {value!r}")
+    return any((value or 0) > 0 for value in probabilities)
 
 
 def model_to_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -42,3 +42,15 @@ class SearchOptions:
     structure_beam: int = 64
     exact_beam: int = 32
     max_micro_batch_size: int = 32
+
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the search tries when none is pinned
+
+
+def micro_batch_sizes(options: SearchOptions, global_batch: int) -> list[int]:
+    """The micro-batch sizes the search tries: the pinned one, else the powers of two up to
+    ``max_micro_batch_size`` that divide the global batch."""
+    if options.micro_batch_size:
+        return [options.micro_batch_size]
+    return [b for b in MICRO_BATCH_SIZES
+            if b <= min(global_batch, options.max_micro_batch_size) and global_batch % b == 0]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.spec import ModelSpec
-from potluck.planner.options import SearchOptions
+from potluck.planner.options import SearchOptions, micro_batch_sizes
 from potluck.planner.pinned import PinnedShape
 from potluck.planner.space import MAX_TP, Unit
 from potluck.schedules import schedule_for
@@ -43,9 +43,15 @@ def rank_order_shapes(devices: tuple[Device, ...], model: ModelSpec, options: Se
                       global_batch: int) -> list[PinnedShape]:
     """Every (tp, pp, dp) the pins allow over ``devices``: all of them unless tp, pp and dp
     are all pinned (then the first tp x pp x dp), every tensor-parallel group inside one
-    machine, at most one replica per micro-batch."""
+    machine, the batch split evenly over the replicas into micro-batches the schedule runs."""
+    return [shape for shape in _products(devices, model, options)
+            if _batch_problem(shape, global_batch, options) is None]
+
+
+def _products(devices: tuple[Device, ...], model: ModelSpec,
+              options: SearchOptions) -> list[PinnedShape]:
+    """The (tp, pp, dp) whose product is the ranks launched, before the batch is looked at."""
     virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
-    micro_batches = global_batch // (options.micro_batch_size or 1)
     pinned = options.tp and options.pp and options.dp
     world = options.tp * options.pp * options.dp if pinned else len(devices)
     if world > len(devices):
@@ -56,11 +62,34 @@ def rank_order_shapes(devices: tuple[Device, ...], model: ModelSpec, options: Se
             continue
         for pp in [options.pp] if options.pp else range(1, model.num_layers // virtual + 1):
             dp, rest = divmod(world, tp * pp)
-            if rest or dp < 1 or (options.dp and dp != options.dp) or dp > micro_batches:
+            if rest or dp < 1 or (options.dp and dp != options.dp):
                 continue
             if pp * virtual <= model.num_layers and _tp_inside_machines(devices, tp, world):
                 shapes.append(PinnedShape(tp, pp, dp))
     return shapes
+
+
+def _batch_problem(shape: PinnedShape, global_batch: int, options: SearchOptions) -> str | None:
+    """Why the framework cannot split ``global_batch`` over the shape's replicas: evenly,
+    into micro-batches its schedule runs, at any micro-batch size the search tries (the
+    reason at the smallest); None when one size works."""
+    schedule = schedule_for(options.schedule)
+    virtual = schedule.chunks(options.virtual_stages)
+    split = f"dp {shape.dp} (tp {shape.tp} x pp {shape.pp})"
+    reasons = []
+    for micro_batch in micro_batch_sizes(options, global_batch):
+        micro_batches = global_batch // micro_batch
+        if micro_batches % shape.dp:
+            reasons.append(f"{split} needs the {micro_batches} micro-batches of {micro_batch} to "
+                           f"split evenly over {shape.dp} replicas; use a global batch that is "
+                           f"a multiple of {shape.dp * micro_batch}")
+            continue
+        problem = schedule.problem(micro_batches // shape.dp, shape.pp, virtual)
+        if problem is None:
+            return None
+        reasons.append(f"{split} leaves {micro_batches // shape.dp} micro-batches of "
+                       f"{micro_batch} per replica, and {problem}")
+    return reasons[0] if reasons else f"{split}: no micro-batch size divides the global batch"
 
 
 def _tp_inside_machines(devices: tuple[Device, ...], tp: int, world: int) -> bool:
@@ -86,6 +115,11 @@ def rank_order_refusal(devices: tuple[Device, ...], model: ModelSpec,
     """Why no layout in rank order exists, before memory is looked at; None when some does."""
     if rank_order_shapes(devices, model, options, global_batch):
         return None
+    products = _products(devices, model, options)
+    if products:
+        reasons = "; ".join(str(_batch_problem(shape, global_batch, options)) for shape in products)
+        return (f"rank order: the framework uses all {products[0].tp * products[0].pp * products[0].dp} "
+                f"ranks it launches and splits the batch evenly: {reasons}")
     world = len(devices)
     if options.tp and options.pp and options.dp:
         world = options.tp * options.pp * options.dp

@@ -46,7 +46,7 @@ from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
-from potluck.planner.options import Partition, SearchOptions
+from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
 from potluck.planner.rank_order import (
@@ -281,11 +281,7 @@ class _Search:
 
     def _settings(self, zero1: bool, recompute: Recompute):
         options, batch = self.options, self.training.global_batch
-        if options.micro_batch_size:
-            sizes = [options.micro_batch_size]
-        else:
-            sizes = [b for b in (1, 2, 4, 8, 16, 32, 64)
-                     if b <= min(batch, options.max_micro_batch_size) and batch % b == 0]
+        sizes = micro_batch_sizes(options, batch)
         virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM or self.rank_order
         for b in sizes:

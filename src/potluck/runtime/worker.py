@@ -2,8 +2,10 @@
 
 :func:`worker_args` turns :class:`TrainOptions` into these flags (used to
 write the per-machine torchrun commands) and :func:`parse_options` reads them
-back, so the two never drift apart. A user error ends the rank with one
-logged line and the error's exit code.
+back, so the two never drift apart. A flag left at what ``potluck train`` uses by
+default is not written: the commands run on other machines, whose potluck has its own
+shipped corpus (``--data`` is written only for other data; ``--no-data`` for random
+tokens). A user error ends the rank with one logged line and the error's exit code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import logging
 import sys
 from dataclasses import fields
+from functools import cache
 
 from potluck.errors import PotluckError
 from potluck.plans import load_plan
@@ -19,7 +22,15 @@ from potluck.runtime.options import TrainOptions
 from potluck.runtime.train import train_rank
 
 log = logging.getLogger("potluck.worker")
-_DEFAULTS = TrainOptions()
+
+
+@cache
+def _defaults() -> TrainOptions:
+    """What ``potluck train`` trains with when no flag is given: the shipped corpus, on the
+    machine the rank runs on."""
+    from potluck.data.corpus import builtin_corpus_path
+
+    return TrainOptions(data=str(builtin_corpus_path()))
 
 
 def _flag(name: str) -> str:
@@ -27,11 +38,12 @@ def _flag(name: str) -> str:
 
 
 def worker_args(options: TrainOptions) -> list[str]:
-    """The flags that reproduce ``options`` (only those that differ from the defaults)."""
+    """The flags that reproduce ``options`` (only those that differ from ``potluck train``'s
+    defaults, so that no path of this machine's install is written)."""
     args: list[str] = []
     for field in fields(TrainOptions):
         value = getattr(options, field.name)
-        if value == getattr(_DEFAULTS, field.name):
+        if value == getattr(_defaults(), field.name):
             continue
         if isinstance(value, bool):
             args.append(_flag(field.name) if value else _flag(f"no_{field.name}"))
@@ -46,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="potluck.runtime.worker")
     parser.add_argument("--plan", required=True)
     for field in fields(TrainOptions):
-        default = getattr(_DEFAULTS, field.name)
+        default = getattr(_defaults(), field.name)
         if isinstance(default, bool):
             parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction,
                                 default=default)

@@ -46,6 +46,15 @@ def test_one_torchrun_command_per_machine_with_its_own_rank_count():
     assert first.endswith("-m potluck.runtime.worker --plan plan.json --steps 7")
 
 
+def test_every_value_of_a_command_is_quoted_for_the_shell():
+    plan = two_machine_plan()
+    commands = torchrun_commands(plan, "my plans/it's.json", "head;reboot", 29400,
+                                 ["--out-dir", "runs/a b"])
+    words = shlex.split(commands[1].command)
+    assert words[0] == "POTLUCK_NODE=small.0" and "--master-addr=head;reboot" in words
+    assert words[-4:] == ["--plan", "my plans/it's.json", "--out-dir", "runs/a b"]
+
+
 def test_node_and_local_rank_pick_the_plans_device(monkeypatch):
     plan = two_machine_plan()
     monkeypatch.delenv("POTLUCK_DEVICE", raising=False)

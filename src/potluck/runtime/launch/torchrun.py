@@ -4,7 +4,9 @@
 machines with different GPU counts get different ``--nproc-per-node``
 (torchrun numbers ranks per node, potluck maps them to devices through
 ``POTLUCK_NODE`` and ``LOCAL_RANK``). Each command runs
-``python -m potluck.runtime.worker`` on every rank of its machine.
+``python -m potluck.runtime.worker`` on every rank of its machine. Every value is
+quoted for the shell (``shlex.quote``): a path with a space stays one word, and a value
+from a plan file cannot add a command.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port:
     commands = []
     for node_rank, (node, nproc) in enumerate(nodes):
         parts = [
-            f"POTLUCK_NODE={node}", "torchrun", f"--nnodes={len(nodes)}",
+            "torchrun", f"--nnodes={len(nodes)}",
             f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
             f"--master-addr={master_addr}", f"--master-port={master_port}",
             "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
         ]
-        command = " ".join([parts[0], *(shlex.quote(part) for part in parts[1:])])
-        commands.append(NodeCommand(node, node_rank, nproc, command))
+        words = [f"POTLUCK_NODE={shlex.quote(node)}", *(shlex.quote(str(p)) for p in parts)]
+        commands.append(NodeCommand(node, node_rank, nproc, " ".join(words)))
     return commands
