@@ -513,19 +513,19 @@ def train(
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
-    chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
-    check_execution(chosen)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0,
     )
+    chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
+                              seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
+    check_execution(chosen)
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
         return
-    result = api.run_plan(chosen, options)
+    result = api.run_plan(chosen, options, before_launch=_before_launch)
     console.print(summarize(result.history), highlight=False)
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
@@ -543,6 +543,29 @@ def export(
     path = export_run(run, out)
     console.print(f"exported to {path}: AutoModelForCausalLM.from_pretrained({str(path)!r})",
                   highlight=False)
+
+
+def _before_launch(chosen, options) -> None:
+    """What a run says once its checks have passed, before its ranks start."""
+    if options.resume and options.out_dir:
+        _note_plan_change(chosen, Path(options.out_dir))
+
+
+def _note_plan_change(chosen, out: Path) -> None:
+    """Say so when a resumed run continues under a plan other than the one it saved."""
+    from potluck.plans import load_plan, plan_to_json
+
+    path = out / "plan.json"
+    if not path.is_file() or path.read_text() == plan_to_json(chosen) + "\n":
+        return
+    try:
+        before = load_plan(path).layout()
+    except PotluckError:
+        before = "unreadable"
+    saved = "the same layout with other details" if before == chosen.layout() else before
+    err_console.print(f"note: {path} holds another plan ({saved}); the run continues under "
+                      f"{chosen.layout()} and writes it there once it has started",
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,
