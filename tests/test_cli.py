@@ -332,10 +332,15 @@ def test_a_plan_over_several_machines_prints_one_torchrun_command_per_machine(tm
     assert len(commands) == 2 and all("--node-rank" in c or "--node_rank" in c for c in commands)
 
 
-def test_demo_plans_and_dry_runs(tmp_path):
-    result = potluck("demo", "--steps", "3", cwd=tmp_path)
+def test_demo_plans_and_dry_runs_with_whole_headings_at_80_columns(tmp_path):
+    result = potluck("demo", "--steps", "3", cwd=tmp_path, columns=80)
     assert result.returncode == 0, result.stderr
-    assert "dry run" in result.stdout and "measured/predicted" in result.stdout
+    rules = [line.strip("─ ") for line in result.stdout.splitlines() if line.startswith("─")]
+    headings = [title for title in rules if title]  # the others underline table headers
+    assert headings == ["1. plan llama2-7b for mixed-lab",
+                        "2. plan it for two-fast-two-slow, dry-run it on this CPU", "summary"]
+    assert "measured/predicted" in result.stdout and "…" not in result.stdout
+    assert "3 emulated steps of about" in result.stderr and "train: step 3/3" in result.stderr
 
 
 def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):

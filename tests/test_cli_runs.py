@@ -1,8 +1,10 @@
-"""``potluck train`` as a user meets its run directory: a run that fails writes nothing,
-and a resume that fails leaves the run's plan as it was."""
+"""``potluck train`` as a user meets it: a run that fails writes nothing, a resume that
+fails leaves the run's plan as it was, and an emulated run says how long it will take and
+how far it has got even when its output goes to a file."""
 
 import json
 import math
+import re
 
 import pytest
 
@@ -106,3 +108,25 @@ def test_resuming_under_another_plan_says_so_and_then_keeps_it(tmp_path, plan_fi
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2] and all(math.isfinite(json.loads(line)["loss"]) for line in
                                       (out / "metrics.jsonl").read_text().splitlines())
+
+
+def test_an_emulated_run_says_how_long_it_will_take_and_how_far_it_is(tmp_path, plan_file):
+    out = tmp_path / "run"
+    result = potluck("train", "--plan", str(plan_file), "--emulate", "--steps", "3",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("dry run: 2 CPU ranks stand for the plan's devices"), result.stderr
+    assert "time 2 steps unpadded to set the dilation" in lines[0]
+    estimate = next(line for line in lines if "emulated steps of about" in line)
+    each = re.search(r"3 emulated steps of about ([\d.]+) (s|min) each", estimate)
+    assert each and estimate.endswith("in all (an estimate)"), estimate
+    predicted_s = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])[
+        "predicted_step_time_s"]  # the dilated prediction each step is measured against
+    said_s = float(each.group(1)) * (60 if each.group(2) == "min" else 1)
+    assert said_s == pytest.approx(predicted_s, rel=0.05, abs=0.06)
+    progress = [line for line in lines if line.startswith("train: step ")]
+    assert progress[0].startswith("train: step 1/3 | loss ") and progress[-1].startswith(
+        "train: step 3/3 | loss "), result.stderr
+    assert all("elapsed, about" in line and line.endswith("left") for line in progress)
+    assert lines.index(estimate) < lines.index(progress[0])

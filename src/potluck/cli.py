@@ -338,31 +338,35 @@ def profile(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 24,
+    steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 6,
 ) -> None:
     """Plan mixed clusters (3090 pairs, 4090s, A100s), then dry-run a plan on this CPU."""
     from potluck import demo as demo_steps
     from potluck.report import render_plan
-    from potluck.runtime.loop.metrics import summarize
 
     lab = demo_steps.plan_lab()
     console.rule(f"1. plan {demo_steps.DEMO_MODEL} for {lab.balanced.cluster.name}")
     render_plan(console, lab.balanced)
     _print_speedup(lab)
     run = demo_steps.plan_dry_run()
-    console.rule(f"2. dry run: {demo_steps.DEMO_MODEL}'s plan for {run.balanced.cluster.name}, "
-                 "emulated on this machine's CPU")
+    console.rule(f"2. plan it for {run.balanced.cluster.name}, dry-run it on this CPU")
     render_plan(console, run.balanced)
     _print_speedup(run)
     console.print("training the plan with a tiny stand-in model (same blocks, same layout, "
                   "each op timed like its device)...")
-    result = demo_steps.dry_run(run.balanced, steps)
+    result = demo_steps.dry_run(run.balanced, steps, before_launch=_before_launch)
+    _print_dry_run_summary(run.balanced, result)
+
+
+def _print_dry_run_summary(plan, result) -> None:
+    from potluck.runtime.loop.metrics import summarize
+
     console.rule("summary")
-    console.print(f"plan: {run.balanced.layout()} on {run.balanced.num_gpus} emulated GPUs; "
+    console.print(f"plan: {plan.layout()} on {plan.num_gpus} emulated GPUs; "
                   + summarize(result.history), highlight=False)
     dilated = result.history[-1].predicted_step_time_s if result.history else None
     if dilated:
-        real = run.balanced.prediction.iteration_time_s
+        real = plan.prediction.iteration_time_s
         console.print(f"emulation stretched every op {dilated / real:.2f}x so the CPU ranks keep the "
                       f"GPUs' pace: on the real GPUs a step would take about {real:.3g} s",
                       highlight=False)
@@ -549,6 +553,20 @@ def _before_launch(chosen, options) -> None:
     """What a run says once its checks have passed, before its ranks start."""
     if options.resume and options.out_dir:
         _note_plan_change(chosen, Path(options.out_dir))
+    if options.emulate:
+        err_console.print(_emulation_line(chosen, options), highlight=False, markup=False,
+                          soft_wrap=True)
+
+
+def _emulation_line(chosen, options) -> str:
+    """How an emulated run spends its time, said before its ranks start."""
+    from potluck.runtime.timing.dilation import CALIBRATION_STEPS
+
+    computing = f"computing {options.stand_in}" if options.stand_in else "computing the model"
+    first = (f"time {CALIBRATION_STEPS} steps unpadded to set the dilation, then "
+             if options.dilation is None else "")
+    return (f"dry run: {chosen.num_gpus} CPU ranks stand for the plan's devices, {computing}; "
+            f"once started they {first}say how long the {options.steps} steps will take")
 
 
 def _note_plan_change(chosen, out: Path) -> None:

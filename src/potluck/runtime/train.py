@@ -28,14 +28,14 @@ from potluck.runtime.launch.checks import check_local, check_options
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
-from potluck.runtime.loop.metrics import run_callbacks
+from potluck.runtime.loop.metrics import StepEstimate, run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallelize import parallelize
 from potluck.runtime.timing.dilation import calibrate_dilation
-from potluck.runtime.timing.emulate import emulate, predict
+from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
 from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
 
 PLAN_FILE = "plan.json"  # the plan a run directory was trained with
@@ -79,7 +79,8 @@ def train_rank(plan: Plan, options: TrainOptions,
             if options.resume:
                 training_run.resume(trainer, source, training_run.checkpoint_dir(options))
             _write_plan(plan, options, session.rank)
-            trainer.callbacks = run_callbacks(options, session.rank, trainer.step_index)
+            trainer.callbacks = run_callbacks(options, session.rank, trainer.step_index,
+                                              _estimate(trainer, clock))
             if recorder is not None:
                 recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
                                                         options.trace_steps), trainer.step_index)
@@ -90,6 +91,13 @@ def train_rank(plan: Plan, options: TrainOptions,
         return history
     finally:
         session.close()
+
+
+def _estimate(trainer: Trainer, clock: EmulationClock | None) -> StepEstimate | None:
+    """An emulated step's expected wall time here: its predicted time times the dilation."""
+    if clock is None or not clock.dilation or not trainer.predicted_step_time_s:
+        return None
+    return StepEstimate(trainer.predicted_step_time_s * clock.dilation, clock.dilation)
 
 
 def _write_plan(plan: Plan, options: TrainOptions, rank: int) -> None:
