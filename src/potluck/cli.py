@@ -41,8 +41,10 @@ def _or_text(names: Iterable[str]) -> str:
     *rest, last = names
     return f"{', '.join(rest)} or {last}" if rest else last
 
+# Plain click help (option names whole at any width) and usage errors handed to main().
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Plan, predict and run hybrid-parallel training on the GPUs you actually have.",
 )
 console = Console()
@@ -67,7 +69,8 @@ ExecutionOpt = Annotated[str | None, typer.Option(
     "execution: section, else potluck), or a YAML file of traits (docs/execution.md).")]
 
 
-@app.command(epilog="--execution presets: " + "; ".join(
+@app.command(short_help="Find the fastest (or cheapest) parallel plan for a model.",
+             epilog="--execution presets: " + "; ".join(
     f"{name} ({summary})" for name, summary in PRESET_SUMMARIES.items()) + ".")
 def plan(
     cluster: ClusterOpt,
@@ -144,7 +147,7 @@ def plan(
         console.print(f"plan written to {output}")
 
 
-@app.command()
+@app.command(short_help="Which GPUs to rent or buy, by USD per million tokens.")
 def cost(
     model: ModelOpt,
     tokens: Annotated[str, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")],
@@ -191,7 +194,7 @@ def cost(
         console.print(f"plot written to {plot}")
 
 
-@app.command()
+@app.command(short_help="Simulate one iteration of a plan: timeline, memory, trace.")
 def simulate(
     plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
     schedule: Annotated[str | None, typer.Option(
@@ -213,7 +216,7 @@ def simulate(
     render_summary(console, result, files)
 
 
-@app.command()
+@app.command(short_help="Predicted against measured step times; or two runs.")
 def compare(
     target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
                                            "file, or a predicted trace.json.")],
@@ -247,7 +250,7 @@ def compare(
                       highlight=False)
 
 
-@app.command()
+@app.command(short_help="Fit the cost model to a traced run or measured times.")
 def calibrate(
     run: Annotated[Path | None, typer.Argument(
         help="Run directory of potluck train --trace --out (or give --measured).")] = None,
@@ -301,7 +304,7 @@ def _calibrate_measured(run: Path | None, measured: Path | None, model: str | No
     render_measured(console, outcome)
 
 
-@app.command()
+@app.command(short_help="Measure this machine's devices and links.")
 def profile(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Cluster file to write (default: cluster.yaml, or "
@@ -336,7 +339,7 @@ def profile(
     render_outcome(console, outcome)
 
 
-@app.command()
+@app.command(short_help="Plan mixed clusters, then dry-run a plan on this CPU.")
 def demo(
     steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 6,
 ) -> None:
@@ -385,7 +388,7 @@ def _print_speedup(comparison) -> None:
     )
 
 
-@app.command()
+@app.command(short_help="List the GPU types: peak TFLOPS, memory, links, prices.")
 def catalog(
     name: Annotated[str | None, typer.Argument(
         help="Show one GPU type: every figure with its source (override any of them under "
@@ -470,7 +473,7 @@ def _print_device(device) -> None:
     console.print(table)
 
 
-@app.command()
+@app.command(short_help="Train with exactly the plan's layout.")
 def train(
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster YAML file.")] = None,
     model: Annotated[str | None, typer.Option(
@@ -536,7 +539,7 @@ def train(
                       highlight=False)
 
 
-@app.command()
+@app.command(short_help="Export a run's newest checkpoint as a Hugging Face model.")
 def export(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
@@ -646,13 +649,45 @@ class _progress:
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and an exit code."""
+    """Entry point: run the app, turning user errors (bad input, bad flags) into one line and
+    an exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app(standalone_mode=True)
+        code = app(prog_name="potluck", standalone_mode=False)
+    except _USAGE_ERROR as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # plain `potluck`: the help
+            err.show()
+            sys.exit(err.exit_code)
+        _fail(f"{err.format_message().rstrip('.')}; see {_command_path()} --help", err.exit_code)
+    except _CLICK_ERROR as err:
+        _fail(err.format_message(), err.exit_code)
     except PotluckError as err:
-        err_console.print(f"potluck: error: {err}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
+        _fail(str(err), err.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("potluck: interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _command_path() -> str:
+    """``potluck plan`` when the command line names a command, else ``potluck``."""
+    names = {info.name or info.callback.__name__ for info in app.registered_commands
+             if info.callback is not None}
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    return f"potluck {command}" if command in names else "potluck"
+
+
+def _base_named(error_type: type, name: str) -> type:
+    """click's exception class ``name`` among ``error_type``'s bases (typer re-exports only
+    some of click's exceptions, and newer typers carry their own copy of click)."""
+    return next(base for base in error_type.__mro__ if base.__name__ == name)
+
+
+_USAGE_ERROR = _base_named(typer.BadParameter, "UsageError")  # unknown option, bad value, ...
+_CLICK_ERROR = _base_named(typer.BadParameter, "ClickException")
+
+
+def _fail(message: str, exit_code: int) -> None:
+    text = " ".join(message.split())  # one line, however the message was wrapped
+    err_console.print(f"potluck: error: {text}", highlight=False, markup=False, soft_wrap=True)
+    sys.exit(exit_code)
