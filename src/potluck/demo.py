@@ -31,9 +31,9 @@ LAB_SHAPE = {"global_batch": 64, "seq_len": 4096}
 RUN_SHAPE = {"global_batch": 8, "seq_len": 256}
 # The dry run's length. Each emulated step takes the plan's predicted step times the
 # dilation, which the slowest op of the stand-in on this CPU sets: the stand-in computes
-# sequences of STAND_IN_SEQ_LEN tokens (its ops then cost a third of what 128 cost,
-# measured on a 2-core machine), and 6 steps are enough for the summary, which averages
-# the second half, to compare measured with predicted.
+# short sequences of STAND_IN_SEQ_LEN tokens (its slowest op, and with it every step,
+# shrinks with them), and 6 steps are enough for the summary, which averages the second
+# half, to compare measured with predicted.
 RUN_STEPS = 6
 STAND_IN_SEQ_LEN = 32
 
