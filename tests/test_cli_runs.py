@@ -118,6 +118,8 @@ def test_an_emulated_run_says_how_long_it_will_take_and_how_far_it_is(tmp_path, 
     lines = result.stderr.splitlines()
     assert lines[0].startswith("dry run: 2 CPU ranks stand for the plan's devices"), result.stderr
     assert "time 2 steps unpadded to set the dilation" in lines[0]
+    assert [line.split(" took ")[0] for line in lines if line.startswith("emulation:")] == [
+        "emulation: unpadded step 1/2", "emulation: unpadded step 2/2"]
     estimate = next(line for line in lines if "emulated steps of about" in line)
     each = re.search(r"3 emulated steps of about ([\d.]+) (s|min) each", estimate)
     assert each and estimate.endswith("in all (an estimate)"), estimate

@@ -28,7 +28,7 @@ from potluck.runtime.launch.checks import check_local, check_options
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
-from potluck.runtime.loop.metrics import StepEstimate, run_callbacks
+from potluck.runtime.loop.metrics import StepEstimate, calibration_reporter, run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
@@ -75,7 +75,8 @@ def train_rank(plan: Plan, options: TrainOptions,
             clock = emulate(parallel, options.dilation, timing=plan) if options.emulate else None
             recorder = attach_recorder(parallel) if options.trace_steps > 0 else None
             if clock is not None and options.dilation is None:
-                calibrate_dilation(trainer, clock, source)
+                calibrate_dilation(trainer, clock, source,
+                                   calibration_reporter(options, session.rank))
             if options.resume:
                 training_run.resume(trainer, source, training_run.checkpoint_dir(options))
             _write_plan(plan, options, session.rank)

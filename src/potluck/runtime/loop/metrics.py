@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,22 @@ def estimate_line(steps: int, estimate: StepEstimate, stand_in: str | None) -> s
         line += ("; --stand-in tiny computes a tiny model with the same blocks and layout, "
                  "and runs far faster")
     return line
+
+
+def calibration_reporter(options: TrainOptions, rank: int
+                         ) -> Callable[[int, int, float], None] | None:
+    """Rank 0's line on stderr after each unpadded step that sets an emulation's dilation."""
+    if rank != 0 or not options.progress:
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+
+    def report(done: int, of: int, step_s: float) -> None:
+        console.print(f"emulation: unpadded step {done}/{of} took {_wall(step_s)} "
+                      "(sets the dilation)", highlight=False, markup=False, soft_wrap=True)
+
+    return report
 
 
 def _wall(seconds: float) -> str:

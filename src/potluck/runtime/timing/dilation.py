@@ -13,6 +13,7 @@ will take (:func:`potluck.runtime.loop.metrics.estimate_line`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +25,17 @@ from potluck.runtime.timing.emulate import EmulationClock
 CALIBRATION_STEPS = 2
 
 
-def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> None:
-    """Measure a few real steps, then fix the dilation; the steps are undone."""
+def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource,
+                       report: Callable[[int, int, float], None] | None = None) -> None:
+    """Measure a few real steps, then fix the dilation; the steps are undone.
+    ``report(done, of, step_s)`` hears of each step (they can be long: nothing is padded
+    yet, but the computed model may be a real one)."""
     saved = TrainerSnapshot.take(trainer)
     start_row, count = trainer.model.layout.batch_rows
-    for _ in range(CALIBRATION_STEPS):
-        trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+    for done in range(1, CALIBRATION_STEPS + 1):
+        metrics = trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+        if report is not None:
+            report(done, CALIBRATION_STEPS, metrics.step_time_s)
     clock.calibrate()
     saved.restore(trainer)
 
