@@ -132,3 +132,20 @@ def test_an_emulated_run_says_how_long_it_will_take_and_how_far_it_is(tmp_path, 
         "train: step 3/3 | loss "), result.stderr
     assert all("elapsed, about" in line and line.endswith("left") for line in progress)
     assert lines.index(estimate) < lines.index(progress[0])
+
+
+def test_an_emulation_computing_a_big_model_says_up_front_that_its_steps_take_minutes():
+    """Emulating llama2-7b itself (no stand-in) at 64 x 2048 tokens: each unpadded step needs
+    about 5e18 FLOPs, hours on any CPU; the line before launch says so and names the fix."""
+    from potluck import api
+    from potluck.cli import _emulation_line
+    from potluck.examples import example_path
+
+    plan = api.plan(example_path("two-fast-two-slow.yaml"), "llama2-7b").best
+    computing_it = api.train_options(emulate=True, steps=3)
+    line = _emulation_line(plan, computing_it)
+    assert "each unpadded step computes for at least" in line and "(an estimate)" in line
+    assert "--stand-in tiny" in line
+    with_stand_in = api.train_options(emulate=True, steps=3, stand_in="tiny")
+    assert "unpadded step computes" not in _emulation_line(plan, with_stand_in)
+    assert api.unpadded_step_s(plan, with_stand_in) < api.unpadded_step_s(plan, computing_it) / 1e4

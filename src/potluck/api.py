@@ -259,6 +259,23 @@ def run_plan(chosen: Plan, options: TrainOptions, *,
     return TrainResult(chosen, run_train(chosen, options, before_launch=before_launch))
 
 
+def unpadded_step_s(chosen: Plan, options: TrainOptions) -> float:
+    """About how long one step of ``chosen``'s computed model (the stand-in, if any) takes
+    on this machine's CPU, as an emulation's unpadded steps run it: its training FLOPs over
+    what all the ranks reach together in matmuls at its shapes (``profiler.quick``'s
+    measurement, about a second). A lower bound: pipeline waits and host time come on top."""
+    from potluck.model.counts import model_flops_per_token
+    from potluck.profiler.quick import measure_cpu
+    from potluck.runtime.models.stand_in import compute_plan
+
+    computed = compute_plan(chosen, options)
+    ranks = len(computed.devices)
+    per_rank_flops = measure_cpu(computed.model, ranks).matmul_flops["fp32"]
+    tokens = computed.training.global_batch * computed.training.seq_len
+    flops = model_flops_per_token(computed.model, computed.training.seq_len) * tokens
+    return flops / (per_rank_flops * ranks)
+
+
 def train(cluster: str | Path | ClusterSpec | None = None,
           model: str | Path | ModelSpec | None = None, *, plan_file: str | Path | Plan | None = None,
           global_batch: int | None = None, seq_len: int | None = None,

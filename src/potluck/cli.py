@@ -561,6 +561,9 @@ def _before_launch(chosen, options) -> None:
                           soft_wrap=True)
 
 
+SLOW_UNPADDED_STEP_S = 60.0  # an emulation's unpadded steps this long get a warning
+
+
 def _emulation_line(chosen, options) -> str:
     """How an emulated run spends its time, said before its ranks start."""
     from potluck.runtime.timing.dilation import CALIBRATION_STEPS
@@ -568,8 +571,15 @@ def _emulation_line(chosen, options) -> str:
     computing = f"computing {options.stand_in}" if options.stand_in else "computing the model"
     first = (f"time {CALIBRATION_STEPS} steps unpadded to set the dilation, then "
              if options.dilation is None else "")
-    return (f"dry run: {chosen.num_gpus} CPU ranks stand for the plan's devices, {computing}; "
+    line = (f"dry run: {chosen.num_gpus} CPU ranks stand for the plan's devices, {computing}; "
             f"once started they {first}say how long the {options.steps} steps will take")
+    if options.stand_in is None and options.dilation is None:
+        step_s = api.unpadded_step_s(chosen, options)
+        if step_s > SLOW_UNPADDED_STEP_S:
+            line += (f"; each unpadded step computes for at least {step_s / 60:.0f} min "
+                     "here (an estimate): --stand-in tiny computes a tiny model with the same "
+                     "blocks and layout in seconds")
+    return line
 
 
 def _note_plan_change(chosen, out: Path) -> None:
