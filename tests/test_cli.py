@@ -332,10 +332,15 @@ def test_a_plan_over_several_machines_prints_one_torchrun_command_per_machine(tm
     assert len(commands) == 2 and all("--node-rank" in c or "--node_rank" in c for c in commands)
 
 
-def test_demo_plans_and_dry_runs(tmp_path):
-    result = potluck("demo", "--steps", "3", cwd=tmp_path)
+def test_demo_plans_and_dry_runs_with_whole_headings_at_80_columns(tmp_path):
+    result = potluck("demo", "--steps", "3", cwd=tmp_path, columns=80)
     assert result.returncode == 0, result.stderr
-    assert "dry run" in result.stdout and "measured/predicted" in result.stdout
+    rules = [line.strip("─ ") for line in result.stdout.splitlines() if line.startswith("─")]
+    headings = [title for title in rules if title]  # the others underline table headers
+    assert headings == ["1. plan llama2-7b for mixed-lab",
+                        "2. plan it for two-fast-two-slow, dry-run it on this CPU", "summary"]
+    assert "measured/predicted" in result.stdout and "…" not in result.stdout
+    assert "3 emulated steps of about" in result.stderr and "train: step 3/3" in result.stderr
 
 
 def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
@@ -359,3 +364,72 @@ def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(hf)
     logits = model(torch.randint(0, 260, (1, 8))).logits
     assert logits.shape == (1, 8, 260) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["plan", "--bogus"], "No such option: --bogus; see potluck plan --help"),
+    (["plan", "-c"], "Option '-c' requires an argument; see potluck plan --help"),
+    (["plan", "-c", "x", "-m", "y", "--top", "abc"], "Invalid value for '--top'"),
+    (["cost", "-m", "gpt3-125m"], "Missing option '--tokens'; see potluck cost --help"),
+    (["simulate"], "Missing argument"),
+    (["nosuch"], "No such command 'nosuch'; see potluck --help"),
+])
+def test_usage_errors_are_one_line_with_the_help_to_read(args, fragment):
+    result = potluck(*args, columns=80)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("potluck: error: "), result.stderr
+    assert fragment in lines[0]
+
+
+def test_help_shows_every_option_and_command_whole_at_80_columns():
+    top = potluck(columns=80)  # no command: the help, as --help shows it
+    assert top.returncode == 2 and "Commands:" in top.stderr
+    for command, option in (("plan", "--electricity-usd-per-kwh"), ("cost", "--max-usd-per-hour"),
+                            ("train", "--checkpoint-every"), ("calibrate", "--measured")):
+        result = potluck(command, "--help", columns=80)
+        assert result.returncode == 0, result.stderr
+        assert option in result.stdout and f"potluck {command}" in result.stdout
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80
+        assert "…" not in result.stdout and "╭" not in result.stdout
+    listed = [line.split(None, 1) for line in top.stderr.split("Commands:")[1].splitlines()
+              if line.strip()]
+    assert len(listed) >= 10 and not any(text.endswith("...") for _, text in listed)
+
+
+def test_cost_at_80_columns_keeps_offer_names_whole_and_explains_only_its_columns():
+    args = ["cost", "-m", "gpt3-1.3b", "--tokens", "1B", "--top", "12"]
+    names = [c["name"] for c in json.loads(potluck(*args, "--json").stdout)["candidates"][:12]]
+    narrow = potluck(*args, columns=80)
+    assert narrow.returncode == 0, narrow.stderr
+    rows = narrow.stdout.split("plans, totals")[0].splitlines()  # the table and its caption
+    assert max(len(line) for line in rows) <= 80
+    for rank, name in enumerate(names, start=1):
+        assert any(line.split()[:1] == [str(rank)] and name in line for line in rows), name
+    caption = narrow.stdout.split("* Pareto front")[1].split("plans, totals")[0]
+    assert "RCC #: rank by it" in caption and "TF/$h" not in caption
+    wide = potluck(*args, columns=140)
+    assert "model TF/$h: the TFLOPS the plan achieves per $/h" in " ".join(wide.stdout.split())
+
+
+def test_simulate_defines_its_bubble_beside_the_plans_and_lists_stages_in_order(tmp_path):
+    plan = tmp_path / "plan.json"
+    made = potluck("plan", "-c", str(Path(SRC) / "potluck/examples/mixed.yaml"), "-m", "llama2-7b",
+                   "--global-batch", "64", "--seq-len", "4096", "--json", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    predicted = json.loads(made.stdout)
+    simulated = json.loads(potluck("simulate", str(plan), "--json", "--out",
+                                   str(tmp_path / "sim")).stdout)
+    result = potluck("simulate", str(plan), "--out", str(tmp_path / "sim"), columns=80)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    plan_bubble = predicted["breakdown_s"]["bubble_s"] / predicted["iteration_time_s"]
+    assert (f"bubble {simulated['bubble_fraction']:.1%}: the devices' idle share of their time "
+            "until the last forward or backward ends, every stage counted") in text
+    assert (f"the plan's bubble ({predicted['breakdown_s']['bubble_s']:.3g} s, {plan_bubble:.1%} "
+            "of its iteration) is the critical path's") in text
+    devices = {d for stage in predicted["plan"]["pipelines"][0]["stages"] for d in stage["devices"]}
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1]
+            and line.split()[0] in devices]
+    stages = [int(row[2]) for row in rows]
+    assert len(rows) == len(devices) and stages == sorted(stages)  # stage 2 before stage 3

@@ -233,27 +233,47 @@ def _check_execution_flag(chosen: Plan, execution: str | Path | Execution | None
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
                   out: str | Path | None = None, **fields: object) -> TrainOptions:
-    """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults: ``data`` is
-    the shipped corpus."""
+    """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults (``data`` is
+    the shipped corpus), checked (learning rate, counts, run directory): a ConfigError
+    for a bad one."""
     from potluck.data.corpus import builtin_corpus_path
+    from potluck.runtime.launch.checks import check_options
     from potluck.runtime.options import TrainOptions
 
-    return TrainOptions(
+    options = TrainOptions(
         data=str(data if data is not None else builtin_corpus_path()),
         tokenizer=str(tokenizer) if tokenizer is not None else None,
         out_dir=str(out) if out is not None else None, **fields,
     )
+    check_options(options)
+    return options
 
 
-def run_plan(chosen: Plan, options: TrainOptions) -> TrainResult:
-    """Train ``chosen`` on this machine's ranks, writing the plan into the run directory."""
-    from potluck.plans import save_plan
+def run_plan(chosen: Plan, options: TrainOptions, *,
+             before_launch: Callable[[Plan, TrainOptions], None] | None = None) -> TrainResult:
+    """Train ``chosen`` on this machine's ranks. Everything is checked before any rank
+    starts, then ``before_launch(plan, options)`` runs; rank 0 writes the plan into the
+    run directory once the run has started."""
     from potluck.runtime.train import train as run_train
 
-    if options.out_dir is not None:
-        Path(options.out_dir).mkdir(parents=True, exist_ok=True)
-        save_plan(chosen, Path(options.out_dir) / "plan.json")
-    return TrainResult(chosen, run_train(chosen, options))
+    return TrainResult(chosen, run_train(chosen, options, before_launch=before_launch))
+
+
+def unpadded_step_s(chosen: Plan, options: TrainOptions) -> float:
+    """About how long one step of ``chosen``'s computed model (the stand-in, if any) takes
+    on this machine's CPU, as an emulation's unpadded steps run it: its training FLOPs over
+    what all the ranks reach together in matmuls at its shapes (``profiler.quick``'s
+    measurement, about a second). A lower bound: pipeline waits and host time come on top."""
+    from potluck.model.counts import model_flops_per_token
+    from potluck.profiler.quick import measure_cpu
+    from potluck.runtime.models.stand_in import compute_plan
+
+    computed = compute_plan(chosen, options)
+    ranks = len(computed.devices)
+    per_rank_flops = measure_cpu(computed.model, ranks).matmul_flops["fp32"]
+    tokens = computed.training.global_batch * computed.training.seq_len
+    flops = model_flops_per_token(computed.model, computed.training.seq_len) * tokens
+    return flops / (per_rank_flops * ranks)
 
 
 def train(cluster: str | Path | ClusterSpec | None = None,

@@ -41,8 +41,10 @@ def _or_text(names: Iterable[str]) -> str:
     *rest, last = names
     return f"{', '.join(rest)} or {last}" if rest else last
 
+# Plain click help (option names whole at any width) and usage errors handed to main().
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Plan, predict and run hybrid-parallel training on the GPUs you actually have.",
 )
 console = Console()
@@ -67,7 +69,8 @@ ExecutionOpt = Annotated[str | None, typer.Option(
     "execution: section, else potluck), or a YAML file of traits (docs/execution.md).")]
 
 
-@app.command(epilog="--execution presets: " + "; ".join(
+@app.command(short_help="Find the fastest (or cheapest) parallel plan for a model.",
+             epilog="--execution presets: " + "; ".join(
     f"{name} ({summary})" for name, summary in PRESET_SUMMARIES.items()) + ".")
 def plan(
     cluster: ClusterOpt,
@@ -144,7 +147,7 @@ def plan(
         console.print(f"plan written to {output}")
 
 
-@app.command()
+@app.command(short_help="Which GPUs to rent or buy, by USD per million tokens.")
 def cost(
     model: ModelOpt,
     tokens: Annotated[str, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")],
@@ -191,7 +194,7 @@ def cost(
         console.print(f"plot written to {plot}")
 
 
-@app.command()
+@app.command(short_help="Simulate one iteration of a plan: timeline, memory, trace.")
 def simulate(
     plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
     schedule: Annotated[str | None, typer.Option(
@@ -213,7 +216,7 @@ def simulate(
     render_summary(console, result, files)
 
 
-@app.command()
+@app.command(short_help="Predicted against measured step times; or two runs.")
 def compare(
     target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
                                            "file, or a predicted trace.json.")],
@@ -247,7 +250,7 @@ def compare(
                       highlight=False)
 
 
-@app.command()
+@app.command(short_help="Fit the cost model to a traced run or measured times.")
 def calibrate(
     run: Annotated[Path | None, typer.Argument(
         help="Run directory of potluck train --trace --out (or give --measured).")] = None,
@@ -301,7 +304,7 @@ def _calibrate_measured(run: Path | None, measured: Path | None, model: str | No
     render_measured(console, outcome)
 
 
-@app.command()
+@app.command(short_help="Measure this machine's devices and links.")
 def profile(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Cluster file to write (default: cluster.yaml, or "
@@ -336,33 +339,37 @@ def profile(
     render_outcome(console, outcome)
 
 
-@app.command()
+@app.command(short_help="Plan mixed clusters, then dry-run a plan on this CPU.")
 def demo(
-    steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 24,
+    steps: Annotated[int, typer.Option(help="Steps of the emulated dry run.")] = 6,
 ) -> None:
     """Plan mixed clusters (3090 pairs, 4090s, A100s), then dry-run a plan on this CPU."""
     from potluck import demo as demo_steps
     from potluck.report import render_plan
-    from potluck.runtime.loop.metrics import summarize
 
     lab = demo_steps.plan_lab()
     console.rule(f"1. plan {demo_steps.DEMO_MODEL} for {lab.balanced.cluster.name}")
     render_plan(console, lab.balanced)
     _print_speedup(lab)
     run = demo_steps.plan_dry_run()
-    console.rule(f"2. dry run: {demo_steps.DEMO_MODEL}'s plan for {run.balanced.cluster.name}, "
-                 "emulated on this machine's CPU")
+    console.rule(f"2. plan it for {run.balanced.cluster.name}, dry-run it on this CPU")
     render_plan(console, run.balanced)
     _print_speedup(run)
     console.print("training the plan with a tiny stand-in model (same blocks, same layout, "
                   "each op timed like its device)...")
-    result = demo_steps.dry_run(run.balanced, steps)
+    result = demo_steps.dry_run(run.balanced, steps, before_launch=_before_launch)
+    _print_dry_run_summary(run.balanced, result)
+
+
+def _print_dry_run_summary(plan, result) -> None:
+    from potluck.runtime.loop.metrics import summarize
+
     console.rule("summary")
-    console.print(f"plan: {run.balanced.layout()} on {run.balanced.num_gpus} emulated GPUs; "
+    console.print(f"plan: {plan.layout()} on {plan.num_gpus} emulated GPUs; "
                   + summarize(result.history), highlight=False)
     dilated = result.history[-1].predicted_step_time_s if result.history else None
     if dilated:
-        real = run.balanced.prediction.iteration_time_s
+        real = plan.prediction.iteration_time_s
         console.print(f"emulation stretched every op {dilated / real:.2f}x so the CPU ranks keep the "
                       f"GPUs' pace: on the real GPUs a step would take about {real:.3g} s",
                       highlight=False)
@@ -381,7 +388,7 @@ def _print_speedup(comparison) -> None:
     )
 
 
-@app.command()
+@app.command(short_help="List the GPU types: peak TFLOPS, memory, links, prices.")
 def catalog(
     name: Annotated[str | None, typer.Argument(
         help="Show one GPU type: every figure with its source (override any of them under "
@@ -466,7 +473,7 @@ def _print_device(device) -> None:
     console.print(table)
 
 
-@app.command()
+@app.command(short_help="Train with exactly the plan's layout.")
 def train(
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster YAML file.")] = None,
     model: Annotated[str | None, typer.Option(
@@ -514,26 +521,26 @@ def train(
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
-    chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
-                              seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
-    check_execution(chosen)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0,
     )
+    chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
+                              seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
+    check_execution(chosen)
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
         return
-    result = api.run_plan(chosen, options)
+    result = api.run_plan(chosen, options, before_launch=_before_launch)
     console.print(summarize(result.history), highlight=False)
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
                       highlight=False)
 
 
-@app.command()
+@app.command(short_help="Export a run's newest checkpoint as a Hugging Face model.")
 def export(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
@@ -544,6 +551,53 @@ def export(
     done = export_run(run, out)
     console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: "
                   f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})", highlight=False)
+
+
+def _before_launch(chosen, options) -> None:
+    """What a run says once its checks have passed, before its ranks start."""
+    if options.resume and options.out_dir:
+        _note_plan_change(chosen, Path(options.out_dir))
+    if options.emulate:
+        err_console.print(_emulation_line(chosen, options), highlight=False, markup=False,
+                          soft_wrap=True)
+
+
+SLOW_UNPADDED_STEP_S = 60.0  # an emulation's unpadded steps this long get a warning
+
+
+def _emulation_line(chosen, options) -> str:
+    """How an emulated run spends its time, said before its ranks start."""
+    from potluck.runtime.timing.dilation import CALIBRATION_STEPS
+
+    computing = f"computing {options.stand_in}" if options.stand_in else "computing the model"
+    first = (f"time {CALIBRATION_STEPS} steps unpadded to set the dilation, then "
+             if options.dilation is None else "")
+    line = (f"dry run: {chosen.num_gpus} CPU ranks stand for the plan's devices, {computing}; "
+            f"once started they {first}say how long the {options.steps} steps will take")
+    if options.stand_in is None and options.dilation is None:
+        step_s = api.unpadded_step_s(chosen, options)
+        if step_s > SLOW_UNPADDED_STEP_S:
+            line += (f"; each unpadded step computes for at least {step_s / 60:.0f} min "
+                     "here (an estimate): --stand-in tiny computes a tiny model with the same "
+                     "blocks and layout in seconds")
+    return line
+
+
+def _note_plan_change(chosen, out: Path) -> None:
+    """Say so when a resumed run continues under a plan other than the one it saved."""
+    from potluck.plans import load_plan, plan_to_json
+
+    path = out / "plan.json"
+    if not path.is_file() or path.read_text() == plan_to_json(chosen) + "\n":
+        return
+    try:
+        before = load_plan(path).layout()
+    except PotluckError:
+        before = "unreadable"
+    saved = "the same layout with other details" if before == chosen.layout() else before
+    err_console.print(f"note: {path} holds another plan ({saved}); the run continues under "
+                      f"{chosen.layout()} and writes it there once it has started",
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,
@@ -606,13 +660,45 @@ class _progress:
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and an exit code."""
+    """Entry point: run the app, turning user errors (bad input, bad flags) into one line and
+    an exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app(standalone_mode=True)
+        code = app(prog_name="potluck", standalone_mode=False)
+    except _USAGE_ERROR as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # plain `potluck`: the help
+            err.show()
+            sys.exit(err.exit_code)
+        _fail(f"{err.format_message().rstrip('.')}; see {_command_path()} --help", err.exit_code)
+    except _CLICK_ERROR as err:
+        _fail(err.format_message(), err.exit_code)
     except PotluckError as err:
-        err_console.print(f"potluck: error: {err}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
+        _fail(str(err), err.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("potluck: interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _command_path() -> str:
+    """``potluck plan`` when the command line names a command, else ``potluck``."""
+    names = {info.name or info.callback.__name__ for info in app.registered_commands
+             if info.callback is not None}
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    return f"potluck {command}" if command in names else "potluck"
+
+
+def _base_named(error_type: type, name: str) -> type:
+    """click's exception class ``name`` among ``error_type``'s bases (typer re-exports only
+    some of click's exceptions, and newer typers carry their own copy of click)."""
+    return next(base for base in error_type.__mro__ if base.__name__ == name)
+
+
+_USAGE_ERROR = _base_named(typer.BadParameter, "UsageError")  # unknown option, bad value, ...
+_CLICK_ERROR = _base_named(typer.BadParameter, "ClickException")
+
+
+def _fail(message: str, exit_code: int) -> None:
+    text = " ".join(message.split())  # one line, however the message was wrapped
+    err_console.print(f"potluck: error: {text}", highlight=False, markup=False, soft_wrap=True)
+    sys.exit(exit_code)

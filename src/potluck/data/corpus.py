@@ -14,6 +14,7 @@ demo and the tests need nothing from the network.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -45,16 +46,21 @@ def data_files(path: str | Path) -> list[Path]:
 
 def read_documents(path: str | Path) -> list[str]:
     """Every non-empty document at ``path``, in a fixed order."""
-    documents: list[str] = []
-    for file in data_files(path):
-        if file.suffix == ".jsonl":
-            documents.extend(_read_jsonl(file))
-        else:
-            documents.append(_read_text(file))
-    documents = [doc for doc in documents if doc.strip()]
+    documents = list(iter_documents(path))
     if not documents:
-        raise ConfigError(f"data path {str(path)!r} holds no text (all documents are empty)")
+        raise no_text_error(path)
     return documents
+
+
+def iter_documents(path: str | Path) -> Iterator[str]:
+    """The non-empty documents at ``path`` in a fixed order, one file read at a time."""
+    for file in data_files(path):
+        found = _read_jsonl(file) if file.suffix == ".jsonl" else [_read_text(file)]
+        yield from (doc for doc in found if doc.strip())
+
+
+def no_text_error(path: str | Path) -> ConfigError:
+    return ConfigError(f"data path {str(path)!r} holds no text (all documents are empty)")
 
 
 def _read_text(file: Path) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from potluck.data.corpus import read_documents
+from potluck.data.corpus import iter_documents, no_text_error, read_documents
 from potluck.data.tokenizer import Tokenizer
 from potluck.errors import ConfigError
 
@@ -52,10 +52,7 @@ class TokenDataset:
         if seq_len < 1 or global_batch < 1:
             raise ConfigError("sequence length and global batch must be at least 1")
         if tokens.numel() < seq_len + 1:
-            raise ConfigError(
-                f"the data has {tokens.numel()} tokens, fewer than one sequence of "
-                f"{seq_len + 1}; give more text or a shorter sequence length"
-            )
+            raise too_short_error(tokens.numel(), seq_len)
         self.seq_len = seq_len
         self.global_batch_size = global_batch
         self.seed = seed
@@ -130,6 +127,37 @@ class TokenDataset:
             )
         self._start_step = int(state["next_step"])
         self._start_sample = int(state["next_sample"])
+
+
+def too_short_error(num_tokens: int, seq_len: int) -> ConfigError:
+    return ConfigError(f"the data has {num_tokens} tokens, fewer than one sequence of "
+                       f"{seq_len + 1}; give more text or a shorter sequence length")
+
+
+def check_one_sequence(data_path: str | Path, tokenizer: Tokenizer, seq_len: int) -> None:
+    """The error :func:`build_dataset` would raise for data too short for one sequence of
+    ``seq_len + 1`` tokens (or with no text at all), from only as much text as that takes:
+    documents are read one file at a time and tokenized until there are enough tokens."""
+    needed = seq_len + 1
+    found = 0
+    for document in iter_documents(data_path):
+        found += _token_count(document, tokenizer, needed - found)
+        found += 0 if tokenizer.eos_id is None else 1
+        if found >= needed:
+            return
+    if found == 0:
+        raise no_text_error(data_path)
+    raise too_short_error(found, seq_len)
+
+
+def _token_count(text: str, tokenizer: Tokenizer, needed: int) -> int:
+    """The tokens of ``text``, or of a prefix of it when that already holds ``needed``
+    (one spare for a token the cut may split)."""
+    prefix = text[:8 * (needed + 1)]
+    count = len(tokenizer.encode(prefix))
+    if len(prefix) == len(text) or count > needed:
+        return count
+    return len(tokenizer.encode(text))
 
 
 def replica_starts(batch_shares: Sequence[int]) -> list[int]:

@@ -26,10 +26,14 @@ from potluck.report import dtype_notes, plan_summary
 DEFAULT_ROWS = 15
 WIDE_COLUMNS = 120
 NARROW_DROPS = ("plan", "total $", "model TF/$h")
-TABLE_CAPTION = (
-    "* Pareto front (no offer both faster and cheaper); $/Mtok: USD per million tokens; "
-    "RCC: peak TFLOPS per $/h, RCC #: rank by it; model TF/$h: the TFLOPS the plan achieves per $/h"
-)
+# What the table's marks and terse columns mean; the caption explains those it shows.
+COLUMN_NOTES = {
+    "offer": "* Pareto front (no offer both faster and cheaper)",
+    "$/Mtok": "$/Mtok: USD per million tokens",
+    "RCC": "RCC: peak TFLOPS per $/h",
+    "RCC #": "RCC #: rank by it",
+    "model TF/$h": "model TF/$h: the TFLOPS the plan achieves per $/h",
+}
 
 
 def candidate_json(candidate: Candidate, ranks: dict[str, dict[str, int]], on_front: bool) -> dict[str, Any]:
@@ -98,15 +102,16 @@ def render_study(console: Console, study: CostStudy, rows: int = DEFAULT_ROWS) -
 def _study_table(study: CostStudy, rows: int, wide: bool) -> Table:
     """Cheapest first; a narrow console drops the plan, total and achieved-TFLOPS columns."""
     ranks, front = _ranks(study), {c.name for c in study.pareto}
-    table = Table(title=f"{study.model.name}: {study.request.tokens:,} tokens, "
-                        f"{study.training.dtype.value}, {study.request.pricing.describe()}",
-                  title_justify="left", box=box.SIMPLE_HEAD,
-                  caption=TABLE_CAPTION, caption_justify="left")
     columns = [c for c in ("#", "offer", "GPUs", "plan", "tokens/s", "$/h", "$/Mtok", "hours", "total $",
                            "RCC", "RCC #", "model TF/$h") if wide or c not in NARROW_DROPS]
-    for column in columns:
+    caption = "; ".join(COLUMN_NOTES[c] for c in columns if c in COLUMN_NOTES)
+    table = Table(title=f"{study.model.name}: {study.request.tokens:,} tokens, "
+                        f"{study.training.dtype.value}, {study.request.pricing.describe()}",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0), caption=caption, caption_justify="left")
+    for column in columns:  # an offer's name stays whole; a late run's hours may wrap
         table.add_column(column, justify="left" if column in ("offer", "plan") else "right",
-                         no_wrap=column != "offer")
+                         no_wrap=column != "hours", min_width=len(column))
     for candidate in study.candidates[:rows]:
         f = candidate.figures
         late = "" if candidate.meets_deadline else " [red](late)[/red]"

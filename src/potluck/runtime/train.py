@@ -5,7 +5,9 @@
 - :func:`train_rank` is what each rank runs (also under torchrun, through
   ``python -m potluck.runtime.worker``): join the job, build the plan's model
   on the meta device, parallelize it, optionally put it on emulated time,
-  and train.
+  resume, and train. Rank 0 writes the run directory's ``plan.json`` only
+  then, once the run has started, so a run that fails before (or a resume
+  that does not fit) leaves the directory, and the plan it holds, as it was.
 
 A plan that cannot run here (wrong world size, GPUs missing, several
 machines without ``--emulate``) fails with one ConfigError before any rank
@@ -20,30 +22,37 @@ from typing import Any
 
 from torch import nn
 
-from potluck.plans import Plan, load_plan
+from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.checkpoints import training_run
-from potluck.runtime.launch.checks import check_local, check_trace
+from potluck.runtime.launch.checks import check_local, check_options
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
-from potluck.runtime.loop.metrics import run_callbacks
+from potluck.runtime.loop.metrics import StepEstimate, calibration_reporter, run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallelize import parallelize
 from potluck.runtime.timing.dilation import calibrate_dilation
-from potluck.runtime.timing.emulate import emulate, predict
+from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
 from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
 
+PLAN_FILE = "plan.json"  # the plan a run directory was trained with
 
-def train(plan: Plan | str | Path, options: TrainOptions | None = None, **kwargs: Any
+
+def train(plan: Plan | str | Path, options: TrainOptions | None = None, *,
+          before_launch: Callable[[Plan, TrainOptions], None] | None = None, **kwargs: Any
           ) -> list[StepMetrics]:
-    """Train ``plan`` with one process per device on this machine; rank 0's metrics."""
+    """Train ``plan`` with one process per device on this machine; rank 0's metrics.
+    ``before_launch(plan, options)`` runs once every check has passed, before any rank
+    starts (the options as the ranks get them: the stand-in chosen)."""
     options = options or TrainOptions(**kwargs)
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     options = with_stand_in_if_too_big(plan, options)
     check_local(plan, options)
+    if before_launch is not None:
+        before_launch(plan, options)
     return run_local(train_rank, plan.devices, (plan, options))[0]
 
 
@@ -51,7 +60,7 @@ def train_rank(plan: Plan, options: TrainOptions,
                model_factory: Callable[[], nn.Module] | None = None,
                source: BatchSource | None = None) -> list[StepMetrics]:
     """Run this rank's part of ``plan`` (inside a launched process)."""
-    check_trace(options)
+    check_options(options)
     computed = compute_plan(plan, options)
     attention = attention_implementation(plan.training.execution.flash_attention)
     session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
@@ -66,10 +75,13 @@ def train_rank(plan: Plan, options: TrainOptions,
             clock = emulate(parallel, options.dilation, timing=plan) if options.emulate else None
             recorder = attach_recorder(parallel) if options.trace_steps > 0 else None
             if clock is not None and options.dilation is None:
-                calibrate_dilation(trainer, clock, source)
+                calibrate_dilation(trainer, clock, source,
+                                   calibration_reporter(options, session.rank))
             if options.resume:
                 training_run.resume(trainer, source, training_run.checkpoint_dir(options))
-            trainer.callbacks = run_callbacks(options, session.rank, trainer.step_index)
+            _write_plan(plan, options, session.rank)
+            trainer.callbacks = run_callbacks(options, session.rank, trainer.step_index,
+                                              _estimate(trainer, clock))
             if recorder is not None:
                 recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
                                                         options.trace_steps), trainer.step_index)
@@ -80,6 +92,25 @@ def train_rank(plan: Plan, options: TrainOptions,
         return history
     finally:
         session.close()
+
+
+def _estimate(trainer: Trainer, clock: EmulationClock | None) -> StepEstimate | None:
+    """An emulated step's expected wall time here: its predicted time times the dilation."""
+    if clock is None or not clock.dilation or not trainer.predicted_step_time_s:
+        return None
+    return StepEstimate(trainer.predicted_step_time_s * clock.dilation, clock.dilation)
+
+
+def _write_plan(plan: Plan, options: TrainOptions, rank: int) -> None:
+    """Rank 0 writes the run's ``plan.json`` once the run has started (model built, any
+    checkpoint loaded): a run that fails before leaves its directory as it was."""
+    if rank != 0 or not options.out_dir:
+        return
+    path = Path(options.out_dir) / PLAN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    save_plan(plan, partial)
+    partial.replace(path)
 
 
 def _on_step(trainer: Trainer, source: BatchSource, options: TrainOptions,

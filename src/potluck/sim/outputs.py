@@ -2,8 +2,10 @@
 
 ``write_outputs`` writes ``timeline.png``, ``memory.png`` and ``trace.json``
 into a folder; ``render_summary`` prints what ``potluck simulate`` shows:
-simulated against predicted iteration time, the bubble, the bottleneck and
-each device's busy, communication and idle time.
+simulated against predicted iteration time, the bubble (with how it is
+defined, beside the plan's critical-path bubble, which is defined otherwise),
+the bottleneck and each device's busy, communication and idle time, in plan
+order.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def render_summary(console: Console, result: SimulationResult,
         f"{result.plan.num_gpus} devices\n"
         f"simulated iteration [bold]{result.iteration_time_s:.4g} s[/bold] "
         f"(the cost model predicts {result.predicted_time_s:.4g} s, {abs(error):.1%} {side}) · "
-        f"bubble {result.bubble_fraction:.1%} · pipeline {result.pipeline_time_s:.4g} s\n"
+        f"pipeline {result.pipeline_time_s:.4g} s\n"
+        f"{bubble_line(result)}\n"
         f"busiest device: [bold red]{bottleneck.device}[/bold red] (pipeline {bottleneck.pipeline} "
         f"stage {bottleneck.stage}) busy {bottleneck.busy_s / result.iteration_time_s:.0%}\n"
         f"critical path: {result.critical_summary()}"
@@ -66,13 +69,30 @@ def render_summary(console: Console, result: SimulationResult,
         console.print(f"wrote {files.timeline}, {files.memory}, {files.trace} (open in ui.perfetto.dev)")
 
 
+def bubble_line(result: SimulationResult) -> str:
+    """The simulated bubble with its definition, beside the plan's, which counts otherwise."""
+    from potluck.planner.evaluate import predict
+
+    predicted = predict(result.plan)
+    plan_bubble_s = predicted.breakdown.bubble_s
+    return (f"bubble {result.bubble_fraction:.1%}: the devices' idle share of their time until "
+            f"the last forward or backward ends, every stage counted; the plan's bubble "
+            f"({plan_bubble_s:.3g} s, {plan_bubble_s / predicted.iteration_time_s:.1%} of its "
+            f"iteration) is the critical path's: what the slowest pipeline's bottleneck stage "
+            f"waits beyond its compute, TP and sends")
+
+
 def _table(result: SimulationResult) -> Table:
-    devices = sorted(result.devices, key=lambda d: -d.busy_s)
-    title = "per device" if len(devices) <= MAX_TABLE_ROWS else \
-        f"the {MAX_TABLE_ROWS} busiest of {len(devices)} devices"
+    """Devices in plan order (pipeline, stage); past :data:`MAX_TABLE_ROWS`, the busiest."""
+    devices = result.devices
+    if len(devices) > MAX_TABLE_ROWS:
+        busiest = set(sorted(range(len(devices)), key=lambda i: -devices[i].busy_s)[:MAX_TABLE_ROWS])
+        devices = tuple(d for i, d in enumerate(devices) if i in busiest)
+    title = "per device" if len(devices) == len(result.devices) else \
+        f"the {MAX_TABLE_ROWS} busiest of {len(result.devices)} devices"
     table = compact_table(title, ("device", "pipe", "stage", "busy s", "compute s", "TP s",
                                   "transfer s", "idle s", "peak GB"), left=("device",))
-    for d in devices[:MAX_TABLE_ROWS]:
+    for d in devices:
         table.add_row(d.device, str(d.pipeline), str(d.stage), f"{d.busy_s:.4g}",
                       f"{d.compute_s:.4g}", f"{d.tp_comm_s:.3g}", f"{d.transfer_s:.3g}",
                       f"{d.idle_s:.3g}", f"{d.peak_memory_bytes / 1e9:.2f}")

@@ -150,15 +150,13 @@ def test_a_tiny_stand_in_keeps_the_layout_and_the_block_count():
     assert computed.model.hidden_size == 64 and computed.model.num_heads % 2 == 0
 
 
-@pytest.mark.parametrize(("dilation", "warned"), [(100.0, False), (1000.0, True)])
-def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(caplog, dilation, warned):
-    from types import SimpleNamespace
+@pytest.mark.parametrize(("step_s", "stand_in", "hinted"),
+                         [(10.0, None, False), (40.0, None, True), (40.0, "tiny", False)])
+def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(step_s, stand_in, hinted):
+    from potluck.runtime.loop.metrics import StepEstimate, estimate_line
 
-    from potluck.runtime.timing.dilation import _warn_if_slow
-
-    trainer = SimpleNamespace(predicted_step_time_s=0.1,
-                              model=SimpleNamespace(layout=SimpleNamespace(rank=0)))
-    clock = EmulationClock({}, 0.0, 0.0, dilation=dilation)  # 10 s or 100 s per step
-    with caplog.at_level("WARNING"):
-        _warn_if_slow(trainer, clock)
-    assert ("--stand-in tiny" in caplog.text) is warned
+    line = estimate_line(12, StepEstimate(step_s, dilation=step_s / 0.1), stand_in)
+    assert f"12 emulated steps of about {step_s:.0f} s each" in line
+    assert f"every op {step_s / 0.1:.0f}x its predicted time" in line
+    assert f"about {12 * step_s / 60:.2g} min in all (an estimate)" in line
+    assert ("--stand-in tiny" in line) is hinted

@@ -1,14 +1,22 @@
 """Before any rank starts: one clear error when a plan cannot run here as asked.
 
 :func:`check_local` runs in the launching process of ``potluck train``: the
-plan (and the plan actually computed, with a stand-in) is valid, the counts
-and flags make sense, a plan that spans several machines is only emulated
-here, the GPUs it needs exist, the data and tokenizer fit the model, and the
-plan's execution traits are ones potluck's runtime runs (:func:`check_execution`).
-Each failure is one :class:`~potluck.errors.ConfigError` that says how to fix it.
+plan (and the plan actually computed, with a stand-in) is valid, the counts,
+learning rate and flags make sense (:func:`check_options`, which ``potluck train``
+also runs before it plans), a plan that spans several machines is only emulated
+here, the GPUs it needs exist, the data holds at least one sequence and the
+tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
+the plan computes, and the plan's execution traits are ones potluck's runtime runs
+(:func:`check_execution`). Each failure is one :class:`~potluck.errors.ConfigError`
+that says how to fix it, raised before anything is written.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import fields
+from enum import Enum
+from pathlib import Path
 
 from potluck.cluster.execution import (
     DEFAULT_PRESET,
@@ -18,9 +26,11 @@ from potluck.cluster.execution import (
     traits_text,
 )
 from potluck.errors import ConfigError
+from potluck.model.spec import ModelSpec
 from potluck.plans import Plan, check_plan
 from potluck.runtime.launch.session import wants_gpu
 from potluck.runtime.launch.torchrun import plan_nodes
+from potluck.runtime.launch.watchdog import one_line
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
 
@@ -31,8 +41,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(compute_plan(plan, options))
     check_execution(plan)
     nodes = plan_nodes(plan)
-    check_counts(options)
-    check_trace(options)
+    check_options(options)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
             f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
@@ -40,6 +49,14 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     wants_gpu(plan, plan.devices[0], options.emulate)
     check_data(plan, options)
+    check_resume(plan, options)
+
+
+def check_options(options: TrainOptions) -> None:
+    """What the options alone can tell: counts, learning rate, the run directory."""
+    check_counts(options)
+    check_trace(options)
+    check_out_dir(options)
 
 
 # Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
@@ -69,7 +86,9 @@ def _is_figure(value: object) -> bool:
 
 
 def check_counts(options: TrainOptions) -> None:
-    """--steps is at least 1, --checkpoint-every not negative."""
+    """--steps is at least 1, --checkpoint-every not negative, --lr positive and finite."""
+    if not (math.isfinite(options.lr) and options.lr > 0):
+        raise ConfigError(f"--lr must be a positive number such as 3e-4, not {options.lr}")
     if options.steps < 1:
         raise ConfigError(f"--steps must be at least 1, not {options.steps}")
     if options.checkpoint_every < 0:
@@ -85,13 +104,66 @@ def check_trace(options: TrainOptions) -> None:
         raise ConfigError("--trace writes DIR/trace.json: give --out DIR")
 
 
+def check_out_dir(options: TrainOptions) -> None:
+    """--out is a directory or does not exist yet."""
+    if options.out_dir is not None and Path(options.out_dir).exists() \
+            and not Path(options.out_dir).is_dir():
+        raise ConfigError(f"--out {options.out_dir} is a file, not a run directory; "
+                          "give a directory (it is created if missing)")
+
+
 def check_data(plan: Plan, options: TrainOptions) -> None:
-    """The data path exists and the tokenizer fits the model (compute model included)."""
+    """The data path holds at least one sequence of the computed plan's length, and the
+    tokenizer fits the model (compute model included)."""
     if options.data is None:
         return
-    from potluck.data.corpus import data_files
+    from potluck.data.dataset import check_one_sequence
     from potluck.data.tokenizer import check_tokenizer_fits, load_tokenizer
 
-    data_files(options.data)
+    computed = compute_plan(plan, options)
     tokenizer = load_tokenizer(options.tokenizer)
-    check_tokenizer_fits(tokenizer, compute_plan(plan, options).model)
+    check_tokenizer_fits(tokenizer, computed.model)
+    check_one_sequence(options.data, tokenizer, computed.training.seq_len)
+
+
+# Model fields a checkpoint need not share with the model it resumes: its name, whether
+# it trains with dropout, the Hugging Face config it came from.
+_RESUME_IGNORES = ("name", "dropout", "hf_config")
+
+
+def check_resume(plan: Plan, options: TrainOptions) -> None:
+    """--resume finds a complete checkpoint under --out, saved by the model this plan computes."""
+    if not options.resume:
+        return
+    from potluck.model.spec import model_from_dict
+    from potluck.runtime.checkpoints.storage import read_trainer_state, resume_checkpoint
+
+    if not options.out_dir:
+        raise ConfigError("--resume needs --out DIR (the run directory to continue)")
+    path = resume_checkpoint(options.out_dir)
+    try:
+        saved = read_trainer_state(path).get("model")
+        saved_model = model_from_dict(saved) if saved is not None else None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"checkpoint {path}: cannot read its trainer state ({one_line(err)})"
+                          ) from None
+    if saved_model is not None:
+        _check_same_model(path, saved_model, compute_plan(plan, options).model)
+
+
+def _check_same_model(path: Path, saved: ModelSpec, model: ModelSpec) -> None:
+    differ = [f.name for f in fields(ModelSpec)
+              if f.name not in _RESUME_IGNORES and getattr(saved, f.name) != getattr(model, f.name)]
+    if differ:
+        def values(spec: ModelSpec) -> str:
+            shown = ", ".join(f"{name} {_value(getattr(spec, name))}" for name in differ[:3])
+            return shown + (", ..." if len(differ) > 3 else "")
+
+        raise ConfigError(
+            f"checkpoint {path} was saved by {saved.name} ({values(saved)}), but this plan "
+            f"trains {model.name} ({values(model)}); resume with the run's plan "
+            f"(--plan {path.parents[1] / 'plan.json'}) or train into a new --out")
+
+
+def _value(value: object) -> str:
+    return value.value if isinstance(value, Enum) else str(value)

@@ -1,4 +1,4 @@
-"""What a user sees of a run: metrics.jsonl, a progress bar, optional TensorBoard, a summary.
+"""What a user sees of a run: metrics.jsonl, its progress, optional TensorBoard, a summary.
 
 Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
 (:func:`run_callbacks` picks them from the run's options).
@@ -10,8 +10,10 @@ continues had written after its checkpoint), with at least ``step``,
 padded to ``dilation x`` its time on the plan's device) and
 ``device_step_time_s`` (``step_time_s / dilation``: the step on the emulated
 devices, what two emulated runs are compared by, since each calibrates its
-own dilation). The progress bar shows loss, tokens/s, step time and
-predicted against measured step time. :func:`summarize` is the line printed
+own dilation). Progress goes to stderr: on a terminal a bar with loss, tokens/s,
+step time (predicted against measured), time elapsed and left; otherwise (a log, a
+pipe) :class:`ProgressLines`, a line every few seconds. An emulated run first says
+how long it will take (:func:`estimate_line`). :func:`summarize` is the line printed
 after a run.
 """
 
@@ -20,6 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +116,73 @@ def _describe(metrics: StepMetrics) -> str:
             f"step {metrics.step_time_s:.3g}s{versus}")
 
 
+PROGRESS_EVERY_S = 10.0  # a progress line at most this often when stderr is not a terminal
+SLOW_EMULATED_STEP_S = 30.0  # emulated steps this long get the --stand-in hint
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """How long one step of a run should take on this machine, before it runs: an emulated
+    step is its predicted time on the plan's devices stretched by the dilation."""
+
+    step_s: float
+    dilation: float
+
+
+def estimate_line(steps: int, estimate: StepEstimate, stand_in: str | None) -> str:
+    """``train: 22 emulated steps of about 19 s each (...): about 7 min in all (an estimate)``."""
+    dilation = estimate.dilation
+    stretch = f"{dilation:.3g}" if dilation < 100 else f"{dilation:.0f}"
+    line = (f"train: {steps} emulated step{'' if steps == 1 else 's'} of about "
+            f"{_wall(estimate.step_s)} each (every op {stretch}x its predicted time on the "
+            f"plan's devices, so the CPU ranks keep their pace): about "
+            f"{_wall(steps * estimate.step_s)} in all (an estimate)")
+    if stand_in is None and estimate.step_s > SLOW_EMULATED_STEP_S:
+        line += ("; --stand-in tiny computes a tiny model with the same blocks and layout, "
+                 "and runs far faster")
+    return line
+
+
+def calibration_reporter(options: TrainOptions, rank: int
+                         ) -> Callable[[int, int, float], None] | None:
+    """Rank 0's line on stderr after each unpadded step that sets an emulation's dilation."""
+    if rank != 0 or not options.progress:
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+
+    def report(done: int, of: int, step_s: float) -> None:
+        console.print(f"emulation: unpadded step {done}/{of} took {_wall(step_s)} "
+                      "(sets the dilation)", highlight=False, markup=False, soft_wrap=True)
+
+    return report
+
+
+def _wall(seconds: float) -> str:
+    """Wall time as people say it: 45 s, 7.6 min, 2.1 h."""
+    if seconds < 90:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.2g} min"
+    return f"{seconds / 3600:.2g} h"
+
+
 class ProgressBar:
-    """A rich progress bar over the run's steps."""
+    """A rich progress bar over the run's steps, with the time left (on a terminal)."""
 
     def __init__(self, total_steps: int, done_steps: int = 0, console: Any = None) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TimeRemainingColumn(),
                                   TextColumn("{task.description}"), console=console,
                                   transient=False)
         self._task = self._progress.add_task("starting", total=total_steps,
@@ -131,9 +196,39 @@ class ProgressBar:
         self._progress.stop()
 
 
-def run_callbacks(options: TrainOptions, rank: int, done_steps: int) -> list[Callback]:
+class ProgressLines:
+    """One plain line per :data:`PROGRESS_EVERY_S` seconds, after the first and after the
+    last step (for a log or a pipe): step k/N, loss, time elapsed and left."""
+
+    def __init__(self, total_steps: int, done_steps: int, console: Any) -> None:
+        self.total_steps = total_steps
+        self.first_step = done_steps
+        self.console = console
+        self.started_s = time.monotonic()
+        self.printed_s: float | None = None
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        done = metrics.step + 1
+        now_s = time.monotonic()
+        due = self.printed_s is None or now_s - self.printed_s >= PROGRESS_EVERY_S
+        if not due and done < self.total_steps:
+            return
+        self.printed_s = now_s
+        elapsed_s = now_s - self.started_s
+        left_s = elapsed_s / max(1, done - self.first_step) * (self.total_steps - done)
+        self.console.print(f"train: step {done}/{self.total_steps} | {_describe(metrics)} | "
+                           f"{_wall(elapsed_s)} elapsed, about {_wall(left_s)} left",
+                           highlight=False, markup=False, soft_wrap=True)
+
+    def close(self) -> None:
+        return None
+
+
+def run_callbacks(options: TrainOptions, rank: int, done_steps: int,
+                  estimate: StepEstimate | None = None) -> list[Callback]:
     """Rank 0's callbacks for a run (none on other ranks): metrics.jsonl and TensorBoard
-    under ``out_dir``, the progress bar from ``done_steps`` on."""
+    under ``out_dir``; the progress on stderr from ``done_steps`` on (a bar on a terminal,
+    else :class:`ProgressLines`), after the run's ``estimate`` when it has one."""
     if rank != 0:
         return []
     callbacks: list[Callback] = []
@@ -142,7 +237,14 @@ def run_callbacks(options: TrainOptions, rank: int, done_steps: int) -> list[Cal
         if options.tensorboard:
             callbacks.append(TensorBoardLog(options.out_dir))
     if options.progress:
-        callbacks.append(ProgressBar(options.steps, done_steps))
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        if estimate is not None:
+            console.print(estimate_line(options.steps - done_steps, estimate, options.stand_in),
+                          highlight=False, markup=False, soft_wrap=True)
+        callbacks.append(ProgressBar(options.steps, done_steps, console) if console.is_terminal
+                         else ProgressLines(options.steps, done_steps, console))
     return callbacks
 
 

@@ -6,14 +6,14 @@ this CPU), sets the dilation from them, the same on every rank
 (:meth:`~potluck.runtime.timing.emulate.EmulationClock.calibrate`), and puts
 the trainer back as it was (:class:`TrainerSnapshot`: weights, optimizer and
 loss-scale state, step count): the run then trains exactly its steps, with
-the numbers of a run without emulation. Rank 0 warns when the emulated steps
-will be long.
+the numbers of a run without emulation. Rank 0 then says how long the steps
+will take (:func:`potluck.runtime.loop.metrics.estimate_line`).
 """
 
 from __future__ import annotations
 
 import copy
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,32 +22,22 @@ import torch
 from potluck.runtime.loop.trainer import BatchSource, Trainer
 from potluck.runtime.timing.emulate import EmulationClock
 
-log = logging.getLogger(__name__)
 CALIBRATION_STEPS = 2
-SLOW_EMULATED_STEP_S = 30.0
 
 
-def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource) -> None:
-    """Measure a few real steps, then fix the dilation; the steps are undone."""
+def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource,
+                       report: Callable[[int, int, float], None] | None = None) -> None:
+    """Measure a few real steps, then fix the dilation; the steps are undone.
+    ``report(done, of, step_s)`` hears of each step (they can be long: nothing is padded
+    yet, but the computed model may be a real one)."""
     saved = TrainerSnapshot.take(trainer)
     start_row, count = trainer.model.layout.batch_rows
-    for _ in range(CALIBRATION_STEPS):
-        trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+    for done in range(1, CALIBRATION_STEPS + 1):
+        metrics = trainer.step(source.replica_rows(trainer.step_index, start_row, count))
+        if report is not None:
+            report(done, CALIBRATION_STEPS, metrics.step_time_s)
     clock.calibrate()
     saved.restore(trainer)
-    _warn_if_slow(trainer, clock)
-
-
-def _warn_if_slow(trainer: Trainer, clock: EmulationClock) -> None:
-    """Say so when the emulated steps will be long (the real model computes on CPU)."""
-    predicted_s = trainer.predicted_step_time_s
-    if trainer.model.layout.rank != 0 or not predicted_s:
-        return
-    step_s = predicted_s * clock.dilation
-    if step_s > SLOW_EMULATED_STEP_S:
-        log.warning("emulated steps will take about %.0f s each (every op %.0fx its GPU time "
-                    "so the CPU ranks keep pace); --stand-in tiny computes a tiny model with "
-                    "the same blocks and layout, and runs far faster", step_s, clock.dilation)
 
 
 @dataclass
