@@ -59,6 +59,19 @@ def test_a_run_that_fails_before_it_starts_writes_nothing(tmp_path, plan_file, e
     assert not out.exists()
 
 
+def test_a_run_planned_here_that_fails_before_it_starts_writes_nothing(tmp_path):
+    """Planning CPU ranks measures this CPU; that measurement is kept only by a run that
+    launches, like the plan."""
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out = tmp_path / "run"
+    result = potluck("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                     "--seq-len", "32", "--steps", "1", "--out", str(out),
+                     "--data", str(_data(tmp_path, "short")))
+    assert "fewer than one sequence" in _one_line(result)
+    assert not out.exists()
+
+
 def test_out_naming_a_file_is_one_line(tmp_path, plan_file):
     out = tmp_path / "notes.txt"
     out.write_text("mine\n")

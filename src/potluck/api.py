@@ -252,11 +252,25 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
 def run_plan(chosen: Plan, options: TrainOptions, *,
              before_launch: Callable[[Plan, TrainOptions], None] | None = None) -> TrainResult:
     """Train ``chosen`` on this machine's ranks. Everything is checked before any rank
-    starts, then ``before_launch(plan, options)`` runs; rank 0 writes the plan into the
-    run directory once the run has started."""
+    starts, then ``before_launch(plan, options)`` runs and the CPU measurement the plan was
+    made with is kept in the run directory; rank 0 writes the plan there once the run has
+    started."""
     from potluck.runtime.train import train as run_train
 
-    return TrainResult(chosen, run_train(chosen, options, before_launch=before_launch))
+    def launching(plan: Plan, launched: TrainOptions) -> None:
+        if before_launch is not None:
+            before_launch(plan, launched)
+        if launched.out_dir is not None:
+            _keep_cpu_measurement(plan, launched.out_dir)
+
+    return TrainResult(chosen, run_train(chosen, options, before_launch=launching))
+
+
+def _keep_cpu_measurement(chosen: Plan, run_dir: str) -> None:
+    from potluck.profiler.quick import CPU, keep_measurement, ranks_per_machine
+
+    if any(group.gpu == CPU for group in chosen.cluster.nodes):
+        keep_measurement(chosen.model, ranks_per_machine(chosen.cluster), run_dir)
 
 
 def unpadded_step_s(chosen: Plan, options: TrainOptions) -> float:

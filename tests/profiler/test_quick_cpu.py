@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from potluck.cluster.spec import parse_cluster
@@ -57,7 +59,23 @@ def test_measured_once_per_process_and_kept_in_the_run_directory(measured, tmp_p
     quick.with_measured_cpu(CPU2, MODEL, tmp_path)
     quick.with_measured_cpu(CPU2, MODEL, tmp_path)
     assert measured == [2]
-    assert (tmp_path / quick.CACHE_FILE).is_file()
+    assert not (tmp_path / quick.CACHE_FILE).exists()  # planning writes nothing
+    quick.keep_measurement(MODEL, 2, tmp_path)  # what launching a run there does
     monkeypatch.setattr(quick, "_MEASURED", {})  # a new process: the run directory's figures
     spec = quick.with_measured_cpu(CPU2, MODEL, tmp_path)
     assert measured == [2] and achievable_flops(spec.device_type("cpu"), DType.FP32) == pytest.approx(40e9)
+
+
+@pytest.mark.parametrize("content", [
+    b"\x80\x81binary", b"[1, 2]", b'{"key": KEY, "matmul_flops": {"fp32": NaN}, '
+    b'"memory_bandwidth_bytes_per_s": 6e9}', b'{"key": KEY, "matmul_flops": {"fp32": -1}, '
+    b'"memory_bandwidth_bytes_per_s": 6e9}', b'{"key": KEY, "matmul_flops": 5, '
+    b'"memory_bandwidth_bytes_per_s": 6e9}', b'{"key": KEY, "surprise": 1}',
+], ids=["binary", "a list", "nan", "negative", "not a mapping", "other keys"])
+def test_a_cache_potluck_did_not_write_is_measured_again(measured, tmp_path, content) -> None:
+    """A run directory may come from someone else: its cache is only ever a hint."""
+    key = json.dumps(repr(quick._key(MODEL, 2))).encode()
+    (tmp_path / quick.CACHE_FILE).write_bytes(content.replace(b"KEY", key))
+    spec = quick.with_measured_cpu(CPU2, MODEL, tmp_path)
+    assert measured == [2]
+    assert achievable_flops(spec.device_type("cpu"), DType.FP32) == pytest.approx(40e9)

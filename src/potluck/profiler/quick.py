@@ -13,12 +13,18 @@ memory bandwidth: an element-wise add over all cores, divided among the ranks,
 since they share the memory bus. The figures become the ``cpu`` entry of the
 cluster's calibration (``profiler.calibration_file.profiled_calibration``), so
 the plan and its prediction use them. Measured once per process, and kept in
-a run directory's ``cpu_measured.json`` when one is given.
+a run directory's ``cpu_measured.json`` once a run is launched there
+(:func:`keep_measurement`), so that a resumed run plans with the same figures.
+That file is a cache from a directory that may come from someone else: one that
+does not parse, is for another machine or model, or holds anything but finite
+positive figures is ignored and the CPU measured again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import socket
 from dataclasses import asdict, replace
@@ -38,6 +44,7 @@ from potluck.profiler.compute import (
 )
 from potluck.profiler.run import ProfileResult
 
+log = logging.getLogger(__name__)
 CPU = "cpu"
 MATMUL_BUDGET_S = 0.6
 BANDWIDTH_BYTES = 64e6  # per tensor: far beyond the caches
@@ -60,30 +67,53 @@ def ranks_per_machine(spec: ClusterSpec) -> int:
 
 def measure_cpu(model: ModelSpec, ranks: int, cache_dir: str | Path | None = None
                 ) -> DeviceMeasurement:
-    """What one of ``ranks`` CPU training ranks of this machine gets (cached)."""
-    cores = os.cpu_count() or 1
-    threads = max(1, cores // ranks)
-    key = (socket.gethostname(), torch.__version__, cores, threads, ranks,
-           tuple(block_gemm_shapes(model)))
-    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
+    """What one of ``ranks`` CPU training ranks of this machine gets (measured once per
+    process, or read from ``cache_dir``'s cache when it holds this machine's figures)."""
+    key = _key(model, ranks)
     if key not in _MEASURED:
-        _MEASURED[key] = _cached(cache, key) or _measure(model, ranks, threads)
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"key": repr(key), **asdict(_MEASURED[key])}))
+        cached = _cached(Path(cache_dir) / CACHE_FILE, key) if cache_dir is not None else None
+        _MEASURED[key] = cached or _measure(model, ranks, key[3])
     return _MEASURED[key]
 
 
-def _cached(cache: Path | None, key: tuple) -> DeviceMeasurement | None:
-    if cache is None or not cache.is_file():
-        return None
+def keep_measurement(model: ModelSpec, ranks: int, cache_dir: str | Path) -> None:
+    """Write this process's measurement for ``model`` on ``ranks`` ranks into ``cache_dir``
+    (a run directory, when its run is launched); nothing when there is none."""
+    key = _key(model, ranks)
+    if key not in _MEASURED:
+        return
+    cache = Path(cache_dir) / CACHE_FILE
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_name(cache.name + ".partial")
+    partial.write_text(json.dumps({"key": repr(key), **asdict(_MEASURED[key])}))
+    partial.replace(cache)
+
+
+def _key(model: ModelSpec, ranks: int) -> tuple:
+    """What a measurement depends on: the machine, torch, the threads a rank gets, the
+    model's GEMM shapes."""
+    cores = os.cpu_count() or 1
+    return (socket.gethostname(), torch.__version__, cores, max(1, cores // ranks), ranks,
+            tuple(block_gemm_shapes(model)))
+
+
+def _cached(cache: Path, key: tuple) -> DeviceMeasurement | None:
+    """The cache's measurement when it is this key's and holds finite positive figures."""
     try:
-        data = json.loads(cache.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(cache.read_bytes())
+        if data.get("key") != repr(key):
+            return None
+        flops = {str(k): float(v) for k, v in data["matmul_flops"].items()}
+        bandwidth = float(data["memory_bandwidth_bytes_per_s"])
+    except FileNotFoundError:
         return None
-    if data.pop("key", None) != repr(key):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        log.warning("%s is not a CPU measurement potluck wrote; measuring again", cache)
         return None
-    return DeviceMeasurement(**data)
+    if not all(math.isfinite(v) and v > 0 for v in (*flops.values(), bandwidth)) or not flops:
+        log.warning("%s holds figures that are not finite and positive; measuring again", cache)
+        return None
+    return DeviceMeasurement(CPU, flops, bandwidth)
 
 
 def _measure(model: ModelSpec, ranks: int, threads: int) -> DeviceMeasurement:
