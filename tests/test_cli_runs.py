@@ -162,3 +162,19 @@ def test_an_emulation_computing_a_big_model_says_up_front_that_its_steps_take_mi
     with_stand_in = api.train_options(emulate=True, steps=3, stand_in="tiny")
     assert "unpadded step computes" not in _emulation_line(plan, with_stand_in)
     assert api.unpadded_step_s(plan, with_stand_in) < api.unpadded_step_s(plan, computing_it) / 1e4
+
+
+def test_printing_commands_never_replaces_a_runs_plan(tmp_path, plan_file):
+    """The commands for other machines need a plan file at once; the run's is not it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "plan.json").write_bytes(plan_file.read_bytes())
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    result = potluck("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "8",
+                     "--seq-len", "32", "--out", str(out), "--resume", "--print-commands")
+    assert f"{out / 'plan.json'} holds another plan" in _one_line(result)
+    assert (out / "plan.json").read_bytes() == plan_file.read_bytes()
+    again = potluck("train", "--plan", str(out / "plan.json"), "--out", str(out), "--resume",
+                    "--print-commands")
+    assert again.returncode == 0 and "torchrun" in again.stdout, again.stderr

@@ -610,6 +610,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
     path = plan_file
     if path is None:
         path = Path(options.out_dir or ".") / "plan.json"
+        _refuse_replacing_a_plan(chosen, path)
         path.parent.mkdir(parents=True, exist_ok=True)
         save_plan(chosen, path)
         console.print(f"# plan written to {path}; copy it to every machine", highlight=False)
@@ -617,6 +618,17 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
                                   worker_args(options)):
         console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
         console.print(node.command, highlight=False, markup=False, soft_wrap=True)
+
+
+def _refuse_replacing_a_plan(chosen, path: Path) -> None:
+    """The torchrun commands need the plan in a file at once, before any rank has run:
+    never replace another plan there (a run's, which a resume continues)."""
+    from potluck.plans import plan_to_json
+
+    if path.exists() and (not path.is_file() or path.read_text(errors="replace")
+                          != plan_to_json(chosen) + "\n"):
+        raise ConfigError(f"{path} holds another plan; write this one elsewhere with potluck plan "
+                          "-o FILE and pass --plan FILE")
 
 
 def _pricing(mode: str, *, spot: bool, lifetime_years: float, utilization: float,
