@@ -42,13 +42,15 @@ class Run:
     ranks: list[int]
 
     def finish(self) -> tuple[int, list[str]]:
-        """potluck's exit code and the lines of its stderr, read to the end."""
+        """potluck's exit code and the lines of its stderr, read to the end, without the
+        run's progress lines (``train: step k/N ...``, written there before the kill)."""
         try:
             _, err = self.launcher.communicate(timeout=GONE_S)
         except subprocess.TimeoutExpired:
             pytest.fail("potluck (or a rank holding its pipes) was still running "
                         f"{GONE_S:.0f} s after the kill")
-        return self.launcher.returncode, [line for line in err.splitlines() if line.strip()]
+        return self.launcher.returncode, [line for line in err.splitlines()
+                                          if line.strip() and not line.startswith("train: ")]
 
 
 @contextmanager
