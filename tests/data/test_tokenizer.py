@@ -65,3 +65,25 @@ def test_broken_tokenizer_file_is_one_line(tmp_path: Path):
     with pytest.raises(ConfigError, match="not a usable Hugging Face tokenizer") as err:
         load_tokenizer(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_a_tokenizer_directory_never_runs_its_own_code(tmp_path: Path, word_tokenizer_dir: Path):
+    """A tokenizer directory from someone else may name Python code of its own (``auto_map``);
+    potluck refuses it in one line instead of importing it."""
+    import json
+    import shutil
+
+    directory = tmp_path / "evil_tokenizer"
+    shutil.copytree(word_tokenizer_dir, directory)
+    marker = tmp_path / "owned"
+    (directory / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                       "from transformers import PreTrainedTokenizerFast\n"
+                                       "class EvilTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    config["tokenizer_class"] = "EvilTokenizer"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="not a usable Hugging Face tokenizer") as err:
+        load_tokenizer(directory)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()

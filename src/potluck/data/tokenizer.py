@@ -94,7 +94,8 @@ def load_tokenizer(path: str | Path | None) -> Tokenizer:
     from transformers import AutoTokenizer
 
     try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
+                                                     trust_remote_code=False)
     except Exception as err:  # whatever the cause, a bad directory is told in one line
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
