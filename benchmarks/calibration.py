@@ -57,7 +57,7 @@ from potluck.model.spec import PRESETS
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan, save_plan
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.train import train
+from potluck.runtime.training import train
 
 MODEL = replace(PRESETS["tiny-llama"], name="llama-h256-l8", hidden_size=256, ffn_hidden_size=688,
                 num_heads=4, num_kv_heads=4, num_layers=8, max_seq_len=256)

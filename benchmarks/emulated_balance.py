@@ -17,7 +17,7 @@ import argparse
 from potluck import api
 from potluck.cluster.spec import parse_cluster
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.train import train
+from potluck.runtime.training import train
 
 CLUSTER = ("nodes:\n"
            "  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 2}\n"

@@ -196,7 +196,7 @@ def loss_falls(losses: list[float]) -> tuple[bool, str]:
 def train_dtype(device: str, dtype: str, timeout_s: float) -> Outcome:
     from potluck import api
     from potluck.runtime.launch.local import run_local
-    from potluck.runtime.train import train_rank
+    from potluck.runtime.training import train_rank
 
     plan = api.plan(one_gpu_cluster(device), small_llama(), global_batch=16, seq_len=128,
                     dtype=dtype, tp=1, pp=1, dp=1, micro_batch_size=8, recompute="none").best
@@ -242,7 +242,7 @@ def time_plan(device: str, case: PlanCase, calibrated: Path | None, timeout_s: f
     """Median step time after warm-up of one plan (random tokens), and its predictions."""
     from potluck.runtime.launch.local import run_local
     from potluck.runtime.options import TrainOptions
-    from potluck.runtime.train import train_rank
+    from potluck.runtime.training import train_rank
 
     plan = plan_for(one_gpu_cluster(device), case)
     options = TrainOptions(steps=PLAN_STEPS, progress=False, timeout_s=timeout_s)

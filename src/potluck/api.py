@@ -255,7 +255,7 @@ def run_plan(chosen: Plan, options: TrainOptions, *,
     starts, then ``before_launch(plan, options)`` runs and the CPU measurement the plan was
     made with is kept in the run directory; rank 0 writes the plan there once the run has
     started."""
-    from potluck.runtime.train import train as run_train
+    from potluck.runtime.training import train as run_train
 
     def launching(plan: Plan, launched: TrainOptions) -> None:
         if before_launch is not None:

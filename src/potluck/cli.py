@@ -515,7 +515,6 @@ def train(
     """
     from potluck.runtime.launch.checks import check_execution
     from potluck.runtime.launch.torchrun import plan_nodes
-    from potluck.runtime.loop.metrics import summarize
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
@@ -534,6 +533,8 @@ def train(
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
         return
     result = api.run_plan(chosen, options, before_launch=_before_launch)
+    from potluck.runtime.loop.metrics import summarize  # torch: only once a run has run
+
     console.print(summarize(result.history), highlight=False)
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",

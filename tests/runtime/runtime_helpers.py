@@ -17,7 +17,7 @@ from potluck.runtime.launch.local import run_local
 from potluck.runtime.loop.batches import RandomTokens
 from potluck.runtime.models.build import build_model, materialize
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 CPU_CLUSTER = parse_cluster(
     "nodes:\n  - name: cpu\n    gpu: cpu\n    gpus_per_node: 8\n", "cpu.yaml"

@@ -12,7 +12,7 @@ from potluck.cluster.spec import parse_cluster
 from potluck.plans import DType
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 pytestmark = [
     pytest.mark.gpu,

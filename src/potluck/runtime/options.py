@@ -1,6 +1,6 @@
 """How to train a plan: :class:`TrainOptions`, one field per flag of ``potluck train``.
 
-The entry points read them (:mod:`potluck.runtime.train` on this machine,
+The entry points read them (:mod:`potluck.runtime.training` on this machine,
 :mod:`potluck.runtime.worker` under torchrun, which turns them into flags and
 back), and so do the pieces that act on one option each: the pre-launch
 checks, the stand-in model, the batches a run reads.

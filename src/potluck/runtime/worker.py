@@ -19,7 +19,7 @@ from functools import cache
 from potluck.errors import PotluckError
 from potluck.plans import load_plan
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 log = logging.getLogger("potluck.worker")
 

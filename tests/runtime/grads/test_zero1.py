@@ -18,7 +18,7 @@ from potluck.plans import Schedule
 from potluck.runtime import TrainOptions
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 TIED_LLAMA = replace(TINY_LLAMA, tied_embeddings=True)
 

@@ -19,7 +19,7 @@ from potluck.runtime.loop.batches import RandomTokens
 from potluck.runtime.loop.trainer import Trainer
 from potluck.runtime.models.build import build_model
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.parallelize import parallelize
+from potluck.runtime.parallel_model import parallelize
 
 BOUND_S = 30.0
 

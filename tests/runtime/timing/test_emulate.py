@@ -15,7 +15,7 @@ from potluck.runtime.layout import Layout
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 FAST_AND_SLOW = parse_cluster(
     "nodes:\n"

@@ -13,7 +13,7 @@ from potluck.runtime.loop.metrics import metrics_row, summarize
 from potluck.runtime.loop.trainer import StepMetrics
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.timing.emulate import predict
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 
 FAST_AND_SLOW = parse_cluster(
     "nodes:\n"

@@ -14,7 +14,7 @@ from potluck.runtime.launch.checks import check_local
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.timing.recorder import TRACE_FILE, OpRecorder, TraceWindow
-from potluck.runtime.train import train_rank
+from potluck.runtime.training import train_rank
 from potluck.traces import read_trace
 
 STEPS = 4

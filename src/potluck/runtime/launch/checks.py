@@ -28,15 +28,15 @@ from potluck.cluster.execution import (
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
 from potluck.plans import Plan, check_plan
-from potluck.runtime.launch.session import wants_gpu
 from potluck.runtime.launch.torchrun import plan_nodes
-from potluck.runtime.launch.watchdog import one_line
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
 
 
 def check_local(plan: Plan, options: TrainOptions) -> None:
     """One clear error when ``plan`` cannot run on this machine."""
+    from potluck.runtime.launch.session import wants_gpu  # torch: only once a run is launched
+
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     check_execution(plan)
@@ -137,6 +137,7 @@ def check_resume(plan: Plan, options: TrainOptions) -> None:
         return
     from potluck.model.spec import model_from_dict
     from potluck.runtime.checkpoints.storage import read_trainer_state, resume_checkpoint
+    from potluck.runtime.launch.watchdog import one_line
 
     if not options.out_dir:
         raise ConfigError("--resume needs --out DIR (the run directory to continue)")

@@ -92,7 +92,7 @@ PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.pa
            "transformers.models.auto.modeling_auto", "transformers.models.auto.configuration_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
            "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
-           "transformers.masking_utils", "potluck.runtime.train")
+           "transformers.masking_utils", "potluck.runtime.training")
 
 
 def _context(fn: Callable[..., Any]) -> Any:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from potluck.errors import TrainingError
 from potluck.ops import OpKind
 from potluck.runtime.loop.loss_scale import DynamicLossScale
-from potluck.runtime.parallelize import ParallelModel
+from potluck.runtime.parallel_model import ParallelModel
 
 log = logging.getLogger(__name__)
 

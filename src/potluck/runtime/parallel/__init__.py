@@ -9,5 +9,5 @@
 - :mod:`~potluck.runtime.parallel.recompute`: activation recomputation.
 
 Which rank runs what is :mod:`potluck.runtime.layout`'s; the fixed order in which the
-strategies are applied is :mod:`potluck.runtime.parallelize`'s.
+strategies are applied is :mod:`potluck.runtime.parallel_model`'s.
 """

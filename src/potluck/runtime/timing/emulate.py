@@ -142,7 +142,7 @@ class EmulationClock:
 
 def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
             ) -> EmulationClock:
-    """Put a :class:`~potluck.runtime.parallelize.ParallelModel` on emulated
+    """Put a :class:`~potluck.runtime.parallel_model.ParallelModel` on emulated
     time; returns its clock.
 
     ``timing`` is the plan whose devices and model set the targets (default: the

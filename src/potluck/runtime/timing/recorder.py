@@ -210,7 +210,7 @@ class OpRecorder:
 
 
 def attach_recorder(model: Any) -> OpRecorder:
-    """Route a :class:`~potluck.runtime.parallelize.ParallelModel`'s ops through
+    """Route a :class:`~potluck.runtime.parallel_model.ParallelModel`'s ops through
     a new recorder (wrapping its clock)."""
     recorder = OpRecorder(model.layout, model.clock, model.session.use_gpu)
     model.set_clock(recorder)

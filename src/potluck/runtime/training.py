@@ -33,7 +33,7 @@ from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.parallelize import parallelize
+from potluck.runtime.parallel_model import parallelize
 from potluck.runtime.timing.dilation import calibrate_dilation
 from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
 from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
