@@ -178,3 +178,20 @@ def test_printing_commands_never_replaces_a_runs_plan(tmp_path, plan_file):
     again = potluck("train", "--plan", str(out / "plan.json"), "--out", str(out), "--resume",
                     "--print-commands")
     assert again.returncode == 0 and "torchrun" in again.stdout, again.stderr
+
+
+def test_bad_options_are_refused_before_torch_is_imported():
+    """Refusing --lr -1 takes a second, not the eight that importing torch's distributed
+    parts and transformers' models takes on a busy machine."""
+    import subprocess
+    import sys
+
+    from test_cli import SRC
+
+    code = ("import sys\nimport potluck.api as api\nfrom potluck.errors import ConfigError\n"
+            "try:\n    api.train_options(lr=-1.0)\nexcept ConfigError:\n    pass\n"
+            "else:\n    raise SystemExit('accepted --lr -1')\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+    assert result.returncode == 0, result.stderr
