@@ -231,3 +231,19 @@ def test_equally_fast_plans_prefer_no_recomputation():
     tied = [p for p in result.plans
             if p.prediction.iteration_time_s == best.prediction.iteration_time_s]
     assert len(tied) > 1 and best.recompute is Recompute.NONE
+
+
+def test_a_tp_degree_that_wins_only_at_larger_micro_batches_is_found():
+    """On 8 A100s, llama2-7b at tp=4 x dp=2 is slower than tp=2 at micro-batch 1 but the
+    fastest plan at micro-batch 8: the search must carry every TP degree into its second
+    pass, which tries the larger micro-batches, not only the few best at the smallest."""
+    spec = parse_cluster("nodes: [{name: a100, gpu: a100-80g-sxm, gpus_per_node: 8}]\n", "a8.yaml")
+    model = load_model("llama2-7b")
+    training = TrainingShape(global_batch=64, seq_len=4096)
+    best = search(spec, model, training, SearchOptions()).best
+    for tp in (1, 2, 4, 8):
+        try:
+            pinned = search(spec, model, training, SearchOptions(tp=tp)).best
+        except InfeasibleError:
+            continue
+        assert best.prediction.iteration_time_s <= pinned.prediction.iteration_time_s * (1 + 1e-9)

@@ -307,7 +307,7 @@ class _Search:
         if len(family) == 1:
             self._best_tps[(family[0].name, setting)] = list(
                 dict.fromkeys(tp for f in found for _, tp in f.groups))
-        return found[: options.family_beam]
+        return _beam_with_every_tp(found, options.family_beam)
 
     def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
         """TP degrees to try for a group: in mixed families, those that served the group
@@ -438,6 +438,20 @@ class _Search:
 
     def _evaluate(self, plan: Plan) -> Plan:
         return replace(plan, prediction=predict(plan, self.cost))
+
+
+def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:
+    """The ``beam`` best families (``found`` is sorted), and the best of every TP choice
+    beyond them: the ranking is made at one micro-batch size, and a larger TP degree that
+    loses there can win at the larger micro-batches the second pass tries (8 A100s,
+    llama2-7b: tp=4 x dp=2 ranks below three tp=2 families at micro-batch 1 and wins at 8)."""
+    kept = found[:beam]
+    seen = {family.groups for family in kept}
+    for family in found[beam:]:
+        if family.groups not in seen:
+            seen.add(family.groups)
+            kept.append(family)
+    return kept
 
 
 def _least_micro_batches(families: tuple[FamilyOption, ...], setting: FamilySetting,
