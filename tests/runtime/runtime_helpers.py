@@ -15,6 +15,7 @@ from potluck.model.spec import PRESETS, ModelSpec
 from potluck.plans import DType, Pipeline, Plan, Schedule, Stage, TrainingShape
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.loop.trainer import BatchSource
 from potluck.runtime.models.build import build_model, materialize
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.training import train_rank
@@ -77,15 +78,17 @@ def reference_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
 
 def reference_losses(spec: ModelSpec, global_batch: int, steps: int = STEPS, lr: float = LR,
                      seed: int = 0, max_grad_norm: float | None = 1.0,
-                     model: nn.Module | None = None) -> list[float]:
-    """A plain single-process PyTorch loop over the same data and initial weights."""
+                     model: nn.Module | None = None, data: BatchSource | None = None
+                     ) -> list[float]:
+    """A plain single-process PyTorch loop over the same data (default: random tokens) and
+    initial weights."""
     model = model if model is not None else reference_model(spec, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                   weight_decay=0.0, foreach=False)
-    data = RandomTokens(spec.vocab_size, SEQ_LEN, global_batch, seed)
+    data = data or RandomTokens(spec.vocab_size, SEQ_LEN, global_batch, seed)
     losses = []
     for step in range(steps):
-        rows = data.global_batch(step)
+        rows = data.replica_rows(step, 0, global_batch)
         output = model(rows[:, :-1])
         logits = output.logits if hasattr(output, "logits") else output
         loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten())
@@ -105,12 +108,13 @@ def _losses_of_rank(plan: Plan, options: TrainOptions,
 
 def run_plan(plan: Plan, steps: int = STEPS, lr: float = LR, seed: int = 0,
              model_factory: Callable[[], nn.Module] | None = None,
-             timeout_s: float = 60.0, **options) -> list[float]:
-    """Rank 0's loss curve of ``plan`` run on CPU ranks of this machine."""
+             timeout_s: float = 60.0, rank_order: Sequence[str] = (), **options) -> list[float]:
+    """Rank 0's loss curve of ``plan`` run on CPU ranks of this machine; rank ``i`` runs
+    ``rank_order[i]`` (default: the plan's device order)."""
     train_options = TrainOptions(steps=steps, lr=lr, seed=seed, progress=False,
                                  timeout_s=timeout_s, **options)
-    results = run_local(_losses_of_rank, plan.devices, (plan, train_options, model_factory),
-                        timeout_s=timeout_s * 2)
+    results = run_local(_losses_of_rank, tuple(rank_order) or plan.devices,
+                        (plan, train_options, model_factory), timeout_s=timeout_s * 2)
     for losses in results[1:]:
         assert losses == results[0], "all ranks must report the same global loss"
     return results[0]

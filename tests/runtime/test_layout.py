@@ -71,3 +71,19 @@ def test_stages_with_different_tp_run_on_their_leaders():
     assert leader.lane_ranks(0, 0) == (0, 2, 3)
     assert leader.is_announcing_leader and not leader.is_follower
     assert follower.is_follower and not follower.is_announcing_leader
+
+
+def test_tp_index_is_rank_order_within_a_stage_and_lanes_follow_stage_order():
+    """Ranks numbered as torchrun numbers them need not follow the plan's device order; a
+    TP index is the position in the stage's process group (ascending ranks, the TP mesh's
+    order), and a lane lists its ranks stage by stage."""
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (2, (2, 4))], 1, 2),
+                                  pipe([(2, (0, 4))], 1, 2)],
+                     device_ids=["cpu.0:0", "cpu.0:5", "cpu.0:3", "cpu.0:1", "cpu.0:2", "cpu.0:4"])
+    by_rank = tuple(f"cpu.0:{i}" for i in range(6))
+    layout = Layout(plan, 5, by_rank)
+    assert layout.stage_ranks(0, 0) == (0, 5) and layout.stage_ranks(0, 1) == (1, 3)
+    assert [(r.pipeline, r.stage, r.tp_rank) for r in layout.roles] == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (0, 1, 1), (1, 0, 1), (0, 0, 1)]
+    assert layout.lane_ranks(0, 0) == (0, 1) and layout.lane_ranks(0, 1) == (5, 3)
+    assert layout.sync_group(block_unit(0)).ranks == (5, 4)  # tp index 1 of both holders

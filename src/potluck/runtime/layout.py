@@ -6,7 +6,7 @@ of each rank (gathered at start-up, so launchers may number ranks as they
 like), and answers for this rank:
 
 - its :class:`Role`: pipeline, stage, position in the stage's tensor-parallel
-  group, the layer ranges of its virtual stages;
+  group (its TP index), the layer ranges of its virtual stages;
 - the tensor-parallel mesh of its stage;
 - its pipeline lane: the ranks with the same tensor-parallel index in each
   stage of its pipeline (lane ``r`` passes the ``r``-th sequence shard from
@@ -19,6 +19,23 @@ like), and answers for this rank:
   the same TP index, local shards are summed as they are); otherwise it is a
   full-layout group (every holder rank; shards are summed in the full
   tensor's layout). Heterogeneous plans are just different groups.
+
+**Rank order.** torchrun numbers ranks machine by machine, so a plan's device
+order need not be rank order (a pipeline ``a.0:0 -> b.0:0 -> b.0:1 -> a.0:1``,
+which keeps the embedding and head on one machine, runs on ranks 0, 2, 3, 1;
+:func:`potluck.runtime.launch.torchrun.torchrun_rank_order`). torch numbers
+the members of a process group in ascending global rank (``dist.new_group``
+sorts them, a ``DeviceMesh`` built from a group takes that order, a
+``PipelineStage`` names its peers by group rank), so every "position in a
+group" here is a group rank:
+
+- a rank's TP index is its position among its stage's ranks in ascending rank
+  order (:meth:`Layout.stage_ranks`), which is its coordinate in the stage's TP
+  mesh; lanes, aligned gradient groups and ZeRO-1's owners pair equal TP
+  indices; with ranks numbered in plan order this is the plan's device order;
+- a pipeline lane lists its ranks in stage order, and the schedule maps each
+  stage to its rank's group rank
+  (:func:`potluck.runtime.parallel.pipeline.build_schedule`).
 
 Groups are created collectively in one fixed order on every rank, then
 reused. Building a Layout without ``create_groups`` is pure and cheap (used
@@ -109,10 +126,9 @@ class Layout:
         roles: dict[int, Role] = {}
         for p, pipeline in enumerate(self.plan.pipelines):
             for s, stage in enumerate(pipeline.stages):
-                for t, device in enumerate(stage.devices):
-                    rank = self._rank_of_device[device]
-                    roles[rank] = Role(rank, device, p, s, t, stage.tp, pipeline.pp,
-                                       stage.layer_ranges)
+                for t, rank in enumerate(self.stage_ranks(p, s)):
+                    roles[rank] = Role(rank, self.device_of_rank[rank], p, s, t, stage.tp,
+                                       pipeline.pp, stage.layer_ranges)
         return tuple(roles[r] for r in range(self.world_size))
 
     @property
@@ -120,12 +136,15 @@ class Layout:
         return self.roles[self.rank]
 
     def stage_ranks(self, pipeline: int, stage: int) -> tuple[int, ...]:
+        """The stage's ranks by TP index: ascending, the order of its process group and
+        TP mesh (see "Rank order" above), whatever order the plan lists its devices in."""
         devices = self.plan.pipelines[pipeline].stages[stage].devices
-        return tuple(self._rank_of_device[d] for d in devices)
+        return tuple(sorted(self._rank_of_device[d] for d in devices))
 
     def lane_ranks(self, pipeline: int, tp_rank: int) -> tuple[int, ...]:
-        stages = self.plan.pipelines[pipeline].stages
-        return tuple(self._rank_of_device[stage.devices[tp_rank]] for stage in stages)
+        """The ranks of TP index ``tp_rank`` in each stage of ``pipeline``, in stage order."""
+        stages = range(self.plan.pipelines[pipeline].pp)
+        return tuple(self.stage_ranks(pipeline, s)[tp_rank] for s in stages)
 
     def mixed_tp(self, pipeline: int) -> bool:
         """Whether the stages of ``pipeline`` have different TP degrees (it then runs on its
@@ -276,8 +295,9 @@ class Layout:
         if role.tp == 1:
             return None
         if self._tp_mesh is None:
-            group = self.group(self.stage_ranks(role.pipeline, role.stage))
-            self._tp_mesh = DeviceMesh.from_group(group, device_type)
+            ranks = self.stage_ranks(role.pipeline, role.stage)
+            # torch refuses a mesh whose order is not the group's: TP index = mesh coordinate
+            self._tp_mesh = DeviceMesh.from_group(self.group(ranks), device_type, list(ranks))
         return self._tp_mesh
 
 def _check_world(plan: Plan, device_of_rank: tuple[str, ...]) -> None:

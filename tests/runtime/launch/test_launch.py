@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,13 @@ from potluck.cluster.spec import parse_cluster
 from potluck.plans import save_plan
 from potluck.runtime.launch.local import free_port
 from potluck.runtime.launch.session import local_device_id
-from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands
+from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
+from potluck.runtime.loop.batches import batch_source
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.worker import parse_options, worker_args
+
+SRC = Path(__file__).parents[3] / "src"
+HUNG_S = 180  # not a speed check: commands that have not ended by then are hung
 
 TWO_MACHINES = parse_cluster(
     "nodes:\n"
@@ -71,27 +77,105 @@ def test_worker_flags_round_trip():
     assert parse_options(["--plan", "p.json", *args]) == ("p.json", options)
 
 
-@pytest.mark.slow
-def test_torchrun_commands_start_a_job_across_machines_with_different_rank_counts(tmp_path):
-    """Both 'machines' are this one: run each printed command, check the loss curve."""
-    plan = two_machine_plan()
-    plan_path = tmp_path / "plan.json"
-    save_plan(plan, plan_path)
-    options = TrainOptions(steps=3, lr=LR, out_dir=str(tmp_path / "run"), progress=False,
-                           timeout_s=60)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3] / "src"),
-           "OMP_NUM_THREADS": "1"}
+THREE_AND_ONE = parse_cluster(
+    "nodes:\n"
+    "  - {name: big, gpu: cpu, gpus_per_node: 3}\n"
+    "  - {name: small, gpu: cpu, gpus_per_node: 1}\n",
+    "three-one.yaml",
+)
+
+
+def wrap_around_plan():
+    """Pipeline 0 leaves big.0 and comes back (big.0:0 -> small.0:0 -> big.0:1), so its
+    head shares a machine with its embedding; pipeline 1 is big.0:2 alone."""
+    return make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 3)), (1, (3, 4))], 1, 3),
+                                  pipe([(1, (0, 4))], 1, 1)],
+                     cluster=THREE_AND_ONE,
+                     device_ids=["big.0:0", "small.0:0", "big.0:1", "big.0:2"])
+
+
+def test_torchrun_numbers_ranks_machine_by_machine(monkeypatch):
+    """Global rank = the ranks of the machines before it + LOCAL_RANK; each rank then runs
+    the device session.local_device_id picks from POTLUCK_NODE and LOCAL_RANK."""
+    plan = wrap_around_plan()
+    order = torchrun_rank_order(plan)
+    assert order == ("big.0:0", "big.0:1", "big.0:2", "small.0:0") != plan.devices
+    monkeypatch.delenv("POTLUCK_DEVICE", raising=False)
+    rank = 0
+    for node in torchrun_commands(plan, "plan.json", "127.0.0.1"):
+        monkeypatch.setenv("POTLUCK_NODE", node.node)
+        for local_rank in range(node.nproc):
+            assert local_device_id(plan, rank, local_rank) == order[rank]
+            rank += 1
+    assert rank == plan.num_gpus
+
+
+def potluck(*args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-m", "potluck", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=HUNG_S)
+
+
+def printed_commands(result: subprocess.CompletedProcess) -> list[str]:
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stdout.splitlines() if line.startswith("POTLUCK_NODE=")]
+
+
+def worker_options(command: str) -> TrainOptions:
+    words = shlex.split(command)
+    return parse_options(words[words.index("potluck.runtime.worker") + 1:])[1]
+
+
+def run_side_by_side(commands: list[str], cwd: Path) -> None:
+    """Run each printed command (``POTLUCK_NODE=... torchrun ...``) in ``cwd`` as its own
+    process group, torchrun as ``python -m torch.distributed.run``; fail with their logs
+    unless all end well within HUNG_S, and leave no process behind."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     processes = []
-    for node in torchrun_commands(plan, str(plan_path), "127.0.0.1", port, worker_args(options)):
-        words = shlex.split(node.command)
-        node_env = {**env, **dict([words[0].split("=", 1)])}
-        command = [sys.executable, "-m", "torch.distributed.run", *words[2:]]
-        processes.append(subprocess.Popen(command, env=node_env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-    for process in processes:
-        output, _ = process.communicate(timeout=180)
-        assert process.returncode == 0, output[-3000:]
+    try:
+        for index, command in enumerate(commands):
+            words = shlex.split(command)
+            name, value = words[0].split("=", 1)
+            assert name == "POTLUCK_NODE" and words[1] == "torchrun"
+            with open(cwd / f"node{index}.log", "w") as log:
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", *words[2:]],
+                    env={**env, name: value}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+        _wait_all(processes, cwd)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _wait_all(processes: list[subprocess.Popen], logs: Path) -> None:
+    deadline = time.monotonic() + HUNG_S
+    try:
+        codes = [process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                 for process in processes]
+    except subprocess.TimeoutExpired:
+        codes = None
+    tails = "\n".join(log.read_text()[-2000:] for log in sorted(logs.glob("node*.log")))
+    assert codes is not None, f"the commands had not ended after {HUNG_S} s:\n{tails}"
+    assert codes == [0] * len(processes), f"exit codes {codes}:\n{tails}"
+
+
+@pytest.mark.slow
+def test_printed_torchrun_commands_train_a_wrap_around_pipeline_like_one_rank(tmp_path):
+    """Both 'machines' are this one: the commands potluck train prints for a pipeline that
+    comes back to its first machine, run side by side, train like a single process."""
+    plan = wrap_around_plan()
+    save_plan(plan, tmp_path / "plan.json")
+    commands = printed_commands(potluck(
+        "train", "--plan", "plan.json", "--print-commands", "--master-addr", "127.0.0.1",
+        "--master-port", free_port(), "--steps", 3, "--lr", LR, "--seed", 3, "--out", "run",
+        "--timeout", 60, cwd=tmp_path))
+    assert [shlex.split(c)[0] for c in commands] == ["POTLUCK_NODE=big.0", "POTLUCK_NODE=small.0"]
+    run_side_by_side(commands, tmp_path)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["loss"] for line in lines]
-    assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-5)
+    data = batch_source(plan, worker_options(commands[0]))  # each worker's shipped corpus
+    expected = reference_losses(TINY_LLAMA, 4, seed=3, data=data)
+    assert losses == pytest.approx(expected, abs=2e-5)

@@ -4,9 +4,11 @@
 machines with different GPU counts get different ``--nproc-per-node``
 (torchrun numbers ranks per node, potluck maps them to devices through
 ``POTLUCK_NODE`` and ``LOCAL_RANK``). Each command runs
-``python -m potluck.runtime.worker`` on every rank of its machine. Every value is
-quoted for the shell (``shlex.quote``): a path with a space stays one word, and a value
-from a plan file cannot add a command.
+``python -m potluck.runtime.worker`` on every rank of its machine;
+:func:`torchrun_rank_order` says which device each global rank then runs (not
+always the plan's device order: a pipeline may leave a machine and come back).
+Every value is quoted for the shell (``shlex.quote``): a path with a space stays
+one word, and a value from a plan file cannot add a command.
 """
 
 from __future__ import annotations
@@ -54,3 +56,17 @@ def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port:
         words = [f"POTLUCK_NODE={shlex.quote(node)}", *(shlex.quote(str(p)) for p in parts)]
         commands.append(NodeCommand(node, node_rank, nproc, " ".join(words)))
     return commands
+
+
+def node_devices(plan: Plan, node: str) -> tuple[str, ...]:
+    """The plan's devices on machine ``node`` by ``LOCAL_RANK``: in local-index order, as
+    :func:`potluck.runtime.launch.session.local_device_id` maps them."""
+    cluster = Cluster(plan.cluster)
+    on_node = [cluster.device(d) for d in plan.devices if cluster.device(d).node == node]
+    return tuple(d.id for d in sorted(on_node, key=lambda d: d.local_index))
+
+
+def torchrun_rank_order(plan: Plan) -> tuple[str, ...]:
+    """The device of each global rank the commands of :func:`torchrun_commands` start:
+    torchrun numbers ranks machine by machine (``--node-rank`` order, then ``LOCAL_RANK``)."""
+    return tuple(d for node, _ in plan_nodes(plan) for d in node_devices(plan, node))

@@ -25,7 +25,7 @@ for such pipelines (:mod:`potluck.schedules.zero_bubble`; plan checks refuse it)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -41,12 +41,12 @@ _HEADER = 8
 
 
 class TPGroup:
-    """The ranks of one stage; group rank 0 is the leader."""
+    """The ranks of one stage, by group rank (the TP mesh's order, whatever order the plan
+    lists the stage's devices in); group rank 0 is the leader."""
 
-    def __init__(self, group: dist.ProcessGroup, ranks: Sequence[int], rank: int,
-                 device: torch.device) -> None:
+    def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device) -> None:
         self.group = group
-        self.ranks = tuple(ranks)
+        self.ranks = tuple(dist.get_process_group_ranks(group))
         self.leader = self.ranks[0]
         self.index = self.ranks.index(rank)
         self.size = len(self.ranks)

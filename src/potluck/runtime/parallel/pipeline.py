@@ -14,6 +14,14 @@ token-weighted share of the global batch's mean. A pipeline of one stage uses
 :class:`LocalSchedule`, a plain micro-batch loop with the same interface.
 Uneven stages are just different layer ranges; each pipeline lane (ranks with
 the same TP index) gets its own process group.
+
+torch's schedules assume virtual stage ``v`` runs at group rank ``v % pp`` of
+the lane's group, and a group numbers its members in ascending global rank;
+torchrun numbers ranks machine by machine, so a lane such as ranks
+``(0, 2, 3, 1)`` (a pipeline that wraps around to its first machine) breaks
+that. :func:`build_schedule` therefore gives every stage the real group rank of
+each stage's rank, and a multi-stage schedule the rank's position in the
+pipeline, whose op list it then runs.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 from torch.utils.checkpoint import checkpoint
 
 from potluck.model.counts import Recompute
@@ -112,8 +122,7 @@ def stage_tp_group(layout: Layout, device: torch.device) -> TPGroup | None:
     role = layout.role
     if role.tp == 1 or not layout.mixed_tp(role.pipeline):
         return None
-    ranks = layout.stage_ranks(role.pipeline, role.stage)
-    return TPGroup(layout.stage_group, ranks, layout.rank, device)
+    return TPGroup(layout.stage_group, layout.rank, device)
 
 
 def split_stages(model: nn.Module, family: Family, layout: Layout,
@@ -256,4 +265,26 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
         stages.append(stage)
     # the layout's check_plan has refused what this schedule's torch class cannot run
     runner = schedule_for(plan.schedule).torch_schedule(stages, n_microbatches, loss_fn)
+    seat_stages(runner, stages, lane_group_ranks(layout), role.stage)
     return runner if commands is None else AnnouncingSchedule(runner, commands)
+
+
+def lane_group_ranks(layout: Layout) -> dict[int, int]:
+    """For each virtual stage of this rank's pipeline, the group rank (in this rank's lane
+    group) of the rank that runs it."""
+    role = layout.role
+    lane = layout.lane_ranks(role.pipeline, role.tp_rank)
+    members = dist.get_process_group_ranks(layout.lane_group)
+    return {v: members.index(lane[v % role.pp]) for v in range(role.num_virtual_stages)}
+
+
+def seat_stages(runner: Any, stages: Sequence[PipelineStage], group_ranks: dict[int, int],
+                pipeline_rank: int) -> None:
+    """Override what torch's schedule assumed at construction (stage ``v`` at group rank
+    ``v % pp``): each stage sends to and receives from ``group_ranks``' peers, and a
+    multi-stage schedule runs the op list of position ``pipeline_rank`` in the pipeline
+    (its op lists are by position; its own stage-to-position map stays)."""
+    for stage in stages:
+        stage.stage_index_to_group_rank = dict(group_ranks)
+    if isinstance(runner, PipelineScheduleMulti):
+        runner.rank = pipeline_rank
