@@ -2,10 +2,11 @@
 
 :func:`worker_args` turns :class:`TrainOptions` into these flags (used to
 write the per-machine torchrun commands) and :func:`parse_options` reads them
-back, so the two never drift apart. A flag left at what ``potluck train`` uses by
-default is not written: the commands run on other machines, whose potluck has its own
-shipped corpus (``--data`` is written only for other data; ``--no-data`` for random
-tokens). A user error ends the rank with one logged line and the error's exit code.
+back, each value as its field's type, so the two never drift apart. A flag left at
+what ``potluck train`` uses by default is not written: the commands run on other
+machines, whose potluck has its own shipped corpus (``--data`` is written only for
+other data; ``--no-data`` for random tokens). A user error ends the rank with one
+logged line and the error's exit code.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import logging
 import sys
 from dataclasses import fields
 from functools import cache
+from typing import Any, get_args, get_type_hints
 
 from potluck.errors import PotluckError
 from potluck.plans import load_plan
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.training import train_rank
 
 log = logging.getLogger("potluck.worker")
 
@@ -54,18 +55,27 @@ def worker_args(options: TrainOptions) -> list[str]:
     return args
 
 
+@cache
+def _hints() -> dict[str, Any]:
+    return get_type_hints(TrainOptions)
+
+
+def _value_type(name: str) -> type:
+    """The type of field ``name``'s values, ``None`` aside (``int | None`` reads as int)."""
+    hint = _hints()[name]
+    (kind,) = [k for k in get_args(hint) or (hint,) if k is not type(None)]
+    return kind
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="potluck.runtime.worker")
     parser.add_argument("--plan", required=True)
     for field in fields(TrainOptions):
-        default = getattr(_defaults(), field.name)
-        if isinstance(default, bool):
+        default, kind = getattr(_defaults(), field.name), _value_type(field.name)
+        if kind is bool:
             parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction,
                                 default=default)
             continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if field.name in ("dilation", "max_grad_norm"):
-            kind = float
         parser.add_argument(_flag(field.name), type=kind, default=default)
         parser.add_argument(_flag(f"no_{field.name}"), dest=field.name, action="store_const",
                             const=None)
@@ -81,6 +91,8 @@ def parse_options(argv: list[str]) -> tuple[str, TrainOptions]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     plan_path, options = parse_options(sys.argv[1:] if argv is None else argv)
+    from potluck.runtime.training import train_rank  # torch: not for printing commands
+
     try:
         train_rank(load_plan(plan_path), options)
     except PotluckError as err:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.worker import parse_options, worker_args
+from potluck.runtime.worker import _defaults, parse_options, worker_args
 
 SRC = Path(__file__).parents[3] / "src"
 HUNG_S = 180  # not a speed check: commands that have not ended by then are hung
@@ -70,13 +71,6 @@ def test_node_and_local_rank_pick_the_plans_device(monkeypatch):
     assert local_device_id(plan, rank=1, local_rank=0) == "small.0:0"
 
 
-def test_worker_flags_round_trip():
-    options = TrainOptions(steps=7, lr=1e-3, out_dir="runs/x", emulate=True, progress=False,
-                           max_grad_norm=None)
-    args = worker_args(options)
-    assert parse_options(["--plan", "p.json", *args]) == ("p.json", options)
-
-
 THREE_AND_ONE = parse_cluster(
     "nodes:\n"
     "  - {name: big, gpu: cpu, gpus_per_node: 3}\n"
@@ -110,6 +104,34 @@ def test_torchrun_numbers_ranks_machine_by_machine(monkeypatch):
     assert rank == plan.num_gpus
 
 
+# A value other than potluck train's default for every TrainOptions field.
+NON_DEFAULT = {
+    "steps": 7, "lr": 1e-3, "seed": 5, "max_grad_norm": None, "out_dir": "runs/x",
+    "data": None, "tokenizer": "tok dir", "emulate": True, "dilation": 2.5, "stand_in": "tiny",
+    "seq_len": 32, "timeout_s": 30.0, "tensorboard": True, "progress": False,
+    "checkpoint_every": 3, "keep_checkpoints": 0, "resume": True, "trace_steps": 2,
+}
+
+
+def effective(options: TrainOptions) -> TrainOptions:
+    """What a worker started with ``worker_args(options)`` trains with."""
+    plan_path, parsed = parse_options(["--plan", "p.json", *worker_args(options)])
+    assert plan_path == "p.json"
+    return parsed
+
+
+def test_every_option_reaches_the_worker_alone_and_together():
+    assert set(NON_DEFAULT) == {f.name for f in fields(TrainOptions)}
+    for name, value in NON_DEFAULT.items():
+        options = replace(_defaults(), **{name: value})
+        assert options != _defaults(), name
+        got = effective(options)
+        assert got == options and type(getattr(got, name)) is type(value), name
+    everything = replace(_defaults(), **NON_DEFAULT)
+    assert effective(everything) == everything
+    assert effective(_defaults()) == _defaults() and worker_args(_defaults()) == []
+
+
 def potluck(*args, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "80"}
     return subprocess.run([sys.executable, "-m", "potluck", *map(str, args)], cwd=cwd,
@@ -124,6 +146,36 @@ def printed_commands(result: subprocess.CompletedProcess) -> list[str]:
 def worker_options(command: str) -> TrainOptions:
     words = shlex.split(command)
     return parse_options(words[words.index("potluck.runtime.worker") + 1:])[1]
+
+
+# potluck train's flags for TrainOptions fields, each with a value other than its default.
+TRAIN_FLAGS = {
+    "steps": ["--steps", "3"], "lr": ["--lr", "0.01"], "seed": ["--seed", "5"],
+    "out_dir": ["--out", "run"], "data": ["--data", "corpus"], "tokenizer": ["--tokenizer", "tok"],
+    "emulate": ["--emulate"], "dilation": ["--dilation", "2.5"], "stand_in": ["--stand-in", "tiny"],
+    "timeout_s": ["--timeout", "30"], "tensorboard": ["--tensorboard"],
+    "checkpoint_every": ["--checkpoint-every", "2"], "resume": ["--resume"],
+    "trace_steps": ["--trace", "--trace-steps", "2"],
+}
+NOT_TRAIN_FLAGS = {"max_grad_norm", "seq_len", "progress", "keep_checkpoints"}
+
+
+def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
+    """Each machine's worker trains with the options potluck train's command line gave."""
+    assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS == {f.name for f in fields(TrainOptions)}
+    save_plan(two_machine_plan(), tmp_path / "plan.json")
+    flags = [word for words in TRAIN_FLAGS.values() for word in words]
+    commands = printed_commands(potluck("train", "--plan", "plan.json", "--print-commands",
+                                        *flags, cwd=tmp_path))
+    expected = replace(_defaults(), steps=3, lr=0.01, seed=5, out_dir="run", data="corpus",
+                       tokenizer="tok", emulate=True, dilation=2.5, stand_in="tiny",
+                       timeout_s=30.0, tensorboard=True, checkpoint_every=2, resume=True,
+                       trace_steps=2)
+    assert {f.name for f in fields(TrainOptions)
+            if getattr(expected, f.name) != getattr(_defaults(), f.name)} == set(TRAIN_FLAGS)
+    assert len(commands) == 2
+    for command in commands:
+        assert worker_options(command) == expected
 
 
 def run_side_by_side(commands: list[str], cwd: Path) -> None:
