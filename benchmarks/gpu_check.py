@@ -1,8 +1,8 @@
-"""Check potluck on a machine with one NVIDIA GPU, in under five minutes.
+"""Check potluck on a machine with NVIDIA GPUs: one GPU in under five minutes, two in eight.
 
     python benchmarks/gpu_check.py [--device NAME] [--out gpu-calibrated.yaml] [--skip-tests]
 
-Four parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
+Five parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
 
 (a) the GPU-marked tests (``pytest -m gpu`` on the test files that carry the
     marker), in a subprocess;
@@ -16,7 +16,15 @@ Four parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
 (d) matmul FLOP/s per dtype (bf16, fp16, tf32, fp32) at the check model's GEMM
     shapes and memory bandwidth, measured with ``potluck profile``'s code, and
     written as a cluster file with a ``calibration:`` section (``--out``),
-    printed against the catalog's peaks.
+    printed against the catalog's peaks;
+(e) where ``torch.cuda.device_count()`` is 2 or more, the multi-rank paths on two
+    GPUs (NCCL): pp=2 (sends between pipeline stages), dp=2 (gradient buckets),
+    dp=2 with ZeRO-1, tp=2 (a TP mesh), and a dp=2 run checkpointed halfway then
+    resumed by ``potluck train --resume`` with a one-GPU plan in a process that
+    sees one GPU (``CUDA_VISIBLE_DEVICES``); each trains the small LLaMA a few
+    steps on the shipped corpus in bf16 through potluck's runtime, its losses
+    within ``MULTI_LOSS_TOLERANCE`` of one GPU's. With one GPU the part is
+    skipped, and the output says so and why.
 
 The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
 by :func:`catalog_name`; ``--device NAME`` overrides). Without CUDA the script
@@ -41,11 +49,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TOTAL_BUDGET_S = 290.0  # the whole check stays under five minutes
+TOTAL_BUDGET_S = 440.0  # the whole check: under five minutes on one GPU, under eight with (e)
 TESTS_TIMEOUT_S = 120.0
 TRAIN_TIMEOUT_S = 60.0  # one dtype's short run (process start included)
 PLAN_TIMEOUT_S = 60.0  # one measured plan
-ESTIMATE_S = {"tests": 45, "train": 3 * 15, "plans": 4 * 20, "measure": 15}
+ESTIMATE_S = {"tests": 45, "train": 3 * 15, "plans": 4 * 20, "measure": 15, "multi": 7 * 20}
 TRAIN_DTYPES = ("bf16", "fp16", "tf32")
 TRAIN_STEPS = 12
 PLAN_STEPS = 6
@@ -325,6 +333,189 @@ def figures_table(device_name: str, measurement) -> str:
     return "\n".join(rows)
 
 
+# ---- (e) several GPUs: the multi-rank paths ---------------------------------------------------
+
+MULTI_GPUS = 2  # the part runs where torch.cuda.device_count() reaches this
+MULTI_STEPS = 4
+MULTI_LR = 3e-3
+MULTI_DTYPE = "bf16"
+MULTI_LOSS_TOLERANCE = 2e-2  # per step, absolute: bf16 autocast summed in other orders (as
+# tests/runtime/test_gpu.py allows one GPU's bf16 run against an fp32 reference)
+MULTI_TIMEOUT_S = 60.0  # one multi-rank run, process start and NCCL set-up included
+MULTI_GLOBAL_BATCH = 8
+MULTI_SEQ_LEN = 64
+MULTI_MICRO_BATCH = 2
+
+
+@dataclass(frozen=True)
+class MultiCase:
+    """One layout of the multi-rank part and what it exercises."""
+
+    name: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero1: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+REFERENCE_CASE = MultiCase("one GPU (the reference)")
+MULTI_CASES = (
+    MultiCase("pp=2: NCCL sends between pipeline stages", pp=2),
+    MultiCase("dp=2: gradient buckets all-reduced over NCCL", dp=2),
+    MultiCase("dp=2 ZeRO-1: gradients reduce-scattered, updates all-gathered", dp=2, zero1=True),
+    MultiCase("tp=2: a tensor-parallel mesh", tp=2),
+)
+RESUME_CASE = MultiCase("checkpoint on 2 GPUs, resume where 1 is visible", dp=2)
+
+
+def multi_rank_skip_reason(gpu_count: int) -> str | None:
+    """Why the multi-rank part does not run here (None: it runs)."""
+    if gpu_count >= MULTI_GPUS:
+        return None
+    return (f"skipped: {gpu_count} GPU{'' if gpu_count == 1 else 's'} visible "
+            f"(torch.cuda.device_count()), the multi-rank part needs {MULTI_GPUS}")
+
+
+def gpus_cluster(device: str, count: int):
+    from potluck.cluster.spec import parse_cluster
+
+    return parse_cluster(f"nodes:\n  - {{name: gpu, gpu: {device}, gpus_per_node: {count}}}\n",
+                         "gpu-check.yaml")
+
+
+def multi_plan(device: str, case: MultiCase):
+    """``case``'s layout of the small LLaMA on ``case.gpus`` GPUs of this type."""
+    from potluck import api
+
+    return api.plan(gpus_cluster(device, case.gpus), small_llama(), global_batch=MULTI_GLOBAL_BATCH,
+                    seq_len=MULTI_SEQ_LEN, dtype=MULTI_DTYPE, tp=case.tp, pp=case.pp, dp=case.dp,
+                    micro_batch_size=MULTI_MICRO_BATCH, recompute="none", zero1=case.zero1).best
+
+
+def multi_options(steps: int, timeout_s: float, **fields):
+    from potluck import api
+
+    return api.train_options(steps=steps, lr=MULTI_LR, seed=0, progress=False,
+                             timeout_s=timeout_s, **fields)
+
+
+def run_losses(plan, options, timeout_s: float) -> list[float]:
+    """Rank 0's losses of ``plan`` trained through potluck's runtime on this machine."""
+    from potluck.runtime.launch.local import run_local
+    from potluck.runtime.training import train_rank
+
+    history = run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s)[0]
+    return [m.loss for m in history]
+
+
+def losses_match(reference: list[float], losses: list[float],
+                 tolerance: float = MULTI_LOSS_TOLERANCE) -> tuple[bool, str]:
+    """Every step's loss finite and within ``tolerance`` of the one-GPU reference's."""
+    shown = f"losses {_losses(losses)} against one GPU's {_losses(reference)}"
+    if len(losses) != len(reference) or not all(math.isfinite(x) for x in losses):
+        return False, shown
+    worst = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+    return worst <= tolerance, f"{shown}: largest difference {worst:.4f} (at most {tolerance:g})"
+
+
+def _losses(losses: list[float]) -> str:
+    return "[" + ", ".join(f"{x:.4f}" for x in losses) + "]"
+
+
+def one_visible_gpu(visible: str | None, gpu_count: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` that leaves one GPU, the last one this process sees
+    (not GPU 0, which rank 0 saved from)."""
+    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
+    return entries[-1] if entries else str(gpu_count - 1)
+
+
+def train_case(device: str, case: MultiCase, reference: list[float], timeout_s: float) -> Outcome:
+    plan = multi_plan(device, case)
+    losses = run_losses(plan, multi_options(MULTI_STEPS, timeout_s), timeout_s)
+    return Outcome(case.name, *losses_match(reference, losses))
+
+
+def resume_command(plan_file: Path, out: Path, timeout_s: float) -> list[str]:
+    """``potluck train --resume`` of the run in ``out`` up to ``MULTI_STEPS``, as the
+    multi-rank runs train (the shipped corpus, ``MULTI_LR``, seed 0)."""
+    return [sys.executable, "-m", "potluck", "train", "--plan", str(plan_file), "--out", str(out),
+            "--resume", "--steps", str(MULTI_STEPS), "--lr", str(MULTI_LR), "--seed", "0",
+            "--timeout", f"{timeout_s:.0f}"]
+
+
+def metrics_losses(path: Path) -> list[float]:
+    """The loss of every step in a run's ``metrics.jsonl``, by step."""
+    import json
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row["loss"] for row in sorted(rows, key=lambda row: row["step"])]
+
+
+def resume_on_one_gpu(plan_file: Path, out: Path, visible: str, timeout_s: float) -> None:
+    """Run :func:`resume_command` in a process (and its ranks) that see GPU ``visible`` only."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDA_VISIBLE_DEVICES": visible}
+    try:
+        done = subprocess.run(resume_command(plan_file, out, timeout_s), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the resumed run did not finish within {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        raise RuntimeError(f"the resumed run failed: {lines[-1] if lines else done.returncode}")
+
+
+def resume_with_fewer_gpus(device: str, reference: list[float], timeout_s: float) -> Outcome:
+    """Half the steps on 2 GPUs (dp=2, a checkpoint at the end), the rest resumed by a
+    one-GPU plan where only one GPU is visible: the run's losses against the reference."""
+    import tempfile
+
+    from potluck.plans import save_plan
+
+    deadline = Deadline(time.monotonic() + timeout_s)
+    visible = one_visible_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as directory:
+        out = Path(directory)
+        left_s = deadline.timeout_s(timeout_s)
+        run_losses(multi_plan(device, RESUME_CASE),
+                   multi_options(MULTI_STEPS // 2, left_s, out=out), left_s)
+        plan_file = out / "one-gpu-plan.json"
+        save_plan(multi_plan(device, REFERENCE_CASE), plan_file)
+        resume_on_one_gpu(plan_file, out, visible, deadline.timeout_s(timeout_s))
+        losses = metrics_losses(out / "metrics.jsonl")
+    ok, detail = losses_match(reference, losses)
+    return Outcome(RESUME_CASE.name, ok, f"resumed with only GPU {visible} visible; {detail}")
+
+
+def run_multi_rank(device: str, deadline: Deadline, gpu_count: int) -> list[Outcome]:
+    """Part (e): each layout trained a few steps against one GPU's losses; on a machine
+    with fewer than two GPUs, one line saying why it was skipped."""
+    reason = multi_rank_skip_reason(gpu_count)
+    if reason is not None:
+        print(f"[e: multi-rank] {reason}", flush=True)
+        return []
+    reference: list[float] = []
+
+    def one_gpu(timeout_s: float) -> Outcome:
+        plan = multi_plan(device, REFERENCE_CASE)
+        reference.extend(run_losses(plan, multi_options(MULTI_STEPS, timeout_s), timeout_s))
+        finite = all(math.isfinite(x) for x in reference)
+        return Outcome(REFERENCE_CASE.name, finite, f"losses {_losses(reference)}")
+
+    outcomes = _part("e: multi-rank", deadline, MULTI_TIMEOUT_S, one_gpu)
+    if not outcomes[0].ok:
+        return outcomes
+    for case in MULTI_CASES:
+        outcomes += _part("e: multi-rank", deadline, MULTI_TIMEOUT_S,
+                          lambda t, c=case: train_case(device, c, reference, t))
+    outcomes += _part("e: multi-rank", deadline, 2 * MULTI_TIMEOUT_S,
+                      lambda t: resume_with_fewer_gpus(device, reference, t))
+    return outcomes
+
+
 # ---- the run ------------------------------------------------------------------------------
 
 
@@ -369,6 +560,7 @@ def run_checks(device: str, out: Path, skip_tests: bool) -> list[Outcome]:
 
     for case in PLAN_CASES:
         outcomes += _part("c: step time", deadline, PLAN_TIMEOUT_S, lambda t, c=case: timed(c, t))
+    outcomes += run_multi_rank(device, deadline, torch.cuda.device_count())
     if measured:
         print("\n" + figures_table(device, measured[0]))
     if timings:
@@ -390,15 +582,33 @@ def main(argv: list[str] | None = None) -> int:
     except (NoGpu, ConfigError) as err:
         print(err, file=sys.stderr)
         return 2
-    estimate = sum(v for k, v in ESTIMATE_S.items() if k != "tests" or not args.skip_tests)
+    skipped = multi_rank_skip_reason(torch.cuda.device_count())
     print(f"gpu_check on {torch.cuda.get_device_name(0)} as catalog {device!r}: about "
-          f"{estimate} s, at most {TOTAL_BUDGET_S:.0f} s (parts: tests {TESTS_TIMEOUT_S:.0f} s, "
-          f"each dtype {TRAIN_TIMEOUT_S:.0f} s, each plan {PLAN_TIMEOUT_S:.0f} s)", flush=True)
+          f"{estimate_s(args.skip_tests, skipped is None)} s, at most {TOTAL_BUDGET_S:.0f} s "
+          f"(parts: tests {TESTS_TIMEOUT_S:.0f} s, each dtype {TRAIN_TIMEOUT_S:.0f} s, each plan "
+          f"{PLAN_TIMEOUT_S:.0f} s, each multi-rank run {MULTI_TIMEOUT_S:.0f} s)", flush=True)
     outcomes = run_checks(device, args.out, args.skip_tests)
+    print("\n" + summary_line(outcomes, skipped))
+    return 1 if any(not o.ok for o in outcomes) else 0
+
+
+def estimate_s(skip_tests: bool, multi_rank: bool) -> int:
+    """The check's expected duration: every part's estimate, the ones that run."""
+    skipped = {"tests"} if skip_tests else set()
+    if not multi_rank:
+        skipped.add("multi")
+    return sum(v for k, v in ESTIMATE_S.items() if k not in skipped)
+
+
+def summary_line(outcomes: list[Outcome], multi_rank_skipped: str | None) -> str:
+    """``7 of 8 checks passed; failed: ...`` and, on one GPU, that part (e) did not run."""
     failed = [o for o in outcomes if not o.ok]
-    print(f"\n{len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
-          + (f"; failed: {', '.join(o.name for o in failed)}" if failed else ""))
-    return 1 if failed else 0
+    line = f"{len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
+    if failed:
+        line += f"; failed: {', '.join(o.name for o in failed)}"
+    if multi_rank_skipped:
+        line += f"; multi-rank part (e) {multi_rank_skipped}"
+    return line
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py's parts that run without a GPU: naming the GPU, the loss check,
-finding the GPU tests, and the one line it exits with where there is no CUDA."""
+finding the GPU tests, the one line it exits with where there is no CUDA, and the
+multi-rank part's skip on one GPU, plans, loss comparison, resume command and budget."""
 
 from __future__ import annotations
 
@@ -74,3 +75,75 @@ def test_a_wrong_device_name_exits_2_with_one_line(gpu_check, monkeypatch, capsy
     assert gpu_check.main(["--device", "a1000"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "unknown GPU type 'a1000'" in err
+
+
+# ---- (e) the multi-rank part: what runs without GPUs ----------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "runs"), [(0, False), (1, False), (2, True), (8, True)])
+def test_the_multi_rank_part_needs_two_gpus(gpu_check, gpus, runs):
+    reason = gpu_check.multi_rank_skip_reason(gpus)
+    assert (reason is None) == runs
+    if not runs:
+        assert reason.startswith("skipped") and "needs 2" in reason and f"{gpus} GPU" in reason
+
+
+def test_with_one_gpu_the_part_says_it_was_skipped_and_why(gpu_check, capsys):
+    deadline = gpu_check.Deadline(0.0)  # spent: the part must not even try to run
+    assert gpu_check.run_multi_rank("h100-sxm", deadline, gpu_count=1) == []
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["[e: multi-rank] skipped: 1 GPU visible (torch.cuda.device_count()), "
+                   "the multi-rank part needs 2"]
+    line = gpu_check.summary_line([gpu_check.Outcome("train bf16", True, "")],
+                                  gpu_check.multi_rank_skip_reason(1))
+    assert line.startswith("1 of 1 checks passed") and "multi-rank part (e) skipped" in line
+
+
+def test_each_multi_rank_case_plans_its_pinned_layout_of_one_training_shape(gpu_check):
+    cases = [gpu_check.REFERENCE_CASE, *gpu_check.MULTI_CASES, gpu_check.RESUME_CASE]
+    shapes = set()
+    for case in cases:
+        plan = gpu_check.multi_plan("a100-80g-sxm", case)
+        stages = plan.pipelines[0].stages
+        assert (plan.num_gpus, plan.dp, len(stages), stages[0].tp, plan.zero1) == (
+            case.gpus, case.dp, case.pp, case.tp, case.zero1), case.name
+        shapes.add((plan.training.global_batch, plan.training.seq_len, plan.training.dtype))
+    assert len(shapes) == 1, "every case trains what the reference trains"
+    assert {case.gpus for case in cases} == {1, 2}
+
+
+def test_losses_must_stay_within_the_tolerance_of_the_reference_at_every_step(gpu_check):
+    reference = [5.50, 5.30, 5.10, 4.90]
+    tolerance = gpu_check.MULTI_LOSS_TOLERANCE
+    ok, detail = gpu_check.losses_match(reference, [x + tolerance / 2 for x in reference])
+    assert ok and "largest difference" in detail
+    assert not gpu_check.losses_match(reference, [5.50, 5.30, 5.10 + 2 * tolerance, 4.90])[0]
+    assert not gpu_check.losses_match(reference, reference[:3])[0]
+    assert not gpu_check.losses_match(reference, [5.50, float("nan"), 5.10, 4.90])[0]
+
+
+def test_the_resume_sees_one_gpu_other_than_the_one_rank_0_saved_from(gpu_check):
+    assert gpu_check.one_visible_gpu(None, 2) == "1"
+    assert gpu_check.one_visible_gpu("", 4) == "3"
+    assert gpu_check.one_visible_gpu("4, 6", 2) == "6"  # indices as this process sees them
+
+
+def test_the_resume_continues_the_run_with_the_one_gpu_plan(gpu_check, tmp_path):
+    command = gpu_check.resume_command(tmp_path / "plan.json", tmp_path, 50.0)
+    assert command[1:4] == ["-m", "potluck", "train"]
+
+    def flag(name: str) -> str:
+        return command[command.index(name) + 1]
+
+    assert "--resume" in command and flag("--plan") == str(tmp_path / "plan.json")
+    assert flag("--steps") == str(gpu_check.MULTI_STEPS) and flag("--out") == str(tmp_path)
+    assert flag("--lr") == str(gpu_check.MULTI_LR) and flag("--seed") == "0"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n{"step": 0, "loss": 5.0}\n'
+                                            '{"step": 2, "loss": 3.0}\n')
+    assert gpu_check.metrics_losses(tmp_path / "metrics.jsonl") == [5.0, 4.0, 3.0]
+
+
+def test_the_expected_duration_fits_the_budget_with_every_part(gpu_check):
+    everything = gpu_check.estimate_s(skip_tests=False, multi_rank=True)
+    assert gpu_check.estimate_s(skip_tests=False, multi_rank=False) < everything
+    assert everything <= gpu_check.TOTAL_BUDGET_S

@@ -7,14 +7,17 @@ are torchtitan's):
 
 1. ``apply_tp`` (:func:`~potluck.runtime.parallel.tensor_parallel.apply_tp`):
    shard the blocks (and embedding/head) this rank holds over its stage's
-   tensor-parallel mesh (on the meta device: no memory yet);
+   tensor-parallel mesh (on the meta device: no memory yet; a model passed in
+   with real weights has them parked on the host first,
+   :func:`~potluck.runtime.models.build.park_on_meta`);
 2. ``apply_pp``: keep this rank's virtual stages (the family adapter's
    :func:`~potluck.runtime.parallel.pipeline.split_stages`, or the tracing
    split :func:`~potluck.runtime.models.traced.trace_stages` for other models);
    everything else is dropped; their schedule is
    :func:`~potluck.runtime.parallel.pipeline.build_schedule`'s;
 3. materialize the local parameters with their layout-independent initial
-   values, then recomputation
+   values (a TP shard is cut on the host, only it goes to the device), then
+   recomputation
    (:func:`~potluck.runtime.parallel.recompute.apply_recompute`);
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
@@ -55,7 +58,7 @@ from potluck.runtime.launch.session import Session
 from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
-from potluck.runtime.models.build import init_kinds, materialize
+from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.traced import find_blocks, trace_stages
 from potluck.runtime.parallel.pipeline import build_schedule, split_stages
 from potluck.runtime.parallel.recompute import apply_recompute
@@ -137,11 +140,12 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
     kinds = init_kinds(model)
+    host_values = park_on_meta(model) if layout.role.tp > 1 else {}  # TP shards cut on the host
     if family is not None:
         stages, units, aliases = _stages_of_family(model, family, session)
     else:
         stages, units, aliases = _stages_of_any(model, session)
-    materialize(stages, session.device, seed, aliases, kinds)
+    materialize(stages, session.device, seed, aliases, kinds, host_values=host_values)
     apply_recompute(stages, layout.plan.recompute)
     return ParallelModel(session, stages, units, bucket_elements)
 

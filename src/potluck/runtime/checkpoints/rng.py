@@ -1,10 +1,15 @@
 """Each rank's random number generators in a checkpoint, without pickles.
 
 ``rng/rank_00003.safetensors`` holds rank 3's torch CPU generator state (a
-uint8 tensor) and, where this rank has initialized CUDA, the state of its own
-current device only (a rank never restores another rank's GPU), with
-python's ``random`` state as JSON in the file's metadata. Dropout masks after
-a resume are then those of the uninterrupted run.
+uint8 tensor) and, where this rank computes on a GPU, the generator state of
+its own device only (``cuda``: the current device, which the session set with
+``torch.cuda.set_device``), with python's ``random`` state as JSON in the
+file's metadata. A rank never reads or restores another device's generator,
+so a checkpoint saved by ranks on 8 GPUs resumes where fewer are visible
+(``CUDA_VISIBLE_DEVICES``, another machine), a CPU run's checkpoint resumes on
+GPUs (no ``cuda`` entry: the device keeps its seeded generator) and a GPU run's
+on CPU (the entry is left unused). Dropout masks after a resume on the same
+devices are then those of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ def rng_file(checkpoint: Path, rank: int) -> Path:
 def save_rng(checkpoint: Path) -> Path:
     """Write this process's RNG states into ``checkpoint``; returns the file written."""
     tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_initialized():
-        tensors["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
+    device = own_cuda_device()
+    if device is not None:
+        tensors["cuda"] = torch.cuda.get_rng_state(device)
     path = rng_file(checkpoint, _global_rank())
     path.parent.mkdir(exist_ok=True)
     save_file(tensors, str(path), metadata={"python": json.dumps(random.getstate())})
@@ -55,11 +61,26 @@ def load_rng_state(checkpoint: str | Path) -> bool:
             cuda = file.get_tensor("cuda") if "cuda" in file.keys() else None
         random.setstate(python)
         torch.set_rng_state(cpu)
+        _restore_cuda(cuda, path)
     except (SafetensorError, KeyError, ValueError, TypeError, RuntimeError) as err:
         raise ConfigError(f"{path}: not an RNG state potluck wrote ({err})") from None
-    if cuda is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
     return True
+
+
+def own_cuda_device() -> int | None:
+    """This rank's GPU (the current CUDA device) once it computes there; None on CPU."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
+def _restore_cuda(saved: torch.Tensor | None, path: Path) -> None:
+    """The saved GPU generator onto this rank's own device; a side that has none keeps
+    what it has (a CPU checkpoint on a GPU, a GPU checkpoint on CPU)."""
+    device = own_cuda_device()
+    if saved is not None and device is not None:
+        torch.cuda.set_rng_state(saved, device)
+    elif saved is None and device is not None:
+        log.info("%s has no GPU generator state (saved on CPU); GPU %d keeps its seeded one",
+                 path, device)
 
 
 def _python_state(saved: list) -> tuple:

@@ -20,15 +20,18 @@ parameter gather (:mod:`potluck.runtime.grads.zero`) walk these buckets.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from potluck.placement import EMBED, HEAD, TIED
 from potluck.runtime.layout import Layout, SyncGroup
+from potluck.runtime.shards import ShardIndex, shard_index
 
 BUCKET_ELEMENTS = 2**25  # 128 MiB of fp32 gradients per all-reduce
 
@@ -109,32 +112,46 @@ def _chunks(items: list[SyncedParam], aligned: bool, limit: int) -> list[list[Sy
 
 class FullLayout:
     """Puts local shards into full-size flat tensors and takes them back out (the
-    full-layout groups, whose members shard a parameter differently)."""
+    full-layout groups, whose members shard a parameter differently). Where a shard
+    goes is a :class:`~potluck.runtime.shards.ShardIndex`: positions along the one
+    sharded dimension, never an index of the parameter's size (a full-size int64
+    index of a 128k x 8k embedding would be 8.4 GB, made inside a backward hook)."""
 
     def __init__(self, tp_rank: int) -> None:
         self.tp_rank = tp_rank
-        self._index: dict[int, torch.Tensor] = {}
+        self._index: dict[int, ShardIndex] = {}
 
-    def index(self, param: nn.Parameter) -> torch.Tensor:
-        """Flat positions, in the full parameter, of this rank's local elements."""
+    def index(self, param: nn.Parameter) -> ShardIndex:
+        """Where this rank's local elements of ``param`` sit in the full parameter."""
         key = id(param)
         if key not in self._index:
-            positions = torch.arange(param.numel(), device=local(param).device).view(param.shape)
-            if isinstance(param, DTensor):
-                positions = distribute_tensor(positions, param.device_mesh, param.placements,
-                                              src_data_rank=None).to_local()
-            self._index[key] = positions.reshape(-1)
+            self._index[key] = shard_index(param)
         return self._index[key]
 
-    def to_full(self, param: nn.Parameter, values: torch.Tensor, contributes: bool = True
-                ) -> torch.Tensor:
-        """A zero tensor of the full parameter's size holding this rank's ``values`` (its
-        local shard of a parameter or gradient); a replicated parameter only from TP rank 0."""
-        full = values.new_zeros(param.numel())
+    def write(self, param: nn.Parameter, values: torch.Tensor, out: torch.Tensor,
+              contributes: bool = True) -> None:
+        """Fill the flat ``out`` (the full parameter's size) with zeros and this rank's
+        ``values`` (its local shard of a parameter or gradient) in their places; a
+        replicated parameter only from TP rank 0."""
+        out.zero_()
         if contributes and (is_sharded(param) or self.tp_rank == 0):
-            full[self.index(param)] = values.reshape(-1)
-        return full
+            self.index(param).write(out, values)
 
     def take(self, param: nn.Parameter, full: torch.Tensor, out: torch.Tensor) -> None:
         """Copy this rank's elements of the flat full tensor ``full`` into ``out``."""
-        out.copy_(full[self.index(param)].view_as(out))
+        self.index(param).read(full, out)
+
+    def flat(self, items: Sequence[SyncedParam], values: Sequence[torch.Tensor],
+             dtype: torch.dtype | None = None,
+             contributes: Sequence[bool] | None = None) -> torch.Tensor:
+        """One flat tensor of the items' full sizes, each written by :meth:`write` (built
+        in place: no per-item full tensor, no concatenated copy)."""
+        dtype = dtype or reduce(torch.promote_types, (value.dtype for value in values))
+        flat = values[0].new_empty(sum(item.param.numel() for item in items), dtype=dtype)
+        offset = 0
+        for i, (item, value) in enumerate(zip(items, values, strict=True)):
+            size = item.param.numel()
+            self.write(item.param, value, flat[offset:offset + size],
+                       contributes=contributes[i] if contributes is not None else True)
+            offset += size
+        return flat

@@ -159,10 +159,9 @@ class GradSync:
             return
         if bucket.aligned:
             flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = flat if self.wire_dtype is None else flat.to(self.wire_dtype)
         else:
-            flat = torch.cat([self.full.to_full(item.param, g)
-                              for item, g in zip(bucket.items, grads, strict=True)])
-        flat = flat if self.wire_dtype is None else flat.to(self.wire_dtype)
+            flat = self.full.flat(bucket.items, grads, self.wire_dtype)
         work = dist.all_reduce(flat, group=bucket.group, async_op=True)
         self._inflight.append(_Reduction(bucket, flat, grads, work))
 

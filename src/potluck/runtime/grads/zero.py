@@ -216,8 +216,8 @@ class Zero1:
     def _launch_full(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
         pipeline = self.layout.role.pipeline
         firsts = [self._is_first_owner(item) for item in bucket.items]
-        flat = torch.cat([self.full.to_full(item.param, local(item.param), contributes=first)
-                          for item, first in zip(bucket.items, firsts, strict=True)])
+        flat = self.full.flat(bucket.items, [local(item.param) for item in bucket.items],
+                              contributes=firsts)
         work = dist.all_reduce(flat, group=bucket.group, async_op=True)
 
         def write_back() -> None:

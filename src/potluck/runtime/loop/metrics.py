@@ -6,8 +6,9 @@ Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
 resumes from step N first drops the lines of step N on, which the run it
 continues had written after its checkpoint), with at least ``step``,
 ``loss``, ``tokens_per_s``, ``step_time_s``, ``predicted_step_time_s`` and
-``peak_memory_gb``; an emulated run's rows also ``dilation`` (every op was
-padded to ``dilation x`` its time on the plan's device) and
+``peak_memory_gb`` (the largest over the ranks; on GPUs each step's own peak,
+:mod:`~potluck.runtime.loop.peak_memory`); an emulated run's rows also
+``dilation`` (every op was padded to ``dilation x`` its time on the plan's device) and
 ``device_step_time_s`` (``step_time_s / dilation``: the step on the emulated
 devices, what two emulated runs are compared by, since each calibrates its
 own dilation). Progress goes to stderr: on a terminal a bar with loss, tokens/s,

@@ -8,9 +8,10 @@ clipping by the global norm -> optimizer step ->
 updated only the parameters whose optimizer states it keeps; the updates are
 gathered). Under a ZeRO-1 plan any torch optimizer, the default AdamW or
 one passed in, keeps states for this rank's share only. It measures each
-step and hands :class:`StepMetrics` to its callbacks on rank 0
-(metrics.jsonl, progress bar, TensorBoard). Every rank computes the same
-metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
+step (its time, and its own peak memory on a GPU:
+:mod:`~potluck.runtime.loop.peak_memory`) and hands :class:`StepMetrics` to its
+callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
+computes the same metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
 rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
 :class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` makes that the rare overflow
 it is meant to be. A run stops (:class:`~potluck.errors.TrainingError`, on every rank
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ import torch.distributed as dist
 from potluck.errors import TrainingError
 from potluck.ops import OpKind
 from potluck.runtime.loop.loss_scale import DynamicLossScale
+from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
 from potluck.runtime.parallel_model import ParallelModel
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class StepMetrics:
     tokens_per_s: float
     step_time_s: float
     predicted_step_time_s: float | None
-    peak_memory_gb: float
+    peak_memory_gb: float  # this step's peak on a GPU, the process's so far on CPU
     grad_norm: float
     lr: float
     loss_scale: float | None = None  # fp16 loss scale this step ran with
@@ -88,14 +88,6 @@ class StepMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def peak_memory_bytes(device: torch.device) -> float:
-    """Peak allocated GPU memory, or on CPU the process's peak resident set."""
-    if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device))
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
 
 
 def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0,
@@ -128,6 +120,7 @@ class Trainer:
         self.predicted_step_time_s = predicted_step_time_s or (
             prediction.iteration_time_s if prediction else None)
         self.emulated = emulated
+        self.memory: PeakMemory = peak_memory(model.session.device)
         self.step_index = 0
         self.skipped_in_a_row = 0  # skips a lower loss scale could not have avoided
         self.good_checkpoint: Path | None = None  # newest checkpoint a finite step ran from
@@ -146,6 +139,7 @@ class Trainer:
     def step(self, rows: torch.Tensor) -> StepMetrics:
         """One training step on this replica's ``rows`` of the current global batch."""
         with self.model.session.guard():
+            self.memory.start()
             start_s = time.perf_counter()
             scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
             lowerable = self.loss_scale is not None and scale > self.loss_scale.min_scale
@@ -238,7 +232,7 @@ class Trainer:
 
     def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
         device = self.model.session.device
-        peak = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
+        peak = torch.tensor([self.memory.peak_bytes()], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return StepMetrics(
             step=self.step_index, loss=output.loss, tokens=output.tokens,

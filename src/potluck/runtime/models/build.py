@@ -6,29 +6,34 @@
 - :func:`build_model` makes an unmodified Hugging Face causal LM for a
   :class:`ModelSpec` (from its original ``config.json`` when it has one).
 - :func:`materialize` gives every meta parameter of a (possibly sharded,
-  possibly partial) module real storage and its deterministic initial value.
+  possibly partial) module real storage and its deterministic initial value;
+  :func:`park_on_meta` first moves a real model's weights aside, so that
+  tensor parallelism shards meta tensors and only the shards reach the device.
 
 Initial values depend only on ``(seed, parameter name)``: each parameter is
-drawn in full from its own generator and then sliced to the local shard, so a
-single-process run and any pipeline/tensor-parallel layout start from
-identical weights. Rules: norm weights 1, biases 0, every other parameter
-``N(0, initializer_range)`` (0.02 unless the config says otherwise).
+drawn in full, on the host, from its own generator and then sliced to the local
+shard (:func:`~potluck.runtime.shards.host_shard`), which alone goes to the
+device, so a single-process run and any pipeline/tensor-parallel layout start
+from identical weights and no GPU ever holds a whole sharded parameter. Rules:
+norm weights 1, biases 0, every other parameter ``N(0, initializer_range)``
+(0.02 unless the config says otherwise).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
+from potluck.runtime.shards import host_shard
 
 DEFAULT_INIT_STD = 0.02
 
@@ -123,14 +128,18 @@ def _owners(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Paramet
 
 def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
                 aliases: dict[str, str] | None = None,
-                kinds: dict[str, InitKind] | None = None, std: float | None = None) -> None:
+                kinds: dict[str, InitKind] | None = None, std: float | None = None, *,
+                host_values: Mapping[str, torch.Tensor] | None = None) -> None:
     """Give every meta parameter of ``modules`` storage on ``device`` and its initial value.
 
     Parameter names are taken relative to each module (pipeline stages carry the
     model's own names). ``aliases`` maps a name to the name whose value it takes
     (a tied head takes the embedding's); ``kinds`` says how each starts (default:
-    :func:`init_kinds` of each module). Real parameters are moved, not
-    re-initialized. Parameters shared between or within modules stay shared.
+    :func:`init_kinds` of each module); ``host_values`` holds, by name, the full
+    values of parameters that were real before :func:`park_on_meta`. Real parameters,
+    parked ones included, are moved, not re-initialized; a tensor-parallel shard is cut
+    from the full value on the host and only the shard is moved to ``device``.
+    Parameters shared between or within modules stay shared.
     """
     aliases = aliases or {}
     std = std if std is not None else _init_std(modules)
@@ -141,20 +150,40 @@ def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
             if id(param) not in done:
                 value_name = aliases.get(name, name)
                 kind = module_kinds.get(value_name, InitKind.NORMAL)
-                done[id(param)] = _materialized(param, value_name, kind, device, seed, std)
+                done[id(param)] = _materialized(param, value_name, kind, device, seed, std,
+                                                host_values)
             owner._parameters[leaf] = done[id(param)]
         _materialize_buffers(module, device)
 
 
+def park_on_meta(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Swap ``model``'s real parameters for meta ones of the same shape; returns their
+    values by name (every name of a shared one), left where they are. Tensor
+    parallelism then shards meta tensors, and :func:`materialize` (``host_values``)
+    moves only each rank's shard to the device."""
+    values: dict[str, torch.Tensor] = {}
+    parked: dict[int, nn.Parameter] = {}
+    for name, owner, leaf, param in _owners(model):
+        if param.device.type == "meta" or isinstance(param, DTensor):
+            continue
+        values[name] = param.detach()
+        if id(param) not in parked:
+            parked[id(param)] = nn.Parameter(param.detach().to("meta"),
+                                             requires_grad=param.requires_grad)
+        owner._parameters[leaf] = parked[id(param)]
+    return values
+
+
 def _materialized(param: nn.Parameter, name: str, kind: InitKind, device: torch.device,
-                  seed: int, std: float) -> nn.Parameter:
+                  seed: int, std: float,
+                  host_values: Mapping[str, torch.Tensor] | None) -> nn.Parameter:
     local = param.to_local() if isinstance(param, DTensor) else param
     if local.device.type != "meta":
         return param if local.device == device else nn.Parameter(param.to(device))
-    full = initial_value(name, kind, param.shape, seed, std)
+    full = host_values.get(name) if host_values else None
+    full = initial_value(name, kind, param.shape, seed, std) if full is None else full
     if isinstance(param, DTensor):
-        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-        value = DTensor.from_local(shard.to_local().to(device), param.device_mesh,
+        value = DTensor.from_local(host_shard(full, param).to(device), param.device_mesh,
                                    param.placements, run_check=False, shape=param.shape,
                                    stride=param.stride())
     else:
