@@ -120,7 +120,9 @@ def _spawn(options: ProfileOptions, progress: Progress | None) -> ProfileResult:
     limit_s = deadline_s(options)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "result.pickle"
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+        store = _launcher_store()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+               "TORCHELASTIC_USE_AGENT_STORE": "True",
                "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks)}
         processes = mp.start_processes(_spawned_rank, args=(env, options, folder, str(out)),
                                        nprocs=ranks, join=False, start_method="spawn")
@@ -199,10 +201,10 @@ def status_writer(folder: str, rank: int) -> Progress:
     return write
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _launcher_store() -> dist.TCPStore:
+    """The ranks' rendezvous store, hosted here (as torchrun's agent does) on a port bound
+    before any rank starts: no other process can take it in between."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 def _spawned_rank(rank: int, env: dict[str, str], options: ProfileOptions, folder: str,
