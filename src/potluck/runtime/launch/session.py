@@ -3,9 +3,15 @@
 :func:`start` reads the launcher's environment (torchrun's ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, plus
 potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
-the plan before anything can hang, initializes torch.distributed (nccl on
-GPUs, gloo on CPU), gathers every rank's device id and creates the layout's
-process groups. A script run without a launcher is a world of one rank.
+the plan before anything can hang, initializes torch.distributed with one
+backend for the whole world (nccl when every rank is a GPU, gloo when every rank
+is a CPU or emulated: :func:`~potluck.runtime.launch.gpus.world_backend`),
+gathers every rank's device id and creates the layout's process groups. A script
+run without a launcher is a world of one rank.
+
+A GPU rank runs on the CUDA device that is its plan GPU among those
+``CUDA_VISIBLE_DEVICES`` shows (:func:`~potluck.runtime.launch.gpus.cuda_ordinal`);
+CUDA numbers them in PCI bus order, as the cluster file does.
 
 Which device a rank runs: ``POTLUCK_DEVICE`` if set; else, with
 ``POTLUCK_NODE=<group>.<index>``, the ``LOCAL_RANK``-th device the plan uses on
@@ -29,6 +35,12 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
 from potluck.planner.compute import effective_dtype
 from potluck.plans import DType, Plan
+from potluck.runtime.launch.gpus import (
+    DEVICE_ORDER,
+    check_visible_count,
+    cuda_ordinal,
+    world_backend,
+)
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
 from potluck.runtime.launch.watchdog import RankFailure, Watchdog
 from potluck.runtime.layout import Layout
@@ -144,16 +156,27 @@ def local_device_id(plan: Plan, rank: int, local_rank: int) -> str:
     return plan.devices[rank]
 
 
-def wants_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
-    device_type = Cluster(plan.cluster).device(device_id).type
-    if emulate or device_type.is_cpu:
-        return False
+def gpu_ordinal(plan: Plan, device_id: str) -> int:
+    """The CUDA index of the plan's GPU ``device_id`` in this process; one ConfigError line
+    when this machine has no GPU or does not show that one."""
+    device = Cluster(plan.cluster).device(device_id)
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"the plan runs {device_id} ({device_type.name}) but this machine has no CUDA GPU; "
+            f"the plan runs {device_id} ({device.type.name}) but this machine has no CUDA GPU; "
             "dry-run it on CPU with --emulate"
         )
-    return True
+    ordinal = cuda_ordinal(device_id, device.local_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    check_visible_count(device_id, ordinal, torch.cuda.device_count())
+    return ordinal
+
+
+def _gpu(plan: Plan, device_id: str) -> torch.device:
+    """This rank's GPU, made current (CUDA numbering the GPUs as the cluster file does,
+    unless ``CUDA_DEVICE_ORDER`` is set)."""
+    os.environ.setdefault(*DEVICE_ORDER)
+    device = torch.device("cuda", gpu_ordinal(plan, device_id))
+    torch.cuda.set_device(device)
+    return device
 
 
 def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
@@ -166,12 +189,9 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
             f"started; start exactly {plan.num_gpus} or make a plan for this world"
         )
     device_id = local_device_id(plan, rank, local_rank)
-    use_gpu = wants_gpu(plan, device_id, emulate)
-    device = torch.device("cpu")
-    if use_gpu:
-        device = torch.device("cuda", Cluster(plan.cluster).device(device_id).local_index)
-        torch.cuda.set_device(device)
-    _init_process_group(rank, world, "nccl" if use_gpu else "gloo", timeout_s)
+    backend = world_backend(plan, emulate)
+    device = _gpu(plan, device_id) if backend == "nccl" else torch.device("cpu")
+    _init_process_group(rank, world, backend, timeout_s)
     devices: list[str | None] = [None] * world
     dist.all_gather_object(devices, device_id)
     layout = Layout(plan, rank, tuple(str(d) for d in devices))
