@@ -14,6 +14,12 @@ error says so instead of blaming a rank. The ranks log torch's C++ warnings
 only when ``TORCH_CPP_LOG_LEVEL`` asks for them: a store client whose server is
 gone warns with a C++ stack before raising the same error as an exception.
 
+Ranks start from a fork server (a clean process that has imported torch, transformers
+and potluck's runtime, :data:`PRELOAD`, but never the caller's module, which may touch
+CUDA when imported) or, for a GPU run (:func:`~potluck.runtime.launch.gpus.start_method`)
+and for a function of ``__main__``, by spawn: a fork of a process that initialized CUDA
+cannot use CUDA.
+
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
 """
@@ -37,6 +43,7 @@ import torch.distributed as dist
 
 from potluck.errors import PotluckError
 from potluck.runtime.launch import lifeline
+from potluck.runtime.launch.gpus import DEVICE_ORDER, StartMethod
 from potluck.runtime.launch.lifeline import RankHandle
 from potluck.runtime.launch.watchdog import RankFailure, one_line
 
@@ -93,36 +100,48 @@ PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.pa
            "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
            "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
            "transformers.masking_utils", "potluck.runtime.training")
+RANK_ENV_DEFAULTS = (("TORCH_CPP_LOG_LEVEL", RANK_CPP_LOG_LEVEL), DEVICE_ORDER)
 
 
-def _context(fn: Callable[..., Any]) -> Any:
-    """A fork server where there is one: ranks start in a fraction of a second from a clean
-    process that has imported torch and transformers but never run a kernel (a plain fork
-    of a process that has run torch ops can hang in its thread pool)."""
-    if "forkserver" not in mp.get_all_start_methods():
+def start_context(method: StartMethod) -> Any:
+    """The ``multiprocessing`` context that starts ranks. A fork server starts them in a
+    fraction of a second from a clean process that has imported :data:`PRELOAD` but never
+    run a kernel (a plain fork of a process that has run torch ops can hang in its thread
+    pool, and one that initialized CUDA cannot use it); spawn where there is none."""
+    if method is StartMethod.SPAWN or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([*PRELOAD, fn.__module__])
+    context.set_forkserver_preload(list(PRELOAD))
     return context
+
+
+def _method(fn: Callable[..., Any], requested: StartMethod | None) -> StartMethod:
+    """Spawn for a function of ``__main__`` (a fork server without the caller's script
+    cannot unpickle it); else as requested, a fork server by default."""
+    if fn.__module__ == "__main__":
+        return StartMethod.SPAWN
+    return requested or StartMethod.FORK_SERVER
 
 
 def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
               timeout_s: float = 3600.0, env: dict[str, str] | None = None,
-              threads_per_rank: int | None = None, grace_s: float = GRACE_S) -> list[T]:
+              threads_per_rank: int | None = None, grace_s: float = GRACE_S,
+              start_method: StartMethod | None = None) -> list[T]:
     """Run ``fn(*args)`` on one process per device; their results, by rank. After the first
-    failure the others have ``grace_s`` to stop on their own."""
+    failure the others have ``grace_s`` to stop on their own. ``start_method``: spawn for
+    GPU ranks (:func:`~potluck.runtime.launch.gpus.start_method`); a fork server if None."""
     world = len(devices)
     # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
     # any rank and the survivors can still ask it who failed.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {**(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     port = store.port
-    context = _context(fn)
+    context = start_context(_method(fn, start_method))
     reports = context.Queue()
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
     ranks: list[RankHandle] = []
     try:
-        with lifeline.starting_processes(), _rank_cpp_log_level():
+        with lifeline.starting_processes(), _rank_environment():
             for rank, device in enumerate(devices):
                 process = context.Process(
                     target=_rank_main, name=f"potluck-rank{rank}",
@@ -137,18 +156,19 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
 
 
 @contextmanager
-def _rank_cpp_log_level() -> Iterator[None]:
-    """Start ranks (and the fork server, which passes its environment on) with torch's C++
-    log level at ERROR unless the user set ``TORCH_CPP_LOG_LEVEL``: c10 reads it once, when
-    torch is imported, so setting it inside a rank is too late."""
-    if "TORCH_CPP_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = RANK_CPP_LOG_LEVEL
+def _rank_environment() -> Iterator[None]:
+    """Start ranks (and the fork server, which passes its environment on) with
+    :data:`RANK_ENV_DEFAULTS` where the user set none: torch's C++ log level at ERROR (c10
+    reads it once, when torch is imported) and CUDA numbering GPUs in PCI bus order, as the
+    cluster file does (CUDA reads it once, when first used, which a rank's imports may do:
+    setting either inside a rank is too late)."""
+    added = [name for name, _ in RANK_ENV_DEFAULTS if name not in os.environ]
+    os.environ.update({name: value for name, value in RANK_ENV_DEFAULTS if name in added})
     try:
         yield
     finally:
-        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float,
