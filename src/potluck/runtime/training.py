@@ -89,10 +89,10 @@ def train_rank(plan: Plan, options: TrainOptions,
             if recorder is not None:
                 recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
                                                         options.trace_steps), trainer.step_index)
-        history = trainer.fit(source, max(0, options.steps - trainer.step_index),
-                              on_step=_on_step(trainer, source, options, recorder))
-        if recorder is not None:
-            recorder.finish(options.out_dir)  # when the run ended inside the traced window
+            history = trainer.fit(source, max(0, options.steps - trainer.step_index),
+                                  on_step=_on_step(trainer, source, options, recorder))
+            if recorder is not None:
+                recorder.finish(options.out_dir)  # when the run ended inside the traced window
         return history
     finally:
         session.close()

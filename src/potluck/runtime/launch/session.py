@@ -6,8 +6,8 @@ potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
 the plan before anything can hang, initializes torch.distributed with one
 backend for the whole world (nccl when every rank is a GPU, gloo when every rank
 is a CPU or emulated: :func:`~potluck.runtime.launch.gpus.world_backend`),
-gathers every rank's device id and creates the layout's process groups. A script
-run without a launcher is a world of one rank.
+gathers every rank's device id, starts the watchdog and creates the layout's
+process groups. A script run without a launcher is a world of one rank.
 
 A GPU rank runs on the CUDA device that is its plan GPU among those
 ``CUDA_VISIBLE_DEVICES`` shows (:func:`~potluck.runtime.launch.gpus.cuda_ordinal`);
@@ -42,7 +42,12 @@ from potluck.runtime.launch.gpus import (
     world_backend,
 )
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
-from potluck.runtime.launch.watchdog import RankFailure, Watchdog
+from potluck.runtime.launch.watchdog import (
+    RankFailure,
+    Watchdog,
+    abort_process_groups,
+    silence_from_env,
+)
 from potluck.runtime.layout import Layout
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -121,9 +126,16 @@ class Session:
             raise
 
     def close(self) -> None:
+        """Leave the job: marked stopped first (not a death); after a failure the process
+        groups are aborted, since destroying them can wait for a dead peer."""
+        failed = self.watchdog is not None and self.watchdog.failure_seen
         if self.watchdog is not None:
             self.watchdog.stop()
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        if failed:
+            abort_process_groups()
+        else:
             dist.destroy_process_group()
 
 
@@ -179,10 +191,14 @@ def _gpu(plan: Plan, device_id: str) -> torch.device:
     return device
 
 
-def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
-    """Join (or, alone, create) the job that runs ``plan``; returns this rank's session."""
+def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+          silence_s: float | None = None) -> Session:
+    """Join (or, alone, create) the job that runs ``plan``; returns this rank's session.
+    The others stop when this rank is silent for ``silence_s`` (default: ``POTLUCK_SILENCE_S``
+    or 30 s; :mod:`~potluck.runtime.launch.watchdog`)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
+    silence_s = silence_s or silence_from_env()
     if world != plan.num_gpus:
         raise ConfigError(
             f"the plan uses {plan.num_gpus} devices ({plan.layout()}) but {world} rank(s) were "
@@ -195,10 +211,12 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
     devices: list[str | None] = [None] * world
     dist.all_gather_object(devices, device_id)
     layout = Layout(plan, rank, tuple(str(d) for d in devices))
-    layout.create_groups()
-    watchdog = Watchdog(dist.distributed_c10d._get_default_store(), rank, layout.device_of_rank)
-    watchdog.start()
+    watchdog = Watchdog.connect(dist.distributed_c10d._get_default_store(), rank,
+                                layout.device_of_rank, silence_s=silence_s)
+    watchdog.start()  # before the groups: every rank leaves the all-gather together
     session = Session(plan, layout, device, watchdog)
+    with session.guard():
+        layout.create_groups()
     apply_precision(session.precision)
     return session
 
