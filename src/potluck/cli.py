@@ -514,6 +514,7 @@ def train(
     a plan asking for others (fused kernels, 16-bit weights, blocking sends) is refused.
     """
     from potluck.runtime.launch.checks import check_execution
+    from potluck.runtime.launch.gpus import world_backend
     from potluck.runtime.launch.torchrun import plan_nodes
 
     if resume and out is None:
@@ -529,6 +530,7 @@ def train(
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
     check_execution(chosen)
+    world_backend(chosen, emulate)  # one backend for every rank, before any command is printed
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
         return

@@ -10,6 +10,7 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import DType
+from potluck.runtime.launch.gpus import StartMethod
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.training import train_rank
@@ -34,7 +35,8 @@ def _one_gpu_plan(dtype: DType):
 def test_one_gpu_bf16_trains_close_to_fp32_reference():
     plan = _one_gpu_plan(DType.BF16)
     options = TrainOptions(steps=3, lr=LR, progress=False)
-    losses = run_local(_losses, plan.devices, (plan, options), timeout_s=300)[0]
+    losses = run_local(_losses, plan.devices, (plan, options), timeout_s=300,
+                       start_method=StartMethod.SPAWN)[0]
     assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-2)
 
 
@@ -45,7 +47,8 @@ def _metrics(plan, options):
 def test_one_gpu_fp16_trains_with_a_loss_scale_close_to_fp32_reference():
     plan = _one_gpu_plan(DType.FP16)
     options = TrainOptions(steps=3, lr=LR, progress=False)
-    metrics = run_local(_metrics, plan.devices, (plan, options), timeout_s=300)[0]
+    metrics = run_local(_metrics, plan.devices, (plan, options), timeout_s=300,
+                        start_method=StartMethod.SPAWN)[0]
     assert all(scale is not None and scale >= 1.0 for _, scale, _ in metrics)
     kept = [loss for loss, _, skipped in metrics if not skipped]
     assert kept and kept[0] == pytest.approx(reference_losses(TINY_LLAMA, 4)[0], abs=2e-2)
@@ -64,6 +67,7 @@ def test_one_gpu_tf32_trains_without_autocast_with_tf32_matmuls_on():
     plan = replace(plan, training=replace(plan.training, dtype=DType.TF32))
     options = TrainOptions(steps=3, lr=LR, progress=False)
     losses, matmul_tf32, cudnn_tf32 = run_local(_tf32_run, plan.devices, (plan, options),
-                                                timeout_s=300)[0]
+                                                timeout_s=300,
+                                                start_method=StartMethod.SPAWN)[0]
     assert matmul_tf32 and cudnn_tf32
     assert losses == pytest.approx(reference_losses(TINY_LLAMA, 4), abs=2e-2)

@@ -1,7 +1,8 @@
 """``potluck train`` as Python: run a plan on this machine, or as one rank of a job.
 
 - :func:`train` starts one process per device of the plan on this machine
-  (all of them when emulating a cluster on CPU) and returns rank 0's metrics.
+  (all of them when emulating a cluster on CPU; spawned for a GPU run, forked
+  from a fork server otherwise) and returns rank 0's metrics.
 - :func:`train_rank` is what each rank runs (also under torchrun, through
   ``python -m potluck.runtime.worker``): join the job, build the plan's model
   on the meta device, parallelize it, optionally put it on emulated time,
@@ -9,8 +10,9 @@
   then, once the run has started, so a run that fails before (or a resume
   that does not fit) leaves the directory, and the plan it holds, as it was.
 
-A plan that cannot run here (wrong world size, GPUs missing, several
-machines without ``--emulate``) fails with one ConfigError before any rank
+A plan that cannot run here (wrong world size, GPUs missing or hidden by
+``CUDA_VISIBLE_DEVICES``, CPU ranks mixed with GPUs, several machines without
+``--emulate``) fails with one ConfigError before any rank
 starts (:mod:`potluck.runtime.launch.checks`).
 """
 
@@ -25,6 +27,7 @@ from torch import nn
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.checkpoints import training_run
 from potluck.runtime.launch.checks import check_local, check_options
+from potluck.runtime.launch.gpus import start_method
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
 from potluck.runtime.loop.batches import batch_source
@@ -53,7 +56,8 @@ def train(plan: Plan | str | Path, options: TrainOptions | None = None, *,
     check_local(plan, options)
     if before_launch is not None:
         before_launch(plan, options)
-    return run_local(train_rank, plan.devices, (plan, options))[0]
+    return run_local(train_rank, plan.devices, (plan, options),
+                     start_method=start_method(plan, options.emulate))[0]
 
 
 def train_rank(plan: Plan, options: TrainOptions,
@@ -85,10 +89,10 @@ def train_rank(plan: Plan, options: TrainOptions,
             if recorder is not None:
                 recorder.start(TraceWindow.after_warmup(trainer.step_index, options.steps,
                                                         options.trace_steps), trainer.step_index)
-        history = trainer.fit(source, max(0, options.steps - trainer.step_index),
-                              on_step=_on_step(trainer, source, options, recorder))
-        if recorder is not None:
-            recorder.finish(options.out_dir)  # when the run ended inside the traced window
+            history = trainer.fit(source, max(0, options.steps - trainer.step_index),
+                                  on_step=_on_step(trainer, source, options, recorder))
+            if recorder is not None:
+                recorder.finish(options.out_dir)  # when the run ended inside the traced window
         return history
     finally:
         session.close()

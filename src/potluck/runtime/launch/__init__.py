@@ -4,10 +4,12 @@
   (:func:`~potluck.runtime.launch.local.run_local`);
 - :mod:`~potluck.runtime.launch.torchrun`: one torchrun command per machine;
 - :mod:`~potluck.runtime.launch.checks`: one clear error before any rank starts;
+- :mod:`~potluck.runtime.launch.gpus`: one backend for the world, the start
+  method, the CUDA device of a plan's GPU;
 - :mod:`~potluck.runtime.launch.session`: a rank joins the job (process groups,
   device, layout);
-- :mod:`~potluck.runtime.launch.watchdog`: heartbeats, and the error that names
-  the rank that failed;
+- :mod:`~potluck.runtime.launch.watchdog`: heartbeats, and the note that names
+  the rank that failed or went silent and stops every other rank;
 - :mod:`~potluck.runtime.launch.lifeline`: no rank outlives its launcher or the
   fork server that started it.
 """

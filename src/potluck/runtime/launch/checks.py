@@ -3,8 +3,11 @@
 :func:`check_local` runs in the launching process of ``potluck train``: the
 plan (and the plan actually computed, with a stand-in) is valid, the counts,
 learning rate and flags make sense (:func:`check_options`, which ``potluck train``
-also runs before it plans), a plan that spans several machines is only emulated
-here, the GPUs it needs exist, the data holds at least one sequence and the
+also runs before it plans), one backend serves every rank (no CPU ranks among GPUs
+unless emulated: :func:`~potluck.runtime.launch.gpus.world_backend`, which each rank
+also checks, and ``potluck train --print-commands``), a plan that spans several
+machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVICES``
+shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
 the plan computes, and the plan's execution traits are ones potluck's runtime runs
 (:func:`check_execution`). Each failure is one :class:`~potluck.errors.ConfigError`
@@ -28,6 +31,7 @@ from potluck.cluster.execution import (
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
 from potluck.plans import Plan, check_plan
+from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
@@ -35,21 +39,29 @@ from potluck.runtime.options import TrainOptions
 
 def check_local(plan: Plan, options: TrainOptions) -> None:
     """One clear error when ``plan`` cannot run on this machine."""
-    from potluck.runtime.launch.session import wants_gpu  # torch: only once a run is launched
-
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     check_execution(plan)
     nodes = plan_nodes(plan)
     check_options(options)
+    backend = world_backend(plan, options.emulate)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
             f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
             "machine (potluck train --print-commands), or dry-run it here with --emulate"
         )
-    wants_gpu(plan, plan.devices[0], options.emulate)
+    if backend == "nccl":
+        check_gpus(plan)
     check_data(plan, options)
     check_resume(plan, options)
+
+
+def check_gpus(plan: Plan) -> None:
+    """This machine has the plan's GPUs and ``CUDA_VISIBLE_DEVICES`` shows each of them."""
+    from potluck.runtime.launch.session import gpu_ordinal  # torch: only once a run is launched
+
+    for device_id in plan.devices:
+        gpu_ordinal(plan, device_id)
 
 
 def check_options(options: TrainOptions) -> None:

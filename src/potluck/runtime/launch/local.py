@@ -3,16 +3,24 @@
 :func:`run_local` starts one process per rank of a plan on this machine (as
 torchrun would, with ``RANK``/``WORLD_SIZE``/``MASTER_*`` and
 ``POTLUCK_DEVICE`` set), returns every rank's result, and watches them: when
-a rank fails or dies, the others get a short grace period to stop on their
-own (their collectives fail and name the culprit), then are terminated; the
-error raised names the rank that failed first and why. A run that exceeds
-``timeout_s`` is stopped the same way. The launcher hosts the rendezvous store
-itself (as torchrun's agent does), so it outlives every rank; no rank outlives
-the launcher or the fork server that starts the ranks
+a rank fails or dies, the launcher publishes it in the store, the others stop
+on their own (their watchdogs read the note:
+:mod:`~potluck.runtime.launch.watchdog`) within a grace period or are
+terminated; the error raised names the rank that failed first and why (a rank
+that stopped for a watchdog's note is reported with that note). A run that
+exceeds ``timeout_s`` is stopped the same way. The launcher hosts the
+rendezvous store itself (as torchrun's agent does), so it outlives every rank;
+no rank outlives the launcher or the fork server that starts the ranks
 (:mod:`~potluck.runtime.launch.lifeline`), and when the fork server dies the
 error says so instead of blaming a rank. The ranks log torch's C++ warnings
 only when ``TORCH_CPP_LOG_LEVEL`` asks for them: a store client whose server is
 gone warns with a C++ stack before raising the same error as an exception.
+
+Ranks start from a fork server (a clean process that has imported torch, transformers
+and potluck's runtime, :data:`PRELOAD`, but never the caller's module, which may touch
+CUDA when imported) or, for a GPU run (:func:`~potluck.runtime.launch.gpus.start_method`)
+and for a function of ``__main__``, by spawn: a fork of a process that initialized CUDA
+cannot use CUDA.
 
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
@@ -37,8 +45,9 @@ import torch.distributed as dist
 
 from potluck.errors import PotluckError
 from potluck.runtime.launch import lifeline
+from potluck.runtime.launch.gpus import DEVICE_ORDER, StartMethod
 from potluck.runtime.launch.lifeline import RankHandle
-from potluck.runtime.launch.watchdog import RankFailure, one_line
+from potluck.runtime.launch.watchdog import LAUNCHER_REPORTS_ENV, JobNotes, RankFailure, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,7 +92,7 @@ def rank_env(rank: int, world_size: int, device: str, port: int,
              extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
            "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE":
-           str(world_size), "POTLUCK_DEVICE": device}
+           str(world_size), "POTLUCK_DEVICE": device, LAUNCHER_REPORTS_ENV: "1"}
     env.update(extra or {})
     return env
 
@@ -93,36 +102,48 @@ PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.pa
            "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
            "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
            "transformers.masking_utils", "potluck.runtime.training")
+RANK_ENV_DEFAULTS = (("TORCH_CPP_LOG_LEVEL", RANK_CPP_LOG_LEVEL), DEVICE_ORDER)
 
 
-def _context(fn: Callable[..., Any]) -> Any:
-    """A fork server where there is one: ranks start in a fraction of a second from a clean
-    process that has imported torch and transformers but never run a kernel (a plain fork
-    of a process that has run torch ops can hang in its thread pool)."""
-    if "forkserver" not in mp.get_all_start_methods():
+def start_context(method: StartMethod) -> Any:
+    """The ``multiprocessing`` context that starts ranks. A fork server starts them in a
+    fraction of a second from a clean process that has imported :data:`PRELOAD` but never
+    run a kernel (a plain fork of a process that has run torch ops can hang in its thread
+    pool, and one that initialized CUDA cannot use it); spawn where there is none."""
+    if method is StartMethod.SPAWN or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([*PRELOAD, fn.__module__])
+    context.set_forkserver_preload(list(PRELOAD))
     return context
+
+
+def _method(fn: Callable[..., Any], requested: StartMethod | None) -> StartMethod:
+    """Spawn for a function of ``__main__`` (a fork server without the caller's script
+    cannot unpickle it); else as requested, a fork server by default."""
+    if fn.__module__ == "__main__":
+        return StartMethod.SPAWN
+    return requested or StartMethod.FORK_SERVER
 
 
 def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
               timeout_s: float = 3600.0, env: dict[str, str] | None = None,
-              threads_per_rank: int | None = None, grace_s: float = GRACE_S) -> list[T]:
+              threads_per_rank: int | None = None, grace_s: float = GRACE_S,
+              start_method: StartMethod | None = None) -> list[T]:
     """Run ``fn(*args)`` on one process per device; their results, by rank. After the first
-    failure the others have ``grace_s`` to stop on their own."""
+    failure the others have ``grace_s`` to stop on their own. ``start_method``: spawn for
+    GPU ranks (:func:`~potluck.runtime.launch.gpus.start_method`); a fork server if None."""
     world = len(devices)
     # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
     # any rank and the survivors can still ask it who failed.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {**(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     port = store.port
-    context = _context(fn)
+    context = start_context(_method(fn, start_method))
     reports = context.Queue()
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)
     ranks: list[RankHandle] = []
     try:
-        with lifeline.starting_processes(), _rank_cpp_log_level():
+        with lifeline.starting_processes(), _rank_environment():
             for rank, device in enumerate(devices):
                 process = context.Process(
                     target=_rank_main, name=f"potluck-rank{rank}",
@@ -131,35 +152,36 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
                 process.start()
                 ranks.append(RankHandle(process))
         return _collect([r.process for r in ranks], reports, devices, timeout_s, grace_s,
-                        context.get_start_method() == "forkserver")
+                        context.get_start_method() == "forkserver", JobNotes(store))
     finally:
         lifeline.stop(ranks, STOP_WAIT_S)
 
 
 @contextmanager
-def _rank_cpp_log_level() -> Iterator[None]:
-    """Start ranks (and the fork server, which passes its environment on) with torch's C++
-    log level at ERROR unless the user set ``TORCH_CPP_LOG_LEVEL``: c10 reads it once, when
-    torch is imported, so setting it inside a rank is too late."""
-    if "TORCH_CPP_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = RANK_CPP_LOG_LEVEL
+def _rank_environment() -> Iterator[None]:
+    """Start ranks (and the fork server, which passes its environment on) with
+    :data:`RANK_ENV_DEFAULTS` where the user set none: torch's C++ log level at ERROR (c10
+    reads it once, when torch is imported) and CUDA numbering GPUs in PCI bus order, as the
+    cluster file does (CUDA reads it once, when first used, which a rank's imports may do:
+    setting either inside a rank is too late)."""
+    added = [name for name, _ in RANK_ENV_DEFAULTS if name not in os.environ]
+    os.environ.update({name: value for name, value in RANK_ENV_DEFAULTS if name in added})
     try:
         yield
     finally:
-        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float,
-             grace_s: float, fork_server: bool) -> list:
+             grace_s: float, fork_server: bool, notes: JobNotes) -> list:
     results: dict[int, Any] = {}
     failures: dict[int, _Report] = {}
     deadline = time.monotonic() + timeout_s
     first_failure_at: float | None = None
     while len(results) + len(failures) < len(processes):
-        _drain(reports, results, failures)
-        _note_deaths(processes, results, failures)
+        _drain(reports, results, failures, devices, notes)
+        _note_deaths(processes, results, failures, devices, notes)
         now = time.monotonic()
         if failures and first_failure_at is None:
             first_failure_at = now
@@ -173,19 +195,26 @@ def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: f
     return [results[rank] for rank in range(len(processes))]
 
 
-def _drain(reports: Any, results: dict, failures: dict) -> None:
+def _drain(reports: Any, results: dict, failures: dict, devices: Sequence[str],
+           notes: JobNotes) -> None:
+    """Take one report: a result (that rank stopped on purpose) or a failure, which the
+    other ranks' watchdogs then read from the store."""
     try:
         report: _Report = reports.get(timeout=0.1)
     except queue.Empty:
         return
     if report.ok:
         results[report.rank] = report.value
+        notes.mark_stopped(report.rank)
     else:
         failures[report.rank] = report
         log.debug("rank %d failed:\n%s", report.rank, report.details)
+        if report.error_type != "RankFailure":
+            notes.publish(_described(report, devices))
 
 
-def _note_deaths(processes: list, results: dict, failures: dict) -> None:
+def _note_deaths(processes: list, results: dict, failures: dict, devices: Sequence[str],
+                 notes: JobNotes) -> None:
     for rank, process in enumerate(processes):
         code = process.exitcode
         if code is None or rank in results or rank in failures:
@@ -194,8 +223,19 @@ def _note_deaths(processes: list, results: dict, failures: dict) -> None:
             continue  # its report is still in the queue
         time.sleep(0.2)  # a failing rank reports before it exits; give the queue a moment
         if rank not in failures:
-            how = lifeline.killed_by(-code) if code < 0 else f"exited with code {code}"
-            failures[rank] = _Report(rank, False, error_type="Exit", message=how, exit_code=code)
+            failures[rank] = _death(rank, code, notes)
+            if failures[rank].error_type == "Exit":
+                notes.publish(_described(failures[rank], devices))
+
+
+def _death(rank: int, code: int, notes: JobNotes) -> _Report:
+    """A rank that exited without a report: its watchdog stopped it for the job's failure
+    note, or it died."""
+    note = notes.failure() if code == RankFailure.exit_code else None
+    if note is not None:
+        return _Report(rank, False, error_type="RankFailure", message=note, exit_code=code)
+    how = lifeline.killed_by(-code) if code < 0 else f"exited with code {code}"
+    return _Report(rank, False, error_type="Exit", message=how, exit_code=code)
 
 
 def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> PotluckError:
@@ -208,10 +248,13 @@ def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> Potluck
         from potluck import errors
 
         return getattr(errors, report.error_type)(report.message)
-    name = f"rank {report.rank} ({devices[report.rank]})"
-    detail = report.message if report.error_type == "Exit" else \
-        f"failed: {report.message}"
-    return RankFailure(f"{name} {detail}")
+    return RankFailure(_described(report, devices))
+
+
+def _described(report: _Report, devices: Sequence[str]) -> str:
+    """'rank 1 (cpu.0:1) failed: ValueError: ...' or 'rank 1 (cpu.0:1) was killed by ...'."""
+    detail = report.message if report.error_type == "Exit" else f"failed: {report.message}"
+    return f"rank {report.rank} ({devices[report.rank]}) {detail}"
 
 
 def _raise_if_fork_server_died(failures: dict[int, _Report], fork_server: bool) -> None:

@@ -3,9 +3,15 @@
 :func:`start` reads the launcher's environment (torchrun's ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, plus
 potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
-the plan before anything can hang, initializes torch.distributed (nccl on
-GPUs, gloo on CPU), gathers every rank's device id and creates the layout's
+the plan before anything can hang, initializes torch.distributed with one
+backend for the whole world (nccl when every rank is a GPU, gloo when every rank
+is a CPU or emulated: :func:`~potluck.runtime.launch.gpus.world_backend`),
+gathers every rank's device id, starts the watchdog and creates the layout's
 process groups. A script run without a launcher is a world of one rank.
+
+A GPU rank runs on the CUDA device that is its plan GPU among those
+``CUDA_VISIBLE_DEVICES`` shows (:func:`~potluck.runtime.launch.gpus.cuda_ordinal`);
+CUDA numbers them in PCI bus order, as the cluster file does.
 
 Which device a rank runs: ``POTLUCK_DEVICE`` if set; else, with
 ``POTLUCK_NODE=<group>.<index>``, the ``LOCAL_RANK``-th device the plan uses on
@@ -29,8 +35,19 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
 from potluck.planner.compute import effective_dtype
 from potluck.plans import DType, Plan
+from potluck.runtime.launch.gpus import (
+    DEVICE_ORDER,
+    check_visible_count,
+    cuda_ordinal,
+    world_backend,
+)
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
-from potluck.runtime.launch.watchdog import RankFailure, Watchdog
+from potluck.runtime.launch.watchdog import (
+    RankFailure,
+    Watchdog,
+    abort_process_groups,
+    silence_from_env,
+)
 from potluck.runtime.layout import Layout
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -109,9 +126,16 @@ class Session:
             raise
 
     def close(self) -> None:
+        """Leave the job: marked stopped first (not a death); after a failure the process
+        groups are aborted, since destroying them can wait for a dead peer."""
+        failed = self.watchdog is not None and self.watchdog.failure_seen
         if self.watchdog is not None:
             self.watchdog.stop()
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        if failed:
+            abort_process_groups()
+        else:
             dist.destroy_process_group()
 
 
@@ -144,41 +168,55 @@ def local_device_id(plan: Plan, rank: int, local_rank: int) -> str:
     return plan.devices[rank]
 
 
-def wants_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
-    device_type = Cluster(plan.cluster).device(device_id).type
-    if emulate or device_type.is_cpu:
-        return False
+def gpu_ordinal(plan: Plan, device_id: str) -> int:
+    """The CUDA index of the plan's GPU ``device_id`` in this process; one ConfigError line
+    when this machine has no GPU or does not show that one."""
+    device = Cluster(plan.cluster).device(device_id)
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"the plan runs {device_id} ({device_type.name}) but this machine has no CUDA GPU; "
+            f"the plan runs {device_id} ({device.type.name}) but this machine has no CUDA GPU; "
             "dry-run it on CPU with --emulate"
         )
-    return True
+    ordinal = cuda_ordinal(device_id, device.local_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    check_visible_count(device_id, ordinal, torch.cuda.device_count())
+    return ordinal
 
 
-def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
-    """Join (or, alone, create) the job that runs ``plan``; returns this rank's session."""
+def _gpu(plan: Plan, device_id: str) -> torch.device:
+    """This rank's GPU, made current (CUDA numbering the GPUs as the cluster file does,
+    unless ``CUDA_DEVICE_ORDER`` is set)."""
+    os.environ.setdefault(*DEVICE_ORDER)
+    device = torch.device("cuda", gpu_ordinal(plan, device_id))
+    torch.cuda.set_device(device)
+    return device
+
+
+def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+          silence_s: float | None = None) -> Session:
+    """Join (or, alone, create) the job that runs ``plan``; returns this rank's session.
+    The others stop when this rank is silent for ``silence_s`` (default: ``POTLUCK_SILENCE_S``
+    or 30 s; :mod:`~potluck.runtime.launch.watchdog`)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
+    silence_s = silence_s or silence_from_env()
     if world != plan.num_gpus:
         raise ConfigError(
             f"the plan uses {plan.num_gpus} devices ({plan.layout()}) but {world} rank(s) were "
             f"started; start exactly {plan.num_gpus} or make a plan for this world"
         )
     device_id = local_device_id(plan, rank, local_rank)
-    use_gpu = wants_gpu(plan, device_id, emulate)
-    device = torch.device("cpu")
-    if use_gpu:
-        device = torch.device("cuda", Cluster(plan.cluster).device(device_id).local_index)
-        torch.cuda.set_device(device)
-    _init_process_group(rank, world, "nccl" if use_gpu else "gloo", timeout_s)
+    backend = world_backend(plan, emulate)
+    device = _gpu(plan, device_id) if backend == "nccl" else torch.device("cpu")
+    _init_process_group(rank, world, backend, timeout_s)
     devices: list[str | None] = [None] * world
     dist.all_gather_object(devices, device_id)
     layout = Layout(plan, rank, tuple(str(d) for d in devices))
-    layout.create_groups()
-    watchdog = Watchdog(dist.distributed_c10d._get_default_store(), rank, layout.device_of_rank)
-    watchdog.start()
+    watchdog = Watchdog.connect(dist.distributed_c10d._get_default_store(), rank,
+                                layout.device_of_rank, silence_s=silence_s)
+    watchdog.start()  # before the groups: every rank leaves the all-gather together
     session = Session(plan, layout, device, watchdog)
+    with session.guard():
+        layout.create_groups()
     apply_precision(session.precision)
     return session
 

@@ -1,0 +1,95 @@
+"""Ranks start whatever the launching process did with CUDA.
+
+A process forked from one that initialized CUDA cannot use CUDA. The local launcher's
+fork server must therefore never import the caller's module (a GPU test's skip marker
+calls ``torch.cuda.is_available()`` when imported), and GPU runs spawn their ranks.
+``cuda_at_import`` leaves the same mark a CUDA build does, so a CPU machine can tell."""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from potluck.runtime.launch.gpus import StartMethod
+from potluck.runtime.launch.local import PRELOAD, _method, run_local, start_context
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+HERE = Path(__file__).resolve().parent
+START_S = 240.0  # importing torch in a fresh interpreter, starting the ranks: a loaded machine
+POTLUCK_TORCH_TRANSFORMERS = ("potluck.", "torch", "transformers")
+
+
+def _rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def test_the_fork_server_preloads_no_user_module():
+    start_context(StartMethod.FORK_SERVER)
+    assert run_local(_rank, ["cpu.0:0", "cpu.0:1"], timeout_s=START_S) == [0, 1]
+    preloaded = multiprocessing.forkserver._forkserver._preload_modules
+    assert preloaded == list(PRELOAD)
+    assert all(name.startswith(POTLUCK_TORCH_TRANSFORMERS) for name in preloaded), preloaded
+
+
+def test_a_function_of_the_main_script_is_spawned():
+    """A fork server that has not imported the caller's script cannot unpickle its
+    functions; spawn imports the script in each rank, as multiprocessing does."""
+    def in_a_script() -> None:
+        pass
+
+    in_a_script.__module__ = "__main__"
+    assert _method(in_a_script, None) is StartMethod.SPAWN
+    assert _method(in_a_script, StartMethod.FORK_SERVER) is StartMethod.SPAWN
+    assert _method(_rank, None) is StartMethod.FORK_SERVER
+    assert _method(_rank, StartMethod.SPAWN) is StartMethod.SPAWN
+
+
+def _python(script: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter (so a fresh fork server) that can import this folder's modules,
+    as the fork server can then too."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)])}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=START_S)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", [None, "SPAWN"], ids=["default", "spawn"])
+def test_ranks_start_when_the_parent_and_the_functions_module_touched_cuda(method):
+    """The launching process imported ``cuda_at_import`` (it called ``is_available()``), and
+    the ranks run a function of that module that fails in a poisoned fork."""
+    keyword = f", start_method=StartMethod.{method}" if method else ""
+    result = _python(
+        "import cuda_at_import\n"
+        "from potluck.runtime.launch.gpus import StartMethod\n"
+        "from potluck.runtime.launch.local import run_local\n"
+        "print(run_local(cuda_at_import.rank_sum, ['cpu.0:0', 'cpu.0:1'], timeout_s=120"
+        f"{keyword}))\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"
+
+
+CUDA_CALLS = ("is_available", "device_count", "init", "_lazy_init", "current_device",
+              "set_device", "get_device_properties", "get_device_capability",
+              "get_device_name", "is_bf16_supported", "mem_get_info")
+
+
+@pytest.mark.slow
+def test_the_fork_servers_modules_touch_no_cuda_when_imported():
+    """Every CUDA query torch offers is replaced by a recorder before the fork server's
+    modules are imported; none may be called."""
+    result = _python(
+        "import torch, torch.cuda\n"
+        "calls = []\n"
+        f"for name in {CUDA_CALLS!r}:\n"
+        "    setattr(torch.cuda, name, lambda *a, _n=name, **k: calls.append(_n))\n"
+        "from potluck.runtime.launch.local import PRELOAD\n"
+        "for module in PRELOAD:\n"
+        "    __import__(module)\n"
+        "print(calls)\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
