@@ -201,15 +201,24 @@ def loss_falls(losses: list[float]) -> tuple[bool, str]:
     return last < first, f"loss {first:.3f} -> {last:.3f} over {len(losses)} steps"
 
 
-def train_dtype(device: str, dtype: str, timeout_s: float) -> Outcome:
-    from potluck import api
+def run_on_gpus(plan, options, timeout_s: float) -> list:
+    """Rank 0's step metrics of ``plan`` trained on this machine's GPUs, spawned ranks (a
+    fork of a process that has initialized CUDA cannot use it)."""
+    from potluck.runtime.launch.gpus import StartMethod
     from potluck.runtime.launch.local import run_local
     from potluck.runtime.training import train_rank
+
+    return run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s,
+                     start_method=StartMethod.SPAWN)[0]
+
+
+def train_dtype(device: str, dtype: str, timeout_s: float) -> Outcome:
+    from potluck import api
 
     plan = api.plan(one_gpu_cluster(device), small_llama(), global_batch=16, seq_len=128,
                     dtype=dtype, tp=1, pp=1, dp=1, micro_batch_size=8, recompute="none").best
     options = api.train_options(steps=TRAIN_STEPS, lr=1e-3, progress=False, timeout_s=timeout_s)
-    history = run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s)[0]
+    history = run_on_gpus(plan, options, timeout_s)
     ok, detail = loss_falls([m.loss for m in history])
     return Outcome(f"train {dtype}", ok, detail)
 
@@ -248,13 +257,11 @@ def plan_for(cluster, case: PlanCase):
 
 def time_plan(device: str, case: PlanCase, calibrated: Path | None, timeout_s: float) -> PlanTiming:
     """Median step time after warm-up of one plan (random tokens), and its predictions."""
-    from potluck.runtime.launch.local import run_local
     from potluck.runtime.options import TrainOptions
-    from potluck.runtime.training import train_rank
 
     plan = plan_for(one_gpu_cluster(device), case)
     options = TrainOptions(steps=PLAN_STEPS, progress=False, timeout_s=timeout_s)
-    history = run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s)[0]
+    history = run_on_gpus(plan, options, timeout_s)
     measured = statistics.median(m.step_time_s for m in history[WARMUP_STEPS:])
     calibrated_s = None
     if calibrated is not None:
@@ -405,10 +412,7 @@ def multi_options(steps: int, timeout_s: float, **fields):
 
 def run_losses(plan, options, timeout_s: float) -> list[float]:
     """Rank 0's losses of ``plan`` trained through potluck's runtime on this machine."""
-    from potluck.runtime.launch.local import run_local
-    from potluck.runtime.training import train_rank
-
-    history = run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s)[0]
+    history = run_on_gpus(plan, options, timeout_s)
     return [m.loss for m in history]
 
 

@@ -127,9 +127,10 @@ def store():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def _watchdogs(store, world: int, started, silence_s: float = 1.0):
+def _watchdogs(store, world: int, started, silence_s: float = 1.0, notice_s: float = 0.2):
     devices = tuple(f"cpu.0:{r}" for r in range(world))
-    dogs = {r: Watchdog(store, r, devices, silence_s=silence_s, interval_s=0.1, end=_Ended())
+    dogs = {r: Watchdog(store, r, devices, silence_s=silence_s, interval_s=0.1,
+                        notice_s=notice_s, end=_Ended())
             for r in range(world)}
     for rank in started:
         dogs[rank].start()
@@ -172,6 +173,21 @@ def test_a_published_failure_ends_every_other_rank(store):
         for rank in range(3):
             assert dogs[rank]._end.event.wait(BOUND_S)
             assert dogs[rank]._end.notes == ["rank 2 (cpu.0:2) was killed by signal 9 (SIGKILL)"]
+    finally:
+        _stop_all(dogs)
+
+
+def test_the_main_thread_gets_time_to_meet_a_published_failure_itself(store):
+    """With gloo a survivor's collective fails soon after the note appears, and the error
+    should take the ordinary path (a RankFailure raised where the run can report it)."""
+    dogs = _watchdogs(store, 2, started=[0, 1], silence_s=600.0, notice_s=2.0)
+    try:
+        JobNotes(store).publish("rank 2 (cpu.0:2) was killed by signal 9 (SIGKILL)")
+        assert not dogs[0]._end.event.wait(0.5), "the main thread may notice first"
+        error = dogs[0].diagnose(RuntimeError("Connection closed by peer"))
+        assert str(error) == "rank 2 (cpu.0:2) was killed by signal 9 (SIGKILL)"
+        assert dogs[1]._end.event.wait(BOUND_S), "a main thread that never notices is ended"
+        assert not dogs[0]._end.event.wait(1.0), "one that noticed gets silence_s to stop"
     finally:
         _stop_all(dogs)
 

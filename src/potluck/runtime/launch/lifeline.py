@@ -181,6 +181,7 @@ def stop(ranks: Sequence[RankHandle], wait_s: float) -> None:
         alive = [rank for rank in ranks if rank.alive()]
         for rank in alive:
             rank.send(sig)
+            rank.send(signal.SIGCONT)  # a stopped rank acts on SIGTERM only once continued
         deadline = time.monotonic() + wait_s
         for rank in alive:
             rank.wait_gone(max(0.0, deadline - time.monotonic()))

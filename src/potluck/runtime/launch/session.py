@@ -42,6 +42,7 @@ from potluck.runtime.launch.gpus import (
     world_backend,
 )
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
+from potluck.runtime.launch.torchrun import node_devices
 from potluck.runtime.launch.watchdog import (
     RankFailure,
     Watchdog,
@@ -158,13 +159,11 @@ def local_device_id(plan: Plan, rank: int, local_rank: int) -> str:
         return explicit
     node = os.environ.get("POTLUCK_NODE")
     if node:
-        cluster = Cluster(plan.cluster)
-        used = (cluster.device(d) for d in plan.devices)
-        on_node = sorted((d for d in used if d.node == node), key=lambda d: d.local_index)
+        on_node = node_devices(plan, node)
         if local_rank >= len(on_node):
             raise ConfigError(f"node {node} runs {len(on_node)} ranks of the plan, "
                               f"not {local_rank + 1}; check --nproc-per-node")
-        return on_node[local_rank].id
+        return on_node[local_rank]
     return plan.devices[rank]
 
 

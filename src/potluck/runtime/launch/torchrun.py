@@ -59,8 +59,8 @@ def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port:
 
 
 def node_devices(plan: Plan, node: str) -> tuple[str, ...]:
-    """The plan's devices on machine ``node`` by ``LOCAL_RANK``: in local-index order, as
-    :func:`potluck.runtime.launch.session.local_device_id` maps them."""
+    """The plan's devices on machine ``node`` by ``LOCAL_RANK``: in local-index order (how
+    :func:`potluck.runtime.launch.session.local_device_id` maps a torchrun rank)."""
     cluster = Cluster(plan.cluster)
     on_node = [cluster.device(d) for d in plan.devices if cluster.device(d).node == node]
     return tuple(d.id for d in sorted(on_node, key=lambda d: d.local_index))

@@ -14,15 +14,17 @@ fetches its id, holds the shared connection and would stop the heartbeat). Every
   hangs, and the watcher publishes so. Counters, not clocks: machines need not agree on
   the time, and a watcher that was paused itself blames nobody.
 
-On a note the thread ends its own process, since a survivor blocked in an NCCL host sync
-never sees an error in Python: it aborts the process groups (waiting a bounded time),
-logs the note (at debug level under the local launcher, which reads the same note from
-the store it hosts and reports it) and exits with :class:`RankFailure`'s exit code. A
-main thread that already handles the failure (its collective failed, or its own code
-raised) gets ``silence_s`` to end the process first. With gloo a survivor's collective
-usually fails at once: :meth:`Watchdog.diagnose` names the culprit from the same note,
-or from the counters. A rank that stops on purpose (it finished, or it stops after a
-failure) marks itself stopped first, so its silence is never read as a death.
+On a note the thread gives the main thread ``notice_s`` to meet the failure itself: with
+gloo a survivor's collective fails as soon as the dead rank's sockets close, and
+:meth:`Watchdog.diagnose` names the culprit from the same note (or from the counters), so
+the error takes the ordinary path. A main thread that has met it (its collective failed,
+or its own code raised) then gets ``silence_s`` to end the process. Otherwise the thread
+ends the process itself, since a survivor blocked in an NCCL host sync never sees an
+error in Python: it aborts the process groups (waiting a bounded time), logs the note (at
+debug level under the local launcher, which reads the same note from the store it hosts
+and reports it) and exits with :class:`RankFailure`'s exit code. A rank that stops on
+purpose (it finished, or it stops after a failure) marks itself stopped first, so its
+silence is never read as a death.
 
 ``silence_s`` is 30 s unless ``POTLUCK_SILENCE_S`` says otherwise; every rank of a job
 should get the same value.
@@ -50,6 +52,7 @@ SILENCE_ENV = "POTLUCK_SILENCE_S"
 LAUNCHER_REPORTS_ENV = "POTLUCK_LAUNCHER_REPORTS"  # set by the local launcher for its ranks
 WATCHED = 2  # ranks each rank watches: the store's load grows with the world, not its square
 ABORT_WAIT_S = 5.0
+NOTICE_S = 5.0  # how long the main thread may take to meet a published failure itself
 STOP_WAIT_S = 5.0
 _FAILURE = "failure"
 
@@ -128,12 +131,13 @@ class Watchdog:
 
     def __init__(self, store: dist.Store, rank: int, devices: tuple[str, ...], *,
                  silence_s: float = DEFAULT_SILENCE_S, interval_s: float = 0.5,
-                 end: Callable[[str], None] | None = None) -> None:
+                 notice_s: float = NOTICE_S, end: Callable[[str], None] | None = None) -> None:
         self.notes = JobNotes(store)
         self.rank = rank
         self.devices = devices
         self.silence_s = silence_s
         self.interval_s = interval_s
+        self.notice_s = notice_s
         self._end = end or self._end_process
         self._beats = 0
         self._beats_needed = math.ceil(silence_s / interval_s)
@@ -141,6 +145,7 @@ class Watchdog:
         self._stopped: set[int] = set()
         self._last_contact_s = time.monotonic()
         self._main_knows_at: float | None = None  # when the main thread met a failure
+        self._note_seen_at: float | None = None  # when this thread first read a failure note
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="potluck-heartbeat", daemon=True)
 
@@ -210,9 +215,14 @@ class Watchdog:
         return self.notes.failure() or self._watch()
 
     def _ends_now(self) -> bool:
-        """At once, unless the main thread is already stopping on its own."""
+        """Once the main thread has had ``notice_s`` to meet the failure and has not, or
+        ``silence_s`` to stop after meeting it and is still running."""
+        now = time.monotonic()
+        self._note_seen_at = self._note_seen_at or now
         knew = self._main_knows_at
-        return knew is None or time.monotonic() - knew >= self.silence_s
+        if knew is None:
+            return now - self._note_seen_at >= self.notice_s
+        return now - knew >= self.silence_s
 
     def _unreachable(self, error: BaseException) -> str | None:
         if time.monotonic() - self._last_contact_s < self.silence_s:
