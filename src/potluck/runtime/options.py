@@ -1,4 +1,4 @@
-"""How to train a plan: :class:`TrainOptions`, one field per flag of ``potluck train``.
+"""How to train a plan: :class:`TrainOptions`, the options of ``potluck train``.
 
 The entry points read them (:mod:`potluck.runtime.training` on this machine,
 :mod:`potluck.runtime.worker` under torchrun, which turns them into flags and
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How to train a plan; every field has a flag in ``potluck train``."""
+    """How to train a plan. Every field is a flag of the torchrun worker; all but
+    ``max_grad_norm``, ``seq_len``, ``progress`` and ``keep_checkpoints`` are also flags of
+    ``potluck train`` (those four are set from Python or by the CLI itself)."""
 
     steps: int = 20  # total steps of the run (a resumed run continues up to it)
     lr: float = 3e-4
