@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from potluck.cluster.execution import Execution, choose_execution, describe
 from potluck.cluster.spec import ClusterSpec, load_cluster
@@ -20,6 +20,7 @@ from potluck.economics.offers import MAX_GPUS_PER_NODE, Offer, catalog_offers, l
 from potluck.economics.prices import Pricing
 from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
+from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec, load_model
 from potluck.planner.options import Partition, SearchOptions
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 DEFAULT_GLOBAL_BATCH = 64
 DEFAULT_SEQ_LEN = 2048
+AUTO = "auto"  # a technique left to the search
 
 
 class Objective(str, Enum):
@@ -88,7 +90,8 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
          dtype: str | DType = DType.BF16, tp: int | None = None, pp: int | None = None,
          dp: int | None = None, micro_batch_size: int | None = None,
          recompute: str | Recompute | None = None, partition: str | Partition = Partition.BALANCED,
-         schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero1: bool | None = None,
+         schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero: int | None = None,
+         swap: str | Swap | None = None, offload: str | Offload | None = None,
          top_k: int = 5, objective: str | Objective = Objective.TIME,
          tokens: int | str | None = None, deadline_hours: float | None = None,
          pricing: Pricing | None = None, execution: str | Path | Execution | None = None,
@@ -104,8 +107,9 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     spec, model_spec = as_cluster(cluster), as_model(model)
     options = SearchOptions(
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size,
-        recompute=Recompute(recompute) if recompute else None,
-        partition=Partition(partition), schedule=Schedule(schedule), zero1=zero1, top_k=top_k,
+        recompute=_pin(recompute, Recompute), partition=Partition(partition),
+        schedule=Schedule(schedule), zero=zero, swap=_pin(swap, Swap),
+        offload=_pin(offload, Offload), top_k=top_k,
     )
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution, spec))
     count = parse_count(tokens, "--tokens") if tokens is not None else None
@@ -114,6 +118,17 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     result = search(spec, model_spec, shape, options, progress)
     check_deadline(result, count, deadline_hours)
     return result
+
+
+def _pin(value: str | Enum | None, kind: type[Enum]) -> Any:
+    """A technique pinned to ``value``, or None where it is unset or ``auto``."""
+    if value is None or value == AUTO:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        names = "|".join([*(item.value for item in kind), AUTO])
+        raise ConfigError(f"{value!r} is not one of {names}") from None
 
 
 def _objective(objective: str | Objective) -> Objective:

@@ -22,6 +22,7 @@ from potluck import api
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
+from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition
 from potluck.plans import DType
@@ -83,13 +84,21 @@ def plan(
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
     dp: Annotated[int | None, typer.Option(help="Pin the number of data-parallel replicas.")] = None,
     micro_batch_size: Annotated[int | None, typer.Option(help="Pin the micro-batch size.")] = None,
-    recompute: Annotated[str | None, typer.Option(
-        help=f"Pin recomputation: {'|'.join(_names(Recompute))}.")] = None,
+    recompute: Annotated[str, typer.Option(
+        help=f"Recomputation: {'|'.join(_names(Recompute))}|auto (auto: chosen per stage).")] = "auto",
+    swap: Annotated[str, typer.Option(
+        help=f"Activation swapping: {'|'.join(_names(Swap))}|auto (auto: only where it pays "
+             "or is needed to fit).")] = "auto",
+    zero: Annotated[int | None, typer.Option(
+        help="ZeRO stage over each stage's replicas: 0, 1 (optimizer states), 2 (and "
+             "gradients) or 3 (and parameters, FSDP2); default: chosen by the search.")] = None,
+    zero1: Annotated[bool | None, typer.Option(
+        "--zero1/--no-zero1", help="Alias of --zero 1 / --zero 0.")] = None,
+    offload: Annotated[str, typer.Option(
+        help=f"Host offload: {'|'.join(_names(Offload))}|auto.")] = "auto",
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
     schedule: Annotated[str, typer.Option(
         help=f"Pipeline schedule: {_or(Schedule)}.")] = Schedule.ONE_F_ONE_B.value,
-    zero1: Annotated[bool | None, typer.Option(
-        "--zero1/--no-zero1", help="Shard optimizer states (default: only if needed to fit).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     output: Annotated[Path | None, typer.Option(
@@ -115,8 +124,10 @@ def plan(
     _check_choice("--dtype", dtype, DType)
     _check_choice("--partition", partition, Partition)
     _check_choice("--schedule", schedule, Schedule)
-    if recompute is not None:
-        _check_choice("--recompute", recompute, Recompute)
+    _check_auto_choice("--recompute", recompute, Recompute)
+    _check_auto_choice("--swap", swap, Swap)
+    _check_auto_choice("--offload", offload, Offload)
+    zero = _zero_stage(zero, zero1)
     _check_choice("--objective", objective, api.Objective)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
                        electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
@@ -124,7 +135,8 @@ def plan(
         result = api.plan(
             cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
             pp=pp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
-            partition=partition, schedule=schedule, zero1=zero1, top_k=top, objective=objective,
+            partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload,
+            top_k=top, objective=objective,
             tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, execution=execution,
             progress=report,
         )
@@ -645,6 +657,25 @@ def _check_choice(flag: str, value: str, choices: Iterable[Enum]) -> None:
     allowed = _names(choices)
     if value not in allowed:
         raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _check_auto_choice(flag: str, value: str, choices: Iterable[Enum]) -> None:
+    allowed = (*_names(choices), "auto")
+    if value not in allowed:
+        raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _zero_stage(zero: int | None, zero1: bool | None) -> int | None:
+    """``--zero N``, or ``--zero1``/``--no-zero1`` as its alias; both must agree."""
+    if zero is not None and not 0 <= zero <= 3:
+        raise PotluckError(f"--zero must be 0, 1, 2 or 3, not {zero}")
+    if zero1 is None:
+        return zero
+    alias = 1 if zero1 else 0
+    if zero is not None and zero != alias:
+        raise PotluckError(f"--zero {zero} and --{'' if zero1 else 'no-'}zero1 disagree; "
+                           "give one of them")
+    return alias
 
 
 class _progress:

@@ -22,21 +22,23 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import NonNegativeInt, PositiveInt, TypeAdapter, ValidationError
+from pydantic import Field, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError
 
 from potluck.cluster.execution import Execution
 from potluck.cluster.execution import Placement as Placement  # re-exported: plans name it
 from potluck.cluster.execution import TiedGradSync as TiedGradSync  # re-exported
 from potluck.cluster.spec import ClusterSpec, check_spec
 from potluck.errors import ConfigError
+from potluck.memory_plan import KEEP_ALL, StageMemory
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.schedules import Schedule, schedule_for
 from potluck.yamlio import parse_json
 
 PLAN_VERSION = 1
+ZeroStage = Annotated[int, Field(ge=0, le=3)]
 
 
 class DType(str, Enum):
@@ -80,6 +82,7 @@ class Stage:
 
     devices: tuple[str, ...]
     layer_ranges: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
+    memory: StageMemory = KEEP_ALL  # recomputation, swapping, offload of this stage
 
     @property
     def tp(self) -> int:
@@ -166,8 +169,8 @@ class Plan:
     pipelines: tuple[Pipeline, ...]
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: PositiveInt = 1
-    recompute: Recompute = Recompute.NONE
-    zero1: bool = False
+    recompute: Recompute = Recompute.NONE  # of every stage whose memory does not say otherwise
+    zero: ZeroStage = 0  # ZeRO stage over each stage's data-parallel replicas (0: none)
     unused_devices: tuple[str, ...] = ()
     prediction: Prediction | None = None
     notes: tuple[str, ...] = ()
@@ -177,6 +180,15 @@ class Plan:
     @property
     def dp(self) -> int:
         return len(self.pipelines)
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """ZeRO-1 or higher: each replica keeps the optimizer states of its share."""
+        return self.zero >= 1
+
+    def stage_memory(self, pipeline: int, stage: int) -> StageMemory:
+        """Stage ``stage`` of pipeline ``pipeline``'s memory, the plan's recompute filled in."""
+        return self.pipelines[pipeline].stages[stage].memory.resolved(self.recompute)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -215,6 +227,7 @@ def plan_from_dict(data: Any, label: str = "plan") -> Plan:
     if not isinstance(data, dict):
         raise ConfigError(f"{label}: a plan must be a JSON object")
     _check_version(data, label)
+    data = _upgraded(data)
     where = _non_finite(data)
     if where is not None:
         raise ConfigError(f"{label}: {where}: is not a finite number; make the plan again "
@@ -233,6 +246,15 @@ def plan_from_dict(data: Any, label: str = "plan") -> Plan:
     except ConfigError as err:
         raise ConfigError(f"{label}: cluster: {err}") from None
     return plan
+
+
+def _upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A plan written before ZeRO had stages: ``zero1: true`` is ``zero: 1``."""
+    if "zero1" not in data:
+        return data
+    upgraded = {key: value for key, value in data.items() if key != "zero1"}
+    upgraded.setdefault("zero", 1 if data["zero1"] is True else 0)
+    return upgraded
 
 
 def _check_version(data: dict[str, Any], label: str) -> None:

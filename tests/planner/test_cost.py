@@ -111,10 +111,10 @@ def block_activation_bytes(b: int) -> float:
     return 32 * b * SEQ * H
 
 
-def toy_plan(pipelines, zero1=False):
+def toy_plan(pipelines, zero=0):
     spec = parse_cluster(TOY_CLUSTER, "toy.yaml")
     batch = sum(p.batch_share for p in pipelines)
-    return Plan(spec, TOY, TrainingShape(batch, SEQ), tuple(pipelines), zero1=zero1)
+    return Plan(spec, TOY, TrainingShape(batch, SEQ), tuple(pipelines), zero=zero)
 
 
 def toy_device():
@@ -268,7 +268,7 @@ def test_zero1_shards_optimizer_states_over_replicas():
     pipelines = [Pipeline((_stage([d], 0, LAYERS),), 1, 2)
                  for d in ("box.0:0", "box.0:1", "box.1:0", "box.1:1")]
     plain = predict(toy_plan(pipelines)).memory[0]
-    sharded = predict(toy_plan(pipelines, zero1=True)).memory[0]
+    sharded = predict(toy_plan(pipelines, zero=1)).memory[0]
     assert plain.optimizer_bytes == pytest.approx(ADAM_BYTES * MODEL_PARAMS)
     assert sharded.optimizer_bytes == pytest.approx(ADAM_BYTES * MODEL_PARAMS / 4)
     assert sharded.weights_bytes == plain.weights_bytes and sharded.grads_bytes == plain.grads_bytes
@@ -285,7 +285,7 @@ def test_gradient_reduction_after_the_backward_pass_is_fully_exposed():
 def test_zero1_pays_the_parameter_all_gather_after_the_optimizer():
     pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, LAYERS),), 1, 1) for n in (0, 1)]
     plain = predict(toy_plan(pipelines)).breakdown.optimizer_s
-    sharded = predict(toy_plan(pipelines, zero1=True)).breakdown.optimizer_s
+    sharded = predict(toy_plan(pipelines, zero=1)).breakdown.optimizer_s
     # each replica steps half the parameters, then the halves are all-gathered in BF16: half a
     # ring all-reduce, (g-1)/g * n/W + (g-1) * alpha
     gather = 1 / 2 * 2 * MODEL_PARAMS / NETWORK_BW + NETWORK_LATENCY
@@ -299,7 +299,7 @@ def test_zero1_reduce_scatters_gradients_to_their_owners():
     the all-reduce (exposed in full here: the reduction waits for the backward pass)."""
     pipelines = [Pipeline((_stage([f"box.{n}:0"], 0, LAYERS),), 1, 1) for n in (0, 1)]
     blocking = Execution(overlap_grad_reduce=False, grad_reduce_bytes=4)
-    sharded = predict(toy_plan(pipelines, zero1=True), _cost(blocking))
+    sharded = predict(toy_plan(pipelines, zero=1), _cost(blocking))
     half_allreduce = 0.5 * (4 * MODEL_PARAMS / NETWORK_BW + 2 * NETWORK_LATENCY)
     assert sharded.breakdown.dp_s == pytest.approx(half_allreduce, rel=1e-9)
 
@@ -392,10 +392,10 @@ def test_flash_attention_keeps_no_scores_and_materialized_attention_costs_memory
             > flash.block_times(device, 1, 1, Recompute.NONE).forward_s)
 
 
-def _plan(spec, model, pipelines, recompute=Recompute.NONE, zero1=False, seq_len=1024):
+def _plan(spec, model, pipelines, recompute=Recompute.NONE, zero=0, seq_len=1024):
     batch = sum(p.batch_share for p in pipelines)
     return Plan(spec, model, TrainingShape(batch, seq_len), tuple(pipelines), recompute=recompute,
-                zero1=zero1)
+                zero=zero)
 
 
 def _stage(devices, start, end):

@@ -28,12 +28,12 @@ class RankReport:
     state_bytes: int  # optimizer state on this rank after the last step
 
 
-def with_options(plan: Plan, *, overlap: bool | None = None, zero1: bool | None = None) -> Plan:
+def with_options(plan: Plan, *, overlap: bool | None = None, zero: int | None = None) -> Plan:
     """``plan`` with the gradient all-reduce overlapped or not, ZeRO-1 on or off."""
     if overlap is not None:
         execution = replace(plan.training.execution, overlap_grad_reduce=overlap)
         plan = replace(plan, training=replace(plan.training, execution=execution))
-    return plan if zero1 is None else replace(plan, zero1=zero1)
+    return plan if zero is None else replace(plan, zero=zero)
 
 
 def sgd_with_momentum(model: ParallelModel) -> torch.optim.Optimizer:

@@ -105,7 +105,7 @@ def test_each_multi_rank_case_plans_its_pinned_layout_of_one_training_shape(gpu_
     for case in cases:
         plan = gpu_check.multi_plan("a100-80g-sxm", case)
         stages = plan.pipelines[0].stages
-        assert (plan.num_gpus, plan.dp, len(stages), stages[0].tp, plan.zero1) == (
+        assert (plan.num_gpus, plan.dp, len(stages), stages[0].tp, plan.shards_optimizer) == (
             case.gpus, case.dp, case.pp, case.tp, case.zero1), case.name
         shapes.add((plan.training.global_batch, plan.training.seq_len, plan.training.dtype))
     assert len(shapes) == 1, "every case trains what the reference trains"

@@ -56,7 +56,7 @@ def zero1_tp_replicas() -> Plan:
     other's against it, so TP index by plan position would pair different shards."""
     plan = on_two_machines([pipe([(2, (0, 4))], 1, 3), pipe([(2, (0, 4))], 1, 2)],
                            [A0, A1, B1, B0])
-    return replace(plan, zero1=True)
+    return replace(plan, zero=1)
 
 
 def interleaved_beside_tp() -> Plan:

@@ -65,7 +65,7 @@ def make_plan(spec: ClusterSpec, model: ModelSpec, pp: int, micro_batches: int, 
         pipelines.append(Pipeline(tuple(stages), micro_batch_size, micro_batches))
     shape = TrainingShape(global_batch=dp * micro_batches * micro_batch_size, seq_len=seq_len)
     return Plan(cluster=spec, model=model, training=shape, pipelines=tuple(pipelines),
-                schedule=schedule, virtual_stages=virtual_stages, zero1=zero1)
+                schedule=schedule, virtual_stages=virtual_stages, zero=int(zero1))
 
 
 def synthetic_pipeline(stages: int, micro_batches: int, virtual_stages: int = 1,

@@ -81,7 +81,7 @@ def test_zero1_gradient_scatter_and_parameter_gather_agree_with_the_cost_model()
     devices = ["box.0:0", "box.1:0", "box.2:0", "box.3:0"]
     plan = make_plan(cluster(SLOW_NETWORK), flat_model(16), pp=1, micro_batches=8, dp=4,
                      devices=devices)
-    sharded = simulate(replace(plan, zero1=True))
+    sharded = simulate(replace(plan, zero=1))
     assert sharded.iteration_time_s == pytest.approx(sharded.predicted_time_s, rel=0.005)
     gather_s = sharded.optimizer_steps[0].end_s - sharded.optimizer_steps[0].start_s
     plain = simulate(plan)

@@ -71,7 +71,7 @@ def fit_bandwidth(plan: Plan, name: str, devices: list[str], measured: Trace, *,
                   emulated: bool = False) -> float | None:
     """Memory bandwidth of type ``name`` from its devices' optimizer steps (an emulated run's
     are all the plan's slowest: every type is scaled alike)."""
-    if plan.zero1 and plan.dp > 1 and not emulated:
+    if plan.shards_optimizer and plan.dp > 1 and not emulated:
         return None  # the step holds the parameter all-gather too
     seen = optimizer_s(measured)
     timed = [d for d in (plan.devices if emulated else devices) if seen.get(d, 0.0) > 0]
@@ -157,7 +157,7 @@ def fit_step_overhead(plan: Plan, measured: Trace) -> float | None:
     """The framework's host time per iteration: the median over the devices of their
     measured optimizer step beyond what its memory traffic takes at their (fitted)
     bandwidth; 0 below a microsecond (None: no optimizer step measured alone)."""
-    if plan.zero1 and plan.dp > 1:
+    if plan.shards_optimizer and plan.dp > 1:
         return None  # the step holds the parameter all-gather too
     seen = optimizer_s(measured)
     timed = [d for d in plan.devices if seen.get(d, 0.0) > 0]

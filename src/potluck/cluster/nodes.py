@@ -18,6 +18,12 @@ from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 DEFAULT_INTER_BANDWIDTH_BYTES_PER_S = 10e9 / 8  # 10 Gb/s Ethernet
 DEFAULT_INTRA_LATENCY_S = 5e-6
 DEFAULT_INTER_LATENCY_S = 30e-6
+# A machine's host memory when its cluster file does not say: twice its GPUs' memory (the
+# common sizing of GPU servers: a DGX A100 has 2 TB for 640 GB of GPU memory, a DGX H100
+# 2 TB for 640 GB), never under 32 GB. Set ``host_memory`` per node group to plan with
+# the real figure.
+DEFAULT_HOST_MEMORY_PER_GPU_MEMORY = 2.0
+MIN_DEFAULT_HOST_MEMORY_BYTES = 32e9
 
 
 class NvlinkTopology(str, Enum):
@@ -56,10 +62,25 @@ class NodeGroup:
     price_per_hour_usd: NonNegativeFloat | None = None
     purchase_price_usd: NonNegativeFloat | None = None
     power_w: NonNegativeFloat | None = None
+    host_memory_bytes: PositiveFloat | None = None  # per machine (None: the default rule)
+    host_bandwidth_bytes_per_s: PositiveFloat | None = None  # each GPU to host (None: its PCIe)
 
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.count
+
+    def host_memory(self, gpu_memory_bytes: float) -> float:
+        """Host memory of one machine of the group, in bytes: the cluster file's figure, else
+        twice the machine's GPU memory (at least 32 GB)."""
+        if self.host_memory_bytes is not None:
+            return self.host_memory_bytes
+        total = DEFAULT_HOST_MEMORY_PER_GPU_MEMORY * gpu_memory_bytes * self.gpus_per_node
+        return max(MIN_DEFAULT_HOST_MEMORY_BYTES, total)
+
+    def host_bandwidth(self, pcie_bandwidth_bytes_per_s: float) -> float:
+        """One GPU's bandwidth to host memory, one direction: the cluster file's figure, else
+        its catalog PCIe figure."""
+        return self.host_bandwidth_bytes_per_s or pcie_bandwidth_bytes_per_s
 
 
 @dataclass(frozen=True)

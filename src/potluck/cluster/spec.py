@@ -51,7 +51,12 @@ from potluck.cluster.nodes import (
     NvlinkTopology,
 )
 from potluck.errors import ConfigError
-from potluck.units import non_negative_number, parse_bandwidth_bytes_per_s, parse_duration_s
+from potluck.units import (
+    non_negative_number,
+    parse_bandwidth_bytes_per_s,
+    parse_duration_s,
+    parse_size_bytes,
+)
 from potluck.yamlio import Fields, LineList, load_yaml, non_empty_str, parse_yaml, positive_int
 
 
@@ -83,7 +88,7 @@ class ClusterSpec:
 _NODE_KEYS = (
     "name", "gpu", "gpus_per_node", "count", "nvlink", "nvlink_bandwidth", "intra_bandwidth",
     "inter_bandwidth", "intra_latency", "inter_latency", "price_per_hour", "purchase_price",
-    "power_w",
+    "power_w", "host_memory", "host_bandwidth",
 )
 _TOP_KEYS = ("name", "nodes", "devices", "links", "calibration", "execution")
 
@@ -223,6 +228,8 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         price_per_hour_usd=node.optional("price_per_hour", non_negative_number),
         purchase_price_usd=node.optional("purchase_price", non_negative_number),
         power_w=node.optional("power_w", non_negative_number),
+        host_memory_bytes=node.optional("host_memory", parse_size_bytes),
+        host_bandwidth_bytes_per_s=node.optional("host_bandwidth", parse_bandwidth_bytes_per_s),
     )
     _check_nvlink(node, group, device_type)
     return group

@@ -74,6 +74,15 @@ class Cluster:
     def by_id(self) -> dict[str, Device]:
         return {device.id: device for device in self.devices}
 
+    def host_memory_bytes(self, node: str) -> float:
+        """Host memory of machine ``node`` (``<group>.<index>``), shared by its GPUs' ranks."""
+        group = self.groups[node.rsplit(".", 1)[0]]
+        return group.host_memory(self.spec.device_type(group.gpu).memory_bytes)
+
+    def host_bandwidth_bytes_per_s(self, device: Device) -> float:
+        """``device``'s one-direction bandwidth to its machine's host memory."""
+        return self.groups[device.group].host_bandwidth(device.type.pcie_bandwidth_bytes_per_s)
+
     def device(self, device_id_: str) -> Device:
         try:
             return self.by_id[device_id_]

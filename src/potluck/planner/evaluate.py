@@ -159,7 +159,7 @@ def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
 
 def stage_sharding(plan: Plan) -> StateSharding:
     """How the plan shards its model states over the replicas."""
-    return StateSharding.zero1(plan.dp, plan.zero1)
+    return StateSharding.zero1(plan.dp, plan.shards_optimizer)
 
 
 def gradient_groups(cost: CostModel, plan: Plan) -> list[GradientGroup]:
@@ -258,7 +258,7 @@ class PlanEvaluation:
                 full_params -= self._tied_params()
             group = self._group(list(members), full_params)
             aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
-            group.scatter = self.plan.zero1 and aligned
+            group.scatter = self.plan.shards_optimizer and aligned
             groups.append(group)
         return groups + tied
 
@@ -330,7 +330,7 @@ class PlanEvaluation:
             self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, sharding)
             for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
         )
-        if not (self.plan.zero1 and self.plan.dp > 1):
+        if not (self.plan.shards_optimizer and self.plan.dp > 1):
             return step
         gathering = [g for g in groups if g.gathers and len(g.members) > 1]
         sharing = NicSharing.of_rings(ring for group in gathering for ring in group.rings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
 from potluck.schedules import Schedule
 
@@ -34,7 +35,9 @@ class SearchOptions:
     partition: Partition = Partition.BALANCED
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 2
-    zero1: bool | None = None
+    zero: int | None = None  # ZeRO stage 0-3
+    swap: Swap | None = None
+    offload: Offload | None = None
     top_k: int = 5
     groups: tuple[str, ...] | None = None  # only these node groups may be used
     group_tp: tuple[tuple[str, int], ...] | None = None  # TP degree pinned per node group

@@ -167,7 +167,7 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
     cost = evaluator.cost
     micro_batch = options.micro_batch_size or 1
     recompute = options.recompute or Recompute.FULL
-    zero1 = options.zero1 if options.zero1 is not None else shape.dp > 1
+    zero1 = options.zero >= 1 if options.zero is not None else shape.dp > 1
     micro_batches = max(1, global_batch // (shape.dp * micro_batch))
     layers = _even_split(cost.model.num_layers, shape.pp)
     worst: tuple[float, str] | None = None
@@ -194,7 +194,7 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
         ("more stages (--pp)", shape.pp * virtual < cost.model.num_layers),
         ("a smaller --micro-batch-size", micro_batch > 1),
         ("a larger --tp", shape.tp < MAX_TP),
-        ("--zero1", not zero1 and shape.dp > 1)) if useful]
+        ("--zero 1", not zero1 and shape.dp > 1)) if useful]
     return (f"{stage_text} needs {needed / GIB:.1f} GiB at micro-batch {micro_batch} with "
             f"recompute {recompute.value}{sharded}, {device} has {usable / GIB:.1f} GiB usable; "
             "pin "

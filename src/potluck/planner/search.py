@@ -107,7 +107,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     cluster = Cluster(spec)
     check_request(cluster, model, training, options)
     cost = CostModel.for_training(cluster, model, training)
-    attempts = [options.zero1] if options.zero1 is not None else [False, True]
+    attempts = [options.zero >= 1] if options.zero is not None else [False, True]
     candidates = 0
     for zero1 in attempts:
         plans: list[Plan] = []
@@ -432,7 +432,7 @@ class _Search:
             cluster=self.cluster.spec, model=self.cost.model, training=self.training,
             pipelines=tuple(pipelines), schedule=setting.schedule,
             virtual_stages=setting.virtual_stages, recompute=setting.recompute,
-            zero1=setting.zero1 and len(pipelines) > 1, unused_devices=unused,
+            zero=int(setting.zero1 and len(pipelines) > 1), unused_devices=unused,
             notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
         )
 

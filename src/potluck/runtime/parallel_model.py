@@ -22,7 +22,7 @@ are torchtitan's):
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
    overlap the backward pass when the plan's execution says so) and, with
-   ``plan.zero1``, which replica keeps the optimizer states of which parameter
+   ``plan.shards_optimizer``, which replica keeps the optimizer states of which parameter
    (:func:`~potluck.runtime.grads.zero.assign_owners`).
 
 The result, :class:`ParallelModel`, owns the stage modules, the schedule,
@@ -192,7 +192,7 @@ class ParallelModel:
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters()]
         plan = session.plan
-        owners = assign_owners(self.layout, params) if plan.zero1 else None
+        owners = assign_owners(self.layout, params) if plan.shards_optimizer else None
         self.grad_sync = GradSync(
             self.layout, params, _wire_dtype(session),
             micro_batches=plan.pipelines[self.layout.role.pipeline].num_micro_batches,

@@ -187,7 +187,7 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
         for i, stage in enumerate(work.stages):
             start = done_s[(k, i)]
             steps.append(OptimizerStep(k, i, start, start + stage.optimizer_s))
-    if plan.zero1:
+    if plan.shards_optimizer:
         gathering = [g for g in groups if g.gathers and len(g.members) > 1]
         steps = _with_parameter_gather(gathering, network, steps)
     return syncs, steps

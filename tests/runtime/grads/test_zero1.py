@@ -37,8 +37,8 @@ CASES = {
 def test_sharded_states_give_the_same_losses_in_a_fraction_of_the_memory(case):
     spec, pipelines, *options = CASES[case]
     plan = make_plan(spec, pipelines, **(options[0] if options else {}))
-    full = train_plan(with_options(plan, zero1=False), bucket_elements=SMALL_BUCKETS)
-    sharded = train_plan(with_options(plan, zero1=True), bucket_elements=SMALL_BUCKETS)
+    full = train_plan(with_options(plan, zero=0), bucket_elements=SMALL_BUCKETS)
+    sharded = train_plan(with_options(plan, zero=1), bucket_elements=SMALL_BUCKETS)
 
     # reduce-scatter may add three replicas' gradients in another order than all-reduce
     assert sharded[0].losses == pytest.approx(full[0].losses, abs=1e-6)
@@ -59,8 +59,8 @@ def test_gradients_are_reduce_scattered_to_their_owners_not_all_reduced():
     traffic of an all-reduce); the tied weight's two copies in pipeline 0 still all-reduce."""
     spec, pipelines = CASES["dp=2 x pp=2 x tp=2, tied"]
     plan = make_plan(spec, pipelines)
-    full = train_plan(with_options(plan, zero1=False), bucket_elements=SMALL_BUCKETS)
-    sharded = train_plan(with_options(plan, zero1=True), bucket_elements=SMALL_BUCKETS)
+    full = train_plan(with_options(plan, zero=0), bucket_elements=SMALL_BUCKETS)
+    sharded = train_plan(with_options(plan, zero=1), bucket_elements=SMALL_BUCKETS)
     assert all(s.scattered == 0 for report in full for s in report.stats)
     for rank, report in enumerate(sharded):
         last = report.stats[-1]
@@ -69,8 +69,8 @@ def test_gradients_are_reduce_scattered_to_their_owners_not_all_reduced():
 
 def test_any_torch_optimizer_keeps_states_for_its_share_only():
     plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 1, 2), pipe([(2, (0, 4))], 1, 2)])
-    full = train_plan(with_options(plan, zero1=False), optimizer=sgd_with_momentum)
-    sharded = train_plan(with_options(plan, zero1=True), optimizer=sgd_with_momentum)
+    full = train_plan(with_options(plan, zero=0), optimizer=sgd_with_momentum)
+    sharded = train_plan(with_options(plan, zero=1), optimizer=sgd_with_momentum)
     assert sharded[0].losses == pytest.approx(full[0].losses, abs=1e-6)
     for mine, everything in zip(sharded, full, strict=True):
         assert mine.state_bytes == pytest.approx(everything.state_bytes / 2, rel=0.3)
@@ -83,11 +83,11 @@ def _losses(plan, options):
 def test_a_zero1_checkpoint_resumes_without_zero1_and_back(tmp_path):
     """dp=2 with sharded states -> one pipeline of two stages, unsharded -> heterogeneous
     dp=2 with sharded states: the curve of one uninterrupted run."""
-    sharded = with_options(make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2), zero1=True)
+    sharded = with_options(make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2), zero=1)
     single = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
     hetero = with_options(make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 1, 1),
                                                  pipe([(1, (0, 2)), (1, (2, 4))], 1, 3)]),
-                          zero1=True)
+                          zero=1)
     common = {"lr": LR, "out_dir": str(tmp_path), "progress": False, "timeout_s": 60,
               "checkpoint_every": 2}
     curve = []
