@@ -65,8 +65,10 @@ class StageMemory:
     ``recompute_blocks`` None means every block of the stage, else its first
     ``recompute_blocks`` blocks (in layer order over its chunks) recompute and
     the rest keep all activations. ``swap_fraction`` is the share of the
-    swappable activation bytes of each in-flight micro-batch that leaves the
-    device; with ``hybrid``, ``host_share`` of those go straight to host memory.
+    stage's blocks (its first :meth:`swapped_blocks`, in layer order) whose saved
+    activations leave the device after each micro-batch's forward pass and come
+    back for its backward pass; with ``hybrid``, ``host_share`` of those bytes go
+    straight to host memory and the rest through ``swap_peer``.
     """
 
     recompute: Recompute | None = None
@@ -90,6 +92,18 @@ class StageMemory:
         if self.recompute_blocks is not None and index >= self.recompute_blocks:
             return Recompute.NONE
         return mode
+
+    def swapped_blocks(self, num_blocks: int) -> int:
+        """How many of a stage's ``num_blocks`` blocks swap (its first ones)."""
+        if self.swap is Swap.NONE:
+            return 0
+        return min(num_blocks, round(self.swap_fraction * num_blocks))
+
+    def recomputed_blocks(self, num_blocks: int) -> int:
+        """How many of a stage's ``num_blocks`` blocks recompute (its first ones)."""
+        if self.recompute_blocks is None:
+            return num_blocks
+        return min(num_blocks, self.recompute_blocks)
 
     @property
     def swaps(self) -> bool:
