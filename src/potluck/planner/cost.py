@@ -175,18 +175,21 @@ class CostModel:
         """Bytes per gradient element in the data-parallel all-reduce."""
         return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
 
-    def state_layout(self, device_type: DeviceType) -> formulas.StateBytes:
+    def state_layout(self, device_type: DeviceType, offload: bool = False) -> formulas.StateBytes:
         """Bytes per parameter of weights, gradients and optimizer states on a device: plain
-        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution."""
+        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution;
+        with the optimizer offloaded, 16-bit weights and gradients on the device and the FP32
+        master in host memory (ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1)."""
         if effective_dtype(device_type, self.dtype).is_full_precision:
             return formulas.FP32
-        if self.execution.fp32_params:
+        if self.execution.fp32_params and not offload:
             return formulas.FP32_PARAMS_AUTOCAST
         return formulas.MIXED_PRECISION_MASTER
 
     def model_state_bytes(self, device_type: DeviceType, params: float,
                           sharding: StateSharding) -> float:
-        return formulas.model_state_bytes(params, self.state_layout(device_type), sharding)
+        return formulas.model_state_bytes(params, self.state_layout(device_type, sharding.offload),
+                                          sharding)
 
     def optimizer_step_s(self, device_type: DeviceType, params: float,
                          sharding: StateSharding) -> float:
@@ -388,8 +391,8 @@ class CostModel:
         return held
 
     def stage_sharding(self, shape: StageShape, sharding: StateSharding) -> StateSharding:
-        """The plan's sharding with the stage's own offload."""
-        if shape.offload == sharding.offload:
+        """The plan's sharding, with the optimizer offloaded where the stage offloads it."""
+        if not shape.offload or sharding.offload:
             return sharding
         return replace(sharding, offload=shape.offload)
 
@@ -399,7 +402,8 @@ class CostModel:
         if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
             return 0.0
         return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
-                                           self.state_layout(device_type), sharding)
+                                           self.state_layout(device_type, sharding.offload),
+                                           sharding)
 
     def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                    sharding: StateSharding) -> float:

@@ -459,8 +459,8 @@ class PlanEvaluation:
 
     def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
                        peer_held: float) -> DeviceMemory:
-        layout = self.cost.state_layout(device.type)
         sharding = stage_sharding(self.plan, k, j)
+        layout = self.cost.state_layout(device.type, sharding.offload)
         states = self.cost.model_state_bytes(device.type, c.params, sharding)
         weights = layout.weights * c.params / sharding.parameter_shards
         grads = layout.grads * c.params / sharding.gradient_shards
