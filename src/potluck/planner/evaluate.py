@@ -416,22 +416,8 @@ class PlanEvaluation:
         gradients are reduced (under 1F1B later stages finish first), every offloading rank
         of a machine running Adam in its DRAM at once. Overlap with the next forward would
         need ZeRO-Offload's one-step delayed update, which changes the numerics: not done."""
-        on_host: dict[str, float] = {}
-        for k, stage_costs in enumerate(costs):
-            for j, c in enumerate(stage_costs):
-                if c.shape.offload:
-                    shards = stage_sharding(self.plan, k, j).optimizer_shards
-                    for device in self.devices[k][j]:
-                        on_host[device.node] = on_host.get(device.node, 0.0) + c.params / shards
-        end = 0.0
-        for k, stage_costs in enumerate(costs):
-            for j, c in enumerate(stage_costs):
-                if c.shape.offload:
-                    device = self.devices[k][j][0]
-                    step = self.cost.offloaded_step_s(device, c.params, stage_sharding(
-                        self.plan, k, j), on_host[device.node])
-                    end = max(end, done[(k, j)] + step)
-        return end
+        steps = offloaded_steps_s(self.cost, self.plan)
+        return max((done[ref] + step for ref, step in steps.items()), default=0.0)
 
     def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
                    dp_s: float, optimizer_s: float) -> TimeBreakdown:
@@ -496,6 +482,44 @@ class PlanEvaluation:
             stage_times_s=tuple(tuple(c.work.total_s for c in s) for s in costs),
         )
 
+
+
+def offloaded_steps_s(cost: CostModel, plan: Plan) -> dict[StageRef, float]:
+    """Per stage that offloads its optimizer, its host step
+    (:meth:`CostModel.offloaded_step_s`), every offloading rank of a machine stepping its
+    share in the machine's DRAM at once."""
+    devices = stage_devices(cost, plan)
+    params: dict[StageRef, float] = {}
+    on_host: dict[str, float] = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        for i in range(pipeline.pp):
+            shape = stage_shape(plan, k, i)
+            if shape.offload:
+                params[(k, i)] = cost.stage_params(shape, len(devices[k][i]))
+                shards = stage_sharding(plan, k, i).optimizer_shards
+                for device in devices[k][i]:
+                    on_host[device.node] = on_host.get(device.node, 0.0) + params[(k, i)] / shards
+    return {(k, i): cost.offloaded_step_s(devices[k][i][0], p, stage_sharding(plan, k, i),
+                                          on_host[devices[k][i][0].node])
+            for (k, i), p in params.items()}
+
+
+def peer_held_bytes(cost: CostModel, plan: Plan) -> dict[str, float]:
+    """Per device, the swap stashes it holds for its peers at their peak."""
+    schedule = schedule_for(plan.schedule)
+    devices = stage_devices(cost, plan)
+    held: dict[str, float] = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        for i in range(pipeline.pp):
+            shape = stage_shape(plan, k, i)
+            if shape.swap_peer is None or not shape.swapped:
+                continue
+            tp = len(devices[k][i])
+            in_flight = schedule.in_flight(i, pipeline.pp, pipeline.num_micro_batches,
+                                           plan.virtual_stages)
+            peer = cost.swap_bytes(devices[k][i][0].type, tp, shape, in_flight).peer
+            held[shape.swap_peer] = held.get(shape.swap_peer, 0.0) + peer * tp
+    return held
 
 
 def host_memory(cost: CostModel, memory: list[DeviceMemory]) -> tuple[HostMemory, ...]:
