@@ -191,28 +191,28 @@ def _swap_target(memory: StageMemory) -> str | None:
 
 
 def _fits_beyond_device(plan: Plan, prediction: Prediction) -> bool:
-    """Whether the plan puts anything beyond its devices' own memory (swap, offload, ZeRO)."""
-    return plan.zero > 0 or any(m.host_bytes or m.peer_held_bytes or m.swapped_out_bytes
-                                for m in prediction.memory)
+    """Whether the plan puts anything beyond its devices' own memory (swap, offload) or
+    shards more than the optimizer (ZeRO-2/3)."""
+    return plan.zero >= 2 or any(m.host_bytes or m.peer_held_bytes or m.swapped_out_bytes
+                                 for m in prediction.memory)
 
 
 def _device_memory_table(plan: Plan, prediction: Prediction) -> Table:
     """Per device: memory used of available, what it swaps where, holds for peers, shards
-    (ZeRO) and offloads."""
+    (ZeRO, in the plan's heading) and offloads, its host bytes."""
     cluster = Cluster(plan.cluster)
-    table = compact_table("Memory per device", ("device", "used GB", "swapped out",
-                                                "held for peers", "ZeRO", "offloaded",
-                                                "host GB"), left=("device", "swapped out"))
+    table = compact_table("Memory per device (GB)", ("device", "used", "swapped out to",
+                                                     "for peers", "offloaded", "host"),
+                          left=("device", "swapped out to"))
     for m in prediction.memory:
         device = cluster.device(m.device)
         choice = plan.stage_memory(m.pipeline, m.stage)
-        swapped = (f"{m.swapped_out_bytes / GB:.1f} GB to {_swap_target(choice)}"
+        swapped = (f"{m.swapped_out_bytes / GB:.1f} {_swap_target(choice)}"
                    if m.swapped_out_bytes else "-")
         table.add_row(
             m.device, f"{m.total_bytes / GB:.1f}/{device.type.memory_bytes / GB:.0f}", swapped,
-            f"{m.peer_held_bytes / GB:.1f} GB" if m.peer_held_bytes else "-",
-            str(plan.zero) if plan.zero else "-",
-            f"{m.offloaded_bytes / GB:.1f} GB" if m.offloaded_bytes else "-",
+            f"{m.peer_held_bytes / GB:.1f}" if m.peer_held_bytes else "-",
+            f"{m.offloaded_bytes / GB:.1f}" if m.offloaded_bytes else "-",
             f"{m.host_bytes / GB:.1f}",
         )
     return table

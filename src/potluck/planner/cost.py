@@ -157,6 +157,7 @@ class CostModel:
         self.network = Network(cluster)
         self._tp_cache: dict[tuple, float] = {}
         self._params_cache: dict[tuple, float] = {}
+        self._block_bytes_cache: dict[tuple, float] = {}
 
     @classmethod
     def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
@@ -359,8 +360,14 @@ class CostModel:
         return SwapBytes(moved, host_bytes, peer_bytes)
 
     def _block_bytes(self, tp: int, micro_batch: int, recompute: Recompute) -> float:
-        return counts.block_activation_bytes(self.model, micro_batch, self.seq_len, tp, recompute,
-                                             flash_attention=self.flash_attention)
+        """One block's saved activations (cached: the search asks very often)."""
+        key = (tp, micro_batch, recompute)
+        cached = self._block_bytes_cache.get(key)
+        if cached is None:
+            cached = self._block_bytes_cache[key] = counts.block_activation_bytes(
+                self.model, micro_batch, self.seq_len, tp, recompute,
+                flash_attention=self.flash_attention)
+        return cached
 
     def activation_bytes_per_micro_batch(self, device_type: DeviceType, tp: int,
                                          shape: StageShape) -> float:
