@@ -204,7 +204,8 @@ class _Search:
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = []
         for combo in combos:
-            plan = refine_memory(self._build(combo), self.cost, self.options, level.offload)
+            plan = refine_memory(self._build(combo), self.cost, self._refining(combo),
+                                 level.offload)
             if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
                 continue
             plan = self._evaluate(plan)
@@ -220,6 +221,16 @@ class _Search:
         options = self.options
         return any(v is not None for v in (options.tp, options.pp, options.dp,
                                            options.micro_batch_size))
+
+    def _refining(self, combo: _Combo) -> SearchOptions:
+        """What the per-stage refinement may choose: everything not pinned, except for the
+        frameworks' baselines (``partition=uniform``, rank order), which recompute alike on
+        every stage (Megatron-LM's ``--recompute-granularity``) and do not swap unless
+        pinned to."""
+        if not (self.options.partition is Partition.UNIFORM or self.rank_order):
+            return self.options
+        return replace(self.options, recompute=self.options.recompute or combo.setting.recompute,
+                       swap=self.options.swap or Swap.NONE)
 
     def _fits(self, plan: Plan) -> bool:
         """Every device within its usable memory, every machine within its host memory."""
