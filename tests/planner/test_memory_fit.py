@@ -293,3 +293,23 @@ def test_plan_files_written_before_the_memory_fields_still_load():
     loaded = plan_from_dict(data)
     assert loaded.prediction.memory[0].host_bytes == 0.0
     assert loaded.stage_memory(0, 0) == StageMemory(Recompute.NONE)
+
+
+SEQ_4096 = TrainingShape(32, 4096)
+TIGHT = SearchOptions(pp=4, dp=1, tp=1, micro_batch_size=1, offload=Offload.OPTIMIZER, zero=0)
+
+
+def test_swapping_is_chosen_where_it_beats_recomputation_and_flattens_1f1b_memory():
+    spec = parse_cluster("nodes: [{name: b, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs}]")
+    model = load_model("llama2-7b")
+    auto = search(spec, model, SEQ_4096, TIGHT).best
+    recomputing = search(spec, model, SEQ_4096, replace(TIGHT, swap=Swap.NONE)).best
+    host = search(spec, model, SEQ_4096, replace(TIGHT, swap=Swap.HOST)).best
+    assert auto.stage_memory(0, 0).swaps and not auto.stage_memory(0, 3).swaps
+    assert auto.prediction.iteration_time_s < recomputing.prediction.iteration_time_s
+
+    def spread(plan: Plan) -> float:
+        used = [m.total_bytes for m in plan.prediction.memory]
+        return max(used) - min(used)
+
+    assert spread(host) < 0.5 * spread(recomputing)

@@ -85,6 +85,7 @@ class _Refiner:
 
     def run(self) -> Plan | None:
         chosen: dict[tuple[int, int], _Choice] = {}
+        self.provisional: dict[tuple[int, int], _Choice] = {}
         peer_kinds = [s for s in self._swaps() if s.uses_peer]
         own_kinds = [s for s in self._swaps() if not s.uses_peer]
         for stage in self.stages:  # every stage on its own first (no peers)
@@ -94,14 +95,31 @@ class _Refiner:
             if choice is not None:
                 chosen[stage.ref] = choice
                 self._account(stage, choice)
+            else:  # pinned to peers: hold its own bytes without swapping until it gets one
+                self.provisional[stage.ref] = self._unchecked(stage)
+                self._account(stage, self.provisional[stage.ref])
         if peer_kinds:  # then peer swaps, heaviest stages first, where they fit and pay
             for stage in sorted(self.stages, key=lambda s: -s.in_flight):
                 if not self._try_peers(stage, peer_kinds, chosen):
                     return None
         return self._with_memory(chosen)
 
+    def _unchecked(self, stage: _Stage) -> _Choice:
+        """The stage without swapping, fitting or not (what it holds before its peer swap)."""
+        memory = _memory(self._modes()[0], stage.base.num_layers, stage.base.num_layers,
+                         Swap.NONE, 0, None, self.offloads[-1])
+        shape = _shape(stage.base, memory)
+        device = stage.devices[0]
+        sharding = self.cost.stage_sharding(shape, stage.sharding)
+        on_device = self.cost.stage_memory_bytes(device.type, len(stage.devices), shape,
+                                                 stage.in_flight, sharding)
+        return _Choice(memory, float("inf"), on_device, 0.0, 0.0)
+
     def _try_peers(self, stage: _Stage, kinds: list[Swap],
                    chosen: dict[tuple[int, int], _Choice]) -> bool:
+        provisional = self.provisional.pop(stage.ref, None)
+        if provisional is not None:
+            self._account(stage, provisional, -1.0)
         old = chosen.get(stage.ref)
         if old is not None:
             self._account(stage, old, -1.0)
@@ -160,7 +178,10 @@ class _Refiner:
         for offload in self.offloads:
             for swap in swaps:
                 for mode in self._modes():
-                    if swap is Swap.NONE or self.options.swap is not None:
+                    if swap is not Swap.NONE and self.options.swap is not None:
+                        yield from self._pinned_swap(stage, mode, swap, peer_id, offload)
+                        continue
+                    if swap is Swap.NONE:
                         pinned = self.options.recompute is not None or mode is Recompute.NONE
                         blocks = self._fewest(stage, n, pinned, lambda r, mode=mode, swap=swap,
                                               offload=offload: _memory(
@@ -174,6 +195,21 @@ class _Refiner:
                                               mode, r, n, swap, s, peer_id, offload))
                     if blocks is not None:
                         yield _memory(mode, recomputed, n, swap, blocks, peer_id, offload)
+
+    def _pinned_swap(self, stage: _Stage, mode: Recompute, swap: Swap, peer: str | None,
+                     offload: bool) -> Iterator[StageMemory]:
+        """A pinned swap on every stage: all its blocks where that fits, else the fewest that
+        fit, at least one (on, even where it does not pay)."""
+        n = stage.base.num_layers
+        recomputed = 0 if mode is Recompute.NONE else n
+        every = _memory(mode, recomputed, n, swap, n, peer, offload)
+        if self._fits(stage, every):
+            yield every
+            return
+        blocks = self._fewest(stage, n, False, lambda s: _memory(mode, recomputed, n, swap,
+                                                                  max(1, s), peer, offload))
+        if blocks is not None:
+            yield _memory(mode, recomputed, n, swap, max(1, blocks), peer, offload)
 
     def _modes(self) -> list[Recompute]:
         if self.options.recompute is not None:
