@@ -313,3 +313,20 @@ def test_swapping_is_chosen_where_it_beats_recomputation_and_flattens_1f1b_memor
         return max(used) - min(used)
 
     assert spread(host) < 0.5 * spread(recomputing)
+
+
+def test_uneven_replicas_keep_optimizer_shares_proportional_to_their_memory():
+    text = ("nodes: [{name: small, gpu: rtx3090, gpus_per_node: 1}, "
+            "{name: big, gpu: a100-80g-sxm, gpus_per_node: 1}]")
+    model = load_model("tiny-llama")
+    stages = [Stage((device,), ((0, model.num_layers),)) for device in ("small.0:0", "big.0:0")]
+    plan = Plan(cluster=parse_cluster(text), model=model, training=TrainingShape(8, SEQ),
+                pipelines=tuple(Pipeline((s,), 1, 4) for s in stages), zero=1)
+    cost = CostModel.for_plan(plan)
+    params = cost.stage_params(StageShape(model.num_layers, True, True, 1), 1)
+    by_device = {m.device: m for m in predict(plan).memory}
+    for device, memory_gb in (("small.0:0", 24), ("big.0:0", 80)):
+        layout = cost.state_layout(cost.cluster.device(device).type)
+        share = memory_gb / (24 + 80)
+        assert by_device[device].optimizer_bytes == pytest.approx(layout.optimizer * params * share,
+                                                                  rel=1e-3)

@@ -186,11 +186,42 @@ def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
 
 def stage_sharding(plan: Plan, pipeline: int | None = None, stage: int | None = None
                    ) -> StateSharding:
-    """How the plan shards its model states over the replicas (with stage ``stage`` of
-    ``pipeline``'s own optimizer offload when given)."""
-    offload = (pipeline is not None and stage is not None
-               and plan.stage_memory(pipeline, stage).offload is Offload.OPTIMIZER)
-    return StateSharding.of(plan.dp, plan.zero, offload)
+    """How the plan shards its model states over the replicas; for stage ``stage`` of
+    ``pipeline``, with its own optimizer offload and its own share: each holder of a
+    stage's parameters keeps a share of their states proportional to its device memory
+    (the memory contract; ``1/d`` on equal devices), as a divisor."""
+    if pipeline is None or stage is None:
+        return StateSharding.of(plan.dp, plan.zero)
+    offload = plan.stage_memory(pipeline, stage).offload is Offload.OPTIMIZER
+    return StateSharding.of(_shard_divisors(plan).get((pipeline, stage), plan.dp), plan.zero,
+                            offload)
+
+
+_DIVISORS: dict[int, tuple[Plan, dict[StageRef, float]]] = {}
+
+
+def _shard_divisors(plan: Plan) -> dict[StageRef, float]:
+    """Per stage whose replicas' devices differ in memory, its share's divisor:
+    ``sum(memory of the holders) / own memory`` (cached for the last few plans)."""
+    cached = _DIVISORS.get(id(plan))
+    if cached is not None and cached[0] is plan:
+        return cached[1]
+    from potluck.cluster.topology import Cluster
+
+    cluster = Cluster(plan.cluster)
+    divisors: dict[StageRef, float] = {}
+    if plan.dp > 1 and plan.zero >= 1:
+        for members in placement.replica_stages(plan):
+            memory = {m: cluster.device(plan.pipelines[m[0]].stages[m[1]].devices[0]).type
+                      .memory_bytes for m in members}
+            if len(set(memory.values())) > 1:
+                total = sum(memory.values())
+                for member, own in memory.items():
+                    divisors[member] = total / own
+    if len(_DIVISORS) > 8:
+        _DIVISORS.clear()
+    _DIVISORS[id(plan)] = (plan, divisors)
+    return divisors
 
 
 def zero3_refusal(plan: Plan) -> str | None:

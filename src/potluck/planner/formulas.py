@@ -141,8 +141,9 @@ class StateSharding:
         return _sharding(replicas if (enabled and replicas > 1) else 1, 1, False)
 
     @staticmethod
-    def of(replicas: int, zero: int, offload: bool = False) -> StateSharding:
-        """The states of ZeRO stage ``zero`` (0-3) over ``replicas`` replicas."""
+    def of(replicas: float, zero: int, offload: bool = False) -> StateSharding:
+        """The states of ZeRO stage ``zero`` (0-3) over ``replicas`` replicas (a fraction
+        where a holder's share is uneven: the divisor of its share)."""
         return _sharding(replicas if replicas > 1 else 1, zero if replicas > 1 else 0, offload)
 
     @property

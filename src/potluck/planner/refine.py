@@ -24,7 +24,11 @@ from potluck.cluster.topology import Device
 from potluck.memory_plan import Offload, StageMemory, Swap
 from potluck.model.counts import Recompute
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
-from potluck.planner.evaluate import HOST_OS_RESERVE_BYTES, HOST_RANK_RESERVE_BYTES
+from potluck.planner.evaluate import (
+    HOST_OS_RESERVE_BYTES,
+    HOST_RANK_RESERVE_BYTES,
+    stage_sharding,
+)
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
 from potluck.plans import Pipeline, Plan
@@ -72,9 +76,9 @@ class _Refiner:
     def _stages(self) -> Iterator[_Stage]:
         plan = self.plan
         schedule = schedule_for(plan.schedule)
-        sharding = StateSharding.of(plan.dp, plan.zero)
         for k, pipeline in enumerate(plan.pipelines):
             for i, stage in enumerate(pipeline.stages):
+                sharding = replace(stage_sharding(plan, k, i), offload=False)
                 devices = tuple(self.cost.cluster.device(d) for d in stage.devices)
                 base = StageShape(stage.num_layers, i == 0, i == pipeline.pp - 1, pipeline.pp,
                                   pipeline.micro_batch_size)
