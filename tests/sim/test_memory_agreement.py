@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from simkit import cluster, flat_model, make_plan
+from simkit import INSTANT_LINKS, cluster, flat_model, make_plan
 
 from potluck.memory_plan import Offload, StageMemory, Swap
 from potluck.planner.evaluate import predict
@@ -62,3 +62,20 @@ def test_zero3_gathers_in_every_forward_and_backward() -> None:
     gathers = [t for t in simulate(plan).state_transfers
                if t.kind is StateTransferKind.PARAM_ALLGATHER]
     assert len(gathers) == 2 * 2 * 2 * 4  # pipelines x stages x passes x micro-batches
+
+
+SLOW_HOST = INSTANT_LINKS.replace("inter_bandwidth: 1000000GB/s",
+                                  "inter_bandwidth: 1000000GB/s\n    host_bandwidth: 2GB/s\n"
+                                  "    host_memory_bandwidth: 10GB/s")
+
+
+@pytest.mark.parametrize("case", ["host swap", "offload"])
+def test_exposed_swaps_and_host_steps_agree_with_the_cost_model(case: str) -> None:
+    memory, zero = CASES[case]
+    plan = _with_memory(make_plan(cluster(SLOW_HOST), flat_model(16), pp=4, micro_batches=8,
+                                  dp=2), memory, zero)
+    fast = _with_memory(make_plan(cluster(), flat_model(16), pp=4, micro_batches=8, dp=2),
+                        memory, zero)
+    result = simulate(plan)
+    assert result.predicted_time_s > 1.1 * predict(fast).iteration_time_s  # the host shows
+    assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.03)

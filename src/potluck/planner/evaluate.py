@@ -296,8 +296,10 @@ class PlanEvaluation:
         dp_end_s = self._reduction_end_s(groups, costs, times, done)
         pipe_end_s = max(t.total_s for t in times)
         optimizer_s = self._optimizer_s(costs, groups)
-        iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s,
-                          self._offloaded_end_s(costs, done))
+        offloaded_end_s = self._offloaded_end_s(costs, done)
+        if offloaded_end_s:
+            offloaded_end_s += self._parameter_gather_s(groups)
+        iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s, offloaded_end_s)
         optimizer_s = iteration_s - max(pipe_end_s, dp_end_s)
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
         return self._summary(iteration_s, breakdown, self._memory(costs), costs)
@@ -434,12 +436,15 @@ class PlanEvaluation:
                                             stage_sharding(self.plan, k, j))
                  for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
                  if not c.shape.offload]
-        step = max(steps, default=0.0)
+        return max(steps, default=0.0) + self._parameter_gather_s(groups)
+
+    def _parameter_gather_s(self, groups: list[GradientGroup]) -> float:
+        """ZeRO-1/2: the owners' updated parameters all-gathered after the step."""
         if not (self.plan.shards_optimizer and self.plan.dp > 1):
-            return step
+            return 0.0
         gathering = [g for g in groups if g.gathers and len(g.members) > 1]
         sharing = NicSharing.of_rings(ring for group in gathering for ring in group.rings)
-        return step + max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
+        return max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
 
     def _offloaded_end_s(self, costs: list[list[StageCost]], done: dict[StageRef, float]
                          ) -> float:
