@@ -190,4 +190,6 @@ class SimulationResult:
                  "fraction": s.fraction} for s in self.critical_path],
             "peak_memory_gb": max(d.peak_memory_bytes for d in self.devices) / 1e9,
             "per_device": [d.as_dict() for d in self.devices],
+            "state_transfers": {kind.value: sum(1 for t in self.state_transfers if t.kind is kind)
+                                for kind in StateTransferKind},
         }
