@@ -15,7 +15,8 @@ from rich.table import Table
 from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
-from potluck.memory_plan import StageMemory, Swap
+from potluck.memory_plan import Offload, StageMemory, Swap
+from potluck.model.counts import Recompute
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
@@ -152,7 +153,7 @@ def _stage_table(plan: Plan, prediction: Prediction) -> Table:
                 f"{pipeline.num_micro_batches}x{pipeline.micro_batch_size}" if i == 0 else "",
                 str(i), compact_ids(stage.devices), device_type.name, str(stage.tp), layers,
                 f"{peak / GB:.1f}/{device_type.memory_bytes / GB:.0f}",
-                *((plan.stage_memory(k, i).describe(plan.recompute),) if per_stage else ()),
+                *((choices_text(plan.stage_memory(k, i)),) if per_stage else ()),
                 format_duration(prediction.stage_times_s[k][i]),
             )
     return table
@@ -163,6 +164,21 @@ def uniform_memory(plan: Plan) -> bool:
     its blocks, no swap, no offload."""
     return all(plan.stage_memory(k, i).describe(plan.recompute) == plan.recompute.value
                for k, p in enumerate(plan.pipelines) for i in range(p.pp))
+
+
+def choices_text(memory: StageMemory) -> str:
+    """A stage's memory choices in a few characters: ``full x3, host 40%, offload``; where
+    a swap goes is in the memory table."""
+    mode = memory.recompute or Recompute.NONE
+    parts = []
+    if mode is not Recompute.NONE:
+        blocks = f" x{memory.recompute_blocks}" if memory.recompute_blocks is not None else ""
+        parts.append(mode.value + blocks)
+    if memory.swaps:
+        parts.append(f"{memory.swap.value} {memory.swap_fraction:.0%}")
+    if memory.offload is not Offload.NONE:
+        parts.append("offload")
+    return ", ".join(parts) or "-"
 
 
 def recompute_text(plan: Plan) -> str:
