@@ -18,8 +18,18 @@ cost model:
 5. with ``Placement.RANK_ORDER`` (how Megatron-LM and DeepSpeed place ranks), only
    layouts in the framework's rank order with an even split
    (:mod:`potluck.planner.rank_order`) replace steps 2-4;
-6. build the best candidates as Plans and rank them with the full cost model
-   (network cards shared, every gradient ring priced).
+6. build the best candidates as Plans, give every stage its own memory choices
+   (:mod:`potluck.planner.refine`: the fewest recomputed or swapped blocks that fit,
+   peer, host or hybrid swaps, optimizer offload) and rank them with the full cost
+   model (network cards shared, every gradient ring priced), dropping those over a
+   device's or a machine's host memory.
+
+All of it runs at one *memory level* after the other (:func:`memory_levels`: no
+sharding, ZeRO-1, 2, 3, then each with the optimizer offloaded), stopping at the first
+that yields plans: sharding and offload cost time, so they are used only where the
+levels before them do not fit; swapping and per-stage recomputation are chosen inside
+every level where they pay. Families may also assume every stage swaps its blocks'
+activations (``FamilySetting.swap``), which lays out plans that fit only so.
 
 Groups left out of every family, and pipelines that get no micro-batch, are
 devices the plan does not use: the search leaves a device out when that is
