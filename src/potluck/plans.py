@@ -142,7 +142,30 @@ class DeviceMemory:
     grads_bytes: float
     optimizer_bytes: float
     activations_bytes: float
-    total_bytes: float
+    total_bytes: float  # on the device: its own, ZeRO's working set, peers' stashes
+    host_bytes: float = 0.0  # in host memory: offloaded optimizer states, host-swap stash
+    swapped_out_bytes: float = 0.0  # its activations stashed off the device at peak
+    peer_held_bytes: float = 0.0  # stashes it holds for other devices' peer swaps
+    offloaded_bytes: float = 0.0  # the optimizer states and master copy in host memory
+    zero_working_bytes: float = 0.0  # ZeRO-2/3's full-size block gradients or weights
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Predicted host memory of one machine, in bytes."""
+
+    node: str
+    used_bytes: float  # what the plan puts there (offload, host swap, CPU ranks)
+    reserve_bytes: float  # the OS and the ranks' processes
+    capacity_bytes: float
+
+    @property
+    def needed_bytes(self) -> float:
+        return self.used_bytes + self.reserve_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -157,6 +180,7 @@ class Prediction:
     breakdown: TimeBreakdown
     memory: tuple[DeviceMemory, ...] = ()
     stage_times_s: tuple[tuple[float, ...], ...] = ()
+    host_memory: tuple[HostMemory, ...] = ()
 
 
 @dataclass(frozen=True)

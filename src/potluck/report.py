@@ -15,6 +15,8 @@ from rich.table import Table
 from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
+from potluck.memory_plan import Offload, StageMemory, Swap
+from potluck.model.counts import Recompute
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
@@ -32,11 +34,19 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     devices = []
     for device_id in plan.devices:
         device, used = cluster.device(device_id), memory[device_id]
+        memory_choice = plan.stage_memory(used.pipeline, used.stage)
         devices.append({
             "id": device_id, "node": device.node, "type": device.type.name,
             "pipeline": used.pipeline, "stage": used.stage,
             "memory_gb": round(used.total_bytes / GB, 3),
             "memory_capacity_gb": round(device.type.memory_bytes / GB, 3),
+            "host_gb": round(used.host_bytes / GB, 3),
+            "swap": memory_choice.swap.value if memory_choice.swaps else "none",
+            "swap_to": _swap_target(memory_choice),
+            "swapped_out_gb": round(used.swapped_out_bytes / GB, 3),
+            "peer_held_gb": round(used.peer_held_bytes / GB, 3),
+            "offloaded_gb": round(used.offloaded_bytes / GB, 3),
+            "zero": plan.zero,
         })
     breakdown = prediction.breakdown
     return {
@@ -50,6 +60,13 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "unused_devices": list(plan.unused_devices),
         "micro_batch_size": plan.pipelines[0].micro_batch_size,
         "recompute": plan.recompute.value,
+        "zero": plan.zero,
+        "stage_memory": [[plan.stage_memory(k, i).describe(plan.recompute)
+                          for i in range(p.pp)] for k, p in enumerate(plan.pipelines)],
+        "host_memory": [{"node": h.node, "used_gb": round(h.used_bytes / GB, 3),
+                         "reserve_gb": round(h.reserve_bytes / GB, 3),
+                         "capacity_gb": round(h.capacity_bytes / GB, 3)}
+                        for h in prediction.host_memory],
         "schedule": plan.schedule.value,
         "execution": describe(plan.training.execution),
         "dtype": plan.training.dtype.value,
@@ -103,13 +120,15 @@ def render_plan(console: Console, plan: Plan) -> None:
     console.print(
         f"[bold]{escape(plan.model.name)}[/bold] on [bold]{escape(plan.cluster.name)}[/bold] "
         f"({plan.num_gpus} of {plan.cluster.num_gpus} GPUs): {plan.layout()}, "
-        f"micro-batch {plan.pipelines[0].micro_batch_size}, recompute {plan.recompute.value}, "
-        f"schedule {plan.schedule.value}; global batch {shape.global_batch} x {shape.seq_len} "
-        f"tokens, {shape.dtype.value}"
+        f"micro-batch {plan.pipelines[0].micro_batch_size}, recompute {recompute_text(plan)}, "
+        f"{zero_text(plan)}schedule {plan.schedule.value}; global batch {shape.global_batch} x "
+        f"{shape.seq_len} tokens, {shape.dtype.value}"
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
-    for table in (_stage_table(plan, prediction), _headline_table(prediction),
-                  _breakdown_table(prediction)):
+    tables = [_stage_table(plan, prediction)]
+    if _fits_beyond_device(plan, prediction):
+        tables += [_device_memory_table(plan, prediction), _host_memory_table(prediction)]
+    for table in (*tables, _headline_table(prediction), _breakdown_table(prediction)):
         console.print()
         console.print(table)
     for note in [*plan_dtype_notes(plan), *plan.notes]:
@@ -119,10 +138,11 @@ def render_plan(console: Console, plan: Plan) -> None:
 def _stage_table(plan: Plan, prediction: Prediction) -> Table:
     cluster = Cluster(plan.cluster)
     memory = {m.device: m.total_bytes for m in prediction.memory}
-    table = compact_table("Pipelines and stages",
-                          ("pipe", "batch", "stage", "devices", "type", "tp", "layers",
-                           "memory GB", "t/µbatch"),
-                          left=("devices", "type", "layers"))
+    per_stage = not uniform_memory(plan)
+    columns = ("pipe", "batch", "stage", "devices", "type", "tp", "layers", "memory GB",
+               *(("memory choices",) if per_stage else ()), "t/µbatch")
+    table = compact_table("Pipelines and stages", columns,
+                          left=("devices", "type", "layers", "memory choices"))
     for k, pipeline in enumerate(plan.pipelines):
         for i, stage in enumerate(pipeline.stages):
             device_type = cluster.device(stage.devices[0]).type
@@ -133,8 +153,93 @@ def _stage_table(plan: Plan, prediction: Prediction) -> Table:
                 f"{pipeline.num_micro_batches}x{pipeline.micro_batch_size}" if i == 0 else "",
                 str(i), compact_ids(stage.devices), device_type.name, str(stage.tp), layers,
                 f"{peak / GB:.1f}/{device_type.memory_bytes / GB:.0f}",
+                *((choices_text(plan.stage_memory(k, i)),) if per_stage else ()),
                 format_duration(prediction.stage_times_s[k][i]),
             )
+    return table
+
+
+def uniform_memory(plan: Plan) -> bool:
+    """Whether every stage makes the plan-wide choice: recompute ``plan.recompute`` on all
+    its blocks, no swap, no offload."""
+    return all(plan.stage_memory(k, i).describe(plan.recompute) == plan.recompute.value
+               for k, p in enumerate(plan.pipelines) for i in range(p.pp))
+
+
+def choices_text(memory: StageMemory) -> str:
+    """A stage's memory choices in a few characters: ``full x3, host 40%, offload``; where
+    a swap goes is in the memory table."""
+    mode = memory.recompute or Recompute.NONE
+    parts = []
+    if mode is not Recompute.NONE:
+        blocks = f" x{memory.recompute_blocks}" if memory.recompute_blocks is not None else ""
+        parts.append(mode.value + blocks)
+    if memory.swaps:
+        parts.append(f"{memory.swap.value} {memory.swap_fraction:.0%}")
+    if memory.offload is not Offload.NONE:
+        parts.append("offload")
+    return ", ".join(parts) or "-"
+
+
+def recompute_text(plan: Plan) -> str:
+    """``full``, or ``per stage`` when the stages recompute differently."""
+    modes = {(m.recompute, m.recompute_blocks) for m in
+             (plan.stage_memory(k, i) for k, p in enumerate(plan.pipelines) for i in range(p.pp))}
+    if len(modes) == 1:
+        mode, blocks = modes.pop()
+        if blocks is None:
+            return (mode or plan.recompute).value
+    return "per stage"
+
+
+def zero_text(plan: Plan) -> str:
+    return f"ZeRO-{plan.zero}, " if plan.zero else ""
+
+
+def _swap_target(memory: StageMemory) -> str | None:
+    if not memory.swaps:
+        return None
+    if memory.swap is Swap.HOST:
+        return "host"
+    if memory.swap is Swap.HYBRID:
+        return f"host {memory.host_share:.0%} + {memory.swap_peer}"
+    return memory.swap_peer
+
+
+def _fits_beyond_device(plan: Plan, prediction: Prediction) -> bool:
+    """Whether the plan puts anything beyond its devices' own memory (swap, offload) or
+    shards more than the optimizer (ZeRO-2/3)."""
+    return plan.zero >= 2 or any(m.host_bytes or m.peer_held_bytes or m.swapped_out_bytes
+                                 for m in prediction.memory)
+
+
+def _device_memory_table(plan: Plan, prediction: Prediction) -> Table:
+    """Per device: memory used of available, what it swaps where, holds for peers, shards
+    (ZeRO, in the plan's heading) and offloads, its host bytes."""
+    cluster = Cluster(plan.cluster)
+    table = compact_table("Memory per device (GB)", ("device", "used", "swapped out to",
+                                                     "for peers", "offloaded", "host"),
+                          left=("device", "swapped out to"))
+    for m in prediction.memory:
+        device = cluster.device(m.device)
+        choice = plan.stage_memory(m.pipeline, m.stage)
+        swapped = (f"{m.swapped_out_bytes / GB:.1f} {_swap_target(choice)}"
+                   if m.swapped_out_bytes else "-")
+        table.add_row(
+            m.device, f"{m.total_bytes / GB:.1f}/{device.type.memory_bytes / GB:.0f}", swapped,
+            f"{m.peer_held_bytes / GB:.1f}" if m.peer_held_bytes else "-",
+            f"{m.offloaded_bytes / GB:.1f}" if m.offloaded_bytes else "-",
+            f"{m.host_bytes / GB:.1f}",
+        )
+    return table
+
+
+def _host_memory_table(prediction: Prediction) -> Table:
+    table = compact_table("Host memory per machine", ("machine", "used GB", "reserve GB",
+                                                      "capacity GB"), left=("machine",))
+    for host in prediction.host_memory:
+        table.add_row(host.node, f"{host.used_bytes / GB:.1f}", f"{host.reserve_bytes / GB:.0f}",
+                      f"{host.capacity_bytes / GB:.0f}")
     return table
 
 
@@ -168,7 +273,7 @@ def _alternatives_table(plans: tuple[Plan, ...]) -> Table:
         p = _prediction(plan)
         table.add_row(
             str(rank), plan.layout(), str(plan.pipelines[0].micro_batch_size),
-            plan.recompute.value, str(plan.num_gpus), format_duration(p.iteration_time_s),
+            recompute_text(plan), str(plan.num_gpus), format_duration(p.iteration_time_s),
             f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GB:.1f}",
         )
     return table

@@ -7,6 +7,7 @@ import pytest
 
 from potluck.cluster import parse_cluster
 from potluck.errors import ConfigError, InfeasibleError
+from potluck.memory_plan import Offload, Swap
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.spec import model_from_hf_config
@@ -73,8 +74,10 @@ nodes:
 
 
 def test_a_pinned_stage_over_its_memory_names_device_and_gib():
+    # ZeRO-3 or offload would fit it: pinned to what does not
+    options = SearchOptions(tp=2, pp=2, dp=4, zero=1, offload=Offload.NONE, swap=Swap.NONE)
     with pytest.raises(InfeasibleError) as info:
-        search(V100_T4, load_model("llama2-7b"), FP16, SearchOptions(tp=2, pp=2, dp=4))
+        search(V100_T4, load_model("llama2-7b"), FP16, options)
     message = str(info.value)
     assert message.startswith("--tp 2 --pp 2 --dp 4: stage 1 of 2 (16 layers, tp 2) on v100-16g")
     assert "GiB at micro-batch 1 with recompute full" in message and "GiB usable" in message

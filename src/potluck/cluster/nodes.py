@@ -24,6 +24,11 @@ DEFAULT_INTER_LATENCY_S = 30e-6
 # the real figure.
 DEFAULT_HOST_MEMORY_PER_GPU_MEMORY = 2.0
 MIN_DEFAULT_HOST_MEMORY_BYTES = 32e9
+# A machine's DRAM bandwidth (the optimizer step of an offloaded optimizer runs in it) when
+# its cluster file does not say: dual-channel DDR4-3200, 2 channels x 8 bytes x 3200 MT/s
+# = 51.2 GB/s peak (JEDEC JESD79-4 DDR4 speed bins), the desktop boards 3060-4090 sit in.
+# Set ``host_memory_bandwidth`` per node group for servers (8-channel DDR4-3200: 204.8 GB/s).
+DEFAULT_HOST_MEMORY_BANDWIDTH_BYTES_PER_S = 2 * 8 * 3200e6
 
 
 class NvlinkTopology(str, Enum):
@@ -64,6 +69,7 @@ class NodeGroup:
     power_w: NonNegativeFloat | None = None
     host_memory_bytes: PositiveFloat | None = None  # per machine (None: the default rule)
     host_bandwidth_bytes_per_s: PositiveFloat | None = None  # each GPU to host (None: its PCIe)
+    host_memory_bandwidth_bytes_per_s: PositiveFloat | None = None  # per machine (None: DDR4)
 
     @property
     def num_gpus(self) -> int:
@@ -81,6 +87,12 @@ class NodeGroup:
         """One GPU's bandwidth to host memory, one direction: the cluster file's figure, else
         its catalog PCIe figure."""
         return self.host_bandwidth_bytes_per_s or pcie_bandwidth_bytes_per_s
+
+    @property
+    def host_memory_bandwidth(self) -> float:
+        """One machine's DRAM bandwidth, shared by its ranks' host work: the cluster file's
+        figure, else :data:`DEFAULT_HOST_MEMORY_BANDWIDTH_BYTES_PER_S`."""
+        return self.host_memory_bandwidth_bytes_per_s or DEFAULT_HOST_MEMORY_BANDWIDTH_BYTES_PER_S
 
 
 @dataclass(frozen=True)

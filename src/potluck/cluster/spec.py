@@ -88,7 +88,7 @@ class ClusterSpec:
 _NODE_KEYS = (
     "name", "gpu", "gpus_per_node", "count", "nvlink", "nvlink_bandwidth", "intra_bandwidth",
     "inter_bandwidth", "intra_latency", "inter_latency", "price_per_hour", "purchase_price",
-    "power_w", "host_memory", "host_bandwidth",
+    "power_w", "host_memory", "host_bandwidth", "host_memory_bandwidth",
 )
 _TOP_KEYS = ("name", "nodes", "devices", "links", "calibration", "execution")
 
@@ -230,6 +230,8 @@ def _node_group(node: Fields, custom: dict[str, DeviceType]) -> NodeGroup:
         power_w=node.optional("power_w", non_negative_number),
         host_memory_bytes=node.optional("host_memory", parse_size_bytes),
         host_bandwidth_bytes_per_s=node.optional("host_bandwidth", parse_bandwidth_bytes_per_s),
+        host_memory_bandwidth_bytes_per_s=node.optional("host_memory_bandwidth",
+                                                        parse_bandwidth_bytes_per_s),
     )
     _check_nvlink(node, group, device_type)
     return group

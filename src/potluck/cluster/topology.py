@@ -79,6 +79,10 @@ class Cluster:
         group = self.groups[node.rsplit(".", 1)[0]]
         return group.host_memory(self.spec.device_type(group.gpu).memory_bytes)
 
+    def host_memory_bandwidth_bytes_per_s(self, node: str) -> float:
+        """DRAM bandwidth of machine ``node``, shared by its ranks' host-side work."""
+        return self.groups[node.rsplit(".", 1)[0]].host_memory_bandwidth
+
     def host_bandwidth_bytes_per_s(self, device: Device) -> float:
         """``device``'s one-direction bandwidth to its machine's host memory."""
         return self.groups[device.group].host_bandwidth(device.type.pcie_bandwidth_bytes_per_s)

@@ -136,19 +136,24 @@ def _gcd(a: int, b: int) -> int:
 
 def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                        options: SearchOptions) -> str:
-    """Why no plan fits, with how much memory is missing and what would help."""
+    """Why no plan fits, with how much memory is missing and what would help: the states
+    left on the devices at the least (16-bit weights and gradients, the optimizer offloaded
+    and everything sharded, ZeRO-3 with ZeRO-Offload) against all devices' memory."""
     params = counts.total_params(model)
-    layout = CostModel.for_training(cluster, model, training).state_layout(cluster.devices[0].type)
-    states = params * (layout.weights + layout.grads)
+    cost = CostModel.for_training(cluster, model, training)
+    layout = cost.state_layout(cluster.devices[0].type)
+    least = cost.state_layout(cluster.devices[0].type, offload=True)
+    states = params * (least.weights + least.grads)
     states_unsharded = params * layout.total
     usable = sum(max(0.0, d.type.memory_bytes - _overhead(d)) for d in cluster.devices)
     largest = max(cluster.devices, key=lambda d: d.type.memory_bytes).type
     if states > usable:
-        missing = states_unsharded - usable
+        missing = states - usable
         return (
-            f"{model.name} ({params / 1e9:.1f}B parameters) needs {states_unsharded / GB:.0f} GB "
-            f"for weights, gradients and Adam states, the cluster has {usable / GB:.0f} GB usable: "
-            f"add at least {missing / GB:.0f} GB of GPU memory "
+            f"{model.name} ({params / 1e9:.1f}B parameters) needs {states / GB:.0f} GB for its "
+            f"weights and gradients even with the optimizer offloaded and ZeRO-3 "
+            f"({states_unsharded / GB:.0f} GB with Adam states on the GPUs), the cluster has "
+            f"{usable / GB:.0f} GB usable: add at least {missing / GB:.0f} GB of GPU memory "
             f"(e.g. {max(1, int(-(-missing // largest.memory_bytes)))} more "
             f"{largest.name}) or choose a smaller model"
         )
@@ -157,8 +162,9 @@ def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingSha
     return (
         f"no layout of {model.name} fits in memory with global batch {training.global_batch} "
         f"and sequence length {training.seq_len} ({states_unsharded / GB:.0f} GB of model states "
-        f"over {usable / GB:.0f} GB usable){hint} try --recompute full, a shorter --seq-len, "
-        "--zero1, or more GPUs"
+        f"over {usable / GB:.0f} GB usable){hint} try --recompute full, --swap host, --zero 3, "
+        "--offload optimizer, a shorter --seq-len, or more GPUs (or more host memory: "
+        "host_memory in the cluster file)"
     )
 
 
@@ -168,7 +174,7 @@ def _overhead(device) -> float:
 
 def _pins(options: SearchOptions) -> str:
     pinned = []
-    for name in ("tp", "pp", "dp", "micro_batch_size", "recompute"):
+    for name in ("tp", "pp", "dp", "micro_batch_size", "recompute", "zero", "swap", "offload"):
         value = getattr(options, name)
         if value is not None:
             pinned.append(f"--{name.replace('_', '-')} {getattr(value, 'value', value)}")

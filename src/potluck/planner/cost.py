@@ -15,14 +15,40 @@ search, ``potluck plan``, the simulator and the emulator all come through
 one of the two. Calibration changes the inputs (device efficiency, link
 bandwidth), never the shape. Formulas live in :mod:`potluck.planner.formulas`
 and :mod:`potluck.model.counts`.
+
+A stage's memory choices (its :class:`~potluck.memory_plan.StageMemory`) enter here:
+
+- **recomputation of some blocks** (Korthikanti et al. 2022): the stage's first
+  ``recompute_blocks`` blocks keep what their mode keeps and pay its backward, the
+  rest keep everything;
+- **activation swapping** (Mbapp; BPipe's activation balancing): the first
+  ``swapped_blocks`` blocks' saved activations leave the device after each
+  micro-batch's forward and come back before its backward, so a stage with
+  ``in_flight`` micro-batches holds ``(in_flight - 1) * kept + all`` per the memory
+  contract; the stash sits in host memory or on ``swap_peer``. Each byte crosses the
+  link once per pass: out during the forward, back during the backward, over the
+  device's host link (:meth:`~potluck.cluster.topology.Cluster.host_bandwidth_bytes_per_s`)
+  or the device-to-peer link; a hybrid swap splits its bytes over both links at once.
+  The transfer streams under the pass's compute and only what does not fit under it is
+  exposed. Contention: where the swap's link also carries the stage's TP collectives or
+  its PP send (a PCIe lane shared with host traffic and non-NVLink hops, or the very
+  NVLink bridge to the peer), that critical-path traffic goes first and the swap fills
+  only the compute time; otherwise it also streams while the collectives and sends run;
+- **ZeRO-2/3 and optimizer offload**: states divided over the replicas, the full-size
+  working set of one or two blocks, the optimizer's share in host memory
+  (:func:`~potluck.planner.formulas.model_state_bytes`), ZeRO-3's all-gather of the
+  stage's weights in every pass, prefetched one block ahead (FSDP2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from potluck.cluster.catalog import DeviceType
+from potluck.cluster.nodes import PathKind
 from potluck.cluster.topology import Cluster, Device
+from potluck.errors import ConfigError
+from potluck.memory_plan import Swap
 from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
@@ -52,15 +78,60 @@ class StageShape:
     last: bool = False  # holds the final norm, the output projection and the loss
     pp: int = 1  # stages of its pipeline (with more than one, a tied head is a separate copy)
     micro_batch: int = 1
-    recompute: Recompute = Recompute.NONE
+    recompute: Recompute = Recompute.NONE  # the mode of its recomputing blocks
+    recompute_blocks: int | None = None  # its first ones recompute (None: all)
+    swap: Swap = Swap.NONE
+    swapped_blocks: int = 0  # its first ones swap their saved activations
+    host_share: float = 0.5  # a hybrid swap's share of bytes straight to host memory
+    swap_peer: str | None = None  # the device holding a peer (or hybrid) swap
+    offload: bool = False  # optimizer states and step in host memory
 
     def with_layers(self, num_layers: int, *, first: bool | None = None,
-                    last: bool | None = None) -> StageShape:
-        """The same stage with another block count (a chunk, or a coefficient probe), and
-        with or without the embedding and the head when ``first``/``last`` are given."""
-        return StageShape(num_layers, self.first if first is None else first,
-                          self.last if last is None else last, self.pp, self.micro_batch,
-                          self.recompute)
+                    last: bool | None = None, offset: int = 0) -> StageShape:
+        """The same stage with another block count (a chunk starting ``offset`` blocks into
+        the stage, or a coefficient probe), and with or without the embedding and the head
+        when ``first``/``last`` are given; recomputed and swapped blocks are the chunk's
+        share of the stage's first ones."""
+        return replace(self, num_layers=num_layers,
+                       first=self.first if first is None else first,
+                       last=self.last if last is None else last,
+                       recompute_blocks=None if self.recompute_blocks is None else
+                       _share(self.recompute_blocks, offset, num_layers),
+                       swapped_blocks=_share(self.swapped_blocks, offset, num_layers))
+
+    @property
+    def recomputed(self) -> int:
+        """Blocks that recompute (``recompute``), the first ones."""
+        if self.recompute is Recompute.NONE:
+            return 0
+        if self.recompute_blocks is None:
+            return self.num_layers
+        return min(self.num_layers, self.recompute_blocks)
+
+    @property
+    def swapped(self) -> int:
+        return 0 if self.swap is Swap.NONE else min(self.num_layers, self.swapped_blocks)
+
+    @property
+    def full_blocks(self) -> int:
+        """Blocks under full recomputation."""
+        return self.recomputed if self.recompute is Recompute.FULL else 0
+
+
+def _share(first_blocks: int, offset: int, num_layers: int) -> int:
+    """How many of a chunk's ``num_layers`` blocks, ``offset`` blocks into its stage, are
+    among the stage's ``first_blocks``."""
+    return max(0, min(num_layers, first_blocks - offset))
+
+
+@dataclass(frozen=True)
+class SwapBytes:
+    """A stage device's swap at its peak, in bytes: what leaves per micro-batch, and the
+    stash of the in-flight micro-batches held in host memory and on the peer."""
+
+    per_micro_batch: float = 0.0
+    host: float = 0.0
+    peer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +157,7 @@ class CostModel:
         self.network = Network(cluster)
         self._tp_cache: dict[tuple, float] = {}
         self._params_cache: dict[tuple, float] = {}
+        self._block_bytes_cache: dict[tuple, float] = {}
 
     @classmethod
     def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
@@ -104,18 +176,21 @@ class CostModel:
         """Bytes per gradient element in the data-parallel all-reduce."""
         return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
 
-    def state_layout(self, device_type: DeviceType) -> formulas.StateBytes:
+    def state_layout(self, device_type: DeviceType, offload: bool = False) -> formulas.StateBytes:
         """Bytes per parameter of weights, gradients and optimizer states on a device: plain
-        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution."""
+        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution;
+        with the optimizer offloaded, 16-bit weights and gradients on the device and the FP32
+        master in host memory (ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1)."""
         if effective_dtype(device_type, self.dtype).is_full_precision:
             return formulas.FP32
-        if self.execution.fp32_params:
+        if self.execution.fp32_params and not offload:
             return formulas.FP32_PARAMS_AUTOCAST
         return formulas.MIXED_PRECISION_MASTER
 
     def model_state_bytes(self, device_type: DeviceType, params: float,
                           sharding: StateSharding) -> float:
-        return formulas.model_state_bytes(params, self.state_layout(device_type), sharding)
+        return formulas.model_state_bytes(params, self.state_layout(device_type, sharding.offload),
+                                          sharding)
 
     def optimizer_step_s(self, device_type: DeviceType, params: float,
                          sharding: StateSharding) -> float:
@@ -187,58 +262,200 @@ class CostModel:
         return params / tp
 
     def stage_time(self, devices: tuple[Device, ...], shape: StageShape,
-                   send_s: float = 0.0) -> StageTime:
+                   send_s: float = 0.0, neighbours: tuple[Device, ...] = (),
+                   gather_s: float = 0.0) -> StageTime:
         """Time per micro-batch of a stage on ``devices`` (its TP group), TP comms included;
-        ``send_s``: its transfer to the next stage."""
+        ``send_s``: its transfer to the next stage; ``neighbours``: the adjacent stages'
+        devices (whose transfers may share a swap's link); ``gather_s``: one ZeRO-3
+        all-gather of the stage's weights over its replicas, once per pass."""
         device_type, tp, b = devices[0].type, len(devices), shape.micro_batch
+        n, r = shape.num_layers, shape.recomputed
         block = self.block_times(device_type, tp, b, shape.recompute)
+        plain = self.block_times(device_type, tp, b, Recompute.NONE) if r < n else block
         tp_comm = self.tp_block_comm_s(devices, b)
-        tp_backward = tp_comm * (2.0 if shape.recompute is Recompute.FULL else 1.0)
-        n = shape.num_layers
         host = 0.5 * self.execution.micro_batch_overhead_s  # half with each pass
-        forward = host + n * (block.forward_s + tp_comm)
-        backward = host + n * (block.backward_s + tp_backward)
+        forward_compute = r * block.forward_s + (n - r) * plain.forward_s
+        backward_compute = r * block.backward_s + (n - r) * plain.backward_s
         accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
-        backward += accumulate
-        weight_grad = n * block.weight_grad_s + accumulate
-        compute = n * (block.forward_s + block.backward_s) + accumulate
+        backward_compute += accumulate
+        forward_tp = n * tp_comm
+        backward_tp = tp_comm * (n + shape.full_blocks)
+        weight_grad = r * block.weight_grad_s + (n - r) * plain.weight_grad_s + accumulate
+        compute = forward_compute + backward_compute
         if shape.last:
             head = self.head_times(device_type, tp, b)
-            forward += head.forward_s
-            backward += head.backward_s
+            forward_compute += head.forward_s
+            backward_compute += head.backward_s
             weight_grad += head.weight_grad_s
             compute += head.forward_s + head.backward_s
+        forward_compute += _exposed_gather_s(gather_s, n, forward_compute)
+        backward_compute += _exposed_gather_s(gather_s, n, backward_compute)
+        swap_s = self.swap_transfer_s(devices[0], tp, shape)
+        shared = self._swap_shares_link(devices, shape, neighbours)
+        forward_window = forward_compute + (0.0 if shared else forward_tp + send_s)
+        backward_window = backward_compute + (0.0 if shared else backward_tp)
+        forward = host + forward_compute + forward_tp + max(0.0, swap_s - forward_window)
+        backward = host + backward_compute + backward_tp + max(0.0, swap_s - backward_window)
         return StageTime(StageWork(forward, backward, weight_grad, send_s), compute)
+
+    # ---- swapping ------------------------------------------------------------------------
+
+    def swap_transfer_s(self, device: Device, tp: int, shape: StageShape) -> float:
+        """One pass's swap transfer of one micro-batch on ``device`` (out after the forward,
+        the same back before the backward): the host share over the device's host link, the
+        peer share over its link to ``swap_peer``, both at once for a hybrid swap."""
+        moved = self.swapped_bytes_per_micro_batch(device.type, tp, shape)
+        if moved <= 0.0:
+            return 0.0
+        host_bytes, peer_bytes = _split(moved, shape)
+        host_s = host_bytes / self.cluster.host_bandwidth_bytes_per_s(device) if host_bytes else 0.0
+        peer_s = 0.0
+        if peer_bytes:
+            link = self.cluster.link(device, self._peer(shape))
+            peer_s = link.latency_s + peer_bytes / link.bandwidth_bytes_per_s
+        return max(host_s, peer_s)
+
+    def _peer(self, shape: StageShape) -> Device:
+        if shape.swap_peer is None:
+            raise ConfigError(f"a {shape.swap.value} swap names no swap_peer; set one or make the "
+                              "plan again with potluck plan")
+        return self.cluster.device(shape.swap_peer)
+
+    def _swap_shares_link(self, devices: tuple[Device, ...], shape: StageShape,
+                          neighbours: tuple[Device, ...]) -> bool:
+        """Whether the swap's link also carries the stage's TP or PP traffic: the GPU's PCIe
+        lane (host traffic, PCIe and network hops) or the NVLink bridge to the peer."""
+        if not shape.swapped:
+            return False
+        device = devices[0]
+        hops = [self.cluster.link(device, other) for other in (*devices[1:], *neighbours)]
+        over_pcie = any(h.kind not in (PathKind.NVLINK, PathKind.LOCAL) for h in hops)
+        if shape.swap.uses_host and over_pcie:
+            return True
+        if not shape.swap.uses_peer:
+            return False
+        peer = self._peer(shape)
+        if self.cluster.link(device, peer).kind is PathKind.NVLINK:
+            return any(other.id == peer.id for other in (*devices[1:], *neighbours))
+        return over_pcie
+
+    def swapped_bytes_per_micro_batch(self, device_type: DeviceType, tp: int,
+                                      shape: StageShape) -> float:
+        """Saved activations of the stage's swapped blocks, one micro-batch, one device."""
+        s_blocks = shape.swapped
+        if not s_blocks:
+            return 0.0
+        both = min(s_blocks, shape.recomputed)
+        return (both * self._block_bytes(tp, shape.micro_batch, shape.recompute)
+                + (s_blocks - both) * self._block_bytes(tp, shape.micro_batch, Recompute.NONE)
+                ) * self.compute.element_scale(device_type)
+
+    def swap_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
+                   in_flight: float) -> SwapBytes:
+        """What one device of the stage swaps: per micro-batch, and the in-flight micro-batches'
+        stash (all but the one in its backward pass) in host memory and on the peer."""
+        moved = self.swapped_bytes_per_micro_batch(device_type, tp, shape)
+        stash = max(0.0, in_flight - 1.0) * moved
+        host_bytes, peer_bytes = _split(stash, shape)
+        return SwapBytes(moved, host_bytes, peer_bytes)
+
+    def _block_bytes(self, tp: int, micro_batch: int, recompute: Recompute) -> float:
+        """One block's saved activations (cached: the search asks very often)."""
+        key = (tp, micro_batch, recompute)
+        cached = self._block_bytes_cache.get(key)
+        if cached is None:
+            cached = self._block_bytes_cache[key] = counts.block_activation_bytes(
+                self.model, micro_batch, self.seq_len, tp, recompute,
+                flash_attention=self.flash_attention)
+        return cached
 
     def activation_bytes_per_micro_batch(self, device_type: DeviceType, tp: int,
                                          shape: StageShape) -> float:
-        """Activations one micro-batch leaves on each device of the stage for its backward."""
+        """Activations one micro-batch leaves on each device of the stage for its backward
+        (swapped ones included: they are on the device until the forward pass ends)."""
         m, s, b = self.model, self.seq_len, shape.micro_batch
-        per_block = counts.block_activation_bytes(m, b, s, tp, shape.recompute,
-                                                 flash_attention=self.flash_attention)
-        total = shape.num_layers * per_block
+        r = shape.recomputed
+        total = (r * self._block_bytes(tp, b, shape.recompute)
+                 + (shape.num_layers - r) * self._block_bytes(tp, b, Recompute.NONE))
         if shape.first:
             total += counts.embedding_activation_bytes(m, b, s, tp)
         return total * self.compute.element_scale(device_type)
 
     def stage_peak_activation_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                                     in_flight: float) -> float:
-        """Activations of the micro-batches in flight, the head's logits and, with full
+        """Activations of the micro-batches in flight (with swapping, the kept bytes of all
+        but one and all bytes of one: the memory contract), the head's logits and, with full
         recomputation, one block's full activations while it is recomputed."""
         m, s, b = self.model, self.seq_len, shape.micro_batch
         scale = self.compute.element_scale(device_type)
-        held = in_flight * self.activation_bytes_per_micro_batch(device_type, tp, shape)
+        every = self.activation_bytes_per_micro_batch(device_type, tp, shape)
+        moved = self.swapped_bytes_per_micro_batch(device_type, tp, shape)
+        held = in_flight * every - max(0.0, in_flight - 1.0) * moved
         if shape.last:
             held += counts.head_activation_bytes(m, b, s, tp) * scale
-        if shape.recompute is Recompute.FULL and shape.num_layers:
-            held += counts.block_activation_bytes(m, b, s, tp, Recompute.NONE,
-                                                  flash_attention=self.flash_attention) * scale
+        if shape.full_blocks:
+            held += self._block_bytes(tp, b, Recompute.NONE) * scale
         return held
+
+    def stage_sharding(self, shape: StageShape, sharding: StateSharding) -> StateSharding:
+        """The plan's sharding, with the optimizer offloaded where the stage offloads it."""
+        if not shape.offload or sharding.offload:
+            return sharding
+        return replace(sharding, offload=shape.offload)
+
+    def zero_working_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
+                           sharding: StateSharding) -> float:
+        """ZeRO-2/3's full-size working set: one or two blocks (formulas.zero_working_bytes)."""
+        if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
+            return 0.0
+        return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
+                                           self.state_layout(device_type, sharding.offload),
+                                           sharding)
+
+    def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
+                   sharding: StateSharding) -> float:
+        """Host bytes of one device's offloaded optimizer (its swap stash: :meth:`swap_bytes`)."""
+        return formulas.host_state_bytes(self.stage_params(shape, tp),
+                                         self.stage_sharding(shape, sharding))
 
     def stage_memory_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                            in_flight: float, sharding: StateSharding) -> float:
         """Peak bytes on one device of a stage: model states, activations, runtime overhead."""
         params = self.stage_params(shape, tp)
-        states = self.model_state_bytes(device_type, params, sharding)
+        own = self.stage_sharding(shape, sharding)
+        states = self.model_state_bytes(device_type, params, own)
+        working = self.zero_working_bytes(device_type, tp, shape, own)
         activations = self.stage_peak_activation_bytes(device_type, tp, shape, in_flight)
-        return states + activations + self.overhead_bytes(device_type)
+        return states + working + activations + self.overhead_bytes(device_type)
+
+    def offloaded_step_s(self, device: Device, params: float, sharding: StateSharding,
+                         params_on_host: float) -> float:
+        """ZeRO-Offload's step of a device's share of ``params``: gradients to the host, Adam
+        over ``params_on_host`` (every offloading rank of its machine at once) in host memory,
+        parameters back (formulas.offloaded_step_time_s)."""
+        share = params / sharding.optimizer_shards
+        return self.execution.step_overhead_s + formulas.offloaded_step_time_s(
+            share, self.grad_bytes(device.type), self.element_bytes(device.type),
+            self.cluster.host_bandwidth_bytes_per_s(device), params_on_host,
+            self.cluster.host_memory_bandwidth_bytes_per_s(device.node))
+
+
+def _split(num_bytes: float, shape: StageShape) -> tuple[float, float]:
+    """``num_bytes`` of a swap as (to host memory, to the peer)."""
+    if shape.swap is Swap.HOST:
+        return num_bytes, 0.0
+    if shape.swap is Swap.PEER:
+        return 0.0, num_bytes
+    if shape.swap is Swap.HYBRID:
+        return num_bytes * shape.host_share, num_bytes * (1.0 - shape.host_share)
+    return 0.0, 0.0
+
+
+def _exposed_gather_s(gather_s: float, num_layers: int, compute_s: float) -> float:
+    """ZeRO-3's all-gather of ``num_layers`` blocks' weights in one pass, each block's
+    prefetched under the previous block's compute (FSDP2): the first block's gather is
+    exposed, and whatever of the rest the other blocks' compute does not cover."""
+    if gather_s <= 0.0 or num_layers <= 0:
+        return 0.0
+    per_block = gather_s / num_layers
+    return max(per_block, gather_s - compute_s * (num_layers - 1) / num_layers)

@@ -25,14 +25,31 @@ from dataclasses import dataclass, field, replace
 
 from potluck import placement
 from potluck.cluster.topology import Device
+from potluck.errors import ConfigError
+from potluck.memory_plan import Offload
 from potluck.model import counts
 from potluck.placement import StageRef
 from potluck.planner import compute, formulas
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NicSharing
-from potluck.plans import DeviceMemory, Plan, Prediction, TiedGradSync, TimeBreakdown
+from potluck.plans import (
+    DeviceMemory,
+    HostMemory,
+    Plan,
+    Prediction,
+    TiedGradSync,
+    TimeBreakdown,
+)
 from potluck.schedules import PipelineTime, StageWork, schedule_for
+
+# Host memory a machine keeps for its OS and the ranks' processes, outside what plans
+# place there: 4 GB for the OS (Ubuntu Desktop's documented minimum system memory) and,
+# per rank, a CUDA process's host footprint (the CUDA context, the torch and NCCL
+# libraries mapped, pinned staging buffers), 3 GB (PyTorch forums and NVIDIA developer
+# forum reports of 2-3 GB resident per CUDA process before any tensor).
+HOST_OS_RESERVE_BYTES = 4e9
+HOST_RANK_RESERVE_BYTES = 3e9
 
 StageDevices = list[list[tuple[Device, ...]]]  # per pipeline, per stage: its TP group
 
@@ -57,6 +74,7 @@ class GradientGroup:
     # it after the schedule): it hides behind no backward
     after_backward: bool = False
     gathers: bool = True  # ZeRO-1: the owners' updated parameters all-gathered to the group
+    rounds: int = 1  # ZeRO-2/3: one reduce-scatter after every micro-batch's backward
 
     @property
     def bytes_per_ring(self) -> float:
@@ -70,13 +88,13 @@ class GradientGroup:
 
     def terms(self, cost: CostModel) -> tuple[float, float]:
         """The collective's latency (its slowest ring's) and the bytes each hop carries: the
-        two terms of :meth:`sync_s`, ``latency + bytes / bandwidth``."""
+        two terms of :meth:`sync_s`, ``latency + bytes / bandwidth``, over its ``rounds``."""
         collective = (formulas.ring_allgather_time_s if self.scatter
                       else formulas.ring_allreduce_time_s)
         g = len(self.rings[0])
         latency = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
         return (collective(self.bytes_per_ring, g, math.inf, latency),
-                collective(self.bytes_per_ring, g, 1.0, 0.0))
+                self.rounds * collective(self.bytes_per_ring, g, 1.0, 0.0))
 
     def gather_s(self, cost: CostModel, sharing: NicSharing) -> float:
         """ZeRO-1: the owners' updated parameters all-gathered over the slowest ring."""
@@ -136,6 +154,10 @@ class StageCost:
     compute_s: float  # forward + backward compute, without TP communication
     params: float  # parameters held by each device of the stage
     activations_bytes: float  # peak activation bytes on each device
+    shape: StageShape = StageShape(0)
+    swapped_out_bytes: float = 0.0  # the stash it keeps off the device at peak
+    host_swap_bytes: float = 0.0
+    peer_swap_bytes: float = 0.0  # held on its swap_peer
 
 
 def predict(plan: Plan, cost: CostModel | None = None) -> Prediction:
@@ -151,15 +173,67 @@ def stage_devices(cost: CostModel, plan: Plan) -> StageDevices:
 
 
 def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
-    """Stage ``stage`` of pipeline ``pipeline`` as the cost model sees it."""
+    """Stage ``stage`` of pipeline ``pipeline`` as the cost model sees it, its memory
+    choices (:meth:`Plan.stage_memory`) included."""
     p = plan.pipelines[pipeline]
-    return StageShape(p.stages[stage].num_layers, stage == 0, stage == p.pp - 1, p.pp,
-                      p.micro_batch_size, plan.recompute)
+    n = p.stages[stage].num_layers
+    memory = plan.stage_memory(pipeline, stage)
+    return StageShape(n, stage == 0, stage == p.pp - 1, p.pp, p.micro_batch_size,
+                      memory.recompute or plan.recompute, memory.recompute_blocks, memory.swap,
+                      memory.swapped_blocks(n), memory.host_share, memory.swap_peer,
+                      memory.offload is Offload.OPTIMIZER)
 
 
-def stage_sharding(plan: Plan) -> StateSharding:
-    """How the plan shards its model states over the replicas."""
-    return StateSharding.zero1(plan.dp, plan.shards_optimizer)
+def stage_sharding(plan: Plan, pipeline: int | None = None, stage: int | None = None
+                   ) -> StateSharding:
+    """How the plan shards its model states over the replicas; for stage ``stage`` of
+    ``pipeline``, with its own optimizer offload and its own share: each holder of a
+    stage's parameters keeps a share of their states proportional to its device memory
+    (the memory contract; ``1/d`` on equal devices), as a divisor."""
+    if pipeline is None or stage is None:
+        return StateSharding.of(plan.dp, plan.zero)
+    offload = plan.stage_memory(pipeline, stage).offload is Offload.OPTIMIZER
+    return StateSharding.of(_shard_divisors(plan).get((pipeline, stage), plan.dp), plan.zero,
+                            offload)
+
+
+_DIVISORS: dict[int, tuple[Plan, dict[StageRef, float]]] = {}
+
+
+def _shard_divisors(plan: Plan) -> dict[StageRef, float]:
+    """Per stage whose replicas' devices differ in memory, its share's divisor:
+    ``sum(memory of the holders) / own memory`` (cached for the last few plans)."""
+    cached = _DIVISORS.get(id(plan))
+    if cached is not None and cached[0] is plan:
+        return cached[1]
+    from potluck.cluster.topology import Cluster
+
+    cluster = Cluster(plan.cluster)
+    divisors: dict[StageRef, float] = {}
+    if plan.dp > 1 and plan.zero >= 1:
+        for members in placement.replica_stages(plan):
+            memory = {m: cluster.device(plan.pipelines[m[0]].stages[m[1]].devices[0]).type
+                      .memory_bytes for m in members}
+            if len(set(memory.values())) > 1:
+                total = sum(memory.values())
+                for member, own in memory.items():
+                    divisors[member] = total / own
+    if len(_DIVISORS) > 8:
+        _DIVISORS.clear()
+    _DIVISORS[id(plan)] = (plan, divisors)
+    return divisors
+
+
+def zero3_refusal(plan: Plan) -> str | None:
+    """Why ``plan``'s layout cannot use ZeRO-3 (FSDP2 shards a module the same way on every
+    replica): replicas holding a stage's layers differently, or with other TP degrees."""
+    if plan.zero < 3 or plan.dp <= 1:
+        return None
+    splits = {tuple((s.layer_ranges, s.tp) for s in p.stages) for p in plan.pipelines}
+    if len(splits) > 1:
+        return ("--zero 3 (FSDP2) needs every replica to hold each stage's layers alike, and "
+                "this plan's pipelines split them differently; use --zero 2 or fewer")
+    return None
 
 
 def gradient_groups(cost: CostModel, plan: Plan) -> list[GradientGroup]:
@@ -205,6 +279,9 @@ class PlanEvaluation:
         self.devices = stage_devices(self.cost, self.plan)
 
     def prediction(self) -> Prediction:
+        refusal = zero3_refusal(self.plan)
+        if refusal:
+            raise ConfigError(refusal)
         schedule = schedule_for(self.plan.schedule)
         pp_sharing = NicSharing.of_pipelines(self.devices)
         costs = [self._pipeline_stage_costs(k, pp_sharing) for k in range(len(self.devices))]
@@ -215,10 +292,15 @@ class PlanEvaluation:
             for k, p in enumerate(self.plan.pipelines)
         ]
         groups = self.gradient_groups([[c.params for c in stage_costs] for stage_costs in costs])
-        dp_end_s = self._reduction_end_s(groups, costs, times)
+        done: dict[StageRef, float] = {}
+        dp_end_s = self._reduction_end_s(groups, costs, times, done)
         pipe_end_s = max(t.total_s for t in times)
         optimizer_s = self._optimizer_s(costs, groups)
-        iteration_s = max(pipe_end_s, dp_end_s) + optimizer_s
+        offloaded_end_s = self._offloaded_end_s(costs, done)
+        if offloaded_end_s:
+            offloaded_end_s += self._parameter_gather_s(groups)
+        iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s, offloaded_end_s)
+        optimizer_s = iteration_s - max(pipe_end_s, dp_end_s)
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
         return self._summary(iteration_s, breakdown, self._memory(costs), costs)
 
@@ -231,13 +313,29 @@ class PlanEvaluation:
         for i, devices in enumerate(stages):
             shape = stage_shape(plan, k, i)
             send = 0.0 if shape.last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing)
-            timing = self.cost.stage_time(devices, shape, send)
+            neighbours = tuple(d for j in (i - 1, i + 1) if 0 <= j < pp for d in stages[j])
+            timing = self.cost.stage_time(devices, shape, send, neighbours,
+                                          self._gather_s(k, i, shape))
             in_flight = schedule.in_flight(i, pp, pipeline.num_micro_batches, plan.virtual_stages)
-            activations = self.cost.stage_peak_activation_bytes(
-                devices[0].type, len(devices), shape, in_flight)
-            params = self.cost.stage_params(shape, len(devices))
-            result.append(StageCost(timing.work, timing.compute_s, params, activations))
+            device_type, tp = devices[0].type, len(devices)
+            activations = self.cost.stage_peak_activation_bytes(device_type, tp, shape, in_flight)
+            swap = self.cost.swap_bytes(device_type, tp, shape, in_flight)
+            params = self.cost.stage_params(shape, tp)
+            result.append(StageCost(timing.work, timing.compute_s, params, activations, shape,
+                                    swap.host + swap.peer, swap.host, swap.peer))
         return result
+
+    def _gather_s(self, k: int, i: int, shape: StageShape) -> float:
+        """ZeRO-3: one all-gather of stage ``i``'s weights over its replicas (one ring per TP
+        rank, the slowest), as one pass needs it."""
+        if self.plan.zero < 3 or self.plan.dp <= 1:
+            return 0.0
+        devices = self.devices[k][i]
+        weights = self.cost.stage_params(shape, len(devices)) * self.cost.element_bytes(
+            devices[0].type)
+        return max(self.cost.network.reduce_scatter_s(
+            weights, [self.devices[q][i][r] for q in range(self.plan.dp)])
+            for r in range(len(devices)))
 
     def stage_params(self, k: int) -> list[float]:
         """Parameters each device of every stage of pipeline ``k`` holds."""
@@ -259,6 +357,9 @@ class PlanEvaluation:
             group = self._group(list(members), full_params)
             aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
             group.scatter = self.plan.shards_optimizer and aligned
+            if self.plan.zero >= 2 and group.scatter:
+                group.rounds = max(self.plan.pipelines[k].num_micro_batches for k, _ in members)
+                group.gathers = self.plan.zero < 3  # FSDP2 gathers in the next forward
             groups.append(group)
         return groups + tied
 
@@ -301,21 +402,24 @@ class PlanEvaluation:
         return GradientGroup(members, rings, element * full_params)
 
     def _reduction_end_s(self, groups: list[GradientGroup], costs: list[list[StageCost]],
-                         times: list[PipelineTime]) -> float:
+                         times: list[PipelineTime], done: dict[StageRef, float]) -> float:
         """When the last gradient reduction ends, phase after phase (:func:`gradient_phases`;
         the rings of one phase share network cards while they run, :func:`shared_ends`). A
         group starts when all its members are ready (their backward passes done; in a later
         phase, their earlier groups ended) and, in the first phase with
         ``overlap_grad_reduce``, hides behind the last micro-batch's backward of its slowest
-        member unless ``after_backward``."""
-        done = {(k, j): t.finish_s[j] for k, t in enumerate(times) for j in range(len(t.finish_s))}
+        member unless ``after_backward`` (ZeRO-2/3: behind its ``rounds`` backward passes).
+        Fills ``done``: when each stage's gradients are reduced."""
+        done.update({(k, j): t.finish_s[j] for k, t in enumerate(times)
+                     for j in range(len(t.finish_s))})
         for index, phase in enumerate(gradient_phases(groups)):
             collectives = []
             for group in phase:
                 window = 0.0
                 if index == 0 and self.cost.execution.overlap_grad_reduce \
                         and not group.after_backward:
-                    window = min(costs[k][j].work.backward_s for k, j in group.members)
+                    window = group.rounds * min(costs[k][j].work.backward_s
+                                                for k, j in group.members)
                 ready = max(done[m] for m in group.members)
                 latency, work = group.terms(self.cost)
                 collectives.append(Collective(group.rings, ready - window + latency, work, ready))
@@ -325,16 +429,31 @@ class PlanEvaluation:
         return max(done.values())
 
     def _optimizer_s(self, costs: list[list[StageCost]], groups: list[GradientGroup]) -> float:
-        sharding = stage_sharding(self.plan)
-        step = max(
-            self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params, sharding)
-            for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
-        )
+        """The slowest on-device step after the last reduction, with ZeRO-1/2's parameter
+        all-gather (ZeRO-3 gathers in the next forward instead); offloaded stages step on
+        the host (:meth:`_offloaded_end_s`)."""
+        steps = [self.cost.optimizer_step_s(self.devices[k][j][0].type, c.params,
+                                            stage_sharding(self.plan, k, j))
+                 for k, stage_costs in enumerate(costs) for j, c in enumerate(stage_costs)
+                 if not c.shape.offload]
+        return max(steps, default=0.0) + self._parameter_gather_s(groups)
+
+    def _parameter_gather_s(self, groups: list[GradientGroup]) -> float:
+        """ZeRO-1/2: the owners' updated parameters all-gathered after the step."""
         if not (self.plan.shards_optimizer and self.plan.dp > 1):
-            return step
+            return 0.0
         gathering = [g for g in groups if g.gathers and len(g.members) > 1]
         sharing = NicSharing.of_rings(ring for group in gathering for ring in group.rings)
-        return step + max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
+        return max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
+
+    def _offloaded_end_s(self, costs: list[list[StageCost]], done: dict[StageRef, float]
+                         ) -> float:
+        """When the last offloaded stage's host step ends: each starts once its own stage's
+        gradients are reduced (under 1F1B later stages finish first), every offloading rank
+        of a machine running Adam in its DRAM at once. Overlap with the next forward would
+        need ZeRO-Offload's one-step delayed update, which changes the numerics: not done."""
+        steps = offloaded_steps_s(self.cost, self.plan)
+        return max((done[ref] + step for ref, step in steps.items()), default=0.0)
 
     def _breakdown(self, costs: list[list[StageCost]], times: list[PipelineTime],
                    dp_s: float, optimizer_s: float) -> TimeBreakdown:
@@ -348,20 +467,35 @@ class PlanEvaluation:
         return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
 
     def _memory(self, costs: list[list[StageCost]]) -> list[DeviceMemory]:
-        return [self._device_memory(device, k, j, c)
+        """Per device its own bytes and the swap stashes it holds for its peers."""
+        held: dict[str, float] = {}
+        for k, stage_costs in enumerate(costs):
+            for j, c in enumerate(stage_costs):
+                if c.peer_swap_bytes and c.shape.swap_peer is not None:
+                    peer = c.shape.swap_peer  # every TP rank's stash (tp 1: the search's peers)
+                    held[peer] = held.get(peer, 0.0) + c.peer_swap_bytes * len(self.devices[k][j])
+        return [self._device_memory(device, k, j, c, held.get(device.id, 0.0))
                 for k, stage_costs in enumerate(costs)
                 for j, c in enumerate(stage_costs)
                 for device in self.devices[k][j]]
 
-    def _device_memory(self, device: Device, k: int, j: int, c: StageCost) -> DeviceMemory:
-        layout = self.cost.state_layout(device.type)
-        states = self.cost.model_state_bytes(device.type, c.params, stage_sharding(self.plan))
-        weights = layout.weights * c.params
-        grads = layout.grads * c.params
+    def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
+                       peer_held: float) -> DeviceMemory:
+        sharding = stage_sharding(self.plan, k, j)
+        layout = self.cost.state_layout(device.type, sharding.offload)
+        states = self.cost.model_state_bytes(device.type, c.params, sharding)
+        weights = layout.weights * c.params / sharding.parameter_shards
+        grads = layout.grads * c.params / sharding.gradient_shards
         optimizer = states - weights - grads
+        working = self.cost.zero_working_bytes(device.type, len(self.devices[k][j]), c.shape,
+                                               sharding)
         overhead = self.cost.overhead_bytes(device.type)
-        total = states + c.activations_bytes + overhead
-        return DeviceMemory(device.id, k, j, weights, grads, optimizer, c.activations_bytes, total)
+        total = states + working + c.activations_bytes + overhead + peer_held
+        offloaded = formulas.host_state_bytes(c.params, sharding)
+        return DeviceMemory(device.id, k, j, weights, grads, optimizer, c.activations_bytes,
+                            total, host_bytes=offloaded + c.host_swap_bytes,
+                            swapped_out_bytes=c.swapped_out_bytes, peer_held_bytes=peer_held,
+                            offloaded_bytes=offloaded, zero_working_bytes=working)
 
     def _summary(self, iteration_s: float, breakdown: TimeBreakdown,
                  memory: list[DeviceMemory], costs: list[list[StageCost]]) -> Prediction:
@@ -380,6 +514,74 @@ class PlanEvaluation:
             peak_memory_bytes=max(m.total_bytes for m in memory),
             breakdown=breakdown,
             memory=tuple(memory),
+            host_memory=host_memory(self.cost, memory),
             stage_times_s=tuple(tuple(c.work.total_s for c in s) for s in costs),
         )
 
+
+
+def offloaded_steps_s(cost: CostModel, plan: Plan) -> dict[StageRef, float]:
+    """Per stage that offloads its optimizer, its host step
+    (:meth:`CostModel.offloaded_step_s`), every offloading rank of a machine stepping its
+    share in the machine's DRAM at once."""
+    devices = stage_devices(cost, plan)
+    params: dict[StageRef, float] = {}
+    on_host: dict[str, float] = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        for i in range(pipeline.pp):
+            shape = stage_shape(plan, k, i)
+            if shape.offload:
+                params[(k, i)] = cost.stage_params(shape, len(devices[k][i]))
+                shards = stage_sharding(plan, k, i).optimizer_shards
+                for device in devices[k][i]:
+                    on_host[device.node] = on_host.get(device.node, 0.0) + params[(k, i)] / shards
+    return {(k, i): cost.offloaded_step_s(devices[k][i][0], p, stage_sharding(plan, k, i),
+                                          on_host[devices[k][i][0].node])
+            for (k, i), p in params.items()}
+
+
+def peer_held_bytes(cost: CostModel, plan: Plan) -> dict[str, float]:
+    """Per device, the swap stashes it holds for its peers at their peak."""
+    schedule = schedule_for(plan.schedule)
+    devices = stage_devices(cost, plan)
+    held: dict[str, float] = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        for i in range(pipeline.pp):
+            shape = stage_shape(plan, k, i)
+            if shape.swap_peer is None or not shape.swapped:
+                continue
+            tp = len(devices[k][i])
+            in_flight = schedule.in_flight(i, pipeline.pp, pipeline.num_micro_batches,
+                                           plan.virtual_stages)
+            peer = cost.swap_bytes(devices[k][i][0].type, tp, shape, in_flight).peer
+            held[shape.swap_peer] = held.get(shape.swap_peer, 0.0) + peer * tp
+    return held
+
+
+def host_memory(cost: CostModel, memory: list[DeviceMemory]) -> tuple[HostMemory, ...]:
+    """Per machine a plan uses: the host bytes its ranks place there (offloaded optimizer
+    states, host-swapped activations; a CPU rank's whole "device" is host memory too), the
+    reserve for the OS and the ranks' processes, and what the machine has."""
+    used: dict[str, float] = {}
+    ranks: dict[str, int] = {}
+    for m in memory:
+        device = cost.cluster.device(m.device)
+        on_host = m.host_bytes + (m.total_bytes if device.type.is_cpu else 0.0)
+        used[device.node] = used.get(device.node, 0.0) + on_host
+        ranks[device.node] = ranks.get(device.node, 0) + 1
+    return tuple(HostMemory(node, used[node],
+                            HOST_OS_RESERVE_BYTES + ranks[node] * HOST_RANK_RESERVE_BYTES,
+                            cost.cluster.host_memory_bytes(node))
+                 for node in sorted(used))
+
+
+def host_memory_problem(prediction: Prediction) -> str | None:
+    """The first machine whose host memory a predicted plan overfills, in one line."""
+    for host in prediction.host_memory:
+        if not host.fits:
+            return (f"machine {host.node} needs {host.needed_bytes / 1e9:.0f} GB of host memory "
+                    f"({host.used_bytes / 1e9:.0f} GB offloaded or swapped, "
+                    f"{host.reserve_bytes / 1e9:.0f} GB for the OS and the ranks), it has "
+                    f"{host.capacity_bytes / 1e9:.0f} GB; swap or offload less, or set "
+                    "host_memory in the cluster file")
+    return None

@@ -37,9 +37,19 @@ class FamilySetting:
     recompute: Recompute
     schedule: Schedule
     virtual_stages: int
-    zero1: bool
+    zero: int  # ZeRO stage 0-3 (a bool reads as ZeRO-1 or none)
     uniform: bool
     micro_batches: int  # of the whole batch: an upper bound on what one pipeline holds
+    offload: bool = False  # every stage's optimizer in host memory
+    swap: bool = False  # every stage may swap all its blocks' saved activations off the device
+
+    @property
+    def zero1(self) -> bool:
+        """ZeRO-1 or higher."""
+        return self.zero >= 1
+
+    def sharding(self, dp: int) -> StateSharding:
+        return StateSharding.of(dp, int(self.zero), self.offload)
 
 
 @dataclass(frozen=True)
@@ -145,7 +155,7 @@ class FamilyEvaluator:
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
-        optimizer = self._optimizer_s(pipelines[0], layers, StateSharding.zero1(dp, setting.zero1))
+        optimizer = self._optimizer_s(pipelines[0], layers, setting.sharding(dp))
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
                             optimizer)
 
@@ -160,11 +170,19 @@ class FamilyEvaluator:
 
     def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int],
                      sharding: StateSharding) -> float:
-        """The slowest stage's optimizer step."""
+        """The slowest stage's optimizer step (offloaded: on the host, every GPU of its machine
+        stepping as much at once)."""
         pp = len(layers)
-        return max(self.cost.optimizer_step_s(unit.devices[0].type, self._params(n, i, pp, unit.tp),
-                                              sharding)
-                   for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True)))
+        steps = []
+        for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True)):
+            device, params = unit.devices[0], self._params(n, i, pp, unit.tp)
+            if sharding.offload:
+                on_host = params / sharding.optimizer_shards * \
+                    self.cluster.groups[device.group].gpus_per_node
+                steps.append(self.cost.offloaded_step_s(device, params, sharding, on_host))
+            else:
+                steps.append(self.cost.optimizer_step_s(device.type, params, sharding))
+        return max(steps)
 
     def _assemble(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
                   wrap: Wrap) -> tuple[tuple[tuple[Unit, ...], ...], NicSharing] | None:
@@ -246,14 +264,15 @@ class FamilyEvaluator:
         coefficients = self._coefficient_cache.get(key)
         if coefficients is None:
             shape = StageShape(0, first, last, pp, setting.micro_batch, setting.recompute)
-            coefficients = self._slot_coefficients(unit.devices, shape,
-                                                   StateSharding.zero1(dp, setting.zero1))
+            coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
             self._coefficient_cache[key] = coefficients
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
         in_flight = schedule_for(setting.schedule).in_flight(
             i, pp, setting.micro_batches, setting.virtual_stages)
         capacity = usable_memory_bytes(unit.devices[0].type) - fixed - in_flight * per_flight
-        per_layer = per_layer_states + in_flight * per_layer_act
+        # swapping: the blocks' activations of one micro-batch on the device, the rest away
+        per_layer = per_layer_states + (min(in_flight, 1.0) if setting.swap else in_flight) \
+            * per_layer_act
         if capacity < per_layer * setting.virtual_stages:
             return None
         return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))

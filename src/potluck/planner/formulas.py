@@ -20,7 +20,15 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - gradient accumulation: every micro-batch's weight gradients are added into an
   FP32 buffer outside the GEMMs (Megatron-LM's ``param.main_grad.add_(param.grad)``
   hook, megatron/model/distributed.py; PyTorch's AccumulateGrad), a memory-bound
-  pass over the stage's parameters.
+  pass over the stage's parameters;
+- ZeRO-2 and ZeRO-3 (Rajbhandari et al., SC'20; FSDP: Zhao et al., VLDB'23): gradients,
+  then parameters too, divided over the ``d`` replicas holding them; ZeRO-3 keeps the full
+  weights of the block it computes and of one prefetched block (FSDP2's default forward
+  prefetch of one unit), ZeRO-2 the full-size gradients of one bucket, here one block;
+- optimizer offload (ZeRO-Offload, Ren et al., ATC'21): Adam's moments and an FP32 master
+  copy (12 bytes per parameter) in host memory; the step streams the gradients to the
+  host over PCIe, runs Adam memory-bound at the host's DRAM bandwidth, and sends the
+  updated parameters back.
 """
 
 from __future__ import annotations
@@ -119,29 +127,97 @@ FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (fp32, tf32 and CPU rank
 
 @dataclass(frozen=True)
 class StateSharding:
-    """How the model states of the replicas holding the same parameters are split among them."""
+    """How the model states of the replicas holding the same parameters are split among them,
+    and whether the optimizer's share lives in host memory (ZeRO-Offload)."""
 
     optimizer_shards: int = 1  # ZeRO-1: each replica keeps 1/shards of the optimizer states
+    gradient_shards: int = 1  # ZeRO-2
+    parameter_shards: int = 1  # ZeRO-3 (FSDP2)
+    offload: bool = False  # the optimizer states (and an FP32 master copy) in host memory
 
     @staticmethod
     def zero1(replicas: int, enabled: bool) -> StateSharding:
         """Optimizer states over ``replicas`` replicas with ZeRO-1, else whole on each."""
-        return _zero1_sharding(replicas if (enabled and replicas > 1) else 1)
+        return _sharding(replicas if (enabled and replicas > 1) else 1, 1, False)
+
+    @staticmethod
+    def of(replicas: float, zero: int, offload: bool = False) -> StateSharding:
+        """The states of ZeRO stage ``zero`` (0-3) over ``replicas`` replicas (a fraction
+        where a holder's share is uneven: the divisor of its share)."""
+        return _sharding(replicas if replicas > 1 else 1, zero if replicas > 1 else 0, offload)
+
+    @property
+    def zero(self) -> int:
+        if self.parameter_shards > 1:
+            return 3
+        if self.gradient_shards > 1:
+            return 2
+        return 1 if self.optimizer_shards > 1 else 0
 
 
 NOT_SHARDED = StateSharding()
 
 
 @cache
-def _zero1_sharding(shards: int) -> StateSharding:
-    """One value per shard count (the search asks for the same few very often)."""
-    return StateSharding(shards)
+def _sharding(shards: int, zero: int, offload: bool) -> StateSharding:
+    """One value per setting (the search asks for the same few very often)."""
+    if shards <= 1 and not offload:
+        return NOT_SHARDED
+    return StateSharding(shards if zero >= 1 else 1, shards if zero >= 2 else 1,
+                         shards if zero >= 3 else 1, offload)
+
+
+# ZeRO-Offload (Ren et al., ATC'21): on the host, an FP32 master copy (4 B) and Adam's two
+# FP32 moments (8 B) per parameter, whatever the device computes in.
+HOST_MASTER_BYTES_PER_PARAM = 4.0
+ADAM_MOMENT_BYTES_PER_PARAM = 8.0
+HOST_OPTIMIZER_BYTES_PER_PARAM = HOST_MASTER_BYTES_PER_PARAM + ADAM_MOMENT_BYTES_PER_PARAM
 
 
 def model_state_bytes(params: float, layout: StateBytes = MIXED_PRECISION_MASTER,
                       sharding: StateSharding = NOT_SHARDED) -> float:
-    """Weights, gradients and Adam states of ``params`` parameters on one device."""
-    return params * (layout.weights + layout.grads + layout.optimizer / sharding.optimizer_shards)
+    """Weights, gradients and (unless offloaded) Adam states of ``params`` parameters at rest
+    on one device, each divided over the replicas sharding it (ZeRO-1/2/3, SC'20). The
+    full-size working set of ZeRO-2/3 (one block's gradients or weights) is the caller's
+    (:func:`zero_working_bytes`)."""
+    optimizer = 0.0 if sharding.offload else layout.optimizer / sharding.optimizer_shards
+    return params * (layout.weights / sharding.parameter_shards
+                     + layout.grads / sharding.gradient_shards + optimizer)
+
+
+def host_state_bytes(params: float, sharding: StateSharding = NOT_SHARDED) -> float:
+    """Host bytes of an offloaded optimizer over ``params`` parameters: the master copy and
+    the moments of the device's share (ZeRO-Offload, ATC'21: 12 bytes per parameter)."""
+    if not sharding.offload:
+        return 0.0
+    return params * HOST_OPTIMIZER_BYTES_PER_PARAM / sharding.optimizer_shards
+
+
+def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateSharding) -> float:
+    """Full-size states a ZeRO-2/3 device holds on top of its shards: ZeRO-3 (FSDP2) the
+    all-gathered weights of the block it computes and of the one it prefetches (Zhao et al.,
+    VLDB'23, forward/backward prefetch of one unit); ZeRO-2 the full-size gradients of the
+    bucket being reduce-scattered, one block (SC'20, Sec. 5.2: bucketized reduce-scatter)."""
+    working = 0.0
+    if sharding.parameter_shards > 1:
+        working += 2.0 * block_params * layout.weights
+    if sharding.gradient_shards > 1:
+        working += block_params * layout.grads
+    return working
+
+
+def offloaded_step_time_s(params: float, grad_bytes: float, weight_bytes: float,
+                          host_bandwidth_bytes_per_s: float, adam_params_on_host: float,
+                          host_memory_bandwidth_bytes_per_s: float) -> float:
+    """ZeRO-Offload's step of a device's ``params`` (ATC'21, Sec. 4): its gradients to the host
+    (``grad_bytes`` each over its PCIe link), Adam on the host, memory-bound at the host's DRAM
+    bandwidth over the ``adam_params_on_host`` parameters every rank of the machine steps at
+    once (:data:`ADAM_TRAFFIC_BYTES_PER_PARAM` each), and the updated parameters back
+    (``weight_bytes`` each)."""
+    transfers = params * (grad_bytes + weight_bytes) / host_bandwidth_bytes_per_s
+    adam = adam_params_on_host * ADAM_TRAFFIC_BYTES_PER_PARAM / (
+        host_memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
+    return transfers + adam
 
 
 def grad_accumulation_time_s(params: float, bytes_per_param: float,

@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass
 
 from potluck.cluster.spec import NodeGroup
+from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import StageShape, usable_memory_bytes
@@ -168,6 +169,8 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
     micro_batch = options.micro_batch_size or 1
     recompute = options.recompute or Recompute.FULL
     zero1 = options.zero >= 1 if options.zero is not None else shape.dp > 1
+    zero = options.zero if options.zero is not None else int(zero1)
+    sharding = StateSharding.of(shape.dp, zero, options.offload is Offload.OPTIMIZER)
     micro_batches = max(1, global_batch // (shape.dp * micro_batch))
     layers = _even_split(cost.model.num_layers, shape.pp)
     worst: tuple[float, str] | None = None
@@ -179,8 +182,7 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
                                recompute)
             in_flight = schedule_for(options.schedule).in_flight(i, shape.pp, micro_batches,
                                                                  virtual)
-            needed = cost.stage_memory_bytes(device_type, unit.tp, stage, in_flight,
-                                             StateSharding.zero1(shape.dp, zero1))
+            needed = cost.stage_memory_bytes(device_type, unit.tp, stage, in_flight, sharding)
             usable = usable_memory_bytes(device_type)
             if needed > usable and (worst is None or needed / usable > worst[0]):
                 stage_text = (f"stage {i + 1} of {shape.pp} ({_plural(layers[i], 'layer')}, "
@@ -189,12 +191,16 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
     if worst is None:
         return None
     _, stage_text, needed, usable, device = worst
-    sharded = ", optimizer states sharded (ZeRO-1)" if zero1 else ""
+    sharded = f", states sharded (ZeRO-{sharding.zero})" if sharding.zero else ""
+    sharded += ", optimizer offloaded" if sharding.offload else ""
     hints = [hint for hint, useful in (
         ("more stages (--pp)", shape.pp * virtual < cost.model.num_layers),
         ("a smaller --micro-batch-size", micro_batch > 1),
         ("a larger --tp", shape.tp < MAX_TP),
-        ("--zero 1", not zero1 and shape.dp > 1)) if useful]
+        ("--zero 1", not zero1 and shape.dp > 1),
+        ("--zero 3", (options.zero or 0) < 3 and shape.dp > 1),
+        ("--offload optimizer", options.offload is not Offload.OPTIMIZER),
+        ("--swap host", options.swap in (None, Swap.NONE) and shape.pp > 1)) if useful]
     return (f"{stage_text} needs {needed / GIB:.1f} GiB at micro-batch {micro_batch} with "
             f"recompute {recompute.value}{sharded}, {device} has {usable / GIB:.1f} GiB usable; "
             "pin "

@@ -18,8 +18,18 @@ cost model:
 5. with ``Placement.RANK_ORDER`` (how Megatron-LM and DeepSpeed place ranks), only
    layouts in the framework's rank order with an even split
    (:mod:`potluck.planner.rank_order`) replace steps 2-4;
-6. build the best candidates as Plans and rank them with the full cost model
-   (network cards shared, every gradient ring priced).
+6. build the best candidates as Plans, give every stage its own memory choices
+   (:mod:`potluck.planner.refine`: the fewest recomputed or swapped blocks that fit,
+   peer, host or hybrid swaps, optimizer offload) and rank them with the full cost
+   model (network cards shared, every gradient ring priced), dropping those over a
+   device's or a machine's host memory.
+
+All of it runs at one *memory level* after the other (:func:`memory_levels`: no
+sharding, ZeRO-1, 2, 3, then each with the optimizer offloaded), stopping at the first
+that yields plans: sharding and offload cost time, so they are used only where the
+levels before them do not fit; swapping and per-stage recomputation are chosen inside
+every level where they pay. Families may also assume every stage swaps its blocks'
+activations (``FamilySetting.swap``), which lays out plans that fit only so.
 
 Groups left out of every family, and pipelines that get no micro-batch, are
 devices the plan does not use: the search leaves a device out when that is
@@ -40,11 +50,12 @@ from dataclasses import dataclass, field, replace
 from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
+from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
-from potluck.planner.cost import CostModel
-from potluck.planner.evaluate import predict
+from potluck.planner.cost import CostModel, usable_memory_bytes
+from potluck.planner.evaluate import host_memory_problem, predict, zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
@@ -55,6 +66,7 @@ from potluck.planner.rank_order import (
     rank_order_refusal,
     rank_order_shapes,
 )
+from potluck.planner.refine import refine_memory
 from potluck.planner.space import (
     Unit,
     UnitLayout,
@@ -107,13 +119,12 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     cluster = Cluster(spec)
     check_request(cluster, model, training, options)
     cost = CostModel.for_training(cluster, model, training)
-    attempts = [options.zero >= 1] if options.zero is not None else [False, True]
     candidates = 0
-    for zero1 in attempts:
+    for level in memory_levels(options):
         plans: list[Plan] = []
         for pinned in _runs(cluster, model, options):
             runner = _Search(cluster, cost, training, pinned, progress)
-            plans.extend(runner.run(zero1))
+            plans.extend(runner.run(level))
             candidates += runner.candidates
         if plans:
             plans.sort(key=_rank)
@@ -122,6 +133,25 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     runner = _Search(cluster, cost, training, options, progress)
     reason = runner.refusal()
     raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """How hard a search pass works to fit: the ZeRO stage and whether stages may offload."""
+
+    zero: int
+    offload: bool
+
+
+def memory_levels(options: SearchOptions) -> list[MemoryLevel]:
+    """The levels the search tries in turn, stopping at the first that yields plans: no
+    sharding, then ZeRO-1, 2 and 3, then each again with the optimizer offloaded (each
+    costs time, so it is used only where the levels before it do not fit); a pin keeps
+    only its own."""
+    zeros = [options.zero] if options.zero is not None else [0, 1, 2, 3]
+    offloads = ([options.offload is Offload.OPTIMIZER] if options.offload is not None
+                else [False, True])
+    return [MemoryLevel(z, o) for o in offloads for z in zeros]
 
 
 def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
@@ -158,28 +188,39 @@ class _Search:
                                       self.options, batch)
         return pinned_refusal(self.families, self.groups, batch, self.options)
 
-    def run(self, zero1: bool) -> list[Plan]:
+    def run(self, level: MemoryLevel) -> list[Plan]:
         """Two passes: find promising structures at the smallest micro-batch that fits, then
         score those structures at every micro-batch size and recomputation mode. In rank
         order, only the framework's layouts."""
         heap: list[tuple[float, int, _Combo]] = []
         if self.rank_order:
-            self._push_layouts(zero1, heap, self._rank_order_layouts())
-            return self._plans(heap)
-        structures = self._promising_structures(zero1)
+            self._push_layouts(level, heap, self._rank_order_layouts())
+            return self._plans(heap, level)
+        structures = self._promising_structures(level)
         for recompute in self._recomputes():
-            for setting in self._settings(zero1, recompute):
+            for setting in self._settings(level, recompute):
                 for structure in structures:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
                         self._push(heap, combo)
         if self._fully_pinned() or (not heap and self._pinned_shape()):
-            self._push_pinned_layouts(zero1, heap)
-        return self._plans(heap)
+            self._push_pinned_layouts(level, heap)
+        return self._plans(heap, level)
 
-    def _plans(self, heap: list) -> list[Plan]:
+    def _plans(self, heap: list, level: MemoryLevel) -> list[Plan]:
+        """The best combos built as plans, each stage given its lightest memory choice
+        (:func:`~potluck.planner.refine.refine_memory`), priced by the full cost model; plans
+        over a device's or a machine's host memory are dropped."""
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
-        plans = [self._evaluate(self._build(combo)) for combo in combos]
+        plans = []
+        for combo in combos:
+            plan = refine_memory(self._build(combo), self.cost, self._refining(combo),
+                                 level.offload)
+            if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
+                continue
+            plan = self._evaluate(plan)
+            if self._fits(plan):
+                plans.append(plan)
         plans.sort(key=_rank)
         return _distinct(plans, self.options.top_k)
 
@@ -191,7 +232,26 @@ class _Search:
         return any(v is not None for v in (options.tp, options.pp, options.dp,
                                            options.micro_batch_size))
 
-    def _push_pinned_layouts(self, zero1: bool, heap: list) -> None:
+    def _refining(self, combo: _Combo) -> SearchOptions:
+        """What the per-stage refinement may choose: everything not pinned, except for the
+        frameworks' baselines (``partition=uniform``, rank order), which recompute alike on
+        every stage (Megatron-LM's ``--recompute-granularity``) and do not swap unless
+        pinned to."""
+        if not (self.options.partition is Partition.UNIFORM or self.rank_order):
+            return self.options
+        return replace(self.options, recompute=self.options.recompute or combo.setting.recompute,
+                       swap=self.options.swap or Swap.NONE)
+
+    def _fits(self, plan: Plan) -> bool:
+        """Every device within its usable memory, every machine within its host memory."""
+        prediction = plan.prediction
+        for used in prediction.memory:
+            device = self.cluster.device(used.device)
+            if used.total_bytes > usable_memory_bytes(device.type) * (1 + 1e-9):
+                return False
+        return host_memory_problem(prediction) is None
+
+    def _push_pinned_layouts(self, level: MemoryLevel, heap: list) -> None:
         """The pinned layout built directly (:mod:`potluck.planner.pinned`): pipelines the
         families do not hold, such as one spanning two GPU types."""
         if self.options.group_tp:
@@ -201,7 +261,7 @@ class _Search:
                    for shape in pinned_shapes(self.groups, model, self.options,
                                               self.training.global_batch)
                    for pipelines in arrangements(self.families, self.groups, model, shape)]
-        self._push_layouts(zero1, heap, layouts)
+        self._push_layouts(level, heap, layouts)
 
     def _rank_order_layouts(self) -> list[tuple[tuple[Unit, ...], ...]]:
         """Every (tp, pp, dp) the pins allow, laid out in the framework's rank order."""
@@ -210,10 +270,10 @@ class _Search:
                                    self.training.global_batch)
         return [rank_order_pipelines(devices, shape) for shape in shapes]
 
-    def _push_layouts(self, zero1: bool, heap: list,
+    def _push_layouts(self, level: MemoryLevel, heap: list,
                       layouts: list[tuple[tuple[Unit, ...], ...]]) -> None:
         for recompute in self._recomputes():
-            for setting in self._settings(zero1, recompute):
+            for setting in self._settings(level, recompute):
                 for pipelines in layouts:
                     for combo in self._pinned_combos(pipelines, setting):
                         self._push(heap, combo)
@@ -233,11 +293,11 @@ class _Search:
                 found.append(combo)
         return found
 
-    def _promising_structures(self, zero1: bool) -> list[tuple[tuple, ...]]:
+    def _promising_structures(self, level: MemoryLevel) -> list[tuple[tuple, ...]]:
         heap: list[tuple[float, int, _Combo]] = []
         recomputes = self._recomputes()
         for index, recompute in enumerate(recomputes):
-            for setting in self._settings(zero1, recompute):
+            for setting in self._settings(level, recompute):
                 if self._collect(setting, heap) < float("inf"):
                     break  # the smallest micro-batch that fits shows the structures
             if self.progress:
@@ -279,13 +339,23 @@ class _Search:
             return [Recompute.NONE, Recompute.FULL]
         return list(Recompute)
 
-    def _settings(self, zero1: bool, recompute: Recompute):
+    def _settings(self, level: MemoryLevel, recompute: Recompute):
+        """Per micro-batch size the families' settings: without swapping and, where stages
+        may swap (not pinned off), with every block's activations swappable (recomputation
+        none: swapping stands in for it; or the pinned mode)."""
         options, batch = self.options, self.training.global_batch
         sizes = micro_batch_sizes(options, batch)
         virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM or self.rank_order
+        swaps = [False]
+        if options.swap is not None and options.swap is not Swap.NONE:
+            swaps = [True]
+        elif options.swap is None and (recompute is Recompute.NONE or options.recompute):
+            swaps = [False, True]
         for b in sizes:
-            yield FamilySetting(b, recompute, options.schedule, virtual, zero1, uniform, batch // b)
+            for swap in swaps:
+                yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
+                                    batch // b, level.offload, swap)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:
@@ -335,8 +405,9 @@ class _Search:
             options = [self.families.evaluate(order, dp, layout, setting, wrap)
                        for layout, wrap in itertools.product(layouts, wraps)]
             feasible = [o for o in options if o is not None]
-            if not feasible and not self.options.pp:
-                break  # fewer, fuller stages only need more memory
+            if not feasible and not self.options.pp and setting.zero < 2:
+                break  # fewer, fuller stages only need more memory (ZeRO-2/3: more replicas
+                # hold less each)
             found.extend(feasible)
         return found
 
@@ -432,7 +503,7 @@ class _Search:
             cluster=self.cluster.spec, model=self.cost.model, training=self.training,
             pipelines=tuple(pipelines), schedule=setting.schedule,
             virtual_stages=setting.virtual_stages, recompute=setting.recompute,
-            zero=int(setting.zero1 and len(pipelines) > 1), unused_devices=unused,
+            zero=setting.zero if len(pipelines) > 1 else 0, unused_devices=unused,
             notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
         )
 
@@ -506,7 +577,10 @@ def _launch_notes(unused: tuple[str, ...]) -> tuple[str, ...]:
 
 def _rank(plan: Plan) -> tuple[float, int]:
     """Fastest first; among equally fast plans, the one that recomputes least."""
-    return plan.prediction.iteration_time_s, list(Recompute).index(plan.recompute)
+    modes = list(Recompute)
+    recomputes = sum(modes.index(plan.stage_memory(k, i).recompute or Recompute.NONE)
+                     for k, p in enumerate(plan.pipelines) for i in range(p.pp))
+    return plan.prediction.iteration_time_s, recomputes
 
 
 def _distinct(plans: list[Plan], top_k: int) -> list[Plan]:
@@ -514,7 +588,7 @@ def _distinct(plans: list[Plan], top_k: int) -> list[Plan]:
     for plan in plans:
         key = (plan.layout(), plan.pipelines[0].micro_batch_size, plan.recompute,
                len(plan.unused_devices),
-               tuple(s.num_layers for p in plan.pipelines for s in p.stages))
+               tuple((s.num_layers, s.memory) for p in plan.pipelines for s in p.stages))
         if key not in seen:
             seen.add(key)
             result.append(plan)

@@ -7,7 +7,10 @@ freed when the backward that consumes them ends (the schedule's
 :attr:`~potluck.schedules.PipelineSchedule.frees_activations_after`: the weight
 backward under zero bubble, since it still reads the layer inputs). With full
 recomputation a backward also holds one block's full activations while it
-runs. All byte counts come from the cost model (:mod:`potluck.sim.workload`);
+runs. A swapping chunk's swapped activations leave the device when its forward ends
+and come back when its backward starts (the memory contract of issue 13); stashes a
+device holds for its peers count at their peak throughout. All byte counts come from
+the cost model (:mod:`potluck.sim.workload`);
 the simulator only decides when they are held, so its peaks check the cost
 model's in-flight estimates (``p - i`` micro-batches on stage ``i`` under 1F1B).
 """
@@ -32,9 +35,14 @@ def stage_memory(ops: Iterable[OpRecord], stage: int, work: StageWorkload,
         chunk = work.chunks[op.chunk]
         if op.kind is OpKind.FORWARD:
             changes.append((op.start_s, chunk.activation_bytes))
-        elif op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_INPUT) and chunk.transient_bytes:
-            changes.append((op.start_s, chunk.transient_bytes))
-            changes.append((op.end_s, -chunk.transient_bytes))
+            if chunk.swapped_bytes:
+                changes.append((op.end_s, -chunk.swapped_bytes))
+        elif op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_INPUT):
+            if chunk.swapped_bytes:
+                changes.append((op.start_s, chunk.swapped_bytes))
+            if chunk.transient_bytes:
+                changes.append((op.start_s, chunk.transient_bytes))
+                changes.append((op.end_s, -chunk.transient_bytes))
         if op.kind is frees_on:
             changes.append((op.end_s, -chunk.activation_bytes))
     changes.sort()  # at equal times frees (negative) come before allocations

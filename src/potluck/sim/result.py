@@ -80,6 +80,29 @@ class OptimizerStep:
     end_s: float
 
 
+class StateTransferKind(str, Enum):
+    """Transfers of issue 13's memory techniques, as the simulator draws them."""
+
+    SWAP_OUT = "swap_out"  # a micro-batch's swapped activations leaving after its forward
+    SWAP_IN = "swap_in"  # and coming back for its backward
+    PARAM_ALLGATHER = "param_allgather"  # ZeRO-3: a pass's all-gather of the stage's weights
+
+
+@dataclass(frozen=True)
+class StateTransfer:
+    """One drawn transfer on its lane (``<device>->host``, ``<device>-><peer>``, or the
+    stage's data-parallel ring ``dp ring``)."""
+
+    kind: StateTransferKind
+    pipeline: int
+    stage: int
+    chunk: int
+    micro_batch: int
+    lane: str
+    start_s: float
+    end_s: float
+
+
 @dataclass(frozen=True)
 class MemoryTrace:
     """Bytes held by each device of a stage over time (a step function)."""
@@ -134,6 +157,7 @@ class SimulationResult:
     devices: tuple[DeviceStats, ...]
     predicted_time_s: float  # the analytic cost model's iteration time, for comparison
     simulated_pipelines: int  # pipelines actually run (the others are identical twins)
+    state_transfers: tuple[StateTransfer, ...] = ()  # swaps and ZeRO-3 gathers, drawn
 
     @property
     def bottleneck(self) -> DeviceStats:
@@ -166,4 +190,6 @@ class SimulationResult:
                  "fraction": s.fraction} for s in self.critical_path],
             "peak_memory_gb": max(d.peak_memory_bytes for d in self.devices) / 1e9,
             "per_device": [d.as_dict() for d in self.devices],
+            "state_transfers": {kind.value: sum(1 for t in self.state_transfers if t.kind is kind)
+                                for kind in StateTransferKind},
         }

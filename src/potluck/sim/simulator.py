@@ -17,6 +17,16 @@
    gradients are complete. All-reduces of one phase share links with each
    other; they are assumed not to meet the pipelines' own transfers (they
    overlap only the final backward). Each stage then runs its optimizer step.
+   ZeRO-2/3 reduce-scatter after every micro-batch's backward: one collective per
+   backward, released at its end (the last at the last backward's start, as above);
+   an offloaded optimizer's step (its host step from the cost model) starts once its
+   stage's gradients are reduced, and ZeRO-3 has no parameter all-gather after it.
+3. **State transfers.** Each swapping chunk's activations go out on their lane from
+   the start of each forward and come back from the start of each backward, each
+   taking the cost model's one-pass transfer (what does not fit under the pass is
+   already in its duration); ZeRO-3's all-gathers are drawn from the start of each
+   pass on the stage's ring. They are drawn, not re-timed: the pass durations carry
+   their exposed part, as the cost model charges it.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from potluck.sim.result import (
     OptimizerStep,
     PipelineRun,
     SimulationResult,
+    StateTransfer,
+    StateTransferKind,
 )
 from potluck.sim.stats import bubble_fraction, device_stats, pipeline_end_s
 from potluck.sim.workload import PipelineWorkload, plan_workloads
@@ -61,6 +73,7 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
                                     overlap_p2p=plan.training.execution.overlap_p2p)
     syncs, steps = _gradients_and_steps(plan, cost, network, workloads, runs)
     memory = _memory(runs, workloads, pipeline_schedule.frees_activations_after)
+    transfers = state_transfers(runs, workloads)
     iteration_s = max(step.end_s for step in steps)
     devices = device_stats(workloads, runs, syncs, steps, memory, iteration_s)
     return SimulationResult(
@@ -70,7 +83,32 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
         pipelines=tuple(runs), gradient_syncs=tuple(syncs), optimizer_steps=tuple(steps),
         memory=memory, devices=devices,
         predicted_time_s=predict(plan, cost).iteration_time_s, simulated_pipelines=simulated,
+        state_transfers=transfers,
     )
+
+
+def state_transfers(runs: list[PipelineRun], workloads: list[PipelineWorkload]
+                    ) -> tuple[StateTransfer, ...]:
+    """Every swap out and back, and every ZeRO-3 all-gather, of the executed passes."""
+    drawn = []
+    for run in runs:
+        stages = workloads[run.index].stages
+        for op in run.ops:
+            if op.peer != -1 or not op.kind.is_pipeline_compute \
+                    or op.kind is OpKind.BACKWARD_WEIGHT:
+                continue
+            stage = stages[op.stage]
+            chunk = stage.chunks[op.chunk]
+            forward = op.kind is OpKind.FORWARD
+            if chunk.swap_s > 0.0:
+                kind = StateTransferKind.SWAP_OUT if forward else StateTransferKind.SWAP_IN
+                drawn.append(StateTransfer(kind, run.index, op.stage, op.chunk, op.micro_batch,
+                                           stage.swap_lane, op.start_s, op.start_s + chunk.swap_s))
+            if chunk.gather_s > 0.0:
+                drawn.append(StateTransfer(StateTransferKind.PARAM_ALLGATHER, run.index, op.stage,
+                                           op.chunk, op.micro_batch, "dp ring", op.start_s,
+                                           op.start_s + chunk.gather_s))
+    return tuple(drawn)
 
 
 def _check_override(plan: Plan, schedule: PipelineSchedule) -> None:
@@ -176,12 +214,14 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
                          workloads: list[PipelineWorkload], runs: list[PipelineRun]
                          ) -> tuple[list[GradientSync], list[OptimizerStep]]:
     ready, window = _gradient_ready(runs)
+    backward_ends = _backward_ends(runs)
     if not plan.training.execution.overlap_grad_reduce:
         window = ready  # the all-reduce waits for the whole backward pass
     groups = gradient_groups(cost, plan)
     syncs, done_s = [], dict(ready)
     for index, phase in enumerate(gradient_phases(groups)):  # a later phase hides behind none
-        syncs += _reduce_phase(phase, network, window if index == 0 else done_s, done_s)
+        syncs += _reduce_phase(phase, network, window if index == 0 else done_s, done_s,
+                               backward_ends if index == 0 else {})
     steps = []
     for k, work in enumerate(workloads):
         for i, stage in enumerate(work.stages):
@@ -194,22 +234,31 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
 
 
 def _reduce_phase(phase: list[GradientGroup], network: Network, window: dict[StageRef, float],
-                  done_s: dict[StageRef, float]) -> list[GradientSync]:
+                  done_s: dict[StageRef, float],
+                  backward_ends: dict[StageRef, list[float]]) -> list[GradientSync]:
     """One phase of gradient collectives, run together on the engine (they share links).
 
     A group starts once its members are ready: ``done_s`` (their gradients complete, or
     their earlier phases over), or, overlapping the backward, when its last backward
-    started (``window``); it ends no earlier than ``done_s``. Updates ``done_s``."""
+    started (``window``); it ends no earlier than ``done_s``. A group of ``rounds``
+    (ZeRO-2/3) also reduce-scatters after each earlier backward (``backward_ends``).
+    Updates ``done_s``."""
     program_ = engine.Program()
+    ops: list[list[int]] = []
     for group in phase:
         release = max(done_s[m] if group.after_backward else window[m] for m in group.members)
-        program_.add_transfer(network.ring_flow(group.rings, group.bytes_per_ring, group.scatter),
-                              [], release_s=release)
+        flow = network.ring_flow(group.rings, group.bytes_per_ring, group.scatter)
+        ids = [program_.add_transfer(flow, [], release_s=release)]
+        for round_ in range(group.rounds - 1):
+            early = max(_nth(backward_ends.get(m, []), round_, release) for m in group.members)
+            ids.append(program_.add_transfer(flow, [], release_s=min(early, release)))
+        ops.append(ids)
     timings = engine.run(program_, network.capacity)
     syncs = []
-    for op, group in enumerate(phase):
-        end = max(timings.end_s[op], max(done_s[m] for m in group.members))
-        syncs.append(GradientSync(tuple(group.members), timings.start_s[op], end))
+    for ids, group in zip(ops, phase, strict=True):
+        end = max(max(timings.end_s[op] for op in ids), max(done_s[m] for m in group.members))
+        syncs.append(GradientSync(tuple(group.members), min(timings.start_s[op] for op in ids),
+                                  end))
     for sync in syncs:
         for member in sync.members:
             done_s[member] = max(done_s[member], sync.end_s)
@@ -231,6 +280,20 @@ def _with_parameter_gather(groups: list[GradientGroup], network: Network, steps:
             end_of[member] = max(end_of[member], timings.end_s[op])
     return [OptimizerStep(s.pipeline, s.stage, s.start_s, end_of[(s.pipeline, s.stage)])
             for s in steps]
+
+
+def _nth(values: list[float], index: int, default: float) -> float:
+    return values[index] if index < len(values) else default
+
+
+def _backward_ends(runs: list[PipelineRun]) -> dict[StageRef, list[float]]:
+    """Per stage, when each of its backward passes (all but the last) ends, in order."""
+    ends: dict[StageRef, list[float]] = defaultdict(list)
+    for run in runs:
+        for op in run.ops:
+            if op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_INPUT) and op.peer == -1:
+                ends[(run.index, op.stage)].append(op.end_s)
+    return {key: sorted(values)[:-1] for key, values in ends.items()}
 
 
 def _gradient_ready(runs: list[PipelineRun]

@@ -5,7 +5,9 @@ Every compute op of a pipeline is drawn on each device of its stage; the
 tensor-parallel collectives of one forward or backward as one ``tp_allreduce``
 covering the end of that op; a send as ``send_*`` on the sending stage's
 devices and the matching ``recv_*`` on the receiving stage's; then the
-gradient all-reduces and the optimizer steps.
+gradient all-reduces and the optimizer steps; then the state transfers of issue 13
+(``swap_out``, ``swap_in``, ``param_allgather``) on each device of their stage's comm
+stream.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def simulation_trace(result: Any) -> Trace:
             points = list(zip(result.memory[k][i].times_s, result.memory[k][i].bytes, strict=True))
             trace.memory.update(dict.fromkeys(devices, points))
     trace.events.extend(_step_events(result, plan))
+    for t in getattr(result, "state_transfers", ()):
+        for device in plan.pipelines[t.pipeline].stages[t.stage].devices:
+            trace.events.append(TraceEvent(device, COMM, t.kind.value, t.start_s,
+                                           t.end_s - t.start_s, t.pipeline, t.stage,
+                                           t.micro_batch, t.chunk))
     return trace
 
 
