@@ -89,15 +89,16 @@ class _Stashed:
         """The storage back on the device (copied now, or the prefetched copy once ready)."""
         swap = self.swap
         if self.restored is None:
-            buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=swap.target.device)
+            device = swap.target.device
             with swap.side_stream(prefetch):
+                buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
                 for start, end, piece in self.pieces:
                     buffer[start:end].copy_(piece, non_blocking=swap.on_gpu)
                 if swap.on_gpu and prefetch:
                     self.event = torch.cuda.Event()
                     self.event.record(swap.stream)
-            if swap.on_gpu and prefetch:
-                buffer.record_stream(torch.cuda.current_stream(swap.target.device))
+            if swap.on_gpu and prefetch:  # made on the side stream, used on the current one
+                buffer.record_stream(torch.cuda.current_stream(device))
             self.pieces = []
             self.restored = buffer.untyped_storage()
             swap.track(buffer, Kind.ACTIVATIONS, Place.DEVICE)
