@@ -228,7 +228,7 @@ def simulate(
     render_summary(console, result, files)
 
 
-@app.command(short_help="Predicted against measured step times; or two runs.")
+@app.command(short_help="Predicted against measured step times and memory; or two runs.")
 def compare(
     target: Annotated[Path, typer.Argument(help="Run directory of potluck train --trace, a plan "
                                            "file, or a predicted trace.json.")],
@@ -239,8 +239,10 @@ def compare(
         "--out", help="Folder for predicted.json and side_by_side.json (default: the run's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Predicted against measured step time and op durations, per stage and op kind; or two
-    run directories by their step time on their devices (emulated: measured over dilation)."""
+    """Predicted against measured step time and op durations, per stage and op kind, and
+    peak memory per rank (device and host; a run directory without a trace: memory only);
+    or two run directories by their step time on their devices (emulated: measured over
+    dilation)."""
     from potluck.calibrate.compare_run import compare_runs
     from potluck.sim.compare import render_comparison
 
@@ -252,11 +254,23 @@ def compare(
         console.print(f"{runs.first.describe()}\n{runs.second.describe()}\n"
                       f"the first is {runs.speedup:.2f}x as fast", highlight=False)
         return
+    from potluck.calibrate.compare_memory import compare_run_memory, memory_rows, render_memory
+
+    memory = compare_run_memory(target) if target.is_dir() and memory_rows(target) else ()
+    if target.is_dir() and measured is None and memory and not (target / "trace.json").is_file():
+        if as_json:
+            sys.stdout.write(json.dumps({"memory": [r.as_dict() for r in memory]}) + "\n")
+            return
+        render_memory(console, memory)
+        return
     comparison, files = api.compare(target, measured, out_dir=out)
     if as_json:
-        sys.stdout.write(json.dumps(comparison.as_dict()) + "\n")
+        sys.stdout.write(json.dumps({**comparison.as_dict(),
+                                     "memory": [r.as_dict() for r in memory]}) + "\n")
         return
     render_comparison(console, comparison)
+    if memory:
+        render_memory(console, memory)
     if files:
         console.print(f"traces written: {', '.join(map(str, files))} (open in ui.perfetto.dev)",
                       highlight=False)

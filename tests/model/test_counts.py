@@ -44,11 +44,13 @@ def test_gpt_activations_equal_korthikanti_table_2():
     m = load_model("gpt3-175b")
     s, b, h, a = 2048, 1, m.hidden_size, m.num_heads
     full = s * b * h * (34 + 5 * a * s / h)
-    assert counts.block_activation_bytes(m, b, s, 1, Recompute.NONE) == pytest.approx(full)
-    assert counts.block_activation_bytes(m, b, s, 1, Recompute.SELECTIVE) == pytest.approx(34 * s * b * h)
+    assert counts.block_activation_bytes(m, b, s, 1, Recompute.NONE, fused=True) == pytest.approx(full)
+    assert counts.block_activation_bytes(m, b, s, 1, Recompute.SELECTIVE, fused=True) == pytest.approx(
+        34 * s * b * h)
     assert counts.block_activation_bytes(m, b, s, 1, Recompute.FULL) == pytest.approx(2 * s * b * h)
     t = 8  # tensor + sequence parallel divides everything by t
-    assert counts.block_activation_bytes(m, b, s, t, Recompute.NONE) == pytest.approx(full / t)
+    assert counts.block_activation_bytes(m, b, s, t, Recompute.NONE, fused=True) == pytest.approx(
+        full / t)
 
 
 def test_gqa_and_no_dropout_shrink_llama_activations():
@@ -67,3 +69,52 @@ def test_the_attention_core_is_4bs2h_flops():
     m = load_model("gpt3-1.3b")
     b, s = 2, 1024
     assert counts.attention_core_forward_flops(m, b, s) == 4 * b * s * s * m.hidden_size
+
+
+def _saved_elements_per_block(spec, attn: str, b: int, s: int) -> float:
+    """Elements the second block of a Hugging Face model saves for backward in FP32 on CPU
+    (saved_tensors_hooks; deduplicated by storage, parameters and their views excluded)."""
+    import torch
+
+    from potluck.runtime.models.adapters import blocks_of, detect_family
+    from potluck.runtime.models.build import build_model, materialize
+
+    model = build_model(spec, attn)
+    materialize([model], torch.device("cpu"), 0)
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(x):
+        key = x.untyped_storage()._cdata
+        if key not in params:
+            seen.setdefault(key, x.untyped_storage().nbytes())
+        return x
+
+    block = blocks_of(model, detect_family(model))[1]
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
+    block.register_forward_pre_hook(lambda *_: hooks.__enter__())
+    block.register_forward_hook(lambda *_: hooks.__exit__(None, None, None))
+    model(torch.randint(0, spec.vocab_size, (b, s)))
+    return sum(seen.values()) / 4
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_eager_counts_are_what_hugging_face_blocks_save(family, attn):
+    """Every term of the eager count, against the tensors autograd keeps; a block measured
+    alone also saves the rotary tables every block shares (the eager embedding term)."""
+    from dataclasses import replace
+
+    from potluck.model.spec import PRESETS
+
+    if family == "llama":
+        spec = replace(PRESETS["tiny-llama"], hidden_size=48, ffn_hidden_size=80, num_heads=4,
+                       num_kv_heads=2, max_seq_len=64)
+    else:
+        spec = replace(PRESETS["tiny-gpt2"], hidden_size=48, ffn_hidden_size=192, num_heads=4,
+                       num_kv_heads=4, max_seq_len=64, dropout=False)
+    b, s = 2, 24
+    expected = counts.eager_block_activation_elements(spec, b, s, Recompute.NONE,
+                                                      flash_attention=attn == "sdpa")
+    expected += counts.embedding_activation_bytes(spec, b, s, 1) / 2  # 16-bit bytes: 2 each
+    assert _saved_elements_per_block(spec, attn, b, s) == pytest.approx(expected, rel=1e-9)

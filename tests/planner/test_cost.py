@@ -104,11 +104,18 @@ def ring_allreduce_s(num_bytes: float, ranks: int, bandwidth: float, latency: fl
 
 
 def block_activation_bytes(b: int) -> float:
-    """What one block keeps for its backward per micro-batch (Korthikanti et al. 2022, Table 2,
-    without dropout; FlashAttention keeps no s^2 scores), in bytes per token and hidden unit:
-    QKV input 2, Q, K, V 2 each, output-projection input 2, fc1 input 2, GeLU input 2*4,
-    fc2 input 2*4, the two LayerNorms' inputs 2 each: 32."""
-    return 32 * b * SEQ * H
+    """What one eager Hugging Face GPT-2 block keeps for its backward per micro-batch (SDPA,
+    no dropout), in 16-bit bytes: per token and hidden unit the two LayerNorms' inputs and
+    outputs 2*2*2, the fused QKV output 3*2, contiguous copies of Q and V 2*2, the attention
+    output 2, gelu_new's four tensors and its output 5*2*4 (ffn = 4h): 60; per token the
+    LayerNorms' mean and rstd 2*2*2 and a log-sum-exp per head 2*HEADS."""
+    return 60 * b * SEQ * H + (8 + 2 * HEADS) * b * SEQ
+
+
+def head_activation_bytes(b: int) -> float:
+    """The final LayerNorm's input, output (the projection's input), mean and rstd, the
+    logits and the loss's log-softmax output (4 bytes per logit in all)."""
+    return 2 * 2 * b * SEQ * H + 2 * 2 * b * SEQ + 4 * b * SEQ * VOCAB
 
 
 def toy_plan(pipelines, zero=0):
@@ -188,8 +195,8 @@ def test_memory_of_a_stage_is_states_activations_in_flight_and_overhead():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, 1), _stage(["box.1:0"], 1, 4)), 1, 4)])
     first, last = predict(plan).memory
     first_params = BLOCK_PARAMS + EMBEDDING_PARAMS
-    embedding_output = 2 * SEQ * H  # BF16, kept for the first block's backward
-    first_activations = 2 * (block_activation_bytes(1) + embedding_output)
+    # the embedding's output is the first block's input, which the block counts
+    first_activations = 2 * block_activation_bytes(1)
     assert first.weights_bytes == pytest.approx(WEIGHT_BYTES * first_params)
     assert first.grads_bytes == pytest.approx(GRAD_BYTES * first_params)
     assert first.optimizer_bytes == pytest.approx(ADAM_BYTES * first_params)
@@ -197,9 +204,8 @@ def test_memory_of_a_stage_is_states_activations_in_flight_and_overhead():
     assert first.total_bytes == pytest.approx(
         STATE_BYTES * first_params + first_activations + RUNTIME_OVERHEAD)
     last_params = 3 * BLOCK_PARAMS + HEAD_PARAMS
-    # one micro-batch of 3 blocks, plus the head: final-norm and projection inputs (4 bytes per
-    # token and hidden unit) and the FP32 logits of the loss (4 bytes each)
-    last_activations = 3 * block_activation_bytes(1) + 4 * SEQ * H + 4 * SEQ * VOCAB
+    # one micro-batch of 3 blocks, plus the head
+    last_activations = 3 * block_activation_bytes(1) + head_activation_bytes(1)
     assert last.total_bytes == pytest.approx(
         STATE_BYTES * last_params + last_activations + RUNTIME_OVERHEAD)
 
@@ -207,8 +213,7 @@ def test_memory_of_a_stage_is_states_activations_in_flight_and_overhead():
 def test_a_single_device_holds_every_state_one_micro_batch_and_the_logits():
     plan = toy_plan([Pipeline((_stage(["box.0:0"], 0, LAYERS),), 2, 4)])
     memory = predict(plan).memory[0]
-    activations = (LAYERS * block_activation_bytes(2) + 2 * 2 * SEQ * H  # blocks, embedding
-                   + 4 * 2 * SEQ * H + 4 * 2 * SEQ * VOCAB)  # head inputs, FP32 logits
+    activations = LAYERS * block_activation_bytes(2) + head_activation_bytes(2)
     assert memory.weights_bytes == pytest.approx(WEIGHT_BYTES * MODEL_PARAMS)
     assert memory.weights_bytes + memory.grads_bytes + memory.optimizer_bytes == pytest.approx(
         STATE_BYTES * MODEL_PARAMS)
@@ -331,9 +336,11 @@ def test_first_stages_hold_more_activations_under_1f1b(small_model):
     stages = tuple(_stage([ids[i]], 2 * i, 2 * i + 2) for i in range(4))
     plan = _plan(spec, small_model, [Pipeline(stages, 1, 8)])
     activations = [m.activations_bytes for m in predict(plan).memory]
-    # one micro-batch more on stage 1 than on stage 2: two blocks of GPT-3's 34 bytes per
-    # token and hidden unit (Korthikanti et al. 2022; FlashAttention keeps no s^2 scores)
-    assert activations[1] - activations[2] == pytest.approx(2 * 34 * 1024 * 2048)
+    # one micro-batch more on stage 1 than on stage 2: two eager GPT-2 blocks (SDPA keeps no
+    # s^2 scores) of 60 bytes per token and hidden unit plus two one-byte residual dropout
+    # masks, and per token 8 bytes of LayerNorm statistics and 2 per head
+    per_block = 62 * 1024 * 2048 + (8 + 2 * 16) * 1024
+    assert activations[1] - activations[2] == pytest.approx(2 * per_block)
     assert activations[0] > activations[1] > activations[2]
 
 

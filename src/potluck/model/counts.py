@@ -9,7 +9,9 @@ and the head (final norm + output projection + loss). Counts follow
   scores and values per block, backward = 2 x forward (SC'21, Eq. 3). With
   ``ffn = 4h`` and no GQA this is exactly ``72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))``;
 - activations: Korthikanti et al. 2022, Table 2, generalized to GQA, SwiGLU,
-  models without dropout, and sequence parallelism (every term divided by t).
+  models without dropout, and sequence parallelism (every term divided by t), for
+  fused (Megatron-style) execution; for eager PyTorch running Hugging Face blocks,
+  tensor by tensor what autograd saves (``eager_*`` functions, measured).
 
 ``b`` is the micro-batch size in sequences, ``s`` the sequence length.
 """
@@ -128,29 +130,128 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
 
 
 def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute, *,
-                           flash_attention: bool = False) -> float:
-    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1).
+                           flash_attention: bool = False, fused: bool = False) -> float:
+    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1),
+    counted in 16-bit elements (the planner scales by the compute dtype's element size).
 
-    FlashAttention keeps no ``s^2`` scores (only the output and a log-sum-exp per row),
-    which is what selective recomputation achieves for materialized attention.
+    ``fused=True`` is Megatron-style execution, Korthikanti et al.'s count
+    (:func:`block_activation_terms`); ``fused=False`` is eager PyTorch running a Hugging
+    Face block (:func:`eager_block_activation_elements`). FlashAttention keeps no ``s^2``
+    scores (only the output and a log-sum-exp per row), which is what selective
+    recomputation achieves for materialized attention. Full recomputation keeps the
+    block's input only (torch's checkpoint saves it for the recomputation).
     """
     h, a = m.hidden_size, m.num_heads
     if recompute is Recompute.FULL:
         return 2.0 * s * b * h / tp
+    if not fused:
+        return 2.0 * eager_block_activation_elements(m, b, s, recompute,
+                                                     flash_attention=flash_attention) / tp
     terms = block_activation_terms(m)
     keeps_scores = recompute is Recompute.NONE and not flash_attention
     scores = terms.per_as2b * a * s * s * b if keeps_scores else 0.0
     return (terms.per_sbh * s * b * h + scores) / tp
 
 
-def embedding_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
-    """The embedding output (and its dropout mask) kept for the first block."""
-    return (2.0 + (1.0 if m.dropout else 0.0)) * s * b * m.hidden_size / tp
+def eager_norm_elements(m: ModelSpec, b: int, s: int) -> float:
+    """What one Hugging Face norm keeps, output included (it is the next matmul's input).
+
+    RMSNorm (``LlamaRMSNorm``): its input (saved by ``pow`` and the scaling multiply), the
+    normalized tensor (saved by the weight multiply), the output and the ``rsqrt`` per
+    row. LayerNorm (``aten.native_layer_norm``): input, output, mean and rstd per row.
+    """
+    sbh, rows = s * b * m.hidden_size, s * b
+    if m.norm is NormKind.RMSNORM:
+        return 3.0 * sbh + rows
+    return 2.0 * sbh + 2.0 * rows
 
 
-def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
-    """Final-norm input, projection input, and FP32 logits for the loss (vocab-parallel)."""
-    return 4.0 * s * b * m.hidden_size / tp + 4.0 * s * b * m.vocab_size / tp
+def eager_attention_elements(m: ModelSpec, b: int, s: int, *, flash_attention: bool) -> float:
+    """What a Hugging Face attention keeps, from Q/K/V on (its input is the norm's output).
+
+    SDPA (``flash_attention``; torch's flash kernel): Q and K after rotary embedding, V,
+    the output (also the output projection's input, one storage) and a log-sum-exp per
+    head and row. GPT-2's fused ``c_attn`` instead keeps its whole QKV output (alive through
+    K's view), contiguous copies of Q and V, and the output. Eager attention (scores in
+    memory): Q, K and V as ``matmul`` saves them (contiguous, K and V repeated to every
+    head under GQA), the softmax output ``a*s^2*b`` and the output projection's input
+    (a contiguous copy of the transposed heads). Rotary ``cos``/``sin`` are shared by all
+    blocks (:func:`embedding_activation_bytes`).
+    """
+    sbh, sbkv = s * b * m.hidden_size, s * b * m.kv_hidden_size
+    heads_rows = m.num_heads * s * b
+    if not flash_attention:
+        return 4.0 * sbh + heads_rows * s
+    if m.family == "gpt2":
+        return 6.0 * sbh + heads_rows
+    return 2.0 * sbh + 2.0 * sbkv + heads_rows
+
+
+def eager_mlp_elements(m: ModelSpec, b: int, s: int) -> float:
+    """What a Hugging Face MLP keeps past its input (the norm's output).
+
+    SwiGLU: the gate output (SiLU's input), the SiLU output and the up output (the
+    multiply's inputs) and their product (the down projection's input): ``4*s*b*f``.
+    GPT-2's ``gelu_new`` is eight element-wise ops that keep four tensors of the MLP width
+    (its input, ``x^3``'s input product, the ``tanh`` output, ``1 + tanh``), plus its output
+    (the down projection's input): ``5*s*b*f``.
+    """
+    sbf = s * b * m.ffn_hidden_size
+    return (4.0 if m.mlp is MlpKind.SWIGLU else 5.0) * sbf
+
+
+def eager_block_activation_elements(m: ModelSpec, b: int, s: int, recompute: Recompute, *,
+                                    flash_attention: bool = False) -> float:
+    """Elements one eager Hugging Face block saves for backward (no tensor parallelism):
+    two norms (the first one's input is the block's input, the second's the residual
+    stream), the attention and the MLP, plus Korthikanti's dropout masks (one byte, half
+    an element) and dropped-out scores when the model has dropout. Measured with
+    ``saved_tensors_hooks`` on LLaMA and GPT-2 blocks in FP32 on CPU, deduplicated by
+    storage, parameters excluded: every term above, exactly (tests/model/test_counts.py).
+    Selective recomputation (potluck's: the whole attention module checkpointed) keeps
+    the norms and the MLP only.
+    """
+    sbh, scores = s * b * m.hidden_size, m.num_heads * s * s * b
+    attention = 0.0
+    if recompute is not Recompute.SELECTIVE:
+        attention = eager_attention_elements(m, b, s, flash_attention=flash_attention)
+        if m.dropout and not flash_attention:
+            attention += 1.5 * scores
+    masks = 2 * 0.5 * sbh if m.dropout else 0.0
+    return 2.0 * eager_norm_elements(m, b, s) + attention + eager_mlp_elements(m, b, s) + masks
+
+
+def embedding_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, *,
+                               fused: bool = False) -> float:
+    """What the embedding keeps for the first block, in 16-bit elements.
+
+    ``fused=True`` (Korthikanti): the embedding output and its dropout mask. Eager
+    (``fused=False``): the first block's norm already counts the embedding output as its
+    input (:func:`eager_norm_elements`); left are the rotary ``cos`` and ``sin`` tables
+    every block's rotary embedding saves (one storage shared by all blocks, ``s*d`` each)
+    and, with dropout, the embedding dropout's mask (one byte per element) and output.
+    """
+    sbh = s * b * m.hidden_size
+    if fused:
+        return (2.0 + (1.0 if m.dropout else 0.0)) * sbh / tp
+    rope = m.norm is NormKind.RMSNORM and not m.learned_positions
+    rotary = 2.0 * 2.0 * s * m.head_dim if rope else 0.0
+    return rotary + (3.0 * sbh / tp if m.dropout else 0.0)
+
+
+def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, *, fused: bool = False) -> float:
+    """What the head keeps per micro-batch (vocab-parallel), in 16-bit elements.
+
+    The logits (the last stage's output, which torch's pipeline schedule holds until the
+    micro-batch's backward) and the loss's log-softmax output, one logit-sized tensor
+    each (in FP32 on CPU ranks; on 16-bit devices the log-softmax output is FP32, as
+    ``TokenLoss`` upcasts: 2 more bytes per logit, not counted here). Before them the
+    final norm: ``fused=True`` its input and the projection's input (Korthikanti), eager
+    what a Hugging Face norm keeps (:func:`eager_norm_elements`).
+    """
+    sbv = s * b * m.vocab_size
+    norm = 4.0 * s * b * m.hidden_size if fused else 2.0 * eager_norm_elements(m, b, s)
+    return (norm + 4.0 * sbv) / tp
 
 
 def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False) -> float:

@@ -16,9 +16,10 @@ are torchtitan's):
    everything else is dropped; their schedule is
    :func:`~potluck.runtime.parallel.pipeline.build_schedule`'s;
 3. materialize the local parameters with their layout-independent initial
-   values (a TP shard is cut on the host, only it goes to the device), then
-   recomputation
-   (:func:`~potluck.runtime.parallel.recompute.apply_recompute`);
+   values (a TP shard is cut on the host, only it goes to the device), then the
+   stage's recomputation and activation swapping
+   (:func:`~potluck.runtime.parallel.recompute.apply_memory`; a
+   :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts what the rank holds);
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
    overlap the backward pass when the plan's execution says so) and, with
@@ -47,21 +48,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
+from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
+from potluck.memory_plan import StageMemory, Swap
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.launch.checks import check_execution
-from potluck.runtime.launch.session import Session
+from potluck.runtime.launch.session import Session, gpu_ordinal
 from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
+from potluck.runtime.memory.ledger import MemoryLedger
+from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.traced import find_blocks, trace_stages
 from potluck.runtime.parallel.pipeline import build_schedule, split_stages
-from potluck.runtime.parallel.recompute import apply_recompute
+from potluck.runtime.parallel.recompute import apply_memory
 from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.timing.clock import Clock, NullClock
 
@@ -146,8 +151,42 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     else:
         stages, units, aliases = _stages_of_any(model, session)
     materialize(stages, session.device, seed, aliases, kinds, host_values=host_values)
-    apply_recompute(stages, layout.plan.recompute)
-    return ParallelModel(session, stages, units, bucket_elements)
+    ledger = MemoryLedger()
+    role = layout.role
+    memory = layout.plan.stage_memory(role.pipeline, role.stage)
+    counted = None if session.use_gpu else ledger  # a GPU's allocator measures its activations
+    params = [p for stage in stages for p in stage.parameters()]
+    swap = activation_swap(session, memory, ledger, params)
+    apply_memory(stages, memory, layout.plan.recompute, swap, counted)
+    return ParallelModel(session, stages, units, bucket_elements, ledger)
+
+
+def activation_swap(session: Session, memory: StageMemory, ledger: MemoryLedger,
+                    parameters: list[nn.Parameter]) -> ActivationSwap | None:
+    """This rank's swapping, if its stage swaps; one ConfigError line for a peer that is
+    not a device of the same machine."""
+    if not memory.swaps:
+        return None
+    peer_device, peer_id = None, memory.swap_peer
+    if memory.swap.uses_peer:
+        peer_device = _peer_device(session, peer_id)
+    host_share = memory.host_share if memory.swap is Swap.HYBRID else 1.0
+    target = SwapTarget(memory.swap, session.device, peer_device, peer_id, host_share)
+    return ActivationSwap(target, ledger, parameters)
+
+
+def _peer_device(session: Session, peer_id: str | None) -> torch.device:
+    plan, own = session.plan, session.layout.role.device
+    cluster = Cluster(plan.cluster)
+    if peer_id is None or peer_id == own:
+        raise ConfigError(f"the stage on {own} swaps to a peer but names none (or itself); "
+                          "set swap_peer to another device of its machine")
+    if cluster.device(peer_id).node != cluster.device(own).node:
+        raise ConfigError(f"the stage on {own} swaps to {peer_id}, on another machine; "
+                          "name a device of the same machine as swap_peer")
+    if not session.use_gpu:
+        return session.device
+    return torch.device("cuda", gpu_ordinal(plan, peer_id))
 
 
 def _wire_dtype(session: Session) -> torch.dtype | None:
@@ -180,8 +219,10 @@ class ParallelModel:
     """This rank's stages of a model, their schedule and gradient sync."""
 
     def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str],
-                 bucket_elements: int = BUCKET_ELEMENTS) -> None:
+                 bucket_elements: int = BUCKET_ELEMENTS,
+                 ledger: MemoryLedger | None = None) -> None:
         self.session = session
+        self.ledger = ledger or MemoryLedger()
         self.layout = session.layout
         self.stages = stages
         self.loss_fn = TokenLoss()
@@ -242,7 +283,7 @@ class ParallelModel:
         self.loss_fn.scale = loss_scale / max(tokens, 1)
         losses: list[torch.Tensor] = []
         self.grad_sync.start()  # buckets start all-reducing as their gradients become final
-        with self._loss_context(), self._autocast():
+        with self._loss_context(), self._autocast(), self._counting():
             self._run_schedule(inputs, targets, losses)
         self.clock.run(OpKind.DP_ALLREDUCE, -1, self.grad_sync.finish)
         return self._reduce(losses, tokens, loss_scale)
@@ -252,6 +293,11 @@ class ParallelModel:
         replica that owns its optimizer state to the others (nothing to do otherwise)."""
         if self.zero is not None:
             self.zero.gather_parameters()
+
+    def _counting(self) -> Any:
+        """On CPU ranks the ledger counts the tensors autograd saves (a GPU's allocator
+        measures its device; the ledger still counts stashes there)."""
+        return nullcontext() if self.session.use_gpu else self.ledger.saving()
 
     def _loss_context(self) -> Any:
         return loss_parallel() if self.layout.role.tp > 1 else nullcontext()

@@ -7,7 +7,10 @@ that step needed (the weights, optimizer states and gradients it holds plus
 its activations), not a start-up spike such as materializing the weights or
 an earlier, larger step. A CPU process's peak resident set
 (``getrusage``'s ``ru_maxrss``) cannot be restarted: on CPU the figure is the
-process's peak so far.
+process's peak so far. What the memory contract of issue 13 compares per rank is
+in each step's ``memory`` rows (:func:`~potluck.runtime.loop.trainer.rank_memory_rows`):
+a GPU's allocator peak, or a CPU rank's
+:class:`~potluck.runtime.memory.ledger.MemoryLedger`, with host bytes beside it.
 """
 
 from __future__ import annotations

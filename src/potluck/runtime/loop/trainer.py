@@ -85,6 +85,7 @@ class StepMetrics:
     skipped: bool = False  # inf/NaN gradients: no optimizer step
     dilation: float | None = None  # an emulated run's time stretch (None: not emulated)
     device_step_time_s: float | None = None  # emulated: the step on the plan's devices
+    memory: tuple[dict[str, Any], ...] = ()  # per rank: its step's peaks (rank_memory_rows)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +96,26 @@ def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0
     """AdamW over this rank's parameters (DTensors where TP shards them)."""
     return torch.optim.AdamW(list(model.parameters()), lr=lr, betas=betas,
                              weight_decay=weight_decay)
+
+
+def rank_memory_rows(model: ParallelModel, meter: PeakMemory) -> tuple[dict[str, Any], ...]:
+    """Every rank's peaks of the step (the same on every rank): ``device`` (the plan's id),
+    ``device_bytes`` (a GPU's allocator peak; a CPU rank's ledger), ``host_bytes`` and
+    ``held_on`` (bytes this rank's stashes took on other devices, by device id)."""
+    layout, session = model.layout, model.session
+    world, devices = layout.world_size, layout.device_of_rank
+    peak = model.ledger.peak()
+    table = torch.zeros(world, 2 + world, dtype=torch.float64, device=session.device)
+    own = meter.peak_bytes() if session.use_gpu else peak.device_bytes
+    table[layout.rank, 0], table[layout.rank, 1] = own, peak.host_bytes
+    for device, held in peak.peer_bytes.items():
+        if device in devices:
+            table[layout.rank, 2 + devices.index(device)] = held
+    dist.all_reduce(table)
+    rows = table.tolist()
+    return tuple({"device": devices[r], "device_bytes": row[0], "host_bytes": row[1],
+                  "held_on": {devices[p]: held for p, held in enumerate(row[2:]) if held}}
+                 for r, row in enumerate(rows))
 
 
 class Trainer:
@@ -140,10 +161,13 @@ class Trainer:
         """One training step on this replica's ``rows`` of the current global batch."""
         with self.model.session.guard():
             self.memory.start()
+            self._count_states()
+            self.model.ledger.start_step()
             start_s = time.perf_counter()
             scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
             lowerable = self.loss_scale is not None and scale > self.loss_scale.min_scale
             output = self.model.forward_backward(rows, scale)
+            self._count_states()  # the step's gradients
             if output.grads_finite:
                 self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
                 self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
@@ -151,6 +175,7 @@ class Trainer:
                 self._skip_step(scale)
             if self.loss_scale is not None:
                 self.loss_scale.update(output.grads_finite)
+            self._count_states()  # the optimizer's states (made at its first step)
             self.optimizer.zero_grad(set_to_none=False)
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
@@ -218,6 +243,9 @@ class Trainer:
         self.optimizer.step()
         self.model.sync_parameters()
 
+    def _count_states(self) -> None:
+        self.model.ledger.count_states(self.model.parameters(), self.optimizer)
+
     def _synchronize(self) -> None:
         if self.model.session.use_gpu:
             torch.cuda.synchronize(self.model.session.device)
@@ -242,6 +270,7 @@ class Trainer:
             lr=float(self.optimizer.param_groups[0]["lr"]),
             loss_scale=scale if self.loss_scale is not None else None,
             skipped=not output.grads_finite, **self._device_time(step_time_s),
+            memory=rank_memory_rows(self.model, self.memory),
         )
 
     def _device_time(self, step_time_s: float) -> dict[str, float]:

@@ -38,9 +38,10 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 from torch.utils.checkpoint import checkpoint
 
-from potluck.model.counts import Recompute
 from potluck.ops import OpKind
 from potluck.runtime.layout import Layout
+from potluck.runtime.memory.ledger import MemoryLedger
+from potluck.runtime.memory.swap import ActivationSwap
 from potluck.runtime.models.adapters import Family, get_path
 from potluck.runtime.parallel.mixed_tp import (
     BACKWARD,
@@ -84,7 +85,10 @@ class StageModule(nn.Module):
         self.first, self.last = first, last
         self.seq_shards = seq_shards
         self.boundary = boundary  # set in mixed-TP pipelines: full activations at the edges
-        self.recompute = Recompute.NONE
+        self.full_recompute: frozenset[str] = frozenset()  # blocks checkpointed whole
+        self.swapped: frozenset[str] = frozenset()  # blocks whose saved tensors swap
+        self.swap: ActivationSwap | None = None
+        self.ledger: MemoryLedger | None = None
         self.config = getattr(model, "config", None)
         paths = [*(family.embed_paths if first else ()), *family.shared_paths,
                  *(family.head_paths if last else ())]
@@ -99,6 +103,14 @@ class StageModule(nn.Module):
         return get_path(self, self.family.blocks_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swap is None or not self.swapped or not torch.is_grad_enabled():
+            return self._track(self._forward(x, None))
+        with self.swap.micro_batch() as batch:
+            output = self._forward(x, self.swap)
+        self.swap.arm(output, batch)
+        return self._track(output)
+
+    def _forward(self, x: torch.Tensor, swap: ActivationSwap | None) -> torch.Tensor:
         family = self.family
         if self.first:
             hidden, seq_len = family.embed(self, x), x.shape[1]
@@ -107,14 +119,40 @@ class StageModule(nn.Module):
                 x = from_leader(x, self.boundary)
             hidden, seq_len = x, x.shape[1] * self.seq_shards
         context = family.context(self, hidden, seq_len)
-        for block in self.blocks.values():
-            if self.recompute is Recompute.FULL:
-                hidden = checkpoint(family.block, block, hidden, context, use_reentrant=False)
-            else:
-                hidden = family.block(block, hidden, context)
+        for name, block in self.blocks.items():
+            with swap.block() if swap is not None and name in self.swapped else nullcontext():
+                hidden = self._block(name, block, hidden, context)
         if self.last:
             return family.head(self, hidden)
         return hidden if self.boundary is None else to_leader(hidden, self.boundary)
+
+    def _block(self, name: str, block: nn.Module, hidden: torch.Tensor, context: Any) -> Any:
+        if name not in self.full_recompute:
+            return self.family.block(block, hidden, context)
+        return checkpoint(counted_recomputation(self.family.block, self.ledger), block, hidden,
+                          context, use_reentrant=False)
+
+    def _track(self, output: Any) -> Any:
+        """The stage's output stays alive until its backward (torch's schedule keeps it)."""
+        if self.ledger is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+            self.ledger.track(output)
+        return output
+
+
+def counted_recomputation(forward: Callable[..., Any],
+                          ledger: MemoryLedger | None) -> Callable[..., Any]:
+    """``forward`` for torch's checkpoint: when it runs again in the backward pass, the
+    ledger counts what the recomputation saves."""
+    if ledger is None:
+        return forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch._C._current_graph_task_id() == -1:
+            return forward(*args, **kwargs)
+        with ledger.recomputing():
+            return forward(*args, **kwargs)
+
+    return run
 
 
 def stage_tp_group(layout: Layout, device: torch.device) -> TPGroup | None:

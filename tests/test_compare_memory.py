@@ -1,0 +1,54 @@
+"""potluck compare RUN_DIR: predicted against measured peak memory per rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent / "runtime"))
+from runtime_helpers import TINY_LLAMA, make_plan, pipe  # noqa: E402
+
+from potluck.calibrate.compare_memory import compare_run_memory  # noqa: E402
+from potluck.cli import app  # noqa: E402
+from potluck.planner.evaluate import predict  # noqa: E402
+from potluck.plans import save_plan  # noqa: E402
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 2, 4)])
+    save_plan(plan, tmp_path / "plan.json")
+    steps = [  # rank 0 stashes on cpu.0:1 (peer swap); its peak grows in the second step
+        [{"device": "cpu.0:0", "device_bytes": 1000.0, "host_bytes": 0.0,
+          "held_on": {"cpu.0:1": 300.0}},
+         {"device": "cpu.0:1", "device_bytes": 2000.0, "host_bytes": 50.0, "held_on": {}}],
+        [{"device": "cpu.0:0", "device_bytes": 1200.0, "host_bytes": 0.0,
+          "held_on": {"cpu.0:1": 100.0}},
+         {"device": "cpu.0:1", "device_bytes": 2000.0, "host_bytes": 0.0, "held_on": {}}],
+    ]
+    rows = [json.dumps({"step": i, "loss": 1.0, "memory": memory}) for i, memory in enumerate(steps)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    return tmp_path
+
+
+def test_a_peer_stash_counts_on_the_peer_and_peaks_are_over_steps(tmp_path):
+    run = _run_dir(tmp_path)
+    first, last = compare_run_memory(run)
+    predicted = predict(make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 2, 4)])).memory
+    assert (first.device, first.measured_device_bytes, first.measured_host_bytes) == (
+        "cpu.0:0", 1200.0, 0.0)
+    assert (last.measured_device_bytes, last.measured_host_bytes) == (2300.0, 50.0)
+    assert first.predicted_device_bytes == predicted[0].total_bytes
+
+
+def test_compare_of_a_run_without_a_trace_shows_memory_only(tmp_path):
+    run = _run_dir(tmp_path)
+    ran = CliRunner().invoke(app, ["compare", str(run), "--json"])
+    assert ran.exit_code == 0, ran.output
+    memory = json.loads(ran.output)["memory"]
+    assert [m["device"] for m in memory] == ["cpu.0:0", "cpu.0:1"]
+    assert memory[1]["measured_device_bytes"] == 2300.0
+    table = CliRunner().invoke(app, ["compare", str(run)])
+    assert table.exit_code == 0 and "peak memory per rank" in table.output
