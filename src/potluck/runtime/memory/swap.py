@@ -74,7 +74,7 @@ class _Stashed:
         self.source = StorageWeakRef(storage)  # while held, no other storage gets its key
         self.nbytes = storage.nbytes()
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
-        self.restored: torch.UntypedStorage | None = None
+        self.restored: torch.Tensor | None = None  # the storage's bytes back on the device
         self.event: torch.cuda.Event | None = None
         source = _bytes_of(storage, swap.target.device)
         with swap.side_stream():
@@ -100,12 +100,12 @@ class _Stashed:
             if swap.on_gpu and prefetch:  # made on the side stream, used on the current one
                 buffer.record_stream(torch.cuda.current_stream(device))
             self.pieces = []
-            self.restored = buffer.untyped_storage()
+            self.restored = buffer
             swap.track(buffer, Kind.ACTIVATIONS, Place.DEVICE)
         if self.event is not None:
             torch.cuda.current_stream(swap.target.device).wait_event(self.event)
             self.event = None
-        return self.restored
+        return self.restored.untyped_storage()
 
 
 @dataclass(frozen=True)
@@ -199,9 +199,7 @@ class ActivationSwap:
                 or key in self._parameters  # a parameter's view, e.g. a weight transposed
                 or tensor.device != self.target.device or tensor.layout is not torch.strided)
         if keep:
-            if self.ledger is not None:
-                self.ledger.track(tensor)
-            return tensor.detach() if tensor.requires_grad else tensor
+            return self.ledger.pack(tensor) if self.ledger is not None else tensor.detach()
         stash = batch.stashes.get(key)
         if stash is None or stash.source.expired():
             stash = _Stashed(self, tensor.untyped_storage())
