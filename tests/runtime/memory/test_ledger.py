@@ -40,3 +40,16 @@ def test_states_registered_as_host_tensors_are_host_bytes():
     ledger.count_states(layer.parameters(), optimizer)
     now = ledger.now()
     assert (now.device_bytes, now.host_bytes) == (params * 4 * 2, params * 4 * 2)
+
+
+def test_a_stash_splits_into_fixed_pieces_and_hybrid_sends_its_share_to_host():
+    from potluck.memory_plan import Swap
+    from potluck.runtime.memory.ledger import Place
+    from potluck.runtime.memory.swap import SwapTarget
+
+    cpu = torch.device("cpu")
+    host = SwapTarget(Swap.HOST, cpu, chunk_bytes=4)
+    assert host.split(10) == [(Place.HOST, 0, 4), (Place.HOST, 4, 8), (Place.HOST, 8, 10)]
+    assert SwapTarget(Swap.PEER, cpu, cpu, "cpu.0:1").split(3) == [(Place.PEER, 0, 3)]
+    hybrid = SwapTarget(Swap.HYBRID, cpu, cpu, "cpu.0:1", host_share=0.3, chunk_bytes=4)
+    assert hybrid.split(10) == [(Place.HOST, 0, 3), (Place.PEER, 3, 7), (Place.PEER, 7, 10)]

@@ -159,13 +159,14 @@ class MemoryLedger:
               place: Place = Place.DEVICE, peer: str | None = None) -> None:
         """Count ``tensor``'s storage while this tensor object lives (several objects of one
         storage count it once), then fold the present into the step's peak."""
-        key = storage_key(tensor)
+        local = local_tensor(tensor)  # a DTensor's bytes are its shard's
+        key = storage_key(local)
         state = self._states.get(key)
         if state is not None and not state.ref.expired():
             return
         entry = self._live.get(key)
         if entry is None:
-            nbytes = tensor.untyped_storage().nbytes()
+            nbytes = local.untyped_storage().nbytes()
             entry = self._live[key] = _Live(nbytes, place, peer)
             self._add(entry, nbytes)
         entry.holders += 1
