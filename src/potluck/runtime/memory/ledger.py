@@ -64,7 +64,6 @@ class _Entry:
     nbytes: int
     place: Place
     kind: Kind
-    peer: str | None = None
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -128,30 +127,28 @@ class MemoryLedger:
         """Register the model states the rank holds now: parameters, their gradients,
         ``optimizer``'s states and ``extra`` tensors (e.g. gradient shards, buffers)."""
         self._states = {}
-        params = [local_tensor(p) for p in parameters]
+        params = list(parameters)  # DTensors where TP shards them: their grads are too
         for param in params:
-            self._register(self._states, param, Kind.PARAMETERS)
+            self._register(local_tensor(param), Kind.PARAMETERS)
         for param in params:
             if param.grad is not None:
-                self._register(self._states, param.grad, Kind.GRADIENTS)
+                self._register(local_tensor(param.grad), Kind.GRADIENTS)
         for tensor in _optimizer_tensors(optimizer):
-            self._register(self._states, tensor, Kind.OPTIMIZER)
+            self._register(tensor, Kind.OPTIMIZER)
         for tensor in [*extra, *(t for source in self._state_sources for t in source())]:
-            self._register(self._states, local_tensor(tensor), Kind.OPTIMIZER)
-        self._state_totals = _totals(self._states.values())[:2]
+            self._register(local_tensor(tensor), Kind.OPTIMIZER)
+        self._state_totals = _totals(self._states.values())
         self.sample()
 
-    def _register(self, table: dict[int, _Entry], tensor: torch.Tensor, kind: Kind,
-                  place: Place = Place.DEVICE, peer: str | None = None) -> None:
+    def _register(self, tensor: torch.Tensor, kind: Kind) -> None:
         storage = tensor.untyped_storage()
         key = storage._cdata
-        old = table.get(key)
+        old = self._states.get(key)
         if old is not None and not old.ref.expired():
             return
         host = self._host_keys.get(key)
-        if host is not None and not host.expired():
-            place = Place.HOST
-        table[key] = _Entry(StorageWeakRef(storage), storage.nbytes(), place, kind, peer)
+        place = Place.HOST if host is not None and not host.expired() else Place.DEVICE
+        self._states[key] = _Entry(StorageWeakRef(storage), storage.nbytes(), place, kind)
 
     # --- activations and stashes -------------------------------------------------------------
 
@@ -252,19 +249,17 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _totals(entries: Iterable[_Entry]) -> tuple[float, float, dict[str, float]]:
+def _totals(entries: Iterable[_Entry]) -> tuple[float, float]:
+    """Device and host bytes of the model states still alive."""
     device = host = 0.0
-    peers: dict[str, float] = {}
     for entry in entries:
         if entry.ref.expired():
             continue
-        if entry.place is Place.DEVICE:
-            device += entry.nbytes
-        elif entry.place is Place.HOST:
+        if entry.place is Place.HOST:
             host += entry.nbytes
         else:
-            peers[entry.peer or "?"] = peers.get(entry.peer or "?", 0.0) + entry.nbytes
-    return device, host, peers
+            device += entry.nbytes
+    return device, host
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
