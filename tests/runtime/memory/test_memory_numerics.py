@@ -30,8 +30,9 @@ CASES = {
     "hybrid swap of half the blocks with full recomputation": (PP2, {
         (0, 0): StageMemory(Recompute.FULL, swap=Swap.HYBRID, swap_fraction=0.5, swap_peer=PEER,
                             host_share=0.3)}),
-    "heterogeneous: swapping pp=2 beside a recomputing tp=2 replica": (HETERO, {
-        (0, 0): StageMemory(swap=Swap.HOST), (1, 0): StageMemory(Recompute.SELECTIVE)}),
+    "heterogeneous: swapping pp=2 beside a recomputing, swapping tp=2 replica": (HETERO, {
+        (0, 0): StageMemory(swap=Swap.HOST),
+        (1, 0): StageMemory(Recompute.SELECTIVE, swap=Swap.HOST, swap_fraction=0.5)}),
 }
 
 

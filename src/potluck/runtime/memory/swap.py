@@ -16,7 +16,8 @@ bit-identical to keeping the tensors.
 
 Never moved: parameters and their views (a weight transposed for a matmul), other
 leaf tensors that require gradients (a stage's received input, which torch's schedule
-holds anyway) and tensors of another device. On CPU
+holds anyway), tensor subclasses (a DTensor of tensor parallelism) and tensors of
+another device. On CPU
 ranks every stash is a separate CPU tensor that the
 :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts as host memory, or as
 memory held on the peer device.
@@ -74,7 +75,7 @@ class _Stashed:
         self.source = StorageWeakRef(storage)  # while held, no other storage gets its key
         self.nbytes = storage.nbytes()
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
-        self.restored: torch.UntypedStorage | None = None
+        self.restored: torch.Tensor | None = None  # the storage's bytes back on the device
         self.event: torch.cuda.Event | None = None
         source = _bytes_of(storage, swap.target.device)
         with swap.side_stream():
@@ -100,12 +101,12 @@ class _Stashed:
             if swap.on_gpu and prefetch:  # made on the side stream, used on the current one
                 buffer.record_stream(torch.cuda.current_stream(device))
             self.pieces = []
-            self.restored = buffer.untyped_storage()
+            self.restored = buffer
             swap.track(buffer, Kind.ACTIVATIONS, Place.DEVICE)
         if self.event is not None:
             torch.cuda.current_stream(swap.target.device).wait_event(self.event)
             self.event = None
-        return self.restored
+        return self.restored.untyped_storage()
 
 
 @dataclass(frozen=True)
@@ -194,20 +195,22 @@ class ActivationSwap:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Saved:
         batch = self._current
+        if batch is None or self._stays(tensor):
+            return self.ledger.pack(tensor) if self.ledger is not None else tensor.detach()
         key = storage_key(tensor)
-        keep = (batch is None or (tensor.requires_grad and tensor.grad_fn is None)
-                or key in self._parameters  # a parameter's view, e.g. a weight transposed
-                or tensor.device != self.target.device or tensor.layout is not torch.strided)
-        if keep:
-            if self.ledger is not None:
-                self.ledger.track(tensor)
-            return tensor.detach() if tensor.requires_grad else tensor
         stash = batch.stashes.get(key)
         if stash is None or stash.source.expired():
             stash = _Stashed(self, tensor.untyped_storage())
             batch.stashes[key] = stash
         return _Saved(stash, tensor.dtype, tensor.size(), tensor.stride(),
                       tensor.storage_offset())
+
+    def _stays(self, tensor: torch.Tensor) -> bool:
+        """Whether a saved tensor stays on the device (see the module docstring)."""
+        return (type(tensor) is not torch.Tensor  # a parameter, a DTensor
+                or (tensor.requires_grad and tensor.grad_fn is None)
+                or storage_key(tensor) in self._parameters  # a weight transposed for a matmul
+                or tensor.device != self.target.device or tensor.layout is not torch.strided)
 
     def _unpack(self, saved: torch.Tensor | _Saved) -> torch.Tensor:
         if isinstance(saved, torch.Tensor):
