@@ -1,0 +1,128 @@
+"""ZeRO-2, ZeRO-3 (FSDP2) and optimizer offload: same losses as one process, less state per rank.
+
+Each case trains a tiny model on 2-4 CPU ranks and compares the loss curve
+with the plain single-process loop; the state bytes each rank keeps (local
+parameters, gradients left after the sync, optimizer states on the device and
+in host memory) follow the memory contract's arithmetic: ZeRO-1 divides the
+optimizer states by ``d``, ZeRO-2 the gradients too, ZeRO-3 the parameters too,
+and offload moves the optimizer states plus a 4-byte master copy per
+parameter to host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from dp_workers import SMALL_BUCKETS, train_plan, with_offload, with_options
+from runtime_helpers import TINY_LLAMA, make_plan, pipe, reference_losses
+
+from potluck.cluster.spec import parse_cluster
+from potluck.errors import ConfigError
+from potluck.placement import block_unit
+from potluck.runtime.grads.buckets import SyncedParam
+from potluck.runtime.grads.zero import assign_owners
+from potluck.runtime.grads.zero3 import UNIFORM, check_zero3
+from potluck.runtime.layout import Layout
+
+STEPS = 20
+TOLERANCE = 2e-3
+DP2 = [pipe([(1, (0, 4))], 2, 2)] * 2
+
+
+def _losses_match(plan, reports, steps=STEPS):
+    expected = reference_losses(plan.model, plan.training.global_batch, steps=steps)
+    assert reports[0].losses == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_zero2_shards_gradients_after_every_micro_batch():
+    plan = make_plan(TINY_LLAMA, DP2)
+    zero1 = train_plan(with_options(plan, zero=1), steps=2, bucket_elements=SMALL_BUCKETS)
+    zero2 = train_plan(with_options(plan, zero=2), steps=STEPS, bucket_elements=SMALL_BUCKETS)
+    _losses_match(plan, zero2)
+    for rank, (one, two) in enumerate(zip(zero1, zero2, strict=True)):
+        last = two.stats[-1]
+        assert last.scattered == 2 * last.buckets, f"rank {rank}: one per micro-batch"
+        assert two.grad_bytes == pytest.approx(one.grad_bytes / 2, rel=0.1), f"rank {rank}"
+        assert two.state_bytes == one.state_bytes
+
+
+def test_zero2_on_a_heterogeneous_layout_with_uneven_micro_batch_counts():
+    """pp=2 beside pp=1 with 2 and 3 micro-batches: every group reduces twice a step."""
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2), pipe([(1, (0, 4))], 1, 3)])
+    reports = train_plan(with_options(plan, zero=2), steps=STEPS, bucket_elements=SMALL_BUCKETS)
+    _losses_match(plan, reports)
+
+
+def test_offload_keeps_optimizer_states_and_masters_in_host_memory():
+    plan = make_plan(TINY_LLAMA, DP2)
+    plain = train_plan(plan, steps=2)
+    offloaded = train_plan(with_offload(plan), steps=STEPS)
+    _losses_match(plan, offloaded)
+    for mine, base in zip(offloaded, plain, strict=True):
+        assert mine.state_bytes == 0
+        # per fp32 parameter of 4 bytes: Adam's two moments (8 B) and the master copy (4 B)
+        assert mine.host_bytes == 3 * base.param_bytes
+
+
+def test_offload_with_zero2_offloads_the_owned_share_only():
+    plan = make_plan(TINY_LLAMA, DP2)
+    plain = train_plan(plan, steps=2)
+    reports = train_plan(with_offload(with_options(plan, zero=2)), steps=STEPS,
+                         bucket_elements=SMALL_BUCKETS)
+    _losses_match(plan, reports)
+    one_replica = 3 * plain[0].param_bytes  # moments and masters of every parameter once
+    assert sum(r.host_bytes for r in reports) == one_replica
+    assert all(r.host_bytes < 0.7 * one_replica for r in reports)
+
+
+def test_zero3_refuses_replicas_that_hold_layers_differently():
+    hetero = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2), pipe([(2, (0, 4))], 1, 2)])
+    with pytest.raises(ConfigError, match="zero 3 needs every replica") as err:
+        check_zero3(with_options(hetero, zero=3))
+    assert str(err.value) == UNIFORM
+    check_zero3(with_options(hetero, zero=2))
+    check_zero3(with_options(make_plan(TINY_LLAMA, DP2), zero=3))
+
+
+@pytest.mark.xfail(reason="FSDP2 on gloo loses some sharded gradients on rank 0 (see the "
+                          "issue 13 report); the losses drift from step 2", strict=False)
+def test_zero3_shards_parameters_with_fsdp2():
+    plan = make_plan(TINY_LLAMA, DP2)
+    reports = train_plan(with_options(plan, zero=3), steps=STEPS)
+    _losses_match(plan, reports)
+
+
+MIXED_MEMORY = parse_cluster(
+    "devices:\n  big: {base: rtx3090}\n  small: {base: rtx3060}\n"
+    "nodes:\n  - {name: a, gpu: big, gpus_per_node: 1}\n  - {name: b, gpu: small, gpus_per_node: 1}\n",
+    "mixed.yaml")
+
+
+class _Param:
+    def __init__(self, numel: int) -> None:
+        self._numel = numel
+
+    def numel(self) -> int:
+        return self._numel
+
+
+def _owner_shares(plan) -> list[float]:
+    layout = Layout.for_local_ranks(plan, 0)
+    params = [SyncedParam(f"model.layers.{i}.w{j}", _Param(1000 + 37 * j), block_unit(i),
+                          layout.sync_group(block_unit(i))) for i in range(4) for j in range(8)]
+    owners = assign_owners(layout, params)
+    total = sum(p.param.numel() for p in params)
+    return [sum(p.param.numel() for p in params if owners[p.name] == k) / total
+            for k in range(plan.dp)]
+
+
+def test_zero_shares_follow_device_memory():
+    """A 24 GB and a 12 GB replica keep 2/3 and 1/3 of the optimizer states; equal memory
+    halves them."""
+    mixed = make_plan(TINY_LLAMA, DP2, cluster=MIXED_MEMORY, device_ids=["a.0:0", "b.0:0"])
+    big, small = _owner_shares(replace(mixed, zero=1))
+    assert big == pytest.approx(2 / 3, abs=0.03)
+    assert small == pytest.approx(1 / 3, abs=0.03)
+    even = _owner_shares(with_options(make_plan(TINY_LLAMA, DP2), zero=1))
+    assert even == pytest.approx([0.5, 0.5], abs=0.03)
