@@ -126,3 +126,30 @@ def test_zero_shares_follow_device_memory():
     assert small == pytest.approx(1 / 3, abs=0.03)
     even = _owner_shares(with_options(make_plan(TINY_LLAMA, DP2), zero=1))
     assert even == pytest.approx([0.5, 0.5], abs=0.03)
+
+
+def _losses(plan, options):
+    from potluck.runtime.training import train_rank
+
+    return [m.loss for m in train_rank(plan, options)]
+
+
+def test_checkpoints_resume_across_zero_stages_and_offload(tmp_path):
+    """ZeRO-2 on dp=2 -> one pipeline of two stages, unsharded, optimizer offloaded ->
+    ZeRO-1 with offload on dp=2: the curve of one uninterrupted run."""
+    from runtime_helpers import LR
+
+    from potluck.runtime import TrainOptions
+    from potluck.runtime.launch.local import run_local
+
+    dp2 = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2)
+    single = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
+    chain = ((with_options(dp2, zero=2), 2), (with_offload(single), 4),
+             (with_offload(with_options(dp2, zero=1)), 6))
+    common = {"lr": LR, "out_dir": str(tmp_path), "progress": False, "timeout_s": 60,
+              "checkpoint_every": 2}
+    curve = []
+    for plan, steps in chain:
+        options = TrainOptions(steps=steps, resume=steps > 2, **common)
+        curve += run_local(_losses, plan.devices, (plan, options), timeout_s=120)[0]
+    assert curve == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=6), abs=2e-5)
