@@ -195,7 +195,7 @@ class ParallelModel:
         self.module = nn.Module()
         for stage in stages:
             _merge_into(self.module, stage)
-        fsdp = managed_parameters(self.module)  # ZeRO-3: FSDP2 syncs these
+        fsdp = managed_parameters(stages)  # ZeRO-3: FSDP2 syncs these
         self.fsdp_names = frozenset(n for n, p in self.module.named_parameters() if id(p) in fsdp)
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters() if id(param) not in fsdp]

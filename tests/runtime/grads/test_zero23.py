@@ -85,12 +85,24 @@ def test_zero3_refuses_replicas_that_hold_layers_differently():
     check_zero3(with_options(make_plan(TINY_LLAMA, DP2), zero=3))
 
 
-@pytest.mark.xfail(reason="FSDP2 on gloo loses some sharded gradients on rank 0 (see the "
-                          "issue 13 report); the losses drift from step 2", strict=False)
-def test_zero3_shards_parameters_with_fsdp2():
-    plan = make_plan(TINY_LLAMA, DP2)
+ZERO3_CASES = {
+    "dp=2": (TINY_LLAMA, DP2),
+    "dp=2 x pp=2": (TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)] * 2),
+    "dp=2 x tp=2": (TINY_LLAMA, [pipe([(2, (0, 4))], 2, 2)] * 2),
+}
+
+
+@pytest.mark.parametrize("case", list(ZERO3_CASES))
+def test_zero3_shards_parameters_with_fsdp2(case):
+    spec, pipelines = ZERO3_CASES[case]
+    plan = make_plan(spec, pipelines)
+    plain = train_plan(plan, steps=2)
     reports = train_plan(with_options(plan, zero=3), steps=STEPS)
     _losses_match(plan, reports)
+    for rank, (mine, base) in enumerate(zip(reports, plain, strict=True)):
+        for name in ("param_bytes", "grad_bytes", "state_bytes"):
+            assert getattr(mine, name) == pytest.approx(getattr(base, name) / 2, rel=0.02), \
+                f"rank {rank}: {name}"
 
 
 MIXED_MEMORY = parse_cluster(

@@ -72,7 +72,7 @@ def dp_ranks(layout: Layout) -> tuple[int, ...]:
 def dp_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     """The stage's data-parallel mesh (1-D, or the ``dp`` slice of the 2-D TP mesh)."""
     if layout.role.tp > 1:
-        return layout.tp_mesh(device_type).get_root_mesh()["dp"]
+        return layout.tp_mesh(device_type)._get_root_mesh()["dp"]
     ranks = dp_ranks(layout)
     return DeviceMesh.from_group(layout.sync_process_group(ranks), device_type)
 
@@ -94,7 +94,7 @@ def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
                if units[name] == TIED}
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     for stage in stages:
-        for module in [*_units(stage, family), stage]:
+        for module in _units(stage, family):
             if any(p not in ignored for p in module.parameters()):
                 fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored)
         for module in stage.modules():
@@ -109,12 +109,12 @@ def _units(stage: nn.Module, family: Family) -> list[nn.Module]:
     return [*found, *stage.blocks.values()]
 
 
-def managed_parameters(module: nn.Module) -> set[int]:
-    """``id`` of every parameter an FSDP2 module under ``module`` shards."""
+def managed_parameters(stages: list[nn.Module]) -> set[int]:
+    """``id`` of every parameter an FSDP2 module of ``stages`` shards (the stage modules:
+    a merged tree of several stages copies the containers, FSDP2's blocks among them)."""
     managed: set[int] = set()
-    for sub in module.modules():
+    for sub in (module for stage in stages for module in stage.modules()):
         if isinstance(sub, FSDPModule):
-            group = fully_shard.state(sub)._fsdp_param_group
-            if group is not None:
+            for group in fully_shard.state(sub)._fsdp_param_groups:
                 managed |= {id(p.sharded_param) for p in group.fsdp_params}
     return managed
