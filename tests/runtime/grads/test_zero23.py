@@ -15,15 +15,18 @@ from dataclasses import replace
 
 import pytest
 from dp_workers import SMALL_BUCKETS, train_plan, with_offload, with_options
-from runtime_helpers import TINY_LLAMA, make_plan, pipe, reference_losses
+from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
 from potluck.placement import block_unit
+from potluck.runtime import TrainOptions
 from potluck.runtime.grads.buckets import SyncedParam
 from potluck.runtime.grads.zero import assign_owners
 from potluck.runtime.grads.zero3 import UNIFORM, check_zero3
+from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
+from potluck.runtime.training import train_rank
 
 STEPS = 20
 TOLERANCE = 2e-3
@@ -141,27 +144,28 @@ def test_zero_shares_follow_device_memory():
 
 
 def _losses(plan, options):
-    from potluck.runtime.training import train_rank
-
     return [m.loss for m in train_rank(plan, options)]
 
 
-def test_checkpoints_resume_across_zero_stages_and_offload(tmp_path):
-    """ZeRO-2 on dp=2 -> one pipeline of two stages, unsharded, optimizer offloaded ->
-    ZeRO-1 with offload on dp=2: the curve of one uninterrupted run."""
-    from runtime_helpers import LR
+DP2_MB1 = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2)
+SINGLE = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
+RESUME_CHAINS = {
+    "zero 2, then one pipeline with offload, then zero 1 with offload": (
+        with_options(DP2_MB1, zero=2), with_offload(SINGLE),
+        with_offload(with_options(DP2_MB1, zero=1))),
+    "zero 3, then one pipeline, then zero 3 with offload": (
+        with_options(DP2_MB1, zero=3), SINGLE, with_offload(with_options(DP2_MB1, zero=3))),
+}
 
-    from potluck.runtime import TrainOptions
-    from potluck.runtime.launch.local import run_local
 
-    dp2 = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2)
-    single = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2)])
-    chain = ((with_options(dp2, zero=2), 2), (with_offload(single), 4),
-             (with_offload(with_options(dp2, zero=1)), 6))
+@pytest.mark.parametrize("chain", list(RESUME_CHAINS))
+def test_checkpoints_resume_across_zero_stages_and_offload(tmp_path, chain):
+    """Two steps on each plan in turn, each resuming from the previous one's checkpoint:
+    the curve of one uninterrupted run."""
     common = {"lr": LR, "out_dir": str(tmp_path), "progress": False, "timeout_s": 60,
               "checkpoint_every": 2}
     curve = []
-    for plan, steps in chain:
+    for plan, steps in zip(RESUME_CHAINS[chain], (2, 4, 6), strict=True):
         options = TrainOptions(steps=steps, resume=steps > 2, **common)
         curve += run_local(_losses, plan.devices, (plan, options), timeout_s=120)[0]
     assert curve == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=6), abs=2e-5)
