@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -307,8 +308,6 @@ class Layout:
         """ZeRO-3 with TP: this stage's ``(dp, tp)`` mesh (row ``p``: pipeline ``p``'s ranks
         of the stage), whose ``tp`` slice is the TP mesh and ``dp`` slice FSDP2's; every
         replica holds the stage alike (:func:`potluck.runtime.grads.zero3.check_zero3`)."""
-        import torch
-
         role = self.role
         rows = [self.stage_ranks(p, role.stage) for p in range(self.plan.dp)]
         dp = tuple(row[role.tp_rank] for row in rows)

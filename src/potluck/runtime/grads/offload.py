@@ -112,7 +112,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
             if param.grad is None:
                 master.grad = None
                 continue
-            master.grad = torch.empty_like(master, pin_memory=on_gpu)
+            master.grad = torch.empty(master.shape, dtype=master.dtype, pin_memory=on_gpu)
             master.grad.copy_(local(param.grad), non_blocking=on_gpu)
         if on_gpu:
             torch.cuda.current_stream().synchronize()

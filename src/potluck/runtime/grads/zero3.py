@@ -23,8 +23,9 @@ local shards in the norm. A tied embedding/head stays out of FSDP
 FSDP2 assumes every member of the mesh runs the same modules the same number of
 times, so a plan whose replicas hold a stage's layers differently (other
 splits or TP degrees), or run different numbers of micro-batches, is refused
-in one line (:func:`check_zero3`). Tensor parallelism composes as torchtitan's
-2-D parallelism: the TP mesh is a slice of a ``(dp, tp)`` mesh
+in one line (:func:`check_zero3`), as is zero bubble's split backward (its
+weight pass writes ``.grad`` outside the autograd hooks FSDP2 reduces in).
+Tensor parallelism composes as torchtitan's 2-D parallelism: the TP mesh is a slice of a ``(dp, tp)`` mesh
 (:meth:`~potluck.runtime.layout.Layout.tp_mesh`) and FSDP2 shards the TP
 DTensors further over the ``dp`` dimension.
 """
@@ -38,7 +39,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from potluck.errors import ConfigError
 from potluck.placement import TIED
-from potluck.plans import Plan
+from potluck.plans import Plan, Schedule
 from potluck.runtime.layout import Layout
 from potluck.runtime.models.adapters import Family, get_path, has_path
 
@@ -50,6 +51,9 @@ def check_zero3(plan: Plan) -> None:
     """Refuse ZeRO-3 for a plan FSDP2 cannot run (see the module docstring)."""
     if plan.zero < 3:
         return
+    if plan.schedule is Schedule.ZERO_BUBBLE:
+        raise ConfigError("zero 3 does not run zero bubble's split backward (FSDP2 reduces "
+                          "in the full backward); use --zero 2 or another schedule")
     first = plan.pipelines[0]
     shape = [(stage.tp, stage.layer_ranges) for stage in first.stages]
     for pipeline in plan.pipelines[1:]:
