@@ -20,6 +20,7 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
 from potluck.placement import block_unit
+from potluck.plans import Schedule
 from potluck.runtime import TrainOptions
 from potluck.runtime.grads.buckets import SyncedParam
 from potluck.runtime.grads.zero import assign_owners
@@ -85,6 +86,10 @@ def test_zero3_refuses_replicas_that_hold_layers_differently():
         check_zero3(with_options(hetero, zero=3))
     assert str(err.value) == UNIFORM
     check_zero3(with_options(hetero, zero=2))
+    zero_bubble = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4)] * 2,
+                            schedule=Schedule.ZERO_BUBBLE)
+    with pytest.raises(ConfigError, match="zero bubble"):
+        check_zero3(with_options(zero_bubble, zero=3))
     check_zero3(with_options(make_plan(TINY_LLAMA, DP2), zero=3))
 
 
