@@ -50,6 +50,7 @@ def reduction_counts(layout: Layout, bucket: Bucket, micro_batches: int) -> tupl
 class _Pending:
     out: torch.Tensor
     work: dist.Work
+    sent: torch.Tensor  # kept alive until the collective is done
 
 
 class ShardedGrads:
@@ -81,7 +82,7 @@ class ShardedGrads:
             item.param.grad = None
         out = flat.new_empty(slots.width)
         work = dist.reduce_scatter_single(out, flat, group=bucket.group, async_op=True)
-        self._pending.setdefault(id(bucket), []).append(_Pending(out, work))
+        self._pending.setdefault(id(bucket), []).append(_Pending(out, work, flat))
         self.launched += 1
 
     def _fold(self, bucket: Bucket) -> None:
