@@ -41,7 +41,7 @@ def _losses_match(plan, reports, steps=STEPS):
 
 def test_zero2_shards_gradients_after_every_micro_batch():
     plan = make_plan(TINY_LLAMA, DP2)
-    zero1 = train_plan(with_options(plan, zero=1), steps=2, bucket_elements=SMALL_BUCKETS)
+    zero1 = train_plan(with_options(plan, zero=1), steps=1, bucket_elements=SMALL_BUCKETS)
     zero2 = train_plan(with_options(plan, zero=2), steps=STEPS, bucket_elements=SMALL_BUCKETS)
     _losses_match(plan, zero2)
     for rank, (one, two) in enumerate(zip(zero1, zero2, strict=True)):
@@ -60,7 +60,7 @@ def test_zero2_on_a_heterogeneous_layout_with_uneven_micro_batch_counts():
 
 def test_offload_keeps_optimizer_states_and_masters_in_host_memory():
     plan = make_plan(TINY_LLAMA, DP2)
-    plain = train_plan(plan, steps=2)
+    plain = train_plan(plan, steps=1)
     offloaded = train_plan(with_offload(plan), steps=STEPS)
     _losses_match(plan, offloaded)
     for mine, base in zip(offloaded, plain, strict=True):
@@ -71,7 +71,7 @@ def test_offload_keeps_optimizer_states_and_masters_in_host_memory():
 
 def test_offload_with_zero2_offloads_the_owned_share_only():
     plan = make_plan(TINY_LLAMA, DP2)
-    plain = train_plan(plan, steps=2)
+    plain = train_plan(plan, steps=1)
     reports = train_plan(with_offload(with_options(plan, zero=2)), steps=STEPS,
                          bucket_elements=SMALL_BUCKETS)
     _losses_match(plan, reports)
@@ -104,7 +104,7 @@ ZERO3_CASES = {
 def test_zero3_shards_parameters_with_fsdp2(case):
     spec, pipelines = ZERO3_CASES[case]
     plan = make_plan(spec, pipelines)
-    plain = train_plan(plan, steps=2)
+    plain = train_plan(plan, steps=1)
     reports = train_plan(with_options(plan, zero=3), steps=STEPS)
     _losses_match(plan, reports)
     for rank, (mine, base) in enumerate(zip(reports, plain, strict=True)):
