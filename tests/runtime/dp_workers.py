@@ -26,6 +26,9 @@ class RankReport:
     grad_norms: list[float]
     stats: list[SyncStats]  # per step
     state_bytes: int  # optimizer state on this rank after the last step
+    param_bytes: int = 0  # this rank's parameters (local shards) after the last step
+    grad_bytes: int = 0  # ... and gradients kept after the step's gradient sync
+    host_bytes: int = 0  # offloaded optimizer: host masters and states
 
 
 def with_options(plan: Plan, *, overlap: bool | None = None, zero: int | None = None) -> Plan:
@@ -55,9 +58,42 @@ def _train(plan: Plan, steps: int, bucket_elements: int,
             losses.append(metrics.loss)
             norms.append(metrics.grad_norm)
             stats.append(model.grad_sync.stats)
-        return RankReport(losses, norms, stats, optimizer_state_bytes(trainer.optimizer))
+        return RankReport(losses, norms, stats, _device_state_bytes(trainer.optimizer),
+                          *_model_bytes(model), _host_bytes(trainer.optimizer))
     finally:
         session.close()
+
+
+def _bytes(tensors) -> int:
+    from potluck.runtime.grads.buckets import local
+
+    return sum(local(t).numel() * local(t).element_size() for t in tensors)
+
+
+def _model_bytes(model: ParallelModel) -> tuple[int, int]:
+    """Bytes of this rank's parameters and of the gradients it holds after the sync
+    (measured inside the step: the trainer zeroes gradients in place, keeping them)."""
+    params = list(model.parameters())
+    return _bytes(params), _bytes(p.grad for p in params if p.grad is not None)
+
+
+def _device_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return 0 if hasattr(optimizer, "host_state_tensors") else optimizer_state_bytes(optimizer)
+
+
+def _host_bytes(optimizer: torch.optim.Optimizer) -> int:
+    host = getattr(optimizer, "host_state_tensors", None)
+    return _bytes(host()) if host is not None else 0
+
+
+def with_offload(plan: Plan) -> Plan:
+    """``plan`` with every stage's optimizer offloaded to host memory."""
+    from potluck.memory_plan import Offload
+
+    pipelines = tuple(replace(p, stages=tuple(replace(s, memory=replace(s.memory,
+                                                                        offload=Offload.OPTIMIZER))
+                                              for s in p.stages)) for p in plan.pipelines)
+    return replace(plan, pipelines=pipelines)
 
 
 def train_plan(plan: Plan, steps: int = STEPS, bucket_elements: int = BUCKET_ELEMENTS,

@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -296,9 +297,24 @@ class Layout:
             return None
         if self._tp_mesh is None:
             ranks = self.stage_ranks(role.pipeline, role.stage)
-            # torch refuses a mesh whose order is not the group's: TP index = mesh coordinate
-            self._tp_mesh = DeviceMesh.from_group(self.group(ranks), device_type, list(ranks))
+            if self.plan.zero == 3 and self.plan.dp > 1:
+                self._tp_mesh = self._dp_tp_mesh(device_type)["tp"]
+            else:
+                # torch refuses a mesh whose order is not the group's: TP index = coordinate
+                self._tp_mesh = DeviceMesh.from_group(self.group(ranks), device_type, list(ranks))
         return self._tp_mesh
+
+    def _dp_tp_mesh(self, device_type: str) -> DeviceMesh:
+        """ZeRO-3 with TP: this stage's ``(dp, tp)`` mesh (row ``p``: pipeline ``p``'s ranks
+        of the stage), whose ``tp`` slice is the TP mesh and ``dp`` slice FSDP2's; every
+        replica holds the stage alike (:func:`potluck.runtime.grads.zero3.check_zero3`)."""
+        role = self.role
+        rows = [self.stage_ranks(p, role.stage) for p in range(self.plan.dp)]
+        dp = tuple(row[role.tp_rank] for row in rows)
+        tp = self.stage_ranks(role.pipeline, role.stage)
+        groups = [self.sync_process_group(dp), self.group(tp)]
+        return DeviceMesh.from_group(groups, device_type, mesh=torch.tensor(rows),
+                                     mesh_dim_names=("dp", "tp"))
 
 def _check_world(plan: Plan, device_of_rank: tuple[str, ...]) -> None:
     if len(device_of_rank) != plan.num_gpus:

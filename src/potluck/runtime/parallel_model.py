@@ -24,7 +24,10 @@ are torchtitan's):
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
    overlap the backward pass when the plan's execution says so) and, with
    ``plan.shards_optimizer``, which replica keeps the optimizer states of which parameter
-   (:func:`~potluck.runtime.grads.zero.assign_owners`).
+   (:func:`~potluck.runtime.grads.zero.assign_owners`); under ZeRO-3 the blocks,
+   embedding and head are first ``fully_shard``-ed
+   (:func:`~potluck.runtime.grads.zero3.apply_zero3`) and their parameters left
+   to FSDP2.
 
 The result, :class:`ParallelModel`, owns the stage modules, the schedule,
 the gradient sync and the ZeRO-1 sharding. :meth:`ParallelModel.forward_backward`
@@ -56,6 +59,7 @@ from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.zero import Zero1, assign_owners
+from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
 from potluck.runtime.launch.checks import check_execution
 from potluck.runtime.launch.session import Session, gpu_ordinal
 from potluck.runtime.layout import Layout
@@ -142,6 +146,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     """
     layout = session.layout
     check_execution(layout.plan)
+    check_zero3(layout.plan)
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
     kinds = init_kinds(model)
@@ -158,6 +163,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     params = [p for stage in stages for p in stage.parameters()]
     swap = activation_swap(session, memory, ledger, params)
     apply_memory(stages, memory, layout.plan.recompute, swap, counted)
+    apply_zero3(stages, layout, session.device, family, units, _wire_dtype(session))
     return ParallelModel(session, stages, units, bucket_elements, ledger)
 
 
@@ -230,15 +236,18 @@ class ParallelModel:
         self.module = nn.Module()
         for stage in stages:
             _merge_into(self.module, stage)
+        fsdp = managed_parameters(stages)  # ZeRO-3: FSDP2 syncs these
+        self.fsdp_names = frozenset(n for n, p in self.module.named_parameters() if id(p) in fsdp)
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
-                  for name, param in self.module.named_parameters()]
+                  for name, param in self.module.named_parameters() if id(param) not in fsdp]
         plan = session.plan
         owners = assign_owners(self.layout, params) if plan.shards_optimizer else None
         self.grad_sync = GradSync(
             self.layout, params, _wire_dtype(session),
             micro_batches=plan.pipelines[self.layout.role.pipeline].num_micro_batches,
             overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements,
-            owners=owners)
+            owners=owners, shard_grads=plan.zero >= 2,
+            norm_params=[p for p in self.module.parameters() if id(p) in fsdp])
         self.zero = (Zero1(self.layout, params, self.grad_sync.buckets, owners)
                      if owners is not None else None)
         self.schedule = self._build_schedule()

@@ -19,9 +19,13 @@ optimizer's state flattened per parameter, the step and the data position.
 Ranks of replica 0 write (every replica holds the whole model, possibly laid
 out differently). With ZeRO-1 each replica keeps the optimizer states of its
 own share of the parameters only, so every rank also writes the states it
-keeps (each state under its parameter's name, by exactly one replica). Every
-rank loads exactly the keys and shards it holds, so a run may resume under
-another plan, with or without ZeRO-1.
+keeps (each state under its parameter's name, by exactly one replica). Under
+ZeRO-3 every replica holds its own shard of the FSDP2 parameters (DTensors over
+the stage's data-parallel mesh), so every rank also writes those parameters'
+shards; optimizer offload keeps its states in host memory but saves and loads
+them under the same keys (:class:`~potluck.runtime.grads.offload.HostOffloadOptimizer`).
+Every rank loads exactly the keys and shards it holds, so a run may resume under
+another plan, with or without ZeRO (any stage) or offload.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     writes = model.layout.role.pipeline == 0
     state = training_state([model.module], [trainer.optimizer]) if writes or model.zero else {}
     if not writes and state:
-        state = {"optim": _states_only(state["optim"])}
+        sharded = {k: v for k, v in state["model"].items() if k in model.fsdp_names}
+        state = {"optim": _states_only(state["optim"]), **({"model": sharded} if sharded else {})}
     trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout(),
                                      "model": model_to_dict(model.layout.plan.model)}
     if hasattr(source, "state_dict"):

@@ -13,6 +13,8 @@ that hold the same parameter in every pipeline, bucket by bucket
   the sums of the parameters whose optimizer state it keeps
   (:func:`potluck.runtime.grads.zero.owner_slots`, the layout of the parameter all-gather),
   half an all-reduce's traffic;
+- with ZeRO-2 those buckets are reduce-scattered after every micro-batch and
+  the full-size gradients dropped (:mod:`potluck.runtime.grads.zero2`);
 - full-layout buckets (holders with different TP degrees): each rank writes
   its shard into a zero tensor of the full parameter's shape (a replicated
   parameter only from TP rank 0), the full tensors are summed, and each rank
@@ -39,8 +41,10 @@ TP rank 0 for replicated parameters).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 import torch.distributed as dist
@@ -58,6 +62,7 @@ from potluck.runtime.grads.buckets import (
 )
 from potluck.runtime.grads.grad_ready import GradReady
 from potluck.runtime.grads.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
+from potluck.runtime.grads.zero2 import ShardedGrads, reduction_counts
 from potluck.runtime.layout import Layout
 
 
@@ -86,9 +91,14 @@ class GradSync:
     def __init__(self, layout: Layout, params: list[SyncedParam],
                  wire_dtype: torch.dtype | None = None, *, micro_batches: int = 1,
                  overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS,
-                 owners: dict[str, int] | None = None) -> None:
+                 owners: dict[str, int] | None = None, shard_grads: bool = False,
+                 norm_params: Sequence[nn.Parameter] = ()) -> None:
+        """``shard_grads`` (ZeRO-2, with ``owners``): reduce-scatter after every micro-batch
+        (:mod:`potluck.runtime.grads.zero2`); ``norm_params``: parameters synced elsewhere
+        (FSDP2's, each rank holding a distinct shard) whose local gradients count in the norm."""
         self.layout = layout
         self.params = params
+        self.norm_params = tuple(norm_params)
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
         self.buckets = plan_buckets(layout, params, bucket_elements)
         # ZeRO-1: the buckets whose sums go to their owners only, and per item of those
@@ -98,19 +108,31 @@ class GradSync:
         self._owns = {item.name: i in self._slots[id(b)].mine for b in self.buckets
                       if id(b) in self._slots for i, item in enumerate(b.items)}
         self.full = FullLayout(layout.role.tp_rank)
-        self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready) if overlap \
-            and self.buckets else None
+        self.sharded = ShardedGrads(wire_dtype) if shard_grads and self._slots else None
+        levels = [reduction_counts(layout, b, micro_batches) if self._per_micro_batch(b)
+                  else (micro_batches,) for b in self.buckets]
+        # launch order, the same on every rank: by the share of the step done, then bucket
+        self._sequence = sorted((Fraction(j + 1, len(counts)), i, j)
+                                for i, counts in enumerate(levels) for j in range(len(counts)))
+        self._position = {(i, j): n for n, (_, i, j) in enumerate(self._sequence)}
+        self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready, levels) \
+            if (overlap or self.sharded is not None) and self.buckets else None
         self.stats = SyncStats(buckets=len(self.buckets))
         self._next = 0
         self._is_ready: list[bool] = []
         self._inflight: list[_Reduction] = []
 
+    def _per_micro_batch(self, bucket: Bucket) -> bool:
+        return self.sharded is not None and id(bucket) in self._slots
+
     def start(self) -> None:
         """Before the schedule: from now on, buckets start as their gradients become final."""
         self._next = 0
-        self._is_ready = [False] * len(self.buckets)
+        self._is_ready = [False] * len(self._sequence)
         self._inflight = []
         self.stats = SyncStats(buckets=len(self.buckets))
+        if self.sharded is not None:
+            self.sharded.start()
         if self.ready is not None:
             self.ready.start()
 
@@ -122,6 +144,11 @@ class GradSync:
         for reduction in self._inflight:
             self._write_back(reduction)
         self._inflight = []
+        if self.sharded is not None:
+            for bucket in self.buckets:
+                if self._per_micro_batch(bucket):
+                    self.sharded.write_back(bucket, self._slots[id(bucket)])
+            self.stats.scattered += self.sharded.launched
         for item in self.params:
             _match_grad_layout(item.param)
 
@@ -132,22 +159,32 @@ class GradSync:
 
     # --- launching -------------------------------------------------------------------------
 
-    def _bucket_ready(self, index: int) -> None:
-        """A gradient hook found bucket ``index`` final: start it and any ready ones after it."""
-        self._is_ready[index] = True
+    def _bucket_ready(self, index: int, level: int) -> None:
+        """A gradient hook found ``level`` of bucket ``index`` ready: start it and any ready
+        ones after it in the launch order."""
+        self._is_ready[self._position[(index, level)]] = True
         before = self._next
-        while self._next < len(self.buckets) and self._is_ready[self._next]:
-            self._launch(self.buckets[self._next])
-            self._next += 1
+        while self._next < len(self._sequence) and self._is_ready[self._next]:
+            self._launch_next()
         launched = self._next - before
         self.stats.launched_in_backward += launched
         if self.ready is not None and self.ready.unfinished > 0:
             self.stats.launched_with_grads_pending += launched
 
     def _launch_rest(self) -> None:
-        while self._next < len(self.buckets):
-            self._launch(self.buckets[self._next])
-            self._next += 1
+        while self._next < len(self._sequence):
+            self._launch_next()
+
+    def _launch_next(self) -> None:
+        _, index, _ = self._sequence[self._next]
+        self._next += 1
+        bucket = self.buckets[index]
+        if self._per_micro_batch(bucket):
+            for item in bucket.items:
+                _match_grad_layout(item.param)
+            self.sharded.launch(bucket, self._slots[id(bucket)])
+        else:
+            self._launch(bucket)
 
     def _launch(self, bucket: Bucket) -> None:
         for item in bucket.items:
@@ -211,6 +248,9 @@ class GradSync:
             grad = item.param.grad
             if grad is not None:
                 squares.append(local(grad).detach().double().pow(2).sum())
+        for param in self.norm_params:
+            if param.grad is not None:
+                squares.append(local(param.grad).detach().double().pow(2).sum())
         if not squares:
             return torch.zeros((), dtype=torch.float64)
         return torch.stack(squares).sum()

@@ -1,12 +1,11 @@
-"""When is a gradient final for the step? Counting accumulations, whatever the schedule.
+"""When a bucket's gradients are final (or, under ZeRO-2, ready for their next reduction).
 
-Each of this rank's stage modules runs the backward of every micro-batch of
-its pipeline exactly once (GPipe, 1F1B, interleaved with several chunks per
-rank, the plain loop of a one-stage pipeline, a mixed-TP follower mirroring
-its leader), so a parameter's gradient is final once it has been accumulated
-``micro_batches`` times. Accumulations are seen two ways:
+The gradient sum of a bucket may start once every gradient in it has been
+accumulated for every micro-batch of the step (or, with ``levels``, for the
+``t``-th time, for each of the bucket's thresholds ``t``: ZeRO-2 reduces a
+bucket after every micro-batch). Two things write gradients:
 
-- a full backward runs the parameter's ``AccumulateGrad`` node, which calls
+- a full backward pass accumulates into ``.grad`` and then calls
   its post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``);
   a parameter used twice in one pass (a tied embedding and head in one
   module) accumulates once per pass;
@@ -34,13 +33,17 @@ from potluck.runtime.grads.buckets import Bucket
 
 
 class GradReady:
-    """Counts this step's gradient accumulations; calls ``on_ready(bucket index)`` when
-    every parameter of a bucket is final."""
+    """Counts this step's gradient accumulations; calls ``on_ready(bucket index, level)``
+    when every parameter of a bucket has been accumulated ``levels[bucket][level]`` times
+    (default one level: every micro-batch, the gradient is final)."""
 
     def __init__(self, buckets: Sequence[Bucket], micro_batches: int,
-                 on_ready: Callable[[int], None]) -> None:
+                 on_ready: Callable[[int, int], None],
+                 levels: Sequence[Sequence[int]] | None = None) -> None:
         self.expected = micro_batches
         self.on_ready = on_ready
+        self.levels = [tuple(t) for t in levels] if levels is not None else \
+            [(micro_batches,)] * len(buckets)
         self._where: dict[int, tuple[int, int, str]] = {}  # id(param) -> slot, bucket, name
         self._sizes = [len(bucket.items) for bucket in buckets]
         for index, bucket in enumerate(buckets):
@@ -48,14 +51,14 @@ class GradReady:
                 self._where[id(item.param)] = (len(self._where), index, item.name)
                 item.param.register_post_accumulate_grad_hook(self._hook)
         self._counts: list[int] = []
-        self._pending: list[int] = []
+        self._reached: list[list[int]] = []  # per bucket and level: parameters that reached it
         self.unfinished = 0  # tracked parameters whose gradient is not final yet
         self.armed = False
         self._paused = False
 
     def start(self) -> None:
         self._counts = [0] * len(self._where)
-        self._pending = list(self._sizes)
+        self._reached = [[0] * len(levels) for levels in self.levels]
         self.unfinished = len(self._where)
         self._paused = False
         self.armed = True
@@ -76,12 +79,15 @@ class GradReady:
                 f"the gradient of {name} was accumulated {count} times in a step of "
                 f"{self.expected} micro-batches; its all-reduce may have started too early"
             )
-        if count < self.expected:
+        if count == self.expected:
+            self.unfinished -= 1
+        levels = self.levels[bucket]
+        if count not in levels:
             return
-        self.unfinished -= 1
-        self._pending[bucket] -= 1
-        if self._pending[bucket] == 0:
-            self.on_ready(bucket)
+        level = levels.index(count)
+        self._reached[bucket][level] += 1
+        if self._reached[bucket][level] == self._sizes[bucket]:
+            self.on_ready(bucket, level)
 
     @contextmanager
     def weight_pass(self, module: nn.Module) -> Iterator[None]:

@@ -6,12 +6,15 @@ pipeline**, and only the owner's rank(s) holding the parameter keep its
 optimizer state (AdamW's moments and step) and update it:
 
 - owners are chosen per holder set (the stages holding a unit, one per
-  pipeline), largest parameters first, each to the holder that owns the
-  fewest elements so far, so each holder keeps the states of about ``1/d``
-  of the set's parameters and each rank about ``1/d`` of its unsharded
-  states, as the cost model assumes (``4 + 12/d`` bytes per parameter). It
-  is a pure function of the plan and the parameters' full shapes, so every
-  rank agrees without talking. The tied embedding/head belongs to
+  pipeline), largest parameters first, each to the holder whose share of
+  the set's elements, relative to its device memory (the memory of the
+  stage's smallest device, :func:`holder_memory_bytes`), would be smallest after
+  taking it. Each holder keeps the states of a share of the set's
+  parameters proportional to its memory (Cephalo's uneven shards): with
+  equal memory about ``1/d`` each, and each rank about ``1/d`` of its
+  unsharded states, as the cost model assumes (``4 + 12/d`` bytes per
+  parameter). It is a pure function of the plan and the parameters' full
+  shapes, so every rank agrees without talking. The tied embedding/head belongs to
   pipeline 0 (both its copies when that pipeline has several stages), which
   keeps checkpoints keyed by the same names as without ZeRO-1; holder sets
   whose stages all hold the tied weight count it in pipeline 0's load.
@@ -54,7 +57,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from potluck.cluster.topology import Cluster
 from potluck.placement import TIED
+from potluck.plans import Plan
 from potluck.runtime.grads.buckets import Bucket, FullLayout, SyncedParam, local
 from potluck.runtime.layout import Layout
 
@@ -69,19 +74,33 @@ def assign_owners(layout: Layout, params: list[SyncedParam]) -> dict[str, int]:
         by_holders[layout.holders(item.unit)].append(item)
     tied_holders = set(layout.holders(TIED)) if plan.model.tied_embeddings else set()
     tied_numel = sum(item.param.numel() for item in params if item.unit == TIED)
+    memory = holder_memory_bytes(plan)
     owners: dict[str, int] = {}
     for holders, items in by_holders.items():
         load = [0] * len(holders)  # parameter elements whose states each holder keeps
+        weight = [memory[h] for h in holders]
         if tied_numel and all(h in tied_holders for h in holders):
             load[next(i for i, (p, _) in enumerate(holders) if p == 0)] += tied_numel
         for item in sorted(items, key=lambda i: (-i.param.numel(), i.name)):
             if item.unit == TIED:
                 owners[item.name] = 0
                 continue
-            best = min(range(len(holders)), key=lambda h: (load[h], h))
-            load[best] += item.param.numel()
+            numel = item.param.numel()
+            best = min(range(len(holders)),
+                       key=lambda h: ((load[h] + numel) / weight[h], load[h], h))
+            load[best] += numel
             owners[item.name] = holders[best][0]
     return owners
+
+
+def holder_memory_bytes(plan: Plan) -> dict[Holder, float]:
+    """Device memory of each stage ``(pipeline, stage)``: its smallest device's. Holders of
+    equal memory get equal shares (``1/d``, what the cost model assumes) whatever their TP
+    degrees; a TP stage's ranks split its share."""
+    cluster = Cluster(plan.cluster)
+    return {(p, s): min(cluster.device(d).type.memory_bytes for d in stage.devices)
+            for p, pipeline in enumerate(plan.pipelines)
+            for s, stage in enumerate(pipeline.stages)}
 
 
 def source_rank(layout: Layout, owners: dict[str, int], item: SyncedParam) -> int:
@@ -163,6 +182,11 @@ class Zero1:
         self.buckets = buckets
         self.slots = {id(b): owner_slots(layout, self.owners, b) for b in buckets if b.aligned}
         self.full = FullLayout(layout.role.tp_rank)
+
+    def updates(self, param: nn.Parameter) -> bool:
+        """Whether this rank's optimizer updates ``param`` (its own share, or a parameter
+        this class does not shard, such as FSDP2's)."""
+        return id(param) in self.owned or id(param) not in self._local
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Make ``optimizer`` step (and keep state for) this rank's own parameters only."""

@@ -7,7 +7,9 @@ clipping by the global norm -> optimizer step ->
 ``ParallelModel.sync_parameters`` (ZeRO-1: each replica
 updated only the parameters whose optimizer states it keeps; the updates are
 gathered). Under a ZeRO-1 plan any torch optimizer, the default AdamW or
-one passed in, keeps states for this rank's share only. It measures each
+one passed in, keeps states for this rank's share only; where the rank's stage
+offloads its optimizer (``StageMemory.offload``) the optimizer steps host
+masters (:func:`offloaded`). It measures each
 step (its time, and its own peak memory on a GPU:
 :mod:`~potluck.runtime.loop.peak_memory`) and hands :class:`StepMetrics` to its
 callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
@@ -38,7 +40,9 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import TrainingError
+from potluck.memory_plan import Offload
 from potluck.ops import OpKind
+from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
 from potluck.runtime.parallel_model import ParallelModel
@@ -118,6 +122,17 @@ def rank_memory_rows(model: ParallelModel, meter: PeakMemory) -> tuple[dict[str,
                  for r, row in enumerate(rows))
 
 
+def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` stepping on host masters where this rank's stage offloads it
+    (:class:`~potluck.runtime.grads.offload.HostOffloadOptimizer`; under ZeRO only the
+    owned share), else ``optimizer`` itself."""
+    role = model.layout.role
+    if model.layout.plan.stage_memory(role.pipeline, role.stage).offload is not Offload.OPTIMIZER:
+        return optimizer
+    keep = model.zero.updates if model.zero is not None else None
+    return HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
+
+
 class Trainer:
     """Steps a :class:`ParallelModel` with an optimizer; reports metrics on rank 0."""
 
@@ -132,7 +147,7 @@ class Trainer:
         if loss_scale is None and model.session.any_fp16:
             loss_scale = DynamicLossScale()
         self.loss_scale = loss_scale
-        self.optimizer = optimizer or default_optimizer(model, lr)
+        self.optimizer = offloaded(model, optimizer or default_optimizer(model, lr))
         if model.zero is not None:
             model.zero.attach(self.optimizer)
         self.max_grad_norm = max_grad_norm
@@ -241,9 +256,13 @@ class Trainer:
 
     def _update(self) -> None:
         self.optimizer.step()
+        if self.model.zero is not None and isinstance(self.optimizer, HostOffloadOptimizer):
+            self.optimizer.wait_for_parameters()  # the all-gather sends the updated values
         self.model.sync_parameters()
 
     def _count_states(self) -> None:
+        if isinstance(self.optimizer, HostOffloadOptimizer):  # its states live in host memory
+            self.model.ledger.add_host_tensors(self.optimizer.host_state_tensors())
         self.model.ledger.count_states(self.model.parameters(), self.optimizer)
 
     def _synchronize(self) -> None:

@@ -1,0 +1,124 @@
+"""ZeRO-3: parameters sharded too, with torch's own FSDP2 (``fully_shard``), per stage.
+
+Under ``plan.zero == 3`` each block of a stage, and its embedding and head
+modules, is ``fully_shard``-ed over the stage's **data-parallel mesh**: the
+ranks that hold the same layers (at the same TP index) in every pipeline,
+which is the aligned gradient sync group of the stage's units
+(:meth:`potluck.runtime.layout.Layout.sync_group`). At rest a rank keeps
+``1/d`` of the weights, gradients and optimizer states (the optimizer sees
+FSDP2's sharded DTensor parameters); each micro-batch's forward and backward
+all-gather a block's weights and reshard them after use, and its backward
+reduce-scatters the block's gradients, which FSDP2 adds into the sharded
+``.grad`` (``set_gradient_divide_factor(1.0)``: the loss is already each
+replica's share of the global mean, so replicas' gradients are summed).
+
+The stage module itself is not an FSDP module, so torch's pipeline stage
+(``PipelineStage.backward_maybe_with_nosync``) does not switch gradient sync
+off for early micro-batches: no full-size gradient accumulates, as the memory
+contract wants. These parameters leave potluck's own
+:class:`~potluck.runtime.grads.data_parallel.GradSync`, which counts their
+local shards in the norm. A tied embedding/head stays out of FSDP
+(``ignored_params``) and is synced as under ZeRO-2.
+
+FSDP2 assumes every member of the mesh runs the same modules the same number of
+times, so a plan whose replicas hold a stage's layers differently (other
+splits or TP degrees), or run different numbers of micro-batches, is refused
+in one line (:func:`check_zero3`), as is zero bubble's split backward (its
+weight pass writes ``.grad`` outside the autograd hooks FSDP2 reduces in).
+Tensor parallelism composes as torchtitan's 2-D parallelism: the TP mesh is a slice of a ``(dp, tp)`` mesh
+(:meth:`~potluck.runtime.layout.Layout.tp_mesh`) and FSDP2 shards the TP
+DTensors further over the ``dp`` dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from potluck.errors import ConfigError
+from potluck.placement import TIED
+from potluck.plans import Plan, Schedule
+from potluck.runtime.layout import Layout
+from potluck.runtime.models.adapters import Family, get_path, has_path
+
+UNIFORM = "zero 3 needs every replica to hold the same layers with the same TP; " \
+          "use --zero 2 or a uniform layout"
+
+
+def check_zero3(plan: Plan) -> None:
+    """Refuse ZeRO-3 for a plan FSDP2 cannot run (see the module docstring)."""
+    if plan.zero < 3:
+        return
+    if plan.schedule is Schedule.ZERO_BUBBLE:
+        raise ConfigError("zero 3 does not run zero bubble's split backward (FSDP2 reduces "
+                          "in the full backward); use --zero 2 or another schedule")
+    first = plan.pipelines[0]
+    shape = [(stage.tp, stage.layer_ranges) for stage in first.stages]
+    for pipeline in plan.pipelines[1:]:
+        if [(stage.tp, stage.layer_ranges) for stage in pipeline.stages] != shape:
+            raise ConfigError(UNIFORM)
+        if pipeline.num_micro_batches != first.num_micro_batches:
+            raise ConfigError(
+                "zero 3 needs every replica to run the same number of micro-batches (FSDP2 "
+                "gathers each block once per micro-batch on every replica); use --zero 2 or "
+                "equal micro-batch counts")
+
+
+def dp_ranks(layout: Layout) -> tuple[int, ...]:
+    """The ranks holding this rank's layers at its TP index, one per pipeline."""
+    role = layout.role
+    return tuple(layout.stage_ranks(p, role.stage)[role.tp_rank]
+                 for p in range(layout.plan.dp))
+
+
+def dp_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The stage's data-parallel mesh (1-D, or the ``dp`` slice of the 2-D TP mesh)."""
+    if layout.role.tp > 1:
+        return layout.tp_mesh(device_type)._get_root_mesh()["dp"]
+    ranks = dp_ranks(layout)
+    return DeviceMesh.from_group(layout.sync_process_group(ranks), device_type)
+
+
+def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
+                family: Family | None, units: dict[str, str],
+                reduce_dtype: torch.dtype | None) -> None:
+    """Shard every block, embedding and head module of ``stages`` (ZeRO-3 plans only;
+    ``units``: each parameter name's unit, the tied weight's left out)."""
+    plan = layout.plan
+    check_zero3(plan)
+    if plan.zero < 3 or plan.dp == 1:
+        return
+    if family is None:
+        raise ConfigError("zero 3 runs models of a known family (LLaMA, Qwen, Mistral, GPT-2); "
+                          "use --zero 2 for this model")
+    mesh = dp_mesh(layout, device.type)
+    ignored = {param for stage in stages for name, param in stage.named_parameters()
+               if units[name] == TIED}
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    for stage in stages:
+        for module in _units(stage, family):
+            if any(p not in ignored for p in module.parameters()):
+                fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+        for module in stage.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
+def _units(stage: nn.Module, family: Family) -> list[nn.Module]:
+    paths = (*family.embed_paths, *family.head_paths)
+    found = [get_path(stage, path) for path in paths if has_path(stage, path)]
+    return [*found, *stage.blocks.values()]
+
+
+def managed_parameters(stages: list[nn.Module]) -> set[int]:
+    """``id`` of every parameter an FSDP2 module of ``stages`` shards (the stage modules:
+    a merged tree of several stages copies the containers, FSDP2's blocks among them)."""
+    managed: set[int] = set()
+    for sub in (module for stage in stages for module in stage.modules()):
+        if isinstance(sub, FSDPModule):
+            for group in fully_shard.state(sub)._fsdp_param_groups:
+                managed |= {id(p.sharded_param) for p in group.fsdp_params}
+    return managed
