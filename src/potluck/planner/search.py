@@ -141,17 +141,20 @@ class MemoryLevel:
 
     zero: int
     offload: bool
+    swap_families: bool = False  # families laid out as if every stage swapped its blocks
 
 
 def memory_levels(options: SearchOptions) -> list[MemoryLevel]:
     """The levels the search tries in turn, stopping at the first that yields plans: no
     sharding, then ZeRO-1, 2 and 3, then each again with the optimizer offloaded (each
     costs time, so it is used only where the levels before it do not fit); a pin keeps
-    only its own."""
+    only its own. Within a level, layouts that fit only if their stages swap come after
+    those that fit without (the per-stage refinement swaps in both where it pays)."""
     zeros = [options.zero] if options.zero is not None else [0, 1, 2, 3]
     offloads = ([options.offload is Offload.OPTIMIZER] if options.offload is not None
                 else [False, True])
-    return [MemoryLevel(z, o) for o in offloads for z in zeros]
+    swaps = {None: [False, True], Swap.NONE: [False]}.get(options.swap, [True])
+    return [MemoryLevel(z, o, w) for o in offloads for z in zeros for w in swaps]
 
 
 def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
@@ -340,22 +343,19 @@ class _Search:
         return list(Recompute)
 
     def _settings(self, level: MemoryLevel, recompute: Recompute):
-        """Per micro-batch size the families' settings: without swapping and, where stages
-        may swap (not pinned off), with every block's activations swappable (recomputation
-        none: swapping stands in for it; or the pinned mode)."""
+        """Per micro-batch size the families' settings; at a level of swap families, every
+        block's activations swappable (recomputation none: swapping stands in for it; or
+        the pinned mode)."""
         options, batch = self.options, self.training.global_batch
         sizes = micro_batch_sizes(options, batch)
         virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM or self.rank_order
-        swaps = [False]
-        if options.swap is not None and options.swap is not Swap.NONE:
-            swaps = [True]
-        elif options.swap is None and (recompute is Recompute.NONE or options.recompute):
-            swaps = [False, True]
+        swap = level.swap_families and (recompute is Recompute.NONE or bool(options.recompute))
+        if level.swap_families and not swap:
+            return  # swapping stands in for recomputation: its families recompute nothing
         for b in sizes:
-            for swap in swaps:
-                yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
-                                    batch // b, level.offload, swap)
+            yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
+                                batch // b, level.offload, swap)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:
