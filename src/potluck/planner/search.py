@@ -19,7 +19,7 @@ cost model:
    layouts in the framework's rank order with an even split
    (:mod:`potluck.planner.rank_order`) replace steps 2-4;
 6. build the best candidates as Plans, give every stage its own memory choices
-   (:mod:`potluck.planner.refine`: the fewest recomputed or swapped blocks that fit,
+   (:mod:`potluck.planner.memory.refine`: the fewest recomputed or swapped blocks that fit,
    peer, host or hybrid swaps, optimizer offload) and rank them with the full cost
    model (network cards shared, every gradient ring priced), dropping those over a
    device's or a machine's host memory.
@@ -57,6 +57,7 @@ from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.cost import CostModel, usable_memory_bytes
 from potluck.planner.evaluate import host_memory_problem, predict, zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.memory.refine import refine_memory
 from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
@@ -66,7 +67,6 @@ from potluck.planner.rank_order import (
     rank_order_refusal,
     rank_order_shapes,
 )
-from potluck.planner.refine import refine_memory
 from potluck.planner.space import (
     Unit,
     UnitLayout,
@@ -212,7 +212,7 @@ class _Search:
 
     def _plans(self, heap: list, level: MemoryLevel) -> list[Plan]:
         """The best combos built as plans, each stage given its lightest memory choice
-        (:func:`~potluck.planner.refine.refine_memory`), priced by the full cost model; plans
+        (:func:`~potluck.planner.memory.refine.refine_memory`), priced by the full cost model; plans
         over a device's or a machine's host memory are dropped."""
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = []
