@@ -126,6 +126,8 @@ def render_plan(console: Console, plan: Plan) -> None:
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     tables = [_stage_table(plan, prediction)]
+    if not uniform_memory(plan):
+        tables.append(_choices_table(plan))
     if _fits_beyond_device(plan, prediction):
         tables += [_device_memory_table(plan, prediction), _host_memory_table(prediction)]
     for table in (*tables, _headline_table(prediction), _breakdown_table(prediction)):
@@ -138,11 +140,10 @@ def render_plan(console: Console, plan: Plan) -> None:
 def _stage_table(plan: Plan, prediction: Prediction) -> Table:
     cluster = Cluster(plan.cluster)
     memory = {m.device: m.total_bytes for m in prediction.memory}
-    per_stage = not uniform_memory(plan)
-    columns = ("pipe", "batch", "stage", "devices", "type", "tp", "layers", "memory GB",
-               *(("memory choices",) if per_stage else ()), "t/µbatch")
-    table = compact_table("Pipelines and stages", columns,
-                          left=("devices", "type", "layers", "memory choices"))
+    table = compact_table("Pipelines and stages",
+                          ("pipe", "batch", "stage", "devices", "type", "tp", "layers",
+                           "memory GB", "t/µbatch"),
+                          left=("devices", "type", "layers"))
     for k, pipeline in enumerate(plan.pipelines):
         for i, stage in enumerate(pipeline.stages):
             device_type = cluster.device(stage.devices[0]).type
@@ -153,9 +154,20 @@ def _stage_table(plan: Plan, prediction: Prediction) -> Table:
                 f"{pipeline.num_micro_batches}x{pipeline.micro_batch_size}" if i == 0 else "",
                 str(i), compact_ids(stage.devices), device_type.name, str(stage.tp), layers,
                 f"{peak / GB:.1f}/{device_type.memory_bytes / GB:.0f}",
-                *((choices_text(plan.stage_memory(k, i)),) if per_stage else ()),
                 format_duration(prediction.stage_times_s[k][i]),
             )
+    return table
+
+
+def _choices_table(plan: Plan) -> Table:
+    """Per stage that does not just recompute as the plan says: its recomputation, swap
+    and offload (where swaps go: the memory table)."""
+    table = compact_table("Memory choices per stage", ("pipe", "stage", "layers", "choices"),
+                          left=("layers", "choices"))
+    for k, pipeline in enumerate(plan.pipelines):
+        for i, stage in enumerate(pipeline.stages):
+            layers = ", ".join(f"{a}-{b - 1}" for a, b in stage.layer_ranges)
+            table.add_row(str(k), str(i), layers, choices_text(plan.stage_memory(k, i)))
     return table
 
 

@@ -19,7 +19,7 @@ cost model:
    layouts in the framework's rank order with an even split
    (:mod:`potluck.planner.rank_order`) replace steps 2-4;
 6. build the best candidates as Plans, give every stage its own memory choices
-   (:mod:`potluck.planner.refine`: the fewest recomputed or swapped blocks that fit,
+   (:mod:`potluck.planner.memory.refine`: the fewest recomputed or swapped blocks that fit,
    peer, host or hybrid swaps, optimizer offload) and rank them with the full cost
    model (network cards shared, every gradient ring priced), dropping those over a
    device's or a machine's host memory.
@@ -57,6 +57,7 @@ from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.cost import CostModel, usable_memory_bytes
 from potluck.planner.evaluate import host_memory_problem, predict, zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.memory.refine import refine_memory
 from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
@@ -66,7 +67,6 @@ from potluck.planner.rank_order import (
     rank_order_refusal,
     rank_order_shapes,
 )
-from potluck.planner.refine import refine_memory
 from potluck.planner.space import (
     Unit,
     UnitLayout,
@@ -141,17 +141,20 @@ class MemoryLevel:
 
     zero: int
     offload: bool
+    swap_families: bool = False  # families laid out as if every stage swapped its blocks
 
 
 def memory_levels(options: SearchOptions) -> list[MemoryLevel]:
     """The levels the search tries in turn, stopping at the first that yields plans: no
     sharding, then ZeRO-1, 2 and 3, then each again with the optimizer offloaded (each
     costs time, so it is used only where the levels before it do not fit); a pin keeps
-    only its own."""
+    only its own. Within a level, layouts that fit only if their stages swap come after
+    those that fit without (the per-stage refinement swaps in both where it pays)."""
     zeros = [options.zero] if options.zero is not None else [0, 1, 2, 3]
     offloads = ([options.offload is Offload.OPTIMIZER] if options.offload is not None
                 else [False, True])
-    return [MemoryLevel(z, o) for o in offloads for z in zeros]
+    swaps = {None: [False, True], Swap.NONE: [False]}.get(options.swap, [True])
+    return [MemoryLevel(z, o, w) for o in offloads for z in zeros for w in swaps]
 
 
 def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[SearchOptions]:
@@ -209,7 +212,7 @@ class _Search:
 
     def _plans(self, heap: list, level: MemoryLevel) -> list[Plan]:
         """The best combos built as plans, each stage given its lightest memory choice
-        (:func:`~potluck.planner.refine.refine_memory`), priced by the full cost model; plans
+        (:func:`~potluck.planner.memory.refine.refine_memory`), priced by the full cost model; plans
         over a device's or a machine's host memory are dropped."""
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = []
@@ -340,22 +343,19 @@ class _Search:
         return list(Recompute)
 
     def _settings(self, level: MemoryLevel, recompute: Recompute):
-        """Per micro-batch size the families' settings: without swapping and, where stages
-        may swap (not pinned off), with every block's activations swappable (recomputation
-        none: swapping stands in for it; or the pinned mode)."""
+        """Per micro-batch size the families' settings; at a level of swap families, every
+        block's activations swappable (recomputation none: swapping stands in for it; or
+        the pinned mode)."""
         options, batch = self.options, self.training.global_batch
         sizes = micro_batch_sizes(options, batch)
         virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM or self.rank_order
-        swaps = [False]
-        if options.swap is not None and options.swap is not Swap.NONE:
-            swaps = [True]
-        elif options.swap is None and (recompute is Recompute.NONE or options.recompute):
-            swaps = [False, True]
+        swap = level.swap_families and (recompute is Recompute.NONE or bool(options.recompute))
+        if level.swap_families and not swap:
+            return  # swapping stands in for recomputation: its families recompute nothing
         for b in sizes:
-            for swap in swaps:
-                yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
-                                    batch // b, level.offload, swap)
+            yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
+                                batch // b, level.offload, swap)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:

@@ -1,0 +1,1 @@
+"""Per-stage memory choices of candidate plans (:mod:`potluck.planner.memory.refine`)."""
