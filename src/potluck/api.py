@@ -20,8 +20,8 @@ from potluck.economics.offers import MAX_GPUS_PER_NODE, Offer, catalog_offers, l
 from potluck.economics.prices import Pricing
 from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
-from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec, load_model
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import SearchResult, search

@@ -22,8 +22,8 @@ from potluck import api
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
-from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.schedules import Schedule

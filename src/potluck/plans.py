@@ -31,8 +31,8 @@ from potluck.cluster.execution import Placement as Placement  # re-exported: pla
 from potluck.cluster.execution import TiedGradSync as TiedGradSync  # re-exported
 from potluck.cluster.spec import ClusterSpec, check_spec
 from potluck.errors import ConfigError
-from potluck.memory_plan import KEEP_ALL, StageMemory
 from potluck.model.counts import Recompute
+from potluck.model.memory import KEEP_ALL, StageMemory
 from potluck.model.spec import ModelSpec
 from potluck.schedules import Schedule, schedule_for
 from potluck.yamlio import parse_json

@@ -15,8 +15,8 @@ from rich.table import Table
 from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
-from potluck.memory_plan import Offload, StageMemory, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict

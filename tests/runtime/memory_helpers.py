@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime_helpers import LR, STEPS
 
-from potluck.memory_plan import StageMemory
+from potluck.model.memory import StageMemory
 from potluck.plans import Plan
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.options import TrainOptions

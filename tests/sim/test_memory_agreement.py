@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from simkit import INSTANT_LINKS, cluster, flat_model, make_plan
 
-from potluck.memory_plan import Offload, StageMemory, Swap
+from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan
 from potluck.sim import simulate

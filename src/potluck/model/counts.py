@@ -254,6 +254,12 @@ def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, *, fused: bool 
     return (norm + 4.0 * sbv) / tp
 
 
+def head_logits_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
+    """The logits alone (in 16-bit elements): what the head still holds once its own
+    backward pass has run, while the last stage's blocks recompute."""
+    return 2.0 * s * b * m.vocab_size / tp
+
+
 def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False) -> float:
     """Memory traffic of one block's non-matmul forward ops, in bytes.
 

@@ -16,7 +16,7 @@ one of the two. Calibration changes the inputs (device efficiency, link
 bandwidth), never the shape. Formulas live in :mod:`potluck.planner.formulas`
 and :mod:`potluck.model.counts`.
 
-A stage's memory choices (its :class:`~potluck.memory_plan.StageMemory`) enter here:
+A stage's memory choices (its :class:`~potluck.model.memory.StageMemory`) enter here:
 
 - **recomputation of some blocks** (Korthikanti et al. 2022): the stage's first
   ``recompute_blocks`` blocks keep what their mode keeps and pay its backward, the
@@ -48,9 +48,9 @@ from potluck.cluster.catalog import DeviceType
 from potluck.cluster.nodes import PathKind
 from potluck.cluster.topology import Cluster, Device
 from potluck.errors import ConfigError
-from potluck.memory_plan import Swap
 from potluck.model import counts
 from potluck.model.counts import Recompute
+from potluck.model.memory import Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.planner.compute import BlockTimes, ComputeModel, effective_dtype
@@ -352,10 +352,11 @@ class CostModel:
 
     def swap_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                    in_flight: float) -> SwapBytes:
-        """What one device of the stage swaps: per micro-batch, and the in-flight micro-batches'
-        stash (all but the one in its backward pass) in host memory and on the peer."""
+        """What one device of the stage swaps: per micro-batch, and the stash in host memory
+        and on the peer at its peak, every in-flight micro-batch's (when the last warm-up
+        forward has swapped out and the first backward has not yet fetched its own back)."""
         moved = self.swapped_bytes_per_micro_batch(device_type, tp, shape)
-        stash = max(0.0, in_flight - 1.0) * moved
+        stash = in_flight * moved
         host_bytes, peer_bytes = _split(stash, shape)
         return SwapBytes(moved, host_bytes, peer_bytes)
 
@@ -366,7 +367,7 @@ class CostModel:
         if cached is None:
             cached = self._block_bytes_cache[key] = counts.block_activation_bytes(
                 self.model, micro_batch, self.seq_len, tp, recompute,
-                flash_attention=self.flash_attention)
+                flash_attention=self.flash_attention, fused=self.execution.fused_kernels)
         return cached
 
     def activation_bytes_per_micro_batch(self, device_type: DeviceType, tp: int,
@@ -378,7 +379,8 @@ class CostModel:
         total = (r * self._block_bytes(tp, b, shape.recompute)
                  + (shape.num_layers - r) * self._block_bytes(tp, b, Recompute.NONE))
         if shape.first:
-            total += counts.embedding_activation_bytes(m, b, s, tp)
+            total += counts.embedding_activation_bytes(m, b, s, tp,
+                                                       fused=self.execution.fused_kernels)
         return total * self.compute.element_scale(device_type)
 
     def stage_peak_activation_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
@@ -391,11 +393,13 @@ class CostModel:
         every = self.activation_bytes_per_micro_batch(device_type, tp, shape)
         moved = self.swapped_bytes_per_micro_batch(device_type, tp, shape)
         held = in_flight * every - max(0.0, in_flight - 1.0) * moved
-        if shape.last:
-            held += counts.head_activation_bytes(m, b, s, tp) * scale
-        if shape.full_blocks:
-            held += self._block_bytes(tp, b, Recompute.NONE) * scale
-        return held
+        fused = self.execution.fused_kernels
+        head = counts.head_activation_bytes(m, b, s, tp, fused=fused) * scale if shape.last else 0.0
+        block = self._block_bytes(tp, b, Recompute.NONE) * scale if shape.full_blocks else 0.0
+        if head and block:  # the head's backward has freed all but the logits when blocks recompute
+            logits = counts.head_logits_bytes(m, b, s, tp) * scale
+            return held + logits + max(head - logits, block)
+        return held + head + block
 
     def stage_sharding(self, shape: StageShape, sharding: StateSharding) -> StateSharding:
         """The plan's sharding, with the optimizer offloaded where the stage offloads it."""

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from potluck import placement
 from potluck.cluster.topology import Device
 from potluck.errors import ConfigError
-from potluck.memory_plan import Offload
 from potluck.model import counts
+from potluck.model.memory import Offload
 from potluck.placement import StageRef
 from potluck.planner import compute, formulas
 from potluck.planner.cost import CostModel, StageShape

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 

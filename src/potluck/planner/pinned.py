@@ -21,8 +21,8 @@ import itertools
 from dataclasses import dataclass
 
 from potluck.cluster.spec import NodeGroup
-from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import StageShape, usable_memory_bytes
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting

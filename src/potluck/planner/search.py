@@ -50,8 +50,8 @@ from dataclasses import dataclass, field, replace
 from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
-from potluck.memory_plan import Offload, Swap
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.cost import CostModel, usable_memory_bytes

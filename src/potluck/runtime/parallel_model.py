@@ -53,7 +53,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
-from potluck.memory_plan import StageMemory, Swap
+from potluck.model.memory import StageMemory, Swap
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from potluck.cluster.topology import Device
-from potluck.memory_plan import Swap
+from potluck.model.memory import Swap
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.evaluate import (
     PlanEvaluation,

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import TrainingError
-from potluck.memory_plan import Offload
+from potluck.model.memory import Offload
 from potluck.ops import OpKind
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
@@ -261,9 +261,11 @@ class Trainer:
         self.model.sync_parameters()
 
     def _count_states(self) -> None:
-        if isinstance(self.optimizer, HostOffloadOptimizer):  # its states live in host memory
-            self.model.ledger.add_host_tensors(self.optimizer.host_state_tensors())
-        self.model.ledger.count_states(self.model.parameters(), self.optimizer)
+        host: list[torch.Tensor] = []
+        if isinstance(self.optimizer, HostOffloadOptimizer):  # masters and states on the host
+            host = self.optimizer.host_state_tensors()
+            self.model.ledger.add_host_tensors(host)
+        self.model.ledger.count_states(self.model.parameters(), self.optimizer, extra=host)
 
     def _synchronize(self) -> None:
         if self.model.session.use_gpu:
