@@ -22,7 +22,10 @@ memory is ``4 + optimizer bytes`` per parameter (master + states), as the
 memory contract counts; :meth:`host_state_tensors` lists those tensors (for
 the memory ledger). Numerics equal the plain optimizer's: the parameters are
 fp32 already, so the master is an exact copy and the update is the same
-elementwise arithmetic on the same numbers. With ZeRO-1/2 only the owned
+elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
+device then keeps 16-bit parameters and gradients
+(:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
+the update still runs on the FP32 masters, and the device copy is their rounding. With ZeRO-1/2 only the owned
 share gets masters and states (``keep``). A parameter written outside the step
 (a checkpoint loaded into the model) is noticed by its version counter and its
 master refreshed before the next update.
@@ -74,6 +77,18 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         self._params[id(param)] = param
         self._versions[id(param)] = local(param)._version
         return master
+
+    def keep_device_parameters_in(self, parameters: Iterable[nn.Parameter],
+                                  dtype: torch.dtype) -> None:
+        """Hold ``parameters`` on the device in the 16-bit ``dtype`` from now on (ZeRO-Offload's
+        layout: 16-bit weights and gradients on the GPU, the FP32 master on the host). Call
+        it after the masters are made, so they keep the exact FP32 values."""
+        for param in parameters:
+            value = local(param)
+            if value.is_floating_point() and value.dtype != dtype:
+                value.data = value.data.to(dtype)
+        for key, param in self._params.items():
+            self._versions[key] = local(param)._version
 
     def host_state_tensors(self) -> list[torch.Tensor]:
         """Every host-resident tensor this optimizer keeps: the fp32 masters and the

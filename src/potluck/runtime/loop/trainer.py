@@ -130,7 +130,11 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     if model.layout.plan.stage_memory(role.pipeline, role.stage).offload is not Offload.OPTIMIZER:
         return optimizer
     keep = model.zero.updates if model.zero is not None else None
-    return HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
+    offload = HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
+    dtype = model.session.autocast_dtype  # 16-bit GPU ranks; CPU ranks train in FP32
+    if model.session.use_gpu and dtype is not None:
+        offload.keep_device_parameters_in(model.parameters(), dtype)
+    return offload
 
 
 class Trainer:

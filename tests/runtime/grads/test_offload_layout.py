@@ -1,0 +1,44 @@
+"""An offloaded optimizer on a 16-bit device: 16-bit parameters there, exact FP32 masters on
+the host, and the update computed on the masters (ZeRO-Offload's layout)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from potluck.runtime.grads.offload import HostOffloadOptimizer
+
+
+def _layer() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(8, 4)
+
+
+def test_device_parameters_turn_16_bit_while_the_masters_keep_the_fp32_values():
+    layer = _layer()
+    exact = [p.detach().clone() for p in layer.parameters()]
+    offload = HostOffloadOptimizer(torch.optim.AdamW(layer.parameters(), lr=1e-2))
+    offload.keep_device_parameters_in(layer.parameters(), torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in layer.parameters())
+    masters = offload.host_state_tensors()
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert all(torch.equal(m, e) for m, e in zip(masters, exact, strict=True))
+
+
+def test_a_step_updates_the_fp32_masters_and_rounds_them_onto_the_device():
+    plain, sixteen = _layer(), _layer()
+    reference = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    offload = HostOffloadOptimizer(torch.optim.AdamW(sixteen.parameters(), lr=1e-2))
+    offload.keep_device_parameters_in(sixteen.parameters(), torch.bfloat16)
+    for _ in range(3):
+        batch = torch.randn(5, 8)
+        for layer, optimizer in ((plain, reference), (sixteen, offload)):
+            optimizer.zero_grad()
+            layer(batch.to(next(layer.parameters()).dtype)).float().square().mean().backward()
+            optimizer.step()
+    masters = offload.host_state_tensors()[:2]
+    for master, device, fp32 in zip(masters, sixteen.parameters(), plain.parameters(),
+                                    strict=True):
+        assert torch.equal(device, master.to(torch.bfloat16))  # the device copy is its rounding
+        assert torch.allclose(master, fp32, atol=2e-2)  # bf16 forward, same FP32 update
+        assert not torch.equal(master, master.to(torch.bfloat16).float())  # FP32 kept
