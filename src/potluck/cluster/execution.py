@@ -93,6 +93,9 @@ class Execution:
     # host time to issue one block's forward (twice that for its backward), a floor under the
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
     block_host_s: NonNegativeFloat = 192e-6
+    # activation swaps stream on a side stream under compute, prefetched (potluck's runtime);
+    # False: copies on the compute stream that block it, as torch.autograd.graph.save_on_cpu
+    overlap_swap: bool = True
     placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
     tied_grad_sync: TiedGradSync = TiedGradSync.HOLDERS  # a tied embedding's sum (TiedGradSync)
 

@@ -294,6 +294,8 @@ class CostModel:
         shared = self._swap_shares_link(devices, shape, neighbours)
         forward_window = forward_compute + (0.0 if shared else forward_tp + send_s)
         backward_window = backward_compute + (0.0 if shared else backward_tp)
+        if not self.execution.overlap_swap:  # copies on the compute stream: nothing hides them
+            forward_window = backward_window = 0.0
         forward = host + forward_compute + forward_tp + max(0.0, swap_s - forward_window)
         backward = host + backward_compute + backward_tp + max(0.0, swap_s - backward_window)
         return StageTime(StageWork(forward, backward, weight_grad, send_s), compute)
