@@ -16,7 +16,8 @@
    predicted time, one dilation shared by every run), as gains over full
    recomputation.
 3. ``docs/img/memory_per_stage.png``: predicted device memory per stage of those plans
-   (the 1F1B imbalance, and swapping flattening it).
+   and of the same pipeline keeping everything (which does not fit): the 1F1B imbalance,
+   and swapping flattening it.
 
 Prints Markdown tables.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from potluck import api
 from potluck.cluster.spec import parse_cluster
+from potluck.model.counts import Recompute
 from potluck.plans import Plan
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.training import train
@@ -108,12 +110,26 @@ def gains_table(plans: dict[str, Plan], steps: int, emulate: bool) -> None:
               f"{predicted_gain:.2f}x | {measured} |")
 
 
+def keep_everything(plan: Plan) -> Plan:
+    """``plan`` with no stage recomputing or swapping, re-predicted (it need not fit)."""
+    from potluck.model.memory import Offload, StageMemory
+    from potluck.planner.evaluate import predict
+
+    kept = StageMemory(Recompute.NONE, offload=Offload.OPTIMIZER)
+    pipelines = tuple(replace(p, stages=tuple(replace(s, memory=kept) for s in p.stages))
+                      for p in plan.pipelines)
+    bare = replace(plan, pipelines=pipelines, recompute=Recompute.NONE, prediction=None)
+    return replace(bare, prediction=predict(bare))
+
+
 def plot(plans: dict[str, Plan]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plans = {"nothing recomputed or swapped (does not fit)": keep_everything(
+        plans["host swap, every stage"]), **plans}
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / len(plans)
     for index, (name, plan) in enumerate(plans.items()):
@@ -124,7 +140,7 @@ def plot(plans: dict[str, Plan]) -> None:
     ax.set_xticks([s + 0.4 - width / 2 for s in range(4)], [f"stage {s}" for s in range(4)])
     ax.set_ylabel("predicted device memory (GB)")
     ax.set_title("llama2-7b, seq 4096, 1F1B over 4x RTX 3090 (line: 24 GB)")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=6, loc="upper right")
     fig.tight_layout()
     fig.savefig(FIGURE, dpi=120)
 
