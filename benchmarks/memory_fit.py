@@ -1,12 +1,12 @@
 """Fitting big models on 12-24 GB cards: plans, and swapping against full recomputation.
 
-    python benchmarks/memory_fit.py [--steps 4] [--no-emulate]
+    python benchmarks/memory_fit.py [--steps 3] [--global-batch 8] [--no-emulate]
 
 1. Plans for llama2-13b on one machine of 4 RTX 3090 (NVLink pairs, 256 GB host
    memory) and llama2-7b on two machines of 4 RTX 3060 12 GB joined by 10 Gb/s:
    layout, per-stage memory choices, peak device memory, host memory, predicted
    throughput.
-2. llama2-7b (sequence 4096, batch 32) pinned to one pipeline of four RTX 3090 with the
+2. llama2-7b (sequence 4096, batch 8) pinned to one pipeline of four RTX 3090 with the
    optimizer offloaded, where every stage fits only with recomputation or swapping:
    full recomputation, recomputation chosen per stage, potluck's choice (swapping
    where it pays), host swap on every stage, and plain host offload (the same swap
@@ -74,12 +74,12 @@ def plans_table() -> None:
               f"{p.tokens_per_s:,.0f} |")
 
 
-def swap_plans() -> dict[str, Plan]:
+def swap_plans(global_batch: int) -> dict[str, Plan]:
     cluster = parse_cluster(BOX3090, "box3090.yaml")
     plans = {}
     for name, (flags, traits) in SETTINGS.items():
         execution = replace(api.as_execution(None, cluster), **traits)
-        plans[name] = api.plan(cluster, "llama2-7b", global_batch=32, seq_len=4096,
+        plans[name] = api.plan(cluster, "llama2-7b", global_batch=global_batch, seq_len=4096,
                                execution=execution, **PINNED, **flags).best
     return plans
 
@@ -147,12 +147,15 @@ def plot(plans: dict[str, Plan]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--global-batch", type=int, default=8,
+                        help="sequences per step of the swap comparison (emulated steps last "
+                             "about global batch x 1.4 s each)")
     parser.add_argument("--no-emulate", action="store_true")
     args = parser.parse_args()
     plans_table()
     print()
-    plans = swap_plans()
+    plans = swap_plans(args.global_batch)
     gains_table(plans, args.steps, not args.no_emulate)
     plot(plans)
     print(f"\nwrote {FIGURE}")
