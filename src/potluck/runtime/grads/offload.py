@@ -25,8 +25,8 @@ fp32 already, so the master is an exact copy and the update is the same
 elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
 device then keeps 16-bit parameters and gradients
 (:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
-the update still runs on the FP32 masters, and the device copy is their rounding. With ZeRO-1/2 only the owned
-share gets masters and states (``keep``). A parameter written outside the step
+the update still runs on the FP32 masters, and the device copy is their rounding.
+With ZeRO-1/2 only the owned share gets masters and states (``keep``). A parameter written outside the step
 (a checkpoint loaded into the model) is noticed by its version counter and its
 master refreshed before the next update.
 """
