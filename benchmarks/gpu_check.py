@@ -400,7 +400,7 @@ def multi_plan(device: str, case: MultiCase):
 
     return api.plan(gpus_cluster(device, case.gpus), small_llama(), global_batch=MULTI_GLOBAL_BATCH,
                     seq_len=MULTI_SEQ_LEN, dtype=MULTI_DTYPE, tp=case.tp, pp=case.pp, dp=case.dp,
-                    micro_batch_size=MULTI_MICRO_BATCH, recompute="none", zero1=case.zero1).best
+                    micro_batch_size=MULTI_MICRO_BATCH, recompute="none", zero=int(case.zero1)).best
 
 
 def multi_options(steps: int, timeout_s: float, **fields):

@@ -7,6 +7,7 @@ import pytest
 from potluck.calibrate.measured.runs import read_runs
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.schedules import Schedule
@@ -38,7 +39,8 @@ def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
         DType.BF16, None, Schedule.ONE_F_ONE_B, None, Partition.BALANCED)
     options = first.options()
     assert (options.tp, options.pp, options.dp, options.micro_batch_size, options.top_k) == (2, 2, 2, 1, 1)
-    assert (options.partition, options.zero1, options.recompute) == (Partition.UNIFORM, True, Recompute.FULL)
+    assert (options.partition, options.zero, options.recompute) == (Partition.UNIFORM, 1, Recompute.FULL)
+    assert (options.swap, options.offload) == (Swap.NONE, Offload.NONE)  # published runs did neither
     assert options.groups == ("box", "big")
 
 

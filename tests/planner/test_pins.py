@@ -79,7 +79,7 @@ def test_a_pinned_stage_over_its_memory_names_device_and_gib():
     with pytest.raises(InfeasibleError) as info:
         search(V100_T4, load_model("llama2-7b"), FP16, options)
     message = str(info.value)
-    assert message.startswith("--tp 2 --pp 2 --dp 4: stage 2 of 2 (16 layers, tp 2) on v100-16g")
+    assert message.startswith("--tp 2 --pp 2 --dp 4: stage 1 of 2 (16 layers, tp 2) on v100-16g")
     assert "GiB at micro-batch 1 with recompute full" in message and "GiB usable" in message
 
 

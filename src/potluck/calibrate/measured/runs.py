@@ -24,6 +24,7 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition, SearchOptions
 from potluck.plans import DType, Execution, TrainingShape
 from potluck.schedules import Schedule
@@ -56,7 +57,9 @@ class MeasuredRun:
         """The search pinned to this run's layout."""
         return SearchOptions(tp=self.tp, pp=self.pp, dp=self.dp,
                              micro_batch_size=self.micro_batch_size, recompute=self.recompute,
-                             partition=self.partition, schedule=self.schedule, zero1=self.zero1,
+                             partition=self.partition, schedule=self.schedule,
+                             zero=None if self.zero1 is None else int(self.zero1),
+                             swap=Swap.NONE, offload=Offload.NONE,  # what published runs did
                              groups=self.groups, top_k=1)
 
     def shape(self, execution: Execution) -> TrainingShape:
