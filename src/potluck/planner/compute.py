@@ -141,12 +141,26 @@ class ComputeModel:
         backward = 2.0 * gemms + attention.backward_s + 2.0 * elementwise_s
         if recompute is Recompute.FULL:
             backward += forward
-        elif recompute is Recompute.SELECTIVE and not self.flash_attention:
-            backward += attention.forward_s  # flash kernels recompute the scores anyway
+        elif recompute is Recompute.SELECTIVE:
+            backward += self._selective_recompute_s(device, tp, b, attention)
         dispatch = self.block_host_s
         forward_total = max(forward, dispatch)
         backward_total = max(backward, 2.0 * dispatch)
         return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)
+
+    def _selective_recompute_s(self, device: DeviceType, tp: int, b: int,
+                               attention: BlockTimes) -> float:
+        """What selective recomputation redoes in the backward pass. Fused (Megatron,
+        Korthikanti et al. 2022): the attention core, which flash kernels recompute anyway.
+        Eager (potluck's runtime checkpoints the whole attention module): the core and the
+        Q/K/V and output projections."""
+        if self.fused_kernels:
+            return 0.0 if self.flash_attention else attention.forward_s
+        m = self.model
+        rows, h, kv = b * self.seq_len, m.hidden_size, m.kv_hidden_size
+        projections = (self._gemm_s(device, rows, h, (h + 2 * kv) // tp)
+                       + self._gemm_s(device, rows, h // tp, h))
+        return attention.forward_s + projections
 
     def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
         if self.flash_attention:

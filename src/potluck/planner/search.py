@@ -334,11 +334,13 @@ class _Search:
             heapq.heapreplace(heap, item)
 
     def _recomputes(self) -> list[Recompute]:
-        """With flash attention, selective recomputation (of the attention core) is what the
-        kernel does anyway, so it is the same plan as none and is not tried separately."""
+        """With fused kernels and flash attention, selective recomputation (of the attention
+        core) is what the kernel does anyway, so it is the same plan as none and is not tried
+        separately; potluck's eager runtime recomputes the whole attention module, which
+        keeps less and costs its projections."""
         if self.options.recompute:
             return [self.options.recompute]
-        if self.cost.flash_attention:
+        if self.cost.flash_attention and self.cost.execution.fused_kernels:
             return [Recompute.NONE, Recompute.FULL]
         return list(Recompute)
 
