@@ -124,9 +124,9 @@ def plan(
     _check_choice("--dtype", dtype, DType)
     _check_choice("--partition", partition, Partition)
     _check_choice("--schedule", schedule, Schedule)
-    _check_auto_choice("--recompute", recompute, Recompute)
-    _check_auto_choice("--swap", swap, Swap)
-    _check_auto_choice("--offload", offload, Offload)
+    _check_choice("--recompute", recompute, Recompute, "auto")
+    _check_choice("--swap", swap, Swap, "auto")
+    _check_choice("--offload", offload, Offload, "auto")
     zero = _zero_stage(zero, zero1)
     _check_choice("--objective", objective, api.Objective)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
@@ -667,14 +667,9 @@ def _pricing(mode: str, *, spot: bool, lifetime_years: float, utilization: float
                           electricity_usd_per_kwh, pue)
 
 
-def _check_choice(flag: str, value: str, choices: Iterable[Enum]) -> None:
-    allowed = _names(choices)
-    if value not in allowed:
-        raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-
-
-def _check_auto_choice(flag: str, value: str, choices: Iterable[Enum]) -> None:
-    allowed = (*_names(choices), "auto")
+def _check_choice(flag: str, value: str, choices: Iterable[Enum], *extra: str) -> None:
+    """One line if ``value`` is none of ``choices``' values (nor of ``extra``, e.g. ``auto``)."""
+    allowed = (*_names(choices), *extra)
     if value not in allowed:
         raise PotluckError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
 

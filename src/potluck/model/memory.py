@@ -22,7 +22,7 @@ it is per pipeline stage across that stage's data-parallel replicas by nature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Annotated
 
@@ -81,10 +81,7 @@ class StageMemory:
 
     def resolved(self, plan_recompute: Recompute) -> StageMemory:
         """This stage's memory with the plan-wide recomputation filled in."""
-        if self.recompute is not None:
-            return self
-        return StageMemory(plan_recompute, self.recompute_blocks, self.swap, self.swap_fraction,
-                           self.swap_peer, self.host_share, self.offload)
+        return self if self.recompute is not None else replace(self, recompute=plan_recompute)
 
     def recompute_of_block(self, index: int, plan_recompute: Recompute) -> Recompute:
         """The recomputation of the stage's ``index``-th block (0-based, in layer order)."""
