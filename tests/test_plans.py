@@ -114,3 +114,82 @@ def test_the_documented_schema_file_is_current():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.SCHEMA_PATH.read_text() == module.schema_text(), "run python tools/write_schema.py"
+
+
+def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None, execution=None):
+    from dataclasses import replace
+
+    from potluck.cluster.execution import Execution
+    from potluck.model.counts import Recompute
+    from potluck.plans import StageComm
+
+    comm = StageComm(chunks, keeps)
+    stages = (Stage(("a.0:0", "a.0:1"), ((0, 12),), comm=comm),
+              Stage(("b.0:0", "b.0:1"), ((12, 24),), comm=comm))
+    shape = TrainingShape(micro_batch * 4, 1024, execution=execution or Execution())
+    plan = Plan(CLUSTER, load_model("gpt3-350m"), shape, (Pipeline(stages, micro_batch, 4),),
+                recompute=recompute or Recompute.NONE)
+    return replace(plan, schedule=schedule) if schedule else plan
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"chunks": 2, "micro_batch": 3}, "tp_overlap_chunks 2 does not divide the micro-batch size 3"),
+    ({"chunks": 2, "recompute": "full"}, "recomputation always keeps its collectives' results"),
+    ({"keeps": True, "recompute": "full", "schedule": "zb"}, "zero-bubble schedule"),
+])
+def test_stage_communication_that_cannot_run_is_one_line(kwargs, fragment):
+    from potluck.model.counts import Recompute
+    from potluck.plans import Schedule
+
+    if "recompute" in kwargs:
+        kwargs["recompute"] = Recompute(kwargs["recompute"])
+    if "schedule" in kwargs:
+        kwargs["schedule"] = Schedule(kwargs["schedule"])
+    with pytest.raises(ConfigError, match=fragment) as err:
+        check_plan(_tp_plan(**kwargs))
+    assert "\n" not in str(err.value)
+
+
+def test_overlap_on_a_single_device_stage_is_refused():
+    from potluck.plans import StageComm
+
+    stages = (Stage(("a.0:0",), ((0, 24),), comm=StageComm(2)),)
+    plan = Plan(CLUSTER, load_model("gpt3-350m"), TrainingShape(8, 1024),
+                (Pipeline(stages, 2, 4),))
+    with pytest.raises(ConfigError, match="needs a tensor-parallel stage"):
+        check_plan(plan)
+
+
+def test_a_decision_the_execution_forces_otherwise_is_refused():
+    from dataclasses import replace
+
+    from potluck.cluster.execution import Execution
+    from potluck.plans import CommSchedule, explicit_tp
+
+    check_plan(_tp_plan(chunks=2, execution=Execution(tp_overlap_chunks=2)))
+    assert explicit_tp(_tp_plan(chunks=2), 0, 0) and not explicit_tp(_tp_plan(), 0, 0)
+    assert not explicit_tp(_tp_plan(keeps=True), 0, 0)  # keeps without recomputation: plain
+    with pytest.raises(ConfigError, match="tp_overlap_chunks is 2, but the plan's execution "
+                                          "forces 1"):
+        check_plan(_tp_plan(chunks=2, execution=Execution(tp_overlap_chunks=1)))
+    split = replace(_tp_plan(execution=Execution(split_p2p_channels=False)),
+                    comm=CommSchedule(split_p2p_channels=True))
+    with pytest.raises(ConfigError, match="the plan: split_p2p_channels is true, but the plan's "
+                                          "execution forces false"):
+        check_plan(split)
+
+
+def test_communication_decisions_round_trip_and_old_plans_load_plain(plan):
+    from dataclasses import replace
+
+    from potluck.plans import PLAIN_COMM, CommSchedule
+
+    decided = replace(_tp_plan(chunks=2), comm=CommSchedule(True, True, False))
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(decided)))) == decided
+    data = plan_to_dict(plan)
+    del data["comm"]
+    for pipeline in data["pipelines"]:
+        for stage in pipeline["stages"]:
+            del stage["comm"]
+    old = plan_from_dict(data)
+    assert old.comm == CommSchedule() and old.pipelines[0].stages[0].comm == PLAIN_COMM

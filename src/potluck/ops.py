@@ -33,6 +33,7 @@ class OpKind(str, Enum):
     RECV_BACKWARD = "recv_backward"
     TP_ALLREDUCE = "tp_allreduce"  # a forward's or backward's tensor-parallel collectives
     DP_ALLREDUCE = "dp_allreduce"  # the gradient reduction across data-parallel replicas
+    PARAM_ALLGATHER = "param_allgather"  # ZeRO-1/2: updated parameters back to every replica
 
     def __str__(self) -> str:
         """The trace name, also in f-strings (as on every Python version)."""
@@ -55,4 +56,5 @@ class OpKind(str, Enum):
 
 
 _COMM = frozenset({OpKind.SEND_FORWARD, OpKind.RECV_FORWARD, OpKind.SEND_BACKWARD,
-                   OpKind.RECV_BACKWARD, OpKind.TP_ALLREDUCE, OpKind.DP_ALLREDUCE})
+                   OpKind.RECV_BACKWARD, OpKind.TP_ALLREDUCE, OpKind.DP_ALLREDUCE,
+                   OpKind.PARAM_ALLGATHER})

@@ -72,6 +72,48 @@ class TrainingShape:
 
 
 @dataclass(frozen=True)
+class StageComm:
+    """How one stage schedules its tensor-parallel communication (Oases, Li et al. 2023).
+
+    ``tp_overlap_chunks`` > 1 runs each micro-batch as that many sub-batches through the
+    blocks side by side, so one sub-batch's all-reduce overlaps another's compute (the
+    blocks then run without sequence parallelism); ``recompute_keeps_comm`` ends each
+    recomputed segment at a collective whose result is kept, so the backward pass does not
+    communicate again. Both only matter for stages with more than one TP device.
+    """
+
+    tp_overlap_chunks: PositiveInt = 1
+    recompute_keeps_comm: bool = False
+
+    @property
+    def explicit_tp(self) -> bool:
+        """Whether the stage's blocks run potluck's explicit TP executor (all-reduces it
+        issues itself) rather than DTensor's sequence-parallel styles."""
+        return self.tp_overlap_chunks > 1 or self.recompute_keeps_comm
+
+
+PLAIN_COMM = StageComm()
+
+
+@dataclass(frozen=True)
+class CommSchedule:
+    """Plan-wide communication scheduling (TriRace, Li et al. TPDS 2024; docs/execution.md).
+
+    ``split_p2p_channels``: pipeline activations and gradients travel on two one-way
+    channels (process groups), sends posted as soon as their data exists;
+    ``dp_priority_schedule``: no barrier at the start of a step, so each stage's optimizer
+    step and its ZeRO-1/2 parameter all-gather (bucket by bucket, in the order the next
+    forward needs them) overlap the next step's forward on the stages before it;
+    ``sparse_embedding_grads``: only the embedding rows a replica's batch touched are
+    exchanged between replicas (an untied embedding).
+    """
+
+    split_p2p_channels: bool = False
+    dp_priority_schedule: bool = False
+    sparse_embedding_grads: bool = False
+
+
+@dataclass(frozen=True)
 class Stage:
     """One pipeline stage: a tensor-parallel group and the blocks it runs.
 
@@ -83,6 +125,7 @@ class Stage:
     devices: tuple[str, ...]
     layer_ranges: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
     memory: StageMemory = KEEP_ALL  # recomputation, swapping, offload of this stage
+    comm: StageComm = PLAIN_COMM  # tensor-parallel overlap and recomputation of this stage
 
     @property
     def tp(self) -> int:
@@ -195,6 +238,7 @@ class Plan:
     virtual_stages: PositiveInt = 1
     recompute: Recompute = Recompute.NONE  # of every stage whose memory does not say otherwise
     zero: ZeroStage = 0  # ZeRO stage over each stage's data-parallel replicas (0: none)
+    comm: CommSchedule = CommSchedule()  # pipeline and data-parallel communication scheduling
     unused_devices: tuple[str, ...] = ()
     prediction: Prediction | None = None
     notes: tuple[str, ...] = ()
@@ -209,6 +253,10 @@ class Plan:
     def shards_optimizer(self) -> bool:
         """ZeRO-1 or higher: each replica keeps the optimizer states of its share."""
         return self.zero >= 1
+
+    def stage_comm(self, pipeline: int, stage: int) -> StageComm:
+        """Stage ``stage`` of pipeline ``pipeline``'s tensor-parallel communication."""
+        return self.pipelines[pipeline].stages[stage].comm
 
     def stage_memory(self, pipeline: int, stage: int) -> StageMemory:
         """Stage ``stage`` of pipeline ``pipeline``'s memory, the plan's recompute filled in."""
@@ -344,6 +392,68 @@ def check_plan(plan: Plan) -> None:
         )
     for index, pipeline in enumerate(plan.pipelines):
         _check_pipeline(plan, index, pipeline, cluster)
+    _check_comm(plan)
+
+
+def explicit_tp(plan: Plan, pipeline: int, stage: int) -> bool:
+    """Whether stage ``stage`` of pipeline ``pipeline`` runs its blocks through potluck's
+    explicit TP executor (sub-batches overlapping their all-reduces, recomputed segments
+    that keep their collectives' results) instead of DTensor's sequence-parallel styles."""
+    comm = plan.stage_comm(pipeline, stage)
+    if plan.pipelines[pipeline].stages[stage].tp == 1:
+        return False
+    recomputes = plan.stage_memory(pipeline, stage).recompute is not Recompute.NONE
+    return comm.tp_overlap_chunks > 1 or (comm.recompute_keeps_comm and recomputes)
+
+
+def _check_comm(plan: Plan) -> None:
+    """Each stage's TP overlap fits its micro-batch and schedule, and every decision is the
+    one the plan's execution forces (where it forces one)."""
+    forced = plan.training.execution
+    for k, pipeline in enumerate(plan.pipelines):
+        for j, stage in enumerate(pipeline.stages):
+            _check_stage_comm(plan, k, j, stage)
+            if stage.tp > 1:
+                _check_forced(forced.tp_overlap_chunks, stage.comm.tp_overlap_chunks,
+                              "tp_overlap_chunks", f"pipeline {k} stage {j}")
+                _check_forced(forced.recompute_keeps_comm, stage.comm.recompute_keeps_comm,
+                              "recompute_keeps_comm", f"pipeline {k} stage {j}")
+    for name in ("split_p2p_channels", "dp_priority_schedule", "sparse_embedding_grads"):
+        _check_forced(getattr(forced, name), getattr(plan.comm, name), name, "the plan")
+
+
+def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
+    chunks, where = stage.comm.tp_overlap_chunks, f"pipeline {k} stage {j}"
+    if chunks == 1:
+        explicit = explicit_tp(plan, k, j)
+    elif stage.tp == 1:
+        raise ConfigError(f"{where}: tp_overlap_chunks {chunks} needs a tensor-parallel stage "
+                          "(this one has one device); set it to 1")
+    elif plan.pipelines[k].micro_batch_size % chunks:
+        raise ConfigError(f"{where}: tp_overlap_chunks {chunks} does not divide the micro-batch "
+                          f"size {plan.pipelines[k].micro_batch_size}; use a micro-batch size "
+                          f"that is a multiple of {chunks}")
+    elif (plan.stage_memory(k, j).recompute is not Recompute.NONE
+          and not stage.comm.recompute_keeps_comm):
+        raise ConfigError(f"{where}: with tp_overlap_chunks {chunks} recomputation always keeps "
+                          "its collectives' results; set recompute_keeps_comm true")
+    else:
+        explicit = True
+    if explicit and plan.schedule is Schedule.ZERO_BUBBLE:
+        raise ConfigError(f"{where}: the zero-bubble schedule splits each backward into input "
+                          "and weight passes, which the explicit TP executor (TP overlap, "
+                          "recomputation keeping communication) does not; use schedule "
+                          "interleaved or turn them off")
+
+
+def _check_forced(forced: Any, chosen: Any, name: str, where: str) -> None:
+    if forced is not None and forced != chosen:
+        raise ConfigError(f"{where}: {name} is {_trait_value(chosen)}, but the plan's execution "
+                          f"forces {_trait_value(forced)}; make the plan again with potluck plan")
+
+
+def _trait_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) -> None:

@@ -161,3 +161,31 @@ def test_named_and_numeric_traits_read_as_written():
         parse_cluster(NODES + "execution: {placement: megatron}\n")
     with pytest.raises(ConfigError, match="grad_accumulation_bytes: must be a non-negative"):
         parse_cluster(NODES + "execution: {grad_accumulation_bytes: -1}\n")
+
+
+def test_communication_traits_are_auto_unless_forced():
+    assert all(getattr(Execution(), name) is None for name in (
+        "tp_overlap_chunks", "recompute_keeps_comm", "split_p2p_channels",
+        "dp_priority_schedule", "sparse_embedding_grads"))
+    spec = parse_cluster(NODES + "execution: {tp_overlap_chunks: 2, split_p2p_channels: false, "
+                                 "sparse_embedding_grads: auto}\n")
+    assert spec.execution.tp_overlap_chunks == 2
+    assert spec.execution.split_p2p_channels is False
+    assert spec.execution.sparse_embedding_grads is None
+    assert describe(spec.execution) == "potluck + tp_overlap_chunks=2, split_p2p_channels=false"
+    for name in ("megatron-lm", "megatron-lm-2021", "deepspeed"):  # frameworks that run none
+        assert preset(name).tp_overlap_chunks == 1 and preset(name).split_p2p_channels is False
+
+
+@pytest.mark.parametrize(("section", "fragment"), [
+    ("{tp_overlap_chunks: 0}", "execution.tp_overlap_chunks: must be auto or a number of "
+                               "sub-batches from 1 (off) to 8, not 0"),
+    ("{tp_overlap_chunks: true}", "execution.tp_overlap_chunks: must be auto"),
+    ("{dp_priority_schedule: sometimes}", "execution.dp_priority_schedule: must be auto, true "
+                                          "or false, not 'sometimes'"),
+    ("{fused_kernels: auto}", "execution.fused_kernels: must be true or false, not 'auto'"),
+])
+def test_communication_trait_errors_are_one_line(section, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_cluster(NODES + f"execution: {section}\n", "lab.yaml")
+    assert fragment in str(err.value) and "\n" not in str(err.value)

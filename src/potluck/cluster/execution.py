@@ -98,9 +98,23 @@ class Execution:
     overlap_swap: bool = True
     placement: Placement = Placement.PLANNED  # who places ranks and splits layers (Placement)
     tied_grad_sync: TiedGradSync = TiedGradSync.HOLDERS  # a tied embedding's sum (TiedGradSync)
+    # Communication scheduling (Oases, TriRace; docs/execution.md). None: the search uses each
+    # where it pays and records its choice in the plan (Plan.comm, Stage.comm); a value forces
+    # it on or off for every plan made with these traits.
+    tp_overlap_chunks: PositiveInt | None = None  # sub-batches per micro-batch on TP stages (1: off)
+    recompute_keeps_comm: bool | None = None  # recomputation keeps its collectives' results
+    split_p2p_channels: bool | None = None  # pipeline activations and gradients on two channels
+    dp_priority_schedule: bool | None = None  # per-stage optimizer and ZeRO gathers overlap the next step
+    sparse_embedding_grads: bool | None = None  # only touched embedding rows are reduced
 
 
 DEFAULT_PRESET = "potluck"
+COMM_TRAITS = ("tp_overlap_chunks", "recompute_keeps_comm", "split_p2p_channels",
+               "dp_priority_schedule", "sparse_embedding_grads")
+# the frameworks potluck describes run none of the communication scheduling methods
+COMM_OFF: dict[str, Any] = {"tp_overlap_chunks": 1, "recompute_keeps_comm": False,
+                            "split_p2p_channels": False, "dp_priority_schedule": False,
+                            "sparse_embedding_grads": False}
 
 PRESETS: dict[str, Execution] = {
     # potluck's own runtime (docs/runtime.md): the Execution defaults.
@@ -134,6 +148,10 @@ PRESETS: dict[str, Execution] = {
         # the tied embedding summed by the first and last stage after the data-parallel
         # reduction (finalize_model_grads: finish_grad_sync, then _allreduce_embedding_grads).
         placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
+        # --batch-p2p-comm (the default) sends activations and receives gradients in one batched
+        # call per stage pair; no sub-batch TP overlap (its --tp-comm-overlap pipelines GEMM
+        # chunks with Transformer Engine's userbuffers instead), no sparse embedding gradients.
+        **COMM_OFF,
     ),
     # Megatron-LM as in Narayanan et al., SC'21 (arXiv:2104.04473): commit a2fdcdf of
     # 2021-11-10. Fused kernels (§4.2 of the paper: bias+GeLU, bias+dropout+add, scale+mask+
@@ -147,7 +165,7 @@ PRESETS: dict[str, Execution] = {
     "megatron-lm-2021": Execution(
         fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
         overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4, grad_accumulation_bytes=10.0,
-        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
+        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS, **COMM_OFF,
     ),
     # DeepSpeed's pipeline engine (deepspeed.pipe.PipelineModule, as in AMP/Metis-era runs of
     # 2021-2022) with fp16 and plain PyTorch layers (github.com/microsoft/DeepSpeed,
@@ -164,7 +182,7 @@ PRESETS: dict[str, Execution] = {
         # places ranks pipe-data-model (rank order); ReduceTiedGrads sums the tied embedding of
         # the first and last stage in its own step.
         grad_accumulation_bytes=6.0, placement=Placement.RANK_ORDER,
-        tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
+        tied_grad_sync=TiedGradSync.PIPELINE_ENDS, **COMM_OFF,
     ),
 }
 
@@ -248,6 +266,8 @@ def differences(base: Execution, execution: Execution) -> list[str]:
 
 
 def _text(value: Any) -> str:
+    if value is None:
+        return "auto"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, Enum):
@@ -266,6 +286,10 @@ def _converter(name: str):
     bytes, a duration for ``*_s`` (bare numbers are seconds), another number, or an enum's
     value."""
     default = getattr(Execution(), name)
+    if name == "tp_overlap_chunks":
+        return _chunks
+    if name in COMM_TRAITS:
+        return _auto_boolean
     if isinstance(default, bool):
         return _boolean
     if name == "grad_reduce_bytes":
@@ -282,6 +306,25 @@ def _converter(name: str):
 def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"must be true or false, not {value!r}")
+    return value
+
+
+def _auto_boolean(value: Any) -> bool | None:
+    """A communication trait: ``auto`` (the search decides where it pays), true or false."""
+    if value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be auto, true or false, not {value!r}")
+    return value
+
+
+def _chunks(value: Any) -> int | None:
+    """``tp_overlap_chunks``: ``auto`` (the search decides) or a count of sub-batches."""
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+        raise ConfigError(f"must be auto or a number of sub-batches from 1 (off) to 8, "
+                          f"not {value!r}")
     return value
 
 

@@ -22,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 
 from potluck.cluster.execution import (
+    COMM_TRAITS,
     DEFAULT_PRESET,
     PRESETS,
     describe,
@@ -75,7 +76,13 @@ def check_options(options: TrainOptions) -> None:
 # backward pass or not (runtime/grads/data_parallel.py), crosses the wire in 16 or 32 bits
 # (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py), and any
 # placement's layout runs as the plan lays it out (runtime/layout.py).
-RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement")
+# The communication traits only constrain the planner (auto, or forced on or off); the runtime
+# runs what the plan decided (Plan.comm, Stage.comm), as far as it runs it
+# (:func:`check_comm`).
+RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
+                   *COMM_TRAITS)
+# The plan's communication decisions potluck's runtime runs.
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset()
 
 
 def check_execution(plan: Plan) -> None:
@@ -91,6 +98,23 @@ def check_execution(plan: Plan) -> None:
             f"the plan's execution ({describe(execution)}) asks for "
             f"{traits_text(execution, refused)}, which potluck's "
             f"runtime does not run; make the plan with --execution {DEFAULT_PRESET}")
+    check_comm(plan)
+
+
+def check_comm(plan: Plan) -> None:
+    """The plan's communication decisions are ones potluck's runtime runs."""
+    wanted = [name for name in ("split_p2p_channels", "dp_priority_schedule",
+                                "sparse_embedding_grads") if getattr(plan.comm, name)]
+    stages = [stage.comm for pipeline in plan.pipelines for stage in pipeline.stages]
+    if any(comm.tp_overlap_chunks > 1 for comm in stages):
+        wanted.append("tp_overlap_chunks")
+    if any(comm.recompute_keeps_comm for comm in stages):
+        wanted.append("recompute_keeps_comm")
+    missing = [name for name in wanted if name not in RUNTIME_RUNS_COMM]
+    if missing:
+        raise ConfigError(f"the plan uses {', '.join(missing)}, which potluck's runtime does not "
+                          "run yet; make the plan with those traits set to false (or 1) in the "
+                          "execution section")
 
 
 def _is_figure(value: object) -> bool:

@@ -15,16 +15,43 @@ and nothing else, with no time stretch (``dilation`` 1), so code that runs ops
 never asks whether there is a clock. Where a real clock changes more than the
 timing (a pipeline stage with a clock is a hooked stage, a trace says whether
 its run was emulated), the holder asks ``isinstance(clock, NullClock)``.
+
+Collectives the runtime starts asynchronously and waits for later (the explicit TP
+executor's all-reduces, ZeRO's parameter all-gathers, gradient buckets) go through
+``clock.start_comm(op, work)``: the clock gets what the collective is (a :class:`CommOp`)
+and torch's handle, and returns what the runtime waits on instead. The null clock returns
+the handle itself; the emulation clock one whose ``wait()`` also lasts until the
+collective's emulated end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from potluck.ops import OpKind
 
 T = TypeVar("T")
+
+
+class Waitable(Protocol):
+    """What the runtime waits on: torch's ``Work``, or a clock's stand-in for it."""
+
+    def wait(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """An asynchronous collective, as a clock sees it: its kind, the virtual stage it
+    serves (-1: the whole rank), and what it carries, for an emulation to time it:
+    ``units`` the parameter units (``block.3``, ``embed``) of a gradient or parameter
+    bucket, ``key`` anything else that names it (the executor's segment)."""
+
+    kind: OpKind
+    stage_id: int = -1
+    units: tuple[str, ...] = ()
+    key: tuple[Any, ...] = ()
 
 
 class Clock(Protocol):
@@ -45,6 +72,11 @@ class Clock(Protocol):
         """The point-to-point ops a stage is about to post, possibly named for timing."""
         ...
 
+    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
+        """A collective the runtime has started (``work``: torch's handle); what the runtime
+        waits on instead."""
+        ...
+
 
 class NullClock:
     """The clock that runs ops and does nothing else."""
@@ -59,3 +91,6 @@ class NullClock:
     def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
                 ) -> list[Any]:
         return ops
+
+    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
+        return work

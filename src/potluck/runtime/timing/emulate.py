@@ -32,6 +32,7 @@ import torch.distributed as dist
 from potluck.ops import OpKind
 from potluck.plans import Plan, Prediction
 from potluck.runtime.layout import Layout
+from potluck.runtime.timing.clock import CommOp, Waitable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,6 +129,9 @@ class EmulationClock:
                 ) -> list[Any]:
         """Sends and receives are padded inside their compute ops: nothing to tag."""
         return ops
+
+    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
+        return work
 
     def calibrate(self, margin: float = CALIBRATION_MARGIN) -> float:
         """Set the dilation from the ops measured so far, the same on every rank."""

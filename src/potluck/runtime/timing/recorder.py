@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from potluck.ops import OpKind
 from potluck.runtime.layout import Layout
-from potluck.runtime.timing.clock import Clock, NullClock
+from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Waitable
 from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
 from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
@@ -158,6 +158,9 @@ class OpRecorder:
         """Name the point-to-point ops a stage is about to post (see
         :mod:`potluck.runtime.timing.p2p_waits`)."""
         return self._tagger.tag(ops, kind, stage_id, micro_batch) if self.recording else ops
+
+    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
+        return self.inner.start_comm(op, work)
 
     def _on_wait(self, tag: P2PTag, start: Any, end: Any) -> None:
         if self.recording:
