@@ -42,6 +42,20 @@ class Waitable(Protocol):
 
 
 @dataclass(frozen=True)
+class Segment:
+    """A piece of a stage's forward or backward that the explicit TP executor runs on its own
+    (:mod:`potluck.runtime.parallel.tp_overlap`): ``part`` of block ``layer`` (``attention``
+    or ``mlp``; ``entry``/``exit`` for the stage's boundary collectives, layer -1) for one
+    sub-batch of ``chunks``."""
+
+    kind: OpKind  # FORWARD or BACKWARD (compute), TP_ALLREDUCE (a boundary collective)
+    stage_id: int
+    part: str
+    layer: int = -1
+    chunks: int = 1
+
+
+@dataclass(frozen=True)
 class CommOp:
     """An asynchronous collective, as a clock sees it: its kind, the virtual stage it
     serves (-1: the whole rank), and what it carries, for an emulation to time it:
@@ -77,6 +91,10 @@ class Clock(Protocol):
         waits on instead."""
         ...
 
+    def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
+        """Run ``fn``, one segment of a stage's op (it runs inside that op's ``run``)."""
+        ...
+
 
 class NullClock:
     """The clock that runs ops and does nothing else."""
@@ -94,3 +112,6 @@ class NullClock:
 
     def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
         return work
+
+    def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
+        return fn()

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from potluck.ops import OpKind
 from potluck.runtime.layout import Layout
-from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Waitable
+from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Segment, Waitable
 from potluck.runtime.timing.p2p_waits import P2PTag, P2PTagger, timing_p2p_waits
 from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
@@ -161,6 +161,9 @@ class OpRecorder:
 
     def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
         return self.inner.start_comm(op, work)
+
+    def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
+        return self.inner.run_segment(segment, fn)
 
     def _on_wait(self, tag: P2PTag, start: Any, end: Any) -> None:
         if self.recording:
