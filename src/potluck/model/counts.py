@@ -130,9 +130,10 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
 
 
 def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Recompute, *,
-                           flash_attention: bool = False, fused: bool = False) -> float:
-    """Bytes one block keeps for the backward pass per micro-batch (sequence parallel for tp>1),
-    counted in 16-bit elements (the planner scales by the compute dtype's element size).
+                           flash_attention: bool = False, fused: bool = False,
+                           sequence_parallel: bool = True) -> float:
+    """Bytes one block keeps for the backward pass per micro-batch, counted in 16-bit
+    elements (the planner scales by the compute dtype's element size).
 
     ``fused=True`` is Megatron-style execution, Korthikanti et al.'s count
     (:func:`block_activation_terms`); ``fused=False`` is eager PyTorch running a Hugging
@@ -140,17 +141,38 @@ def block_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, recompute: Rec
     scores (only the output and a log-sum-exp per row), which is what selective
     recomputation achieves for materialized attention. Full recomputation keeps the
     block's input only (torch's checkpoint saves it for the recomputation).
+
+    With sequence parallelism (tp > 1, potluck's DTensor styles) every term is divided by
+    ``t``. Without it (potluck's explicit TP executor, Megatron-LM before 2022) the tensors
+    on the hidden stream are whole on every rank (Korthikanti et al., Sec. 4.2.1: ``10sbh``
+    of the ``34sbh`` are not split): the norms' inputs and outputs (the Q/K/V and MLP
+    inputs) and the residual dropout masks; and full recomputation checkpoints each part
+    apart so that no collective is recomputed, keeping both parts' inputs whole.
     """
-    h, a = m.hidden_size, m.num_heads
+    sbh = s * b * m.hidden_size
     if recompute is Recompute.FULL:
-        return 2.0 * s * b * h / tp
+        return 2.0 * sbh / tp if sequence_parallel or tp == 1 else 2.0 * 2.0 * sbh
+    hidden, rest = _activation_split(m, b, s, recompute, flash_attention, fused)
+    if sequence_parallel:
+        return (hidden + rest) / tp
+    return hidden + rest / tp
+
+
+def _activation_split(m: ModelSpec, b: int, s: int, recompute: Recompute,
+                      flash_attention: bool, fused: bool) -> tuple[float, float]:
+    """A block's saved bytes (16-bit elements x 2) on the hidden stream and the rest."""
+    sbh = s * b * m.hidden_size
+    mask = 1.0 if m.dropout else 0.0
     if not fused:
-        return 2.0 * eager_block_activation_elements(m, b, s, recompute,
-                                                     flash_attention=flash_attention) / tp
+        total = 2.0 * eager_block_activation_elements(m, b, s, recompute,
+                                                      flash_attention=flash_attention)
+        hidden = 2.0 * (2.0 * eager_norm_elements(m, b, s) + (sbh if m.dropout else 0.0))
+        return hidden, total - hidden
     terms = block_activation_terms(m)
     keeps_scores = recompute is Recompute.NONE and not flash_attention
-    scores = terms.per_as2b * a * s * s * b if keeps_scores else 0.0
-    return (terms.per_sbh * s * b * h + scores) / tp
+    scores = terms.per_as2b * m.num_heads * s * s * b if keeps_scores else 0.0
+    hidden = (4.0 + 2.0 + 2.0 + 2.0 * mask) * sbh  # norm inputs, QKV and MLP inputs, masks
+    return hidden, terms.per_sbh * sbh + scores - hidden
 
 
 def eager_norm_elements(m: ModelSpec, b: int, s: int) -> float:
@@ -260,8 +282,25 @@ def head_logits_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
     return 2.0 * s * b * m.vocab_size / tp
 
 
-def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False) -> float:
-    """Memory traffic of one block's non-matmul forward ops, in bytes.
+@dataclass(frozen=True)
+class ElementwiseBytes:
+    """One block's non-matmul forward traffic in bytes, split by part and by tensor kind:
+    ``*_hidden`` on the hidden stream (norms, residual adds, dropout: replicated on every
+    TP rank without sequence parallelism, split by ``t`` with it) and ``*_sharded`` on the
+    heads or the MLP width (rotary, the transpose, the activation: always split by ``t``)."""
+
+    attention_hidden: float
+    attention_sharded: float
+    mlp_hidden: float
+    mlp_sharded: float
+
+    def total(self) -> float:
+        return self.attention_hidden + self.attention_sharded + self.mlp_hidden + self.mlp_sharded
+
+
+def block_elementwise_parts(m: ModelSpec, b: int, s: int, *, fused: bool = False
+                            ) -> ElementwiseBytes:
+    """Memory traffic of one block's non-matmul forward ops, in bytes, by part.
 
     Counted op by op as each reads its inputs and writes its output once, with
     16-bit activations. ``fused=False`` is PyTorch eager as Hugging Face models run:
@@ -270,20 +309,27 @@ def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False
     element of the MLP width), rotary embeddings are five ops on Q and K (20 bytes).
     ``fused=True`` is Megatron/Transformer Engine style: one read and one write per
     norm, fused bias-GeLU or SwiGLU, fused rotary, fused bias-dropout-add.
-    Both: two residual adds (read 4, write 2 bytes), a transpose of the attention
-    output (4), dropout on two residual branches when the model has dropout (5 each).
+    Both: a residual add per part (read 4, write 2 bytes), a transpose of the attention
+    output (4), dropout on each part's residual branch when the model has dropout (5).
     """
     sbh = s * b * m.hidden_size
     sbf = s * b * m.ffn_hidden_size
     sbkv = s * b * m.kv_hidden_size
     rope = m.norm is NormKind.RMSNORM and not m.learned_positions
     if fused:
-        norms = 2 * 4.0
+        norm = 4.0
         rotary = 4.0 * (sbh + sbkv) if rope else 0.0
         activation = 6.0 if m.mlp is MlpKind.SWIGLU else 4.0
     else:
-        norms = 2 * (36.0 if m.norm is NormKind.RMSNORM else 12.0)
+        norm = 36.0 if m.norm is NormKind.RMSNORM else 12.0
         rotary = 20.0 * (sbh + sbkv) if rope else 0.0
         activation = 10.0 if m.mlp is MlpKind.SWIGLU else 36.0
-    dropout = 10.0 if m.dropout else 0.0
-    return (norms + 12.0 + 4.0 + dropout) * sbh + rotary + activation * sbf
+    hidden = (norm + 6.0 + (5.0 if m.dropout else 0.0)) * sbh
+    return ElementwiseBytes(attention_hidden=hidden, attention_sharded=4.0 * sbh + rotary,
+                            mlp_hidden=hidden, mlp_sharded=activation * sbf)
+
+
+def block_elementwise_bytes(m: ModelSpec, b: int, s: int, *, fused: bool = False) -> float:
+    """Memory traffic of one block's non-matmul forward ops, in bytes
+    (:func:`block_elementwise_parts`, both parts together)."""
+    return block_elementwise_parts(m, b, s, fused=fused).total()

@@ -26,6 +26,11 @@ from potluck.planner import formulas
 from potluck.plans import DType, Execution
 
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
+# The explicit TP executor issues a block's two parts apart (its attention: norm, Q/K/V,
+# rotary, attention, output projection, residual add; its MLP: norm, gate/up, activation,
+# down, residual add): aten ops dispatched by a Hugging Face LlamaDecoderLayer's parts on CPU,
+# views excluded, 22 and 12. Each part's host floor is its share of ``block_host_s``.
+ATTENTION_KERNEL_SHARE = 22 / 34
 # FlashAttention-2 (Dao 2023): the backward pass does ~2.5x the forward FLOPs (it recomputes
 # the scores); on A100 the forward reaches 73% and the backward 63% of peak where large GEMMs
 # reach 87% (stas00 MAMF), i.e. 0.84 and 0.72 of GEMM throughput. Causal kernels skip the
@@ -84,6 +89,15 @@ class BlockTimes:
     weight_grad_s: float
 
 
+@dataclass(frozen=True)
+class PartTimes:
+    """A block's two parts, each issued by the host on its own: attention (norm to output
+    projection) and MLP (norm to down projection), residual adds included."""
+
+    attention: BlockTimes
+    mlp: BlockTimes
+
+
 class ComputeModel:
     """Compute times of one model's blocks and head at one sequence length, per device type."""
 
@@ -120,6 +134,16 @@ class ComputeModel:
             self._blocks[key] = self._compute_block_times(*key)
         return self._blocks[key]
 
+    def part_times(self, device_type: DeviceType, tp: int, micro_batch: int,
+                   recompute: Recompute) -> PartTimes:
+        """One block's attention and MLP parts for one (sub-)batch of ``micro_batch``
+        sequences, as the explicit TP executor runs them: without sequence parallelism (the
+        hidden stream's element-wise ops whole on every rank), recomputation per part."""
+        key = (device_type, tp, micro_batch, recompute, "parts")
+        if key not in self._blocks:
+            self._blocks[key] = self._compute_part_times(device_type, tp, micro_batch, recompute)
+        return self._blocks[key]
+
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
         """The output projection and the loss of one micro-batch."""
         key = (device_type, tp, micro_batch)
@@ -147,6 +171,36 @@ class ComputeModel:
         forward_total = max(forward, dispatch)
         backward_total = max(backward, 2.0 * dispatch)
         return BlockTimes(forward_total, backward_total, weight_grad_s=gemms)
+
+    def _compute_part_times(self, device: DeviceType, tp: int, b: int,
+                            recompute: Recompute) -> PartTimes:
+        m, rows = self.model, b * self.seq_len
+        h, kv, f = m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
+        up_cols = (2 if m.mlp is MlpKind.SWIGLU else 1) * f
+        traffic = counts.block_elementwise_parts(m, b, self.seq_len, fused=self.fused_kernels)
+        attention = self._attention_s(device, tp, b)
+        parts = []
+        for gemm_shapes, hidden, sharded, core, share in (
+                ([(rows, h, (h + 2 * kv) // tp), (rows, h // tp, h)], traffic.attention_hidden,
+                 traffic.attention_sharded, attention, ATTENTION_KERNEL_SHARE),
+                ([(rows, h, up_cols // tp), (rows, f // tp, h)], traffic.mlp_hidden,
+                 traffic.mlp_sharded, BlockTimes(0.0, 0.0, 0.0), 1.0 - ATTENTION_KERNEL_SHARE)):
+            gemms = sum(self._gemm_s(device, *shape) for shape in gemm_shapes)
+            elementwise = self._elementwise_s(device, hidden + sharded / tp)
+            forward = gemms + core.forward_s + elementwise
+            backward = 2.0 * gemms + core.backward_s + 2.0 * elementwise
+            if recompute is Recompute.FULL:
+                backward += forward
+            elif recompute is Recompute.SELECTIVE and core.forward_s:
+                backward += self._selective_recompute_s(device, tp, b, core)
+            dispatch = self.block_host_s * share
+            parts.append(BlockTimes(max(forward, dispatch), max(backward, 2.0 * dispatch), gemms))
+        return PartTimes(*parts)
+
+    def _elementwise_s(self, device: DeviceType, num_bytes: float) -> float:
+        return formulas.roofline_time_s(0.0, num_bytes * self.element_scale(device),
+                                        self.achievable_flops(device),
+                                        device.memory_bandwidth_bytes_per_s)
 
     def _selective_recompute_s(self, device: DeviceType, tp: int, b: int,
                                attention: BlockTimes) -> float:

@@ -85,6 +85,13 @@ class StageShape:
     host_share: float = 0.5  # a hybrid swap's share of bytes straight to host memory
     swap_peer: str | None = None  # the device holding a peer (or hybrid) swap
     offload: bool = False  # optimizer states and step in host memory
+    tp_overlap_chunks: int = 1  # sub-batches whose TP all-reduces overlap (explicit executor)
+    keeps_comm: bool = False  # recomputation keeps its collectives' results (explicit executor)
+
+    def explicit_tp(self, tp: int) -> bool:
+        """Whether the stage runs the explicit TP executor on ``tp`` devices
+        (:func:`potluck.plans.explicit_tp`)."""
+        return tp > 1 and (self.tp_overlap_chunks > 1 or (self.keeps_comm and self.recomputed > 0))
 
     def with_layers(self, num_layers: int, *, first: bool | None = None,
                     last: bool | None = None, offset: int = 0) -> StageShape:
@@ -140,6 +147,22 @@ class StageTime:
 
     work: StageWork
     compute_s: float  # forward + backward compute, without TP communication
+    forward_tp_s: float = 0.0  # the TP communication on the forward's critical path
+    backward_tp_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """A stage's blocks for one micro-batch: compute of each pass (weight-gradient
+    accumulation included in the backward), the TP communication on its critical path,
+    the deferrable weight gradients and all compute."""
+
+    forward_compute: float
+    backward_compute: float
+    forward_tp: float
+    backward_tp: float
+    weight_grad: float
+    compute: float
 
 
 class CostModel:
@@ -269,19 +292,12 @@ class CostModel:
         devices (whose transfers may share a swap's link); ``gather_s``: one ZeRO-3
         all-gather of the stage's weights over its replicas, once per pass."""
         device_type, tp, b = devices[0].type, len(devices), shape.micro_batch
-        n, r = shape.num_layers, shape.recomputed
-        block = self.block_times(device_type, tp, b, shape.recompute)
-        plain = self.block_times(device_type, tp, b, Recompute.NONE) if r < n else block
-        tp_comm = self.tp_block_comm_s(devices, b)
+        n = shape.num_layers
+        passes = (self._explicit_passes(devices, shape) if shape.explicit_tp(tp)
+                  else self._plain_passes(devices, shape))
         host = 0.5 * self.execution.micro_batch_overhead_s  # half with each pass
-        forward_compute = r * block.forward_s + (n - r) * plain.forward_s
-        backward_compute = r * block.backward_s + (n - r) * plain.backward_s
-        accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
-        backward_compute += accumulate
-        forward_tp = n * tp_comm
-        backward_tp = tp_comm * (n + shape.full_blocks)
-        weight_grad = r * block.weight_grad_s + (n - r) * plain.weight_grad_s + accumulate
-        compute = forward_compute + backward_compute
+        forward_compute, backward_compute = passes.forward_compute, passes.backward_compute
+        weight_grad, compute = passes.weight_grad, passes.compute
         if shape.last:
             head = self.head_times(device_type, tp, b)
             forward_compute += head.forward_s
@@ -290,6 +306,7 @@ class CostModel:
             compute += head.forward_s + head.backward_s
         forward_compute += _exposed_gather_s(gather_s, n, forward_compute)
         backward_compute += _exposed_gather_s(gather_s, n, backward_compute)
+        forward_tp, backward_tp = passes.forward_tp, passes.backward_tp
         swap_s = self.swap_transfer_s(devices[0], tp, shape)
         shared = self._swap_shares_link(devices, shape, neighbours)
         forward_window = forward_compute + (0.0 if shared else forward_tp + send_s)
@@ -298,7 +315,55 @@ class CostModel:
             forward_window = backward_window = 0.0
         forward = host + forward_compute + forward_tp + max(0.0, swap_s - forward_window)
         backward = host + backward_compute + backward_tp + max(0.0, swap_s - backward_window)
-        return StageTime(StageWork(forward, backward, weight_grad, send_s), compute)
+        return StageTime(StageWork(forward, backward, weight_grad, send_s), compute,
+                         forward_tp, backward_tp)
+
+    def _plain_passes(self, devices: tuple[Device, ...], shape: StageShape) -> _Passes:
+        """DTensor's sequence-parallel blocks: each block's collectives between its GEMMs,
+        nothing overlapped; full recomputation repeats the forward's collectives."""
+        device_type, tp, b = devices[0].type, len(devices), shape.micro_batch
+        n, r = shape.num_layers, shape.recomputed
+        block = self.block_times(device_type, tp, b, shape.recompute)
+        plain = self.block_times(device_type, tp, b, Recompute.NONE) if r < n else block
+        tp_comm = self.tp_block_comm_s(devices, b)
+        accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
+        forward = r * block.forward_s + (n - r) * plain.forward_s
+        backward = r * block.backward_s + (n - r) * plain.backward_s + accumulate
+        weight_grad = r * block.weight_grad_s + (n - r) * plain.weight_grad_s + accumulate
+        return _Passes(forward, backward, n * tp_comm, tp_comm * (n + shape.full_blocks),
+                       weight_grad, forward + backward)
+
+    def _explicit_passes(self, devices: tuple[Device, ...], shape: StageShape) -> _Passes:
+        """potluck's explicit TP executor (Oases): the stage gathers its input whole, then
+        runs ``c`` sub-batches side by side through the blocks' parts, each part's all-reduce
+        overlapping the other sub-batches' compute (:func:`formulas.overlapped_chain_s`),
+        recomputing per part without communicating, and keeps its own sequence slice at the
+        end (the backward: the slice's all-gather, the chain in reverse, the input's
+        reduce-scatter). Each sub-batch adds its weight gradients into the accumulation
+        buffer of the blocks' parameters."""
+        device_type, tp = devices[0].type, len(devices)
+        c, n, r = shape.tp_overlap_chunks, shape.num_layers, shape.recomputed
+        sub_batch = shape.micro_batch // c
+        recomputing = self.compute.part_times(device_type, tp, sub_batch, shape.recompute)
+        plain = self.compute.part_times(device_type, tp, sub_batch, Recompute.NONE)
+        blocks = [recomputing] * r + [plain] * (n - r)
+        allreduce = self.network.allreduce_s(self.send_bytes(device_type, sub_batch), devices)
+        gather = self.network.reduce_scatter_s(self.send_bytes(device_type, shape.micro_batch),
+                                               devices)
+        forward_parts = [t for p in blocks for t in (p.attention.forward_s, p.mlp.forward_s)]
+        backward_parts = [t for p in reversed(blocks)
+                          for t in (p.mlp.backward_s, p.attention.backward_s)]
+        comm = [allreduce] * len(forward_parts)
+        forward_chain = formulas.overlapped_chain_s(forward_parts, comm, c)
+        backward_chain = formulas.overlapped_chain_s(backward_parts, comm, c)
+        block_params = n * counts.block_params(self.model) / tp
+        accumulate = (self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
+                      + (c - 1) * self.grad_accumulation_s(device_type, block_params))
+        forward, backward = c * sum(forward_parts), c * sum(backward_parts) + accumulate
+        weight_grad = c * sum(p.attention.weight_grad_s + p.mlp.weight_grad_s for p in blocks)
+        return _Passes(forward, backward, gather + forward_chain - forward,
+                       2.0 * gather + backward_chain - c * sum(backward_parts),
+                       weight_grad + accumulate, forward + backward)
 
     # ---- swapping ------------------------------------------------------------------------
 
@@ -348,8 +413,9 @@ class CostModel:
         if not s_blocks:
             return 0.0
         both = min(s_blocks, shape.recomputed)
-        return (both * self._block_bytes(tp, shape.micro_batch, shape.recompute)
-                + (s_blocks - both) * self._block_bytes(tp, shape.micro_batch, Recompute.NONE)
+        sp = not shape.explicit_tp(tp)
+        return (both * self._block_bytes(tp, shape.micro_batch, shape.recompute, sp)
+                + (s_blocks - both) * self._block_bytes(tp, shape.micro_batch, Recompute.NONE, sp)
                 ) * self.compute.element_scale(device_type)
 
     def swap_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
@@ -362,14 +428,17 @@ class CostModel:
         host_bytes, peer_bytes = _split(stash, shape)
         return SwapBytes(moved, host_bytes, peer_bytes)
 
-    def _block_bytes(self, tp: int, micro_batch: int, recompute: Recompute) -> float:
-        """One block's saved activations (cached: the search asks very often)."""
-        key = (tp, micro_batch, recompute)
+    def _block_bytes(self, tp: int, micro_batch: int, recompute: Recompute,
+                     sequence_parallel: bool = True) -> float:
+        """One block's saved activations (cached: the search asks very often); without
+        sequence parallelism for the explicit TP executor."""
+        key = (tp, micro_batch, recompute, sequence_parallel)
         cached = self._block_bytes_cache.get(key)
         if cached is None:
             cached = self._block_bytes_cache[key] = counts.block_activation_bytes(
                 self.model, micro_batch, self.seq_len, tp, recompute,
-                flash_attention=self.flash_attention, fused=self.execution.fused_kernels)
+                flash_attention=self.flash_attention, fused=self.execution.fused_kernels,
+                sequence_parallel=sequence_parallel)
         return cached
 
     def activation_bytes_per_micro_batch(self, device_type: DeviceType, tp: int,
@@ -377,9 +446,9 @@ class CostModel:
         """Activations one micro-batch leaves on each device of the stage for its backward
         (swapped ones included: they are on the device until the forward pass ends)."""
         m, s, b = self.model, self.seq_len, shape.micro_batch
-        r = shape.recomputed
-        total = (r * self._block_bytes(tp, b, shape.recompute)
-                 + (shape.num_layers - r) * self._block_bytes(tp, b, Recompute.NONE))
+        r, sp = shape.recomputed, not shape.explicit_tp(tp)
+        total = (r * self._block_bytes(tp, b, shape.recompute, sp)
+                 + (shape.num_layers - r) * self._block_bytes(tp, b, Recompute.NONE, sp))
         if shape.first:
             total += counts.embedding_activation_bytes(m, b, s, tp,
                                                        fused=self.execution.fused_kernels)
@@ -397,7 +466,11 @@ class CostModel:
         held = in_flight * every - max(0.0, in_flight - 1.0) * moved
         fused = self.execution.fused_kernels
         head = counts.head_activation_bytes(m, b, s, tp, fused=fused) * scale if shape.last else 0.0
-        block = self._block_bytes(tp, b, Recompute.NONE) * scale if shape.full_blocks else 0.0
+        block = 0.0
+        if shape.full_blocks:  # the executor recomputes one sub-batch's part at a time
+            explicit = shape.explicit_tp(tp)
+            block = (self._block_bytes(tp, b, Recompute.NONE, not explicit) * scale
+                     / (shape.tp_overlap_chunks if explicit else 1))
         if head and block:  # the head's backward has freed all but the logits when blocks recompute
             logits = counts.head_logits_bytes(m, b, s, tp) * scale
             return held + logits + max(head - logits, block)

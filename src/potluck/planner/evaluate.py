@@ -30,6 +30,12 @@ from potluck.model import counts
 from potluck.model.memory import Offload
 from potluck.placement import StageRef
 from potluck.planner import compute, formulas
+from potluck.planner.comm.sparse import expected_unique_tokens, sparse_exchange_bytes
+from potluck.planner.comm.step_overlap import (
+    first_forward_starts_s,
+    gathered_forward_delay_s,
+    next_step_bound_s,
+)
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NicSharing
@@ -96,10 +102,13 @@ class GradientGroup:
         return (collective(self.bytes_per_ring, g, math.inf, latency),
                 self.rounds * collective(self.bytes_per_ring, g, 1.0, 0.0))
 
-    def gather_s(self, cost: CostModel, sharing: NicSharing) -> float:
-        """ZeRO-1: the owners' updated parameters all-gathered over the slowest ring."""
-        return max(cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
-                   for ring in self.rings)
+    def gather_terms(self, cost: CostModel) -> tuple[float, float]:
+        """ZeRO-1/2: the owners' updated parameters all-gathered, as :meth:`terms` gives a
+        collective: its latency (the slowest ring's) and the bytes each hop carries."""
+        g = len(self.rings[0])
+        latency = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
+        return (formulas.ring_allgather_time_s(self.bytes_per_ring, g, math.inf, latency),
+                formulas.ring_allgather_time_s(self.bytes_per_ring, g, 1.0, 0.0))
 
 
 @dataclass(frozen=True)
@@ -178,10 +187,12 @@ def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
     p = plan.pipelines[pipeline]
     n = p.stages[stage].num_layers
     memory = plan.stage_memory(pipeline, stage)
+    comm = plan.stage_comm(pipeline, stage)
     return StageShape(n, stage == 0, stage == p.pp - 1, p.pp, p.micro_batch_size,
                       memory.recompute or plan.recompute, memory.recompute_blocks, memory.swap,
                       memory.swapped_blocks(n), memory.host_share, memory.swap_peer,
-                      memory.offload is Offload.OPTIMIZER)
+                      memory.offload is Offload.OPTIMIZER, comm.tp_overlap_chunks,
+                      comm.recompute_keeps_comm)
 
 
 def stage_sharding(plan: Plan, pipeline: int | None = None, stage: int | None = None
@@ -288,18 +299,23 @@ class PlanEvaluation:
         times = [
             schedule.pipeline_time([c.work for c in costs[k]], p.num_micro_batches,
                                    self.plan.virtual_stages,
-                                   overlap_p2p=self.cost.execution.overlap_p2p)
+                                   overlap_p2p=self.cost.execution.overlap_p2p,
+                                   split_channels=self.plan.comm.split_p2p_channels)
             for k, p in enumerate(self.plan.pipelines)
         ]
         groups = self.gradient_groups([[c.params for c in stage_costs] for stage_costs in costs])
         done: dict[StageRef, float] = {}
         dp_end_s = self._reduction_end_s(groups, costs, times, done)
         pipe_end_s = max(t.total_s for t in times)
-        optimizer_s = self._optimizer_s(costs, groups)
-        offloaded_end_s = self._offloaded_end_s(costs, done)
-        if offloaded_end_s:
-            offloaded_end_s += self._parameter_gather_s(groups)
-        iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s, offloaded_end_s)
+        if self.plan.comm.dp_priority_schedule:
+            iteration_s = self._priority_iteration_s(costs, groups, done,
+                                                     max(pipe_end_s, dp_end_s))
+        else:
+            optimizer_s = self._optimizer_s(costs, groups)
+            offloaded_end_s = self._offloaded_end_s(costs, done)
+            if offloaded_end_s:
+                offloaded_end_s += self._parameter_gather_s(groups)
+            iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s, offloaded_end_s)
         optimizer_s = iteration_s - max(pipe_end_s, dp_end_s)
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
         return self._summary(iteration_s, breakdown, self._memory(costs), costs)
@@ -348,12 +364,15 @@ class PlanEvaluation:
         (:meth:`_tied_groups`); a stage's group leaves out a tied weight summed apart."""
         tied = self._tied_groups()
         apart = {m for g in tied for m in g.members} if self._tied_alone() else set()
+        sparse = self._sparse_embedding_group()
         groups = []
         for members in placement.replica_stages(self.plan):
             lead, i = members[0]
             full_params = params[lead][i] * len(self.devices[lead][i])
             if (lead, i) in apart:
                 full_params -= self._tied_params()
+            if sparse is not None and i == 0:
+                full_params -= self._tied_params()  # the embedding matrix travels sparse
             group = self._group(list(members), full_params)
             aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
             group.scatter = self.plan.shards_optimizer and aligned
@@ -361,7 +380,27 @@ class PlanEvaluation:
                 group.rounds = max(self.plan.pipelines[k].num_micro_batches for k, _ in members)
                 group.gathers = self.plan.zero < 3  # FSDP2 gathers in the next forward
             groups.append(group)
-        return groups + tied
+        return groups + tied + ([sparse] if sparse is not None else [])
+
+    def _sparse_embedding_group(self) -> GradientGroup | None:
+        """The untied embedding's rows exchanged sparsely (:mod:`potluck.planner.comm.sparse`):
+        an all-gather over its holders of the rows each replica's step touched in each TP
+        rank's vocabulary shard, padded to the largest replica's, once the backward is over
+        (the embedding's gradient is the last one it completes)."""
+        if not self.plan.comm.sparse_embedding_grads or self.cost.model.tied_embeddings:
+            return None
+        members = list(placement.holders(self.plan, placement.EMBED))
+        if len(members) < 2:
+            return None
+        m, seq_len = self.cost.model, self.plan.training.seq_len
+        tokens = max(self.plan.pipelines[k].batch_share for k, _ in members) * seq_len
+        group = self._group(members, 0.0)
+        tp = len(group.rings)
+        rows = expected_unique_tokens(tokens, m.vocab_size) / tp
+        element = self.cost.grad_bytes(self.devices[members[0][0]][0][0].type)
+        exchanged = sparse_exchange_bytes(rows, m.hidden_size, element, len(members))
+        return replace(group, grad_bytes=exchanged * tp, scatter=True, after_backward=True,
+                       gathers=False)
 
     def _tied_params(self) -> float:
         m = self.cost.model
@@ -438,13 +477,48 @@ class PlanEvaluation:
                  if not c.shape.offload]
         return max(steps, default=0.0) + self._parameter_gather_s(groups)
 
+    def _priority_iteration_s(self, costs: list[list[StageCost]], groups: list[GradientGroup],
+                              done: dict[StageRef, float], norm_end_s: float) -> float:
+        """The steady-state step under the priority schedule
+        (:mod:`potluck.planner.comm.step_overlap`): each stage ready after the norm, its own
+        optimizer step (an offloaded one from its own reduction) and the part of its
+        parameter all-gather that its next first forward does not hide."""
+        gathers = self._member_gathers_s(groups)
+        offloaded = offloaded_steps_s(self.cost, self.plan)
+        chunks = schedule_for(self.plan.schedule).chunks(self.plan.virtual_stages)
+        ready, starts = [], []
+        for k, stage_costs in enumerate(costs):
+            starts.append(first_forward_starts_s([c.work for c in stage_costs], chunks))
+            row = []
+            for j, c in enumerate(stage_costs):
+                if (k, j) in offloaded:
+                    stepped = max(norm_end_s, done[(k, j)] + offloaded[(k, j)])
+                else:
+                    stepped = norm_end_s + self.cost.optimizer_step_s(
+                        self.devices[k][j][0].type, c.params, stage_sharding(self.plan, k, j))
+                delay = gathered_forward_delay_s(gathers.get((k, j), 0.0),
+                                                 c.work.forward_s / chunks, c.shape.num_layers)
+                row.append(stepped + delay)
+            ready.append(row)
+        return next_step_bound_s(ready, starts)
+
+    def _member_gathers_s(self, groups: list[GradientGroup]) -> dict[StageRef, float]:
+        """ZeRO-1/2: each stage's parameter all-gather, all starting together and sharing
+        the machines' cards while they run (:func:`shared_ends`, as the reductions)."""
+        if not (self.plan.shards_optimizer and self.plan.dp > 1):
+            return {}
+        gathering = [g for g in groups if g.gathers and len(g.members) > 1]
+        collectives = []
+        for group in gathering:
+            latency, work = group.gather_terms(self.cost)
+            collectives.append(Collective(group.rings, latency, work, 0.0))
+        ends = shared_ends(self.cost, collectives)
+        return {member: end for group, end in zip(gathering, ends, strict=True)
+                for member in group.members}
+
     def _parameter_gather_s(self, groups: list[GradientGroup]) -> float:
         """ZeRO-1/2: the owners' updated parameters all-gathered after the step."""
-        if not (self.plan.shards_optimizer and self.plan.dp > 1):
-            return 0.0
-        gathering = [g for g in groups if g.gathers and len(g.members) > 1]
-        sharing = NicSharing.of_rings(ring for group in gathering for ring in group.rings)
-        return max((g.gather_s(self.cost, sharing) for g in gathering), default=0.0)
+        return max(self._member_gathers_s(groups).values(), default=0.0)
 
     def _offloaded_end_s(self, costs: list[list[StageCost]], done: dict[StageRef, float]
                          ) -> float:

@@ -28,12 +28,17 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - optimizer offload (ZeRO-Offload, Ren et al., ATC'21): Adam's moments and an FP32 master
   copy (12 bytes per parameter) in host memory; the step streams the gradients to the
   host over PCIe, runs Adam memory-bound at the host's DRAM bandwidth, and sends the
-  updated parameters back.
+  updated parameters back;
+- overlapped sub-batches (Oases, Li et al. 2023): a chain of segments, each a compute
+  followed by a collective whose result the next segment needs, run for ``c`` sub-batches
+  side by side on two in-order streams (compute and communication, as CUDA streams
+  execute): the exact makespan of that two-machine flow shop (:func:`overlapped_chain_s`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -57,6 +62,25 @@ def ring_allgather_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: f
                           latency_s: float) -> float:
     """All-gather (or reduce-scatter) of a ``num_bytes`` result: half a ring all-reduce."""
     return 0.5 * ring_allreduce_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s)
+
+
+def overlapped_chain_s(compute_s: Sequence[float], comm_s: Sequence[float], chunks: int
+                       ) -> float:
+    """Makespan of ``chunks`` sub-batches through a chain of segments: segment ``k`` is a
+    compute of ``compute_s[k]`` then a collective of ``comm_s[k]`` whose result the
+    sub-batch's segment ``k + 1`` needs. One compute stream and one communication stream,
+    each running its ops in the order segment by segment, sub-batch by sub-batch (Oases's
+    schedule): sub-batch 2 computes while sub-batch 1's collective travels, so each segment
+    costs about the slower of the two, plus the first compute and the last collective.
+    With one sub-batch it is the plain sum."""
+    compute_free = comm_free = 0.0
+    ready = [0.0] * chunks  # when each sub-batch's previous collective has ended
+    for compute, comm in zip(compute_s, comm_s, strict=True):
+        for j in range(chunks):
+            compute_free = max(compute_free, ready[j]) + compute
+            comm_free = max(comm_free, compute_free) + comm
+            ready[j] = comm_free
+    return max(compute_free, comm_free)
 
 
 def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,

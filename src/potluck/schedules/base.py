@@ -126,8 +126,10 @@ class PipelineSchedule(ABC):
 
     @abstractmethod
     def pipeline_time(self, stages: list[StageWork], micro_batches: int, virtual_stages: int = 1,
-                      *, overlap_p2p: bool = True) -> PipelineTime:
-        """One pipeline's forward and backward passes over ``micro_batches`` micro-batches."""
+                      *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
+        """One pipeline's forward and backward passes over ``micro_batches`` micro-batches;
+        ``split_channels``: activations and gradients on two one-way channels, sends posted
+        as soon as their data exists (:attr:`potluck.plans.CommSchedule.split_p2p_channels`)."""
 
     # ---- op order (simulator) -------------------------------------------------------------
 

@@ -35,7 +35,9 @@ class GPipe(PipelineSchedule):
         return float(micro_batches)
 
     def pipeline_time(self, stages: list[StageWork], micro_batches: int, virtual_stages: int = 1,
-                      *, overlap_p2p: bool = True) -> PipelineTime:
+                      *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
+        # the forward phase sends only activations, the backward phase only gradients: the
+        # two directions barely meet on a link, split or not
         return pipeline_time(stages, micro_batches, chunks=1, blocking=not overlap_p2p)
 
     def _rank_orders(self, stages: int, micro_batches: int, virtual_stages: int) -> list[RankOrder]:

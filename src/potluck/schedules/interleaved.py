@@ -57,9 +57,12 @@ class Interleaved(PipelineSchedule):
         return min(in_flight, float(micro_batches * max(1, virtual_stages)))
 
     def pipeline_time(self, stages: list[StageWork], micro_batches: int, virtual_stages: int = 1,
-                      *, overlap_p2p: bool = True) -> PipelineTime:
+                      *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
+        # the schedule runtime issues each send and receive alone: on one channel per stage
+        # pair (one NCCL communicator and stream) activations and gradients take turns
         return pipeline_time(stages, micro_batches, chunks=self.chunks(virtual_stages),
-                             blocking=not overlap_p2p, defers_weight_grads=self.defers_weight_grads)
+                             blocking=not overlap_p2p, defers_weight_grads=self.defers_weight_grads,
+                             serial_link=not split_channels)
 
     def _rank_orders(self, stages: int, micro_batches: int, virtual_stages: int) -> list[RankOrder]:
         return [interleaved_order(rank, stages, micro_batches, virtual_stages,

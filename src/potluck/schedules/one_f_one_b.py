@@ -5,7 +5,9 @@
 - time: the closed form of :mod:`potluck.schedules.timing` with every
   transfer on the critical path: torch's ``Schedule1F1B`` posts its sends
   and receives in fused batches and waits on each, so a stage blocks on its
-  transfers on every micro-batch, overlapped or not;
+  transfers on every micro-batch, overlapped or not; with split channels
+  (TriRace) the same order runs on torch's schedule runtime, each send and
+  receive on its own one-way channel, and only the fill pays for transfers;
 - order: ``p - 1 - i`` warm-up forwards on rank ``i``, then forward and
   backward in turn, then the remaining backwards;
 - torch: ``Schedule1F1B`` (single-stage), whose send/receive batches
@@ -49,8 +51,12 @@ class OneFOneB(PipelineSchedule):
         return float(min(micro_batches, stages - stage))
 
     def pipeline_time(self, stages: list[StageWork], micro_batches: int, virtual_stages: int = 1,
-                      *, overlap_p2p: bool = True) -> PipelineTime:
-        return pipeline_time(stages, micro_batches, chunks=1, blocking=True)
+                      *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
+        # torch's Schedule1F1B waits on every fused batch; with split channels the same order
+        # runs on torch's schedule runtime, sends posted at once and waited at the step's end
+        in_flight = [self.in_flight(i, len(stages), micro_batches) for i in range(len(stages))]
+        return pipeline_time(stages, micro_batches, chunks=1, blocking=not split_channels,
+                             in_flight=in_flight)
 
     def _rank_orders(self, stages: int, micro_batches: int, virtual_stages: int) -> list[RankOrder]:
         return [_rank_order(rank, stages, micro_batches) for rank in range(stages)]

@@ -49,15 +49,24 @@ class PipelineTime:
 
 
 def pipeline_time(stages: list[StageWork], micro_batches: int, *, chunks: int, blocking: bool,
-                  defers_weight_grads: bool = False) -> PipelineTime:
+                  defers_weight_grads: bool = False, serial_link: bool = False,
+                  in_flight: list[float] | None = None) -> PipelineTime:
     """``m`` periods plus the fill, for a schedule that runs ``chunks`` chunks per device,
-    blocks on its transfers or not, and defers weight gradients into the fill or not."""
+    blocks on its transfers or not, and defers weight gradients into the fill or not;
+    ``serial_link``: a stage pair's activations and gradients share one in-order channel
+    (sent one op at a time on one NCCL communicator), so each link carries both per
+    micro-batch and chunk in turn (else each direction has its own, or they go together in
+    one batch); ``in_flight``: per stage, the micro-batches a one-chunk schedule lets it
+    start before their backward returns (:func:`round_trip_period_s`)."""
     v = chunks
     if blocking:
         stages = with_blocking_transfers(stages, v)
     busiest = max(range(len(stages)), key=lambda i: stages[i].total_s)
-    link_period = max((s.send_s * v for s in stages), default=0.0)
+    directions = 2.0 if serial_link else 1.0
+    link_period = max((s.send_s * v * directions for s in stages), default=0.0)
     period = max(stages[busiest].total_s, link_period)
+    if in_flight is not None:
+        period = max(period, round_trip_period_s(stages, in_flight, blocking))
     if defers_weight_grads:
         # ZB-H1: the bubble is (p-1)(F + B - W) with B the input-gradient half of the
         # backward, i.e. (f + b - 2w) in terms of the whole backward b.
@@ -70,6 +79,23 @@ def pipeline_time(stages: list[StageWork], micro_batches: int, *, chunks: int, b
     total = micro_batches * period + fill + fill_transfer
     finish = _stage_finish_times(stages, total)
     return PipelineTime(total, period, fill + fill_transfer, fill_transfer, busiest, finish)
+
+
+def round_trip_period_s(stages: list[StageWork], in_flight: list[float], blocking: bool
+                        ) -> float:
+    """The period the round trips allow: a micro-batch's forward on stage ``i`` returns as
+    its gradient only after the later stages' forwards and backwards and the transfers
+    both ways, and meanwhile stage ``i`` runs only ``in_flight[i]`` micro-batches (under
+    1F1B ``p - i``), so the period is at least that round trip over ``in_flight[i]``.
+    Long transfers on slow links make this the bound, which ``m`` periods of the busiest
+    stage alone would miss. Blocking stages already hold their transfers in their times."""
+    period, trip = 0.0, 0.0
+    for i in reversed(range(len(stages))):
+        trip += stages[i].total_s
+        if not blocking and i < len(stages) - 1:
+            trip += 2.0 * stages[i].send_s
+        period = max(period, trip / max(in_flight[i], 1.0))
+    return period
 
 
 def with_blocking_transfers(stages: list[StageWork], chunks: int) -> list[StageWork]:

@@ -73,12 +73,17 @@ class Network:
         self.capacity.setdefault(resource, capacity)
 
     def lanes_flow(self, pairs: Sequence[tuple[Device, Device]], lane_bytes: float,
-                   latency_factor: float = 1.0) -> Flow:
-        """Lanes ``a -> b`` side by side, each moving ``lane_bytes``."""
+                   latency_factor: float = 1.0, serial_pairs: bool = False) -> Flow:
+        """Lanes ``a -> b`` side by side, each moving ``lane_bytes``; ``serial_pairs``: each
+        lane also holds the one in-order channel its two devices share in both directions
+        (``("pair", a, b)``, point-to-point ops issued one at a time on one communicator)."""
         counts: dict[Resource, int] = {}
         cap, latency = float("inf"), 0.0
         for a, b in pairs:
             resources, bandwidth, lane_latency = self.path(a, b)
+            if serial_pairs and resources:
+                resources = [*resources, ("pair", *sorted((a.id, b.id)))]
+                self._add(resources[-1], bandwidth)
             for resource in resources:
                 counts[resource] = counts.get(resource, 0) + 1
             cap, latency = min(cap, bandwidth), max(latency, lane_latency)

@@ -61,40 +61,52 @@ class PipelineProgram:
     owner: list[int] = field(default_factory=list)  # position of the op's pipeline in the build
 
 
-def boundary_flows(work: PipelineWorkload, virtual_stages: int,
-                   network: Network) -> dict[tuple[int, int], Flow]:
-    """The transfer between every pair of stages that pass activations or gradients."""
+def boundary_flows(work: PipelineWorkload, virtual_stages: int, network: Network,
+                   serial_pairs: bool = False) -> dict[tuple[int, int], Flow]:
+    """The transfer between every pair of stages that pass activations or gradients;
+    ``serial_pairs``: both directions of a pair take turns on one channel."""
     p = len(work.stages)
     pairs = {(i, i + 1) for i in range(p - 1)}
     if virtual_stages > 1 and p > 1:
         pairs.add((p - 1, 0))  # chunk c of the last stage feeds chunk c + 1 of the first
     flows = {}
     for a, b in sorted(pairs | {(b, a) for a, b in pairs}):
-        flows[(a, b)] = _flow(work, a, b, network)
+        flows[(a, b)] = _flow(work, a, b, network, serial_pairs)
     return flows
 
 
-def _flow(work: PipelineWorkload, src: int, dst: int, network: Network) -> Flow:
+def _flow(work: PipelineWorkload, src: int, dst: int, network: Network,
+          serial_pairs: bool) -> Flow:
     sender, receiver = work.stages[src], work.stages[dst]
     lanes = min(len(sender.devices), len(receiver.devices))
     pairs = list(zip(sender.devices[:lanes], receiver.devices[:lanes], strict=True))
-    return network.lanes_flow(pairs, sender.send_bytes / lanes)
+    return network.lanes_flow(pairs, sender.send_bytes / lanes, serial_pairs=serial_pairs)
+
+
+def runs_torch_calls(schedule: PipelineSchedule, stages: int, split_channels: bool) -> bool:
+    """Whether a pipeline of ``stages`` runs a single-stage torch schedule with its fused
+    send/receive batches (else torch's schedule runtime: one op at a time, receives posted
+    ahead; split channels run every schedule there)."""
+    return stages > 1 and schedule.single_stage_torch and not split_channels
 
 
 def build(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual_stages: int,
-          network: Network, *, overlap_p2p: bool = True) -> PipelineProgram:
+          network: Network, *, overlap_p2p: bool = True, split_channels: bool = False
+          ) -> PipelineProgram:
     """One program running ``workloads`` side by side (they may share links).
 
     ``overlap_p2p=False`` makes the schedule runtime's sends blocking (torch's single-stage
-    schedules keep their own batching either way).
+    schedules keep their own batching either way); ``split_channels`` runs every schedule
+    on the schedule runtime with activations and gradients on their own channels (else
+    the runtime's ops between two stages take turns on one).
     """
     built = PipelineProgram()
     for position, work in enumerate(workloads):
         adder = _PipelineAdder(built, position, work, network, virtual_stages)
-        if len(work.stages) > 1 and schedule.single_stage_torch:
+        if runs_torch_calls(schedule, len(work.stages), split_channels):
             adder.add_torch_calls(schedule)
         else:
-            adder.add_eager(schedule, overlap_p2p=overlap_p2p)
+            adder.add_eager(schedule, overlap_p2p=overlap_p2p, serial_pairs=not split_channels)
     return built
 
 
@@ -134,7 +146,8 @@ class _PipelineAdder:
             for end in waiters:
                 program.preds[end].append(op)
 
-    def add_eager(self, schedule: PipelineSchedule, *, overlap_p2p: bool) -> None:
+    def add_eager(self, schedule: PipelineSchedule, *, overlap_p2p: bool,
+                  serial_pairs: bool = False) -> None:
         """Torch's schedule runtime: receives posted ahead, transfers start when data exists."""
         program, work, v = self.built.program, self.work, self.virtual_stages
         p = len(work.stages)
@@ -145,7 +158,7 @@ class _PipelineAdder:
                 duration_s, tp_s = _duration(kind, work.stages[rank].chunks[chunk])
                 ids[(kind, chunk * p + rank, micro_batch)] = program.add_compute(stream, duration_s, [])
                 self._note(OpInfo(kind, rank, chunk, micro_batch, tp_s, -1))
-        flows = boundary_flows(work, v, self.network)
+        flows = boundary_flows(work, v, self.network, serial_pairs)
         first_transfer = len(program)
         for (kind, virtual, micro_batch), op in list(ids.items()):
             program.preds[op] = self._preds(ids, flows, kind, virtual, micro_batch)

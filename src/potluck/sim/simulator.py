@@ -33,10 +33,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.placement import StageRef
+from potluck.planner.comm.step_overlap import gathered_forward_delay_s, next_step_bound_s
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import GradientGroup, gradient_groups, gradient_phases, predict
 from potluck.plans import Plan, check_pipeline_schedule, check_plan
@@ -70,11 +72,14 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     network = Network(cost.cluster)
     workloads = plan_workloads(plan, cost)
     runs, simulated = run_pipelines(workloads, pipeline_schedule, plan.virtual_stages, network,
-                                    overlap_p2p=plan.training.execution.overlap_p2p)
-    syncs, steps = _gradients_and_steps(plan, cost, network, workloads, runs)
+                                    overlap_p2p=plan.training.execution.overlap_p2p,
+                                    split_channels=plan.comm.split_p2p_channels)
+    syncs, steps, phase = _gradients_and_steps(plan, cost, network, workloads, runs)
     memory = _memory(runs, workloads, pipeline_schedule.frees_activations_after)
     transfers = state_transfers(runs, workloads)
     iteration_s = max(step.end_s for step in steps)
+    if plan.comm.dp_priority_schedule:
+        iteration_s = _next_step_bound_s(plan, runs, steps, phase)
     devices = device_stats(workloads, runs, syncs, steps, memory, iteration_s)
     return SimulationResult(
         plan=plan, schedule=name, iteration_time_s=iteration_s,
@@ -139,13 +144,17 @@ def _memory(runs: list[PipelineRun], workloads: list[PipelineWorkload],
 
 
 def run_pipelines(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual: int,
-                  network: Network, *, overlap_p2p: bool = True) -> tuple[list[PipelineRun], int]:
+                  network: Network, *, overlap_p2p: bool = True, split_channels: bool = False
+                  ) -> tuple[list[PipelineRun], int]:
     """Phase 1: every pipeline's ops with their times, and how many pipelines actually ran.
 
     Pipelines that share links run together, once per distinct set (same work, same links
     shared the same way); the twins of a set that ran share its result.
     """
-    flows = [program.boundary_flows(w, virtual, network) for w in workloads]
+    flows = [program.boundary_flows(w, virtual, network, serial_pairs=not split_channels
+                                    and not program.runs_torch_calls(schedule, len(w.stages),
+                                                                     split_channels))
+             for w in workloads]
     runs: dict[int, PipelineRun] = {}
     done: dict[tuple, list[int]] = {}
     simulated = 0
@@ -158,7 +167,7 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: PipelineSchedule,
                                       runs[twin].critical_path)
             continue
         built = program.build([workloads[k] for k in members], schedule, virtual, network,
-                              overlap_p2p=overlap_p2p)
+                              overlap_p2p=overlap_p2p, split_channels=split_channels)
         timings = engine.run(built.program, network.capacity)
         ops: list[list[OpRecord]] = [[] for _ in members]
         for op, info in enumerate(built.info):
@@ -212,7 +221,10 @@ def _signature(work: PipelineWorkload, flows: dict, network: Network, local: dic
 
 def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
                          workloads: list[PipelineWorkload], runs: list[PipelineRun]
-                         ) -> tuple[list[GradientSync], list[OptimizerStep]]:
+                         ) -> tuple[list[GradientSync], list[OptimizerStep], StepEnd]:
+    """Phase 2: the gradient reductions, then each stage's optimizer step and, under ZeRO-1/2,
+    the parameter all-gather, which ends the step, or, under the priority schedule, runs
+    into the next step's forward (:class:`StepEnd`)."""
     ready, window = _gradient_ready(runs)
     backward_ends = _backward_ends(runs)
     if not plan.training.execution.overlap_grad_reduce:
@@ -222,15 +234,58 @@ def _gradients_and_steps(plan: Plan, cost: CostModel, network: Network,
     for index, phase in enumerate(gradient_phases(groups)):  # a later phase hides behind none
         syncs += _reduce_phase(phase, network, window if index == 0 else done_s, done_s,
                                backward_ends if index == 0 else {})
+    priority = plan.comm.dp_priority_schedule
+    norm_s = max(done_s.values())  # the global gradient norm: every gradient reduced
     steps = []
     for k, work in enumerate(workloads):
         for i, stage in enumerate(work.stages):
-            start = done_s[(k, i)]
+            start = done_s[(k, i)] if stage.offloaded else norm_s
             steps.append(OptimizerStep(k, i, start, start + stage.optimizer_s))
+    gathers: dict[StageRef, float] = {}
     if plan.shards_optimizer:
         gathering = [g for g in groups if g.gathers and len(g.members) > 1]
-        steps = _with_parameter_gather(gathering, network, steps)
-    return syncs, steps
+        gathered = _with_parameter_gather(gathering, network, steps)
+        if priority:
+            gathers = {(s.pipeline, s.stage): g.end_s - s.end_s
+                       for s, g in zip(steps, gathered, strict=True)}
+        else:
+            steps = gathered
+    return syncs, steps, StepEnd(norm_s, gathers)
+
+
+class StepEnd(NamedTuple):
+    """When the global norm is known, and each stage's ZeRO parameter all-gather left for
+    the next step's forward (the priority schedule)."""
+
+    norm_s: float
+    gathers_s: dict[StageRef, float]
+
+
+def _next_step_bound_s(plan: Plan, runs: list[PipelineRun], steps: list[OptimizerStep],
+                       phase: StepEnd) -> float:
+    """The priority schedule's steady-state step (:mod:`potluck.planner.comm.step_overlap`):
+    over every stage, when it is ready for the next step (its optimizer step over, an
+    offloaded one no earlier than the norm, and the part of its parameter all-gather its
+    first forward does not hide) less when the next step's first forward reaches it."""
+    end = {(s.pipeline, s.stage): max(s.end_s, phase.norm_s) for s in steps}
+    ready, starts = [], []
+    for run in runs:
+        firsts = _first_forwards(run)
+        origin = firsts[0].start_s
+        starts.append([op.start_s - origin for op in firsts])
+        ready.append([end[(run.index, i)] + gathered_forward_delay_s(
+            phase.gathers_s.get((run.index, i), 0.0), op.end_s - op.start_s,
+            plan.pipelines[run.index].stages[i].num_layers) for i, op in enumerate(firsts)])
+    return next_step_bound_s(ready, starts)
+
+
+def _first_forwards(run: PipelineRun) -> list[OpRecord]:
+    """Each stage's first forward of the step, in stage order."""
+    first: dict[int, OpRecord] = {}
+    for op in run.ops:  # in start order
+        if op.kind is OpKind.FORWARD and op.peer == -1:
+            first.setdefault(op.stage, op)
+    return [first[i] for i in sorted(first)]
 
 
 def _reduce_phase(phase: list[GradientGroup], network: Network, window: dict[StageRef, float],

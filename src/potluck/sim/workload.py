@@ -123,9 +123,7 @@ def _chunk(cost: CostModel, devices: tuple[Device, ...], shape: StageShape,
     """One chunk (virtual stage) of ``shape.num_layers`` blocks."""
     device_type, tp = devices[0].type, len(devices)
     timing = cost.stage_time(devices, shape, 0.0, neighbours, gather_s)
-    work, compute_s = timing.work, timing.compute_s
-    forward_tp = shape.num_layers * cost.tp_block_comm_s(devices, shape.micro_batch)
-    backward_compute = compute_s - (work.forward_s - forward_tp)
+    work = timing.work
     activations = cost.activation_bytes_per_micro_batch(device_type, tp, shape)
     if shape.last:  # the head's logits, kept for the loss's backward
         head_only = shape.with_layers(0, first=False)
@@ -133,8 +131,8 @@ def _chunk(cost: CostModel, devices: tuple[Device, ...], shape: StageShape,
     body_only = shape.with_layers(shape.num_layers, first=False, last=False)
     transient = cost.stage_peak_activation_bytes(device_type, tp, body_only, 0.0)
     return ChunkWork(
-        forward_s=work.forward_s, forward_tp_s=forward_tp, backward_s=work.backward_s,
-        backward_tp_s=max(0.0, work.backward_s - backward_compute) if tp > 1 else 0.0,
+        forward_s=work.forward_s, forward_tp_s=timing.forward_tp_s, backward_s=work.backward_s,
+        backward_tp_s=timing.backward_tp_s,
         weight_grad_s=work.weight_grad_s,
         activation_bytes=activations, transient_bytes=transient,
         swapped_bytes=cost.swapped_bytes_per_micro_batch(device_type, tp, shape),
