@@ -53,7 +53,7 @@ from potluck.model.counts import Recompute
 from potluck.model.memory import Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
-from potluck.planner.compute import BlockTimes, ComputeModel, effective_dtype
+from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes, effective_dtype
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape
@@ -163,6 +163,37 @@ class _Passes:
     backward_tp: float
     weight_grad: float
     compute: float
+
+
+@dataclass(frozen=True)
+class ExplicitTP:
+    """An explicit TP stage's pieces for one micro-batch: per block (in layer order) its
+    parts' times for one sub-batch, the sub-batches, one sub-batch's all-reduce after each
+    part, and one all-gather (or reduce-scatter) of the whole micro-batch at the stage's
+    boundary."""
+
+    blocks: tuple[PartTimes, ...]
+    chunks: int
+    allreduce_s: float
+    boundary_s: float
+
+    def forward_parts(self) -> list[float]:
+        return [t for p in self.blocks for t in (p.attention.forward_s, p.mlp.forward_s)]
+
+    def backward_parts(self) -> list[float]:
+        return [t for p in reversed(self.blocks) for t in (p.mlp.backward_s, p.attention.backward_s)]
+
+    def forward_s(self) -> float:
+        """The boundary's all-gather, then the chain of parts (:func:`overlapped_chain_s`)."""
+        parts = self.forward_parts()
+        return self.boundary_s + formulas.overlapped_chain_s(
+            parts, [self.allreduce_s] * len(parts), self.chunks)
+
+    def backward_s(self) -> float:
+        """The output slice's all-gather, the chain in reverse, the input's reduce-scatter."""
+        parts = self.backward_parts()
+        return 2.0 * self.boundary_s + formulas.overlapped_chain_s(
+            parts, [self.allreduce_s] * len(parts), self.chunks)
 
 
 class CostModel:
@@ -333,6 +364,20 @@ class CostModel:
         return _Passes(forward, backward, n * tp_comm, tp_comm * (n + shape.full_blocks),
                        weight_grad, forward + backward)
 
+    def explicit_tp_times(self, devices: tuple[Device, ...], shape: StageShape) -> ExplicitTP:
+        """What potluck's explicit TP executor runs for one micro-batch of the stage: each
+        block's parts for one sub-batch, one sub-batch's all-reduce and the boundary's
+        all-gather (the emulator pads each piece to these)."""
+        device_type, tp = devices[0].type, len(devices)
+        c, n, r = shape.tp_overlap_chunks, shape.num_layers, shape.recomputed
+        sub_batch = shape.micro_batch // c
+        recomputing = self.compute.part_times(device_type, tp, sub_batch, shape.recompute)
+        plain = self.compute.part_times(device_type, tp, sub_batch, Recompute.NONE)
+        allreduce = self.network.allreduce_s(self.send_bytes(device_type, sub_batch), devices)
+        gather = self.network.reduce_scatter_s(self.send_bytes(device_type, shape.micro_batch),
+                                               devices)
+        return ExplicitTP(tuple([recomputing] * r + [plain] * (n - r)), c, allreduce, gather)
+
     def _explicit_passes(self, devices: tuple[Device, ...], shape: StageShape) -> _Passes:
         """potluck's explicit TP executor (Oases): the stage gathers its input whole, then
         runs ``c`` sub-batches side by side through the blocks' parts, each part's all-reduce
@@ -342,27 +387,16 @@ class CostModel:
         reduce-scatter). Each sub-batch adds its weight gradients into the accumulation
         buffer of the blocks' parameters."""
         device_type, tp = devices[0].type, len(devices)
-        c, n, r = shape.tp_overlap_chunks, shape.num_layers, shape.recomputed
-        sub_batch = shape.micro_batch // c
-        recomputing = self.compute.part_times(device_type, tp, sub_batch, shape.recompute)
-        plain = self.compute.part_times(device_type, tp, sub_batch, Recompute.NONE)
-        blocks = [recomputing] * r + [plain] * (n - r)
-        allreduce = self.network.allreduce_s(self.send_bytes(device_type, sub_batch), devices)
-        gather = self.network.reduce_scatter_s(self.send_bytes(device_type, shape.micro_batch),
-                                               devices)
-        forward_parts = [t for p in blocks for t in (p.attention.forward_s, p.mlp.forward_s)]
-        backward_parts = [t for p in reversed(blocks)
-                          for t in (p.mlp.backward_s, p.attention.backward_s)]
-        comm = [allreduce] * len(forward_parts)
-        forward_chain = formulas.overlapped_chain_s(forward_parts, comm, c)
-        backward_chain = formulas.overlapped_chain_s(backward_parts, comm, c)
-        block_params = n * counts.block_params(self.model) / tp
+        times = self.explicit_tp_times(devices, shape)
+        c, blocks = times.chunks, times.blocks
+        forward_parts, backward_parts = times.forward_parts(), times.backward_parts()
+        block_params = shape.num_layers * counts.block_params(self.model) / tp
         accumulate = (self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
                       + (c - 1) * self.grad_accumulation_s(device_type, block_params))
         forward, backward = c * sum(forward_parts), c * sum(backward_parts) + accumulate
         weight_grad = c * sum(p.attention.weight_grad_s + p.mlp.weight_grad_s for p in blocks)
-        return _Passes(forward, backward, gather + forward_chain - forward,
-                       2.0 * gather + backward_chain - c * sum(backward_parts),
+        return _Passes(forward, backward, times.forward_s() - forward,
+                       times.backward_s() - c * sum(backward_parts),
                        weight_grad + accumulate, forward + backward)
 
     # ---- swapping ------------------------------------------------------------------------

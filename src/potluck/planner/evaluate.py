@@ -266,6 +266,14 @@ def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int,
                        NicSharing.of_pipelines(devices))
 
 
+def parameter_gathers_s(cost: CostModel, plan: Plan) -> dict[StageRef, float]:
+    """ZeRO-1/2: each stage's parameter all-gather after the step, as :func:`predict`
+    prices it (every group's at once, sharing the machines' cards)."""
+    evaluation = PlanEvaluation(cost, plan)
+    return evaluation.member_gathers_s(
+        evaluation.gradient_groups([evaluation.stage_params(k) for k in range(plan.dp)]))
+
+
 def stage_op_times(plan: Plan) -> tuple[tuple[StageWork, ...], ...]:
     """Predicted forward and backward time of one micro-batch on every stage of ``plan``
     (TP communication included, no transfer), for the emulator and calibration."""
@@ -483,7 +491,7 @@ class PlanEvaluation:
         (:mod:`potluck.planner.comm.step_overlap`): each stage ready after the norm, its own
         optimizer step (an offloaded one from its own reduction) and the part of its
         parameter all-gather that its next first forward does not hide."""
-        gathers = self._member_gathers_s(groups)
+        gathers = self.member_gathers_s(groups)
         offloaded = offloaded_steps_s(self.cost, self.plan)
         chunks = schedule_for(self.plan.schedule).chunks(self.plan.virtual_stages)
         ready, starts = [], []
@@ -502,7 +510,7 @@ class PlanEvaluation:
             ready.append(row)
         return next_step_bound_s(ready, starts)
 
-    def _member_gathers_s(self, groups: list[GradientGroup]) -> dict[StageRef, float]:
+    def member_gathers_s(self, groups: list[GradientGroup]) -> dict[StageRef, float]:
         """ZeRO-1/2: each stage's parameter all-gather, all starting together and sharing
         the machines' cards while they run (:func:`shared_ends`, as the reductions)."""
         if not (self.plan.shards_optimizer and self.plan.dp > 1):
@@ -518,7 +526,7 @@ class PlanEvaluation:
 
     def _parameter_gather_s(self, groups: list[GradientGroup]) -> float:
         """ZeRO-1/2: the owners' updated parameters all-gathered after the step."""
-        return max(self._member_gathers_s(groups).values(), default=0.0)
+        return max(self.member_gathers_s(groups).values(), default=0.0)
 
     def _offloaded_end_s(self, costs: list[list[StageCost]], done: dict[StageRef, float]
                          ) -> float:

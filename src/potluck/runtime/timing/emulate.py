@@ -10,12 +10,20 @@ all ranks, times a margin), so the CPU is never the bottleneck and relative
 speeds (an A100 stage against a 3090 stage) are the cost model's. Measured
 step times are then compared with ``dilation x`` the predicted step time.
 
-Targets come from the one cost model (:mod:`potluck.planner.cost`): per stage
-and micro-batch, forward and backward (TP communication included), plus the
-pipeline send to the next stage (forward) or the previous one (backward);
-the exposed data-parallel all-reduce and the optimizer step from the plan's
-prediction. A rank with several virtual stages splits its stage's times by
-layer count; zero-bubble's input and weight backward get half each.
+What each op should take comes from the one cost model
+(:mod:`potluck.runtime.timing.targets`). Communication that the runtime overlaps with
+compute is emulated beside it rather than padded into it, so that what overlaps, and what
+waits, is what the runtime's own order of ops makes it:
+
+- the explicit TP executor's pieces (:meth:`EmulationClock.run_segment`) run nested inside
+  their stage's op, each padded on its own, and the op keeps only the rest of its time;
+- asynchronous collectives the runtime starts (:meth:`EmulationClock.start_comm`: the
+  executor's all-reduces, the priority schedule's parameter all-gathers) take their
+  predicted time on the rank's channel for their kind (one in-order stream, as NCCL runs a
+  communicator), and the runtime's wait on one lasts until it is over;
+- with split pipeline channels the transfers between stages are timed on their channels
+  (:mod:`potluck.runtime.timing.p2p_emulation`); otherwise they are padded into the
+  compute ops that torch's schedule blocks in.
 """
 
 from __future__ import annotations
@@ -23,83 +31,67 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from potluck.ops import OpKind
-from potluck.plans import Plan, Prediction
+from potluck.plans import Plan
 from potluck.runtime.layout import Layout
 from potluck.runtime.timing.clock import CommOp, Segment, Waitable
+from potluck.runtime.timing.p2p_emulation import P2PEmulation, emulating_p2p, sleep_until
+from potluck.runtime.timing.targets import OpTargets, RankTargets, rank_targets
+from potluck.runtime.timing.targets import predict as predict  # re-exported
+from potluck.runtime.timing.targets import stage_targets as stage_targets  # re-exported
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CALIBRATION_MARGIN = 1.5
+__all__ = ["EmulationClock", "OpTargets", "emulate", "predict", "stage_targets"]
 
 
-@dataclass(frozen=True)
-class OpTargets:
-    """Predicted seconds of one micro-batch of one virtual stage on its device."""
+class _EmulatedWork:
+    """A collective's handle whose wait also lasts until its emulated end."""
 
-    forward_s: float
-    backward_s: float
+    def __init__(self, clock: EmulationClock, work: Waitable, end_s: float) -> None:
+        self.clock, self.work, self.end_s = clock, work, end_s
 
-
-def predict(plan: Plan) -> Prediction:
-    """The plan's own prediction, or the cost model's if the plan carries none."""
-    if plan.prediction is not None:
-        return plan.prediction
-    from potluck.planner.evaluate import predict as cost_model_prediction
-
-    return cost_model_prediction(plan)
-
-
-def stage_targets(plan: Plan, layout: Layout) -> dict[int, OpTargets]:
-    """This rank's predicted op times, by virtual stage id."""
-    from potluck.planner.evaluate import stage_op_times, stage_send_s
-
-    role = layout.role
-    times = stage_op_times(plan)[role.pipeline][role.stage]
-    forward_s, backward_s = times.forward_s, times.backward_s
-    if role.stage < role.pp - 1:
-        forward_s += stage_send_s(plan, role.pipeline, role.stage, role.stage + 1)
-    if role.stage > 0:
-        backward_s += stage_send_s(plan, role.pipeline, role.stage, role.stage - 1)
-    layers = sum(end - start for start, end in role.layer_ranges)
-    targets = {}
-    for (start, end), stage_id in zip(role.layer_ranges, role.virtual_stage_ids, strict=True):
-        share = (end - start) / layers
-        targets[stage_id] = OpTargets(forward_s * share, backward_s * share)
-    return targets
+    def wait(self) -> Any:
+        began = time.perf_counter()
+        result = self.work.wait()
+        sleep_until(self.end_s)
+        self.clock.exclude(time.perf_counter() - began)
+        return result
 
 
 class EmulationClock:
     """Times each op of this rank and pads it to ``dilation x predicted`` (a
     :class:`~potluck.runtime.timing.clock.Clock`)."""
 
-    def __init__(self, targets: dict[int, OpTargets], dp_sync_s: float, optimizer_s: float,
-                 dilation: float | None = None) -> None:
-        self.targets = targets
-        self.dp_sync_s = dp_sync_s
-        self.optimizer_s = optimizer_s
+    def __init__(self, targets: dict[int, OpTargets] | RankTargets, dp_sync_s: float = 0.0,
+                 optimizer_s: float = 0.0, dilation: float | None = None) -> None:
+        if not isinstance(targets, RankTargets):
+            targets = RankTargets(targets, dp_sync_s, optimizer_s)
+        self.all = targets
+        self.targets = targets.stages
         self.dilation = dilation or 0.0
         self.max_ratio = 0.0
         self.overruns = 0
+        self.p2p = P2PEmulation(targets.sends_s, self.dilation) if targets.sends_s else None
+        self._nested: list[float] = []  # per op running: the time its nested ops took
+        self._channels: dict[str, float] = {}  # when each collective channel is free
 
     @classmethod
     def for_plan(cls, plan: Plan, layout: Layout, dilation: float | None = None
                  ) -> EmulationClock:
-        prediction = predict(plan)
-        breakdown = prediction.breakdown
-        return cls(stage_targets(plan, layout), breakdown.dp_s, breakdown.optimizer_s, dilation)
+        return cls(rank_targets(plan, layout), dilation=dilation)
 
     def predicted_s(self, kind: OpKind, stage_id: int) -> float:
         if kind is OpKind.DP_ALLREDUCE:
-            return self.dp_sync_s
+            return self.all.dp_sync_s
         if kind is OpKind.OPTIMIZER:
-            return self.optimizer_s
+            return self.all.optimizer_s
         target = self.targets.get(stage_id) or OpTargets(  # WHOLE_RANK: all virtual stages
             sum(t.forward_s for t in self.targets.values()),
             sum(t.backward_s for t in self.targets.values()))
@@ -109,13 +101,37 @@ class EmulationClock:
             return target.backward_s
         return 0.5 * target.backward_s  # backward_input / backward_weight (zero bubble)
 
+    def segment_s(self, segment: Segment) -> float:
+        """A piece of the explicit TP executor: a part of a block for one sub-batch, or a
+        boundary collective."""
+        pieces = self.all.explicit.get(segment.stage_id)
+        if pieces is None:
+            return 0.0
+        if segment.kind is OpKind.TP_ALLREDUCE:
+            return pieces.boundary_s
+        block = pieces.blocks[segment.layer - self.all.first_layers.get(segment.stage_id, 0)]
+        part = block.attention if segment.part == "attention" else block.mlp
+        return part.forward_s if segment.kind is OpKind.FORWARD else part.backward_s
+
     def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
         """Run ``fn``; then sleep until it has taken ``dilation x`` its predicted time."""
+        measured = kind not in (OpKind.DP_ALLREDUCE, OpKind.OPTIMIZER)
+        return self._padded(self.predicted_s(kind, stage_id), fn, measured)
+
+    def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
+        return self._padded(self.segment_s(segment), fn, segment.kind is not OpKind.TP_ALLREDUCE)
+
+    def _padded(self, predicted_s: float, fn: Callable[[], T], measured: bool) -> T:
+        """Run ``fn``, pad its own time (less what its nested ops and waits took) to
+        ``dilation x predicted_s``; the whole of it counts as nested in the op around it."""
         start_s = time.perf_counter()
-        result = fn()
-        elapsed_s = time.perf_counter() - start_s
-        predicted_s = self.predicted_s(kind, stage_id)
-        if predicted_s > 0 and kind not in (OpKind.DP_ALLREDUCE, OpKind.OPTIMIZER):
+        self._nested.append(0.0)
+        try:
+            result = fn()
+        finally:
+            nested_s = self._nested.pop()
+        elapsed_s = time.perf_counter() - start_s - nested_s
+        if predicted_s > 0 and measured:
             self.max_ratio = max(self.max_ratio, elapsed_s / predicted_s)
         target_s = self.dilation * predicted_s
         if self.dilation > 0:
@@ -123,24 +139,46 @@ class EmulationClock:
                 self.overruns += 1
             else:
                 time.sleep(target_s - elapsed_s)
+        self.exclude(time.perf_counter() - start_s)
         return result
+
+    def exclude(self, seconds: float) -> None:
+        """``seconds`` of the op running now went to a nested op or a wait, not its own work."""
+        if self._nested:
+            self._nested[-1] += seconds
+
+    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
+        """Queue the collective on its channel (one per kind) for its predicted time."""
+        if self.dilation <= 0:
+            return work
+        channel = op.kind.value
+        start_s = max(time.perf_counter(), self._channels.get(channel, 0.0))
+        end_s = start_s + self.dilation * self._comm_s(op)
+        self._channels[channel] = end_s
+        return _EmulatedWork(self, work, end_s)
+
+    def _comm_s(self, op: CommOp) -> float:
+        if op.kind is OpKind.TP_ALLREDUCE:
+            pieces = self.all.explicit.get(op.stage_id)
+            return pieces.allreduce_s if pieces is not None else 0.0
+        if op.kind is OpKind.PARAM_ALLGATHER:
+            return sum(self.all.gathers_s.get(unit, 0.0) for unit in op.units)
+        return 0.0
 
     def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
                 ) -> list[Any]:
-        """Sends and receives are padded inside their compute ops: nothing to tag."""
+        """Split channels: note what each op is, to time it on its channel."""
+        if self.p2p is not None:
+            self.p2p.tag(ops, kind, stage_id)
         return ops
-
-    def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
-        return work
-
-    def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
-        return fn()
 
     def calibrate(self, margin: float = CALIBRATION_MARGIN) -> float:
         """Set the dilation from the ops measured so far, the same on every rank."""
         ratio = torch.tensor([self.max_ratio], dtype=torch.float64)
         dist.all_reduce(ratio, op=dist.ReduceOp.MAX)
         self.dilation = float(ratio) * margin
+        if self.p2p is not None:
+            self.p2p.dilation = self.dilation
         self.overruns = 0
         log.info("emulation: dilation %.1f (slowest op %.1fx its prediction)", self.dilation,
                  float(ratio))
@@ -150,11 +188,14 @@ class EmulationClock:
 def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
             ) -> EmulationClock:
     """Put a :class:`~potluck.runtime.parallel_model.ParallelModel` on emulated
-    time; returns its clock.
+    time; returns its clock. With split channels the pipeline's transfers are timed on
+    their channels from now on, for the rest of this process (a rank's whole life).
 
     ``timing`` is the plan whose devices and model set the targets (default: the
     plan being run; differs when a stand-in model is computed).
     """
     clock = EmulationClock.for_plan(timing or model.layout.plan, model.layout, dilation)
     model.set_clock(clock)
+    if clock.p2p is not None:
+        emulating_p2p(clock.p2p).__enter__()
     return clock

@@ -40,10 +40,17 @@ class P2PTag:
     micro_batch: int
 
 
-class _TaggedWorks(list):
-    """The works of one batch of ops, with the ops' tags."""
+class TaggedWorks(list):
+    """The works of one batch of ops, with the ops' tags (and, emulating, what the
+    emulation posted with them: :mod:`~potluck.runtime.timing.p2p_emulation`)."""
 
     tags: tuple[P2PTag, ...] = ()
+    posted: list[Any] = []
+
+    @classmethod
+    def of(cls, works: list[Any]) -> TaggedWorks:
+        """``works`` itself when it already is one (a wrapper inside another), else a copy."""
+        return works if isinstance(works, TaggedWorks) else cls(works)
 
 
 # A wait's callback gets the tag that names it and the wait's start and end marks.
@@ -83,7 +90,7 @@ def timing_p2p_waits(tagger: P2PTagger, on_wait: WaitCallback,
         return
 
     def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-        works = _TaggedWorks(original_batch(p2p_ops, desc=desc))
+        works = TaggedWorks.of(original_batch(p2p_ops, desc=desc))
         works.tags = tagger.take(p2p_ops)
         return works
 

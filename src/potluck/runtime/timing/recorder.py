@@ -157,6 +157,7 @@ class OpRecorder:
                 ) -> list[Any]:
         """Name the point-to-point ops a stage is about to post (see
         :mod:`potluck.runtime.timing.p2p_waits`)."""
+        ops = self.inner.tag_p2p(ops, kind, stage_id, micro_batch)
         return self._tagger.tag(ops, kind, stage_id, micro_batch) if self.recording else ops
 
     def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
