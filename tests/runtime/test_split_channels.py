@@ -93,28 +93,41 @@ def test_the_runtime_runs_split_channels():
 # --- the lowered single-stage schedule, without ranks --------------------------------------
 
 
-def _fake_stages(position: int, stages: int) -> list[SimpleNamespace]:
+def _fake_stage(stages: int) -> SimpleNamespace:
     """What torch's schedule runtime reads from a stage when it builds its program."""
-    return [SimpleNamespace(stage_index=position, num_stages=stages, group_size=stages,
-                            group_rank=position)]
+    return SimpleNamespace(stage_index=0, num_stages=stages, group_size=stages, group_rank=0)
 
 
 @pytest.mark.parametrize("name, stages, micro_batches",
                          [("1f1b", 4, 6), ("1f1b", 2, 2), ("gpipe", 3, 4)])
-def test_the_lowered_program_computes_in_potluck_order_with_one_transfer_per_action(
-        name, stages, micro_batches):
-    schedule = schedule_for(name)
-    orders = schedule.rank_orders(stages, micro_batches)
-    runner = runtime_schedule(orders, _fake_stages(0, stages), micro_batches, loss_fn=None)
-    torch_kinds = {"F": OpKind.FORWARD, "B": OpKind.BACKWARD}
+def test_the_lowered_program_computes_in_potluck_order(name, stages, micro_batches):
+    orders = schedule_for(name).rank_orders(stages, micro_batches)
+    runner = runtime_schedule(orders, [_fake_stage(stages)], micro_batches, loss_fn=None)
+    kinds = {"F": OpKind.FORWARD, "B": OpKind.BACKWARD}
     for position, order in enumerate(orders):
         program = runner.pipeline_order_with_comms[position]
-        compute = [(torch_kinds[a.computation_type.value], a.stage_index, a.microbatch_index)
+        compute = [(kinds[a.computation_type.value], a.stage_index, a.microbatch_index)
                    for a in program if a.is_compute_op]
         assert compute == [(kind, position, mb) for kind, _, mb in order]
-        transfers = {a.computation_type.value for a in program if not a.is_compute_op}
-        assert transfers <= {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD",
-                             "RESHARD"}
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_the_lowered_program_sends_at_once_and_receives_before_the_compute(name):
+    """Each send is its own action right after the compute that made its data; each receive
+    is its own action somewhere before the compute that needs it."""
+    stages, micro_batches = 3, 4
+    orders = schedule_for(name).rank_orders(stages, micro_batches)
+    runner = runtime_schedule(orders, [_fake_stage(stages)], micro_batches, loss_fn=None)
+    for position in range(stages):
+        program = [str(a) for a in runner.pipeline_order_with_comms[position]]
+        for mb in range(micro_batches):
+            forward, backward = f"{position}F{mb}", f"{position}B{mb}"
+            if position < stages - 1:
+                assert program[program.index(forward) + 1] == f"{position}SEND_F{mb}"
+                assert program.index(f"{position}RECV_B{mb}") < program.index(backward)
+            if position > 0:
+                assert program[program.index(backward) + 1] == f"{position}SEND_B{mb}"
+                assert program.index(f"{position}RECV_F{mb}") < program.index(forward)
 
 
 # --- what ranks post, observed ---------------------------------------------------------------
