@@ -12,7 +12,10 @@ like), and answers for this rank:
   stage of its pipeline (lane ``r`` passes the ``r``-th sequence shard from
   stage to stage); when the stages of a pipeline have different TP degrees,
   only the leaders' lane (TP rank 0) exists and the other ranks follow their
-  leader (:mod:`potluck.runtime.parallel.mixed_tp`);
+  leader (:mod:`potluck.runtime.parallel.mixed_tp`). When the plan splits its
+  P2P channels (``plan.comm.split_p2p_channels``), each lane has a second
+  process group over the same ranks for the gradients going back, so
+  activations and gradients never queue behind each other on one communicator;
 - for every parameter unit (the embedding, each block, the head) the group
   that sums its gradients: the ranks that hold that unit in every pipeline.
   When all holders use the same TP degree, the group is aligned (ranks with
@@ -112,6 +115,7 @@ class Layout:
         self._rank_of_device = {device: r for r, device in enumerate(device_of_rank)}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._sync_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._backward_lanes: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._tp_mesh: DeviceMesh | None = None
         self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
 
@@ -260,6 +264,20 @@ class Layout:
             group = dist.new_group(list(ranks))
             if self.rank in ranks:
                 self._sync_groups[ranks] = group
+        if self.plan.comm.split_p2p_channels:
+            self._create_backward_lanes()
+
+    def _lanes(self) -> list[tuple[int, ...]]:
+        """Every pipeline lane of more than one rank, in plan order."""
+        return [self.lane_ranks(p, t) for p, pipeline in enumerate(self.plan.pipelines)
+                for t in range(self.num_lanes(p)) if pipeline.pp > 1]
+
+    def _create_backward_lanes(self) -> None:
+        """A second process group per lane, for backward traffic (split P2P channels)."""
+        for ranks in self._lanes():
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._backward_lanes[ranks] = group
 
     def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         """The process group of exactly these ranks (None for a single rank)."""
@@ -284,6 +302,19 @@ class Layout:
         if self.is_follower:
             return None
         return self.group(self.lane_ranks(role.pipeline, role.tp_rank))
+
+    @property
+    def lane_group_backward(self) -> dist.ProcessGroup | None:
+        """The group on which this rank's lane sends gradients back: a second group over the
+        lane's ranks when the plan splits its P2P channels, else :attr:`lane_group` itself."""
+        if not self.plan.comm.split_p2p_channels or self.is_follower:
+            return self.lane_group
+        ranks = self.lane_ranks(self.role.pipeline, self.role.tp_rank)
+        if len(ranks) == 1:
+            return None
+        if ranks not in self._backward_lanes:
+            raise RuntimeError(f"no backward lane group for ranks {ranks}; create_groups() first")
+        return self._backward_lanes[ranks]
 
     @property
     def stage_group(self) -> dist.ProcessGroup | None:

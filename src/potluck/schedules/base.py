@@ -16,7 +16,9 @@ knows about it, for every layer that needs it:
 - **torch** (the runtime): the ``torch.distributed.pipelining`` class that
   runs it (:meth:`PipelineSchedule.torch_schedule`) and the constraints under
   which that class runs at all (:meth:`PipelineSchedule.problem`), so the
-  planner only emits plans the runtime runs as written.
+  planner only emits plans the runtime runs as written; with split P2P
+  channels, the torch schedule whose every send and receive is a batch of its
+  own (:meth:`PipelineSchedule.torch_schedule_split`).
 
 A pipeline of one stage runs the runtime's plain micro-batch loop whatever the
 schedule (forward and backward of each micro-batch in turn).
@@ -114,6 +116,20 @@ class PipelineSchedule(ABC):
     def torch_schedule(self, stages: Sequence[Any], micro_batches: int, loss_fn: LossFn) -> Any:
         """The torch schedule over this rank's ``PipelineStage`` objects (gradients unscaled:
         potluck's loss is already a share of the global batch's mean)."""
+
+    def torch_schedule_split(self, stages: Sequence[Any], micro_batches: int,
+                             loss_fn: LossFn) -> Any:
+        """The torch schedule with every send and receive a batch of its own, so activations
+        and gradients can travel on two process groups (split P2P channels). torch's schedule
+        runtime (interleaved, zero bubble) already runs so; a single-stage torch class fuses
+        a forward send with a backward receive, so this schedule's own rank orders run on
+        that runtime instead (:mod:`potluck.schedules.lowering`)."""
+        if not self.single_stage_torch:
+            return self.torch_schedule(stages, micro_batches, loss_fn)
+        from potluck.schedules.lowering import runtime_schedule
+
+        orders = self.rank_orders(stages[0].num_stages, micro_batches)
+        return runtime_schedule(orders, stages, micro_batches, loss_fn)
 
     # ---- memory ---------------------------------------------------------------------------
 

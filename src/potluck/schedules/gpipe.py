@@ -6,7 +6,9 @@
 - order: ``F0 .. F(m-1), B0 .. B(m-1)`` on every rank (``ScheduleGPipe``);
 - torch: ``ScheduleGPipe``, a single-stage schedule that receives, computes
   and sends each micro-batch, waiting for its forward sends before the
-  backward pass (:meth:`GPipe.post_p2p`). Any micro-batch count runs.
+  backward pass (:meth:`GPipe.post_p2p`). Any micro-batch count runs. With
+  split P2P channels this order runs on torch's schedule runtime instead, one
+  batch per transfer (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@
 - torch: ``Schedule1F1B`` (single-stage), whose send/receive batches
   :meth:`OneFOneB.post_p2p` reproduces. It needs at least as many
   micro-batches as stages: with fewer, plan GPipe instead (it computes the
-  same gradients).
+  same gradients). With split P2P channels this order runs on torch's
+  schedule runtime instead, one batch per transfer
+  (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,14 @@ token-weighted share of the global batch's mean. A pipeline of one stage uses
 Uneven stages are just different layer ranges; each pipeline lane (ranks with
 the same TP index) gets its own process group.
 
+**Split P2P channels** (``plan.comm.split_p2p_channels``): each stage sends and
+receives gradients on the lane's second process group
+(:attr:`~potluck.runtime.layout.Layout.lane_group_backward`), activations on the
+lane group, and the schedule is the one whose every transfer is a batch of its
+own (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`):
+sends posted as soon as their data exists and waited at the end of the step,
+receives waited right before the compute that needs them.
+
 torch's schedules assume virtual stage ``v`` runs at group rank ``v % pp`` of
 the lane's group, and a group numbers its members in ascending global rank;
 torchrun numbers ranks machine by machine, so a lane such as ranks
@@ -205,12 +213,14 @@ def _chunk_id(args: tuple, kwargs: dict, name: str) -> int:
 
 
 class HookedStage(PipelineStage):
-    """A PipelineStage that announces each op to its followers (mixed-TP pipelines) and
-    times it with a clock (emulation, tracing); both optional."""
+    """A PipelineStage that announces each op to its followers (mixed-TP pipelines), times it
+    with a clock (emulation, tracing) and sends gradients on a channel of their own (split P2P
+    channels); all optional."""
 
     clock: Clock = NullClock()
     commands: Commands | None = None
     weight_pass: WeightPass | None = None  # the gradient sync's wrapper of zero-bubble W passes
+    backward_group: dist.ProcessGroup | None = None  # gradients' group (None: the stage's group)
 
     def _run(self, kind: OpKind, fn: Callable[[], Any]) -> Any:
         return self.clock.run(kind, self.stage_index, fn)
@@ -242,10 +252,19 @@ class HookedStage(PipelineStage):
         return self._tag(super().get_fwd_send_ops(fwd_chunk_id), OpKind.SEND_FORWARD, fwd_chunk_id)
 
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
-        return self._tag(super().get_bwd_recv_ops(bwd_chunk_id), OpKind.RECV_BACKWARD, bwd_chunk_id)
+        ops = self._on_backward_group(super().get_bwd_recv_ops(bwd_chunk_id))
+        return self._tag(ops, OpKind.RECV_BACKWARD, bwd_chunk_id)
 
     def get_bwd_send_ops(self, bwd_chunk_id: int) -> list:
-        return self._tag(super().get_bwd_send_ops(bwd_chunk_id), OpKind.SEND_BACKWARD, bwd_chunk_id)
+        ops = self._on_backward_group(super().get_bwd_send_ops(bwd_chunk_id))
+        return self._tag(ops, OpKind.SEND_BACKWARD, bwd_chunk_id)
+
+    def _on_backward_group(self, ops: list) -> list:
+        """The same transfers on the gradients' group (same ranks, so the same global peer)."""
+        group = self.backward_group
+        if group is None or group is self.group:
+            return ops
+        return [dist.P2POp(op.op, op.tensor, op.peer, group, op.tag) for op in ops]
 
     def _tag(self, ops: list, kind: OpKind, micro_batch: int) -> list:
         """Name the ops for a tracing clock (:mod:`potluck.runtime.timing.recorder`)."""
@@ -294,17 +313,32 @@ def build_schedule(modules: Sequence[nn.Module], layout: Layout, loss_fn: LossFn
     if layout.is_follower:
         by_stage = dict(zip(role.virtual_stage_ids, modules, strict=True))
         return FollowerSchedule(by_stage, commands, n_microbatches, loss_fn, clock)
-    hooked = not isinstance(clock, NullClock) or commands is not None or weight_pass is not None
+    stages = _torch_stages(modules, layout, device, clock, commands, weight_pass)
+    # the layout's check_plan has refused what this schedule's torch class cannot run
+    schedule = schedule_for(plan.schedule)
+    split = plan.comm.split_p2p_channels
+    build = schedule.torch_schedule_split if split else schedule.torch_schedule
+    runner = build(stages, n_microbatches, loss_fn)
+    seat_stages(runner, stages, lane_group_ranks(layout), role.stage)
+    return runner if commands is None else AnnouncingSchedule(runner, commands)
+
+
+def _torch_stages(modules: Sequence[nn.Module], layout: Layout, device: torch.device,
+                  clock: Clock, commands: Commands | None,
+                  weight_pass: WeightPass | None) -> list[PipelineStage]:
+    """This rank's virtual stages as torch's PipelineStages on its lane (gradients on the
+    lane's backward group: a second one when the plan splits P2P channels)."""
+    role = layout.role
+    hooked = (not isinstance(clock, NullClock) or commands is not None
+              or weight_pass is not None or layout.plan.comm.split_p2p_channels)
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
         stage = (HookedStage if hooked else PipelineStage)(
             module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
         stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
+        stage.backward_group = layout.lane_group_backward
         stages.append(stage)
-    # the layout's check_plan has refused what this schedule's torch class cannot run
-    runner = schedule_for(plan.schedule).torch_schedule(stages, n_microbatches, loss_fn)
-    seat_stages(runner, stages, lane_group_ranks(layout), role.stage)
-    return runner if commands is None else AnnouncingSchedule(runner, commands)
+    return stages
 
 
 def lane_group_ranks(layout: Layout) -> dict[int, int]:

@@ -1,0 +1,58 @@
+"""A schedule's own rank orders, run by torch's schedule runtime: every send and receive its own batch.
+
+torch's single-stage classes (``Schedule1F1B``, ``ScheduleGPipe``) fuse a
+forward send with a backward receive in one ``batch_isend_irecv``, whose ops
+must all use one process group, so activations and gradients cannot travel on
+separate groups (split P2P channels). torch's ``_PipelineScheduleRuntime`` (the
+base of its interleaved schedules) runs a program of compute actions and
+``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B`` actions, each its own batch: a
+receive is posted when its sender posts the send and waited right before the
+compute that needs it, sends are waited at the end of the step.
+:func:`runtime_schedule` builds that runtime from potluck's per-rank compute
+order (``PipelineSchedule.rank_orders``) and lets torch lower it
+(``_prepare_schedule_with_comms``, format ``compute_only``), so the same
+forwards and backwards run in the same order, only the transfers change.
+
+The runtime is private torch API (``torch.distributed.pipelining.schedules``);
+its public subclasses run the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from potluck.ops import OpKind
+
+# One compute op of a rank's order: (kind, the rank's chunk, micro-batch), as ``schedules.Action``.
+ComputeOp = tuple[OpKind, int, int]
+_TORCH_KINDS = {OpKind.FORWARD: "F", OpKind.BACKWARD: "B", OpKind.BACKWARD_INPUT: "I",
+                OpKind.BACKWARD_WEIGHT: "W"}
+
+
+def compute_actions(orders: Sequence[Sequence[ComputeOp]]) -> dict[int, list[Any]]:
+    """torch's compute-only program: position ``r`` in the pipeline runs ``orders[r]``, chunk
+    ``c`` of position ``r`` being virtual stage ``c * len(orders) + r``."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    stages = len(orders)
+    return {
+        position: [_Action(chunk * stages + position, _ComputationType(_TORCH_KINDS[kind]),
+                           micro_batch) for kind, chunk, micro_batch in order]
+        for position, order in enumerate(orders)
+    }
+
+
+def runtime_schedule(orders: Sequence[Sequence[ComputeOp]], stages: Sequence[Any],
+                     micro_batches: int, loss_fn: Callable[[Any, Any], Any]) -> Any:
+    """torch's schedule runtime over this rank's ``PipelineStage`` objects, running
+    ``orders`` (one per position in the pipeline) with a batch of its own per transfer;
+    gradients unscaled, as every potluck schedule. Its op lists are by position: the runtime
+    (``potluck.runtime.parallel.pipeline.seat_stages``) says which one this rank runs."""
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    runner = _PipelineScheduleRuntime(list(stages), micro_batches, loss_fn=loss_fn,
+                                      scale_grads=False)
+    runner.pipeline_order = compute_actions(orders)
+    runner._prepare_schedule_with_comms(runner.pipeline_order, format="compute_only")
+    return runner
