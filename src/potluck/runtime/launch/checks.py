@@ -82,7 +82,7 @@ def check_options(options: TrainOptions) -> None:
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
 # The plan's communication decisions potluck's runtime runs.
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset()
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"sparse_embedding_grads"})
 
 
 def check_execution(plan: Plan) -> None:
