@@ -420,6 +420,22 @@ def _check_comm(plan: Plan) -> None:
                               "recompute_keeps_comm", f"pipeline {k} stage {j}")
     for name in ("split_p2p_channels", "dp_priority_schedule", "sparse_embedding_grads"):
         _check_forced(getattr(forced, name), getattr(plan.comm, name), name, "the plan")
+    _check_sparse_embedding(plan)
+
+
+def _check_sparse_embedding(plan: Plan) -> None:
+    """A sparse embedding gradient needs an untied embedding and whole gradients on every
+    replica (ZeRO 0 or 1); holders with different TP degrees exchange it sparsely too."""
+    if not plan.comm.sparse_embedding_grads:
+        return
+    if plan.model.tied_embeddings:
+        raise ConfigError("the plan: sparse_embedding_grads needs an untied input embedding "
+                          "(a tied head's gradient touches every row); make the plan with "
+                          "sparse_embedding_grads false")
+    if plan.zero >= 2:
+        raise ConfigError(f"the plan: sparse_embedding_grads does not run under zero {plan.zero} "
+                          "(the embedding's gradient is sharded as it is computed); use zero 0 "
+                          "or 1, or make the plan with sparse_embedding_grads false")
 
 
 def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:

@@ -16,6 +16,7 @@ from potluck.runtime.grads.data_parallel import SyncStats
 from potluck.runtime.grads.zero import optimizer_state_bytes
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.loop.batches import RandomTokens
+from potluck.runtime.loop.trainer import BatchSource
 
 SMALL_BUCKETS = 3000  # elements: several buckets per stage of the tiny models
 
@@ -44,13 +45,14 @@ def sgd_with_momentum(model: ParallelModel) -> torch.optim.Optimizer:
 
 
 def _train(plan: Plan, steps: int, bucket_elements: int,
-           optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None) -> RankReport:
+           optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None,
+           data: BatchSource | None = None) -> RankReport:
     session = start(plan, timeout_s=60)
     try:
         model = parallelize(build_model(plan.model), session, bucket_elements=bucket_elements)
         trainer = Trainer(model, optimizer(model) if optimizer else None, lr=LR)
         shape = plan.training
-        data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
+        data = data or RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
         losses, norms, stats = [], [], []
         for step in range(steps):
             rows = data.replica_rows(step, *session.layout.batch_rows)
@@ -97,11 +99,11 @@ def with_offload(plan: Plan) -> Plan:
 
 
 def train_plan(plan: Plan, steps: int = STEPS, bucket_elements: int = BUCKET_ELEMENTS,
-               optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None = None
-               ) -> list[RankReport]:
+               optimizer: Callable[[ParallelModel], torch.optim.Optimizer] | None = None,
+               data: BatchSource | None = None) -> list[RankReport]:
     """Every rank's report of ``plan`` run on CPU ranks of this machine (``optimizer``:
-    a top-level factory, default the trainer's AdamW)."""
-    return run_local(_train, plan.devices, (plan, steps, bucket_elements, optimizer),
+    a top-level factory, default the trainer's AdamW; ``data``: default random tokens)."""
+    return run_local(_train, plan.devices, (plan, steps, bucket_elements, optimizer, data),
                      timeout_s=120)
 
 

@@ -58,6 +58,7 @@ from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
+from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
 from potluck.runtime.launch.checks import check_execution
@@ -149,6 +150,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     check_zero3(layout.plan)
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
+    sparse = sparse_embedding_name(layout.plan, model, family)
     kinds = init_kinds(model)
     host_values = park_on_meta(model) if layout.role.tp > 1 else {}  # TP shards cut on the host
     if family is not None:
@@ -164,7 +166,8 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     swap = activation_swap(session, memory, ledger, params)
     apply_memory(stages, memory, layout.plan.recompute, swap, counted)
     apply_zero3(stages, layout, session.device, family, units, _wire_dtype(session))
-    return ParallelModel(session, stages, units, bucket_elements, ledger)
+    return ParallelModel(session, stages, units, bucket_elements, ledger,
+                         sparse_embedding=sparse)
 
 
 def activation_swap(session: Session, memory: StageMemory, ledger: MemoryLedger,
@@ -226,7 +229,10 @@ class ParallelModel:
 
     def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str],
                  bucket_elements: int = BUCKET_ELEMENTS,
-                 ledger: MemoryLedger | None = None) -> None:
+                 ledger: MemoryLedger | None = None, *,
+                 sparse_embedding: str | None = None) -> None:
+        """``sparse_embedding``: the input embedding's name when the plan sums its gradient
+        sparsely (:func:`~potluck.runtime.grads.sparse_embedding.sparse_embedding_name`)."""
         self.session = session
         self.ledger = ledger or MemoryLedger()
         self.layout = session.layout
@@ -247,7 +253,8 @@ class ParallelModel:
             micro_batches=plan.pipelines[self.layout.role.pipeline].num_micro_batches,
             overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements,
             owners=owners, shard_grads=plan.zero >= 2,
-            norm_params=[p for p in self.module.parameters() if id(p) in fsdp])
+            norm_params=[p for p in self.module.parameters() if id(p) in fsdp],
+            sparse=sparse_embedding)
         self.zero = (Zero1(self.layout, params, self.grad_sync.buckets, owners)
                      if owners is not None else None)
         self.schedule = self._build_schedule()
@@ -291,7 +298,7 @@ class ParallelModel:
         tokens = self._global_tokens(targets)
         self.loss_fn.scale = loss_scale / max(tokens, 1)
         losses: list[torch.Tensor] = []
-        self.grad_sync.start()  # buckets start all-reducing as their gradients become final
+        self.grad_sync.start(inputs)  # buckets start reducing as their gradients become final
         with self._loss_context(), self._autocast(), self._counting():
             self._run_schedule(inputs, targets, losses)
         self.clock.run(OpKind.DP_ALLREDUCE, -1, self.grad_sync.finish)

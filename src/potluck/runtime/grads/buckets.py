@@ -79,8 +79,10 @@ def unit_order(unit: str, num_layers: int) -> int:
 
 
 def plan_buckets(layout: Layout, params: list[SyncedParam],
-                 bucket_elements: int = BUCKET_ELEMENTS) -> list[Bucket]:
-    """This rank's buckets (groups of more than one rank only), in launch order."""
+                 bucket_elements: int = BUCKET_ELEMENTS,
+                 alone: frozenset[str] = frozenset()) -> list[Bucket]:
+    """This rank's buckets (groups of more than one rank only), in launch order; the
+    parameters named in ``alone`` get a bucket each (the sparse embedding gradient)."""
     layers = layout.plan.model.num_layers
     by_group: dict[tuple[tuple[int, ...], bool], list[SyncedParam]] = defaultdict(list)
     for item in sorted(params, key=lambda item: (unit_order(item.unit, layers), item.name)):
@@ -89,20 +91,23 @@ def plan_buckets(layout: Layout, params: list[SyncedParam],
     keyed = []
     for (ranks, aligned), items in by_group.items():
         group = layout.sync_process_group(ranks)
-        for chunk in _chunks(items, aligned, bucket_elements):
+        for chunk in _chunks(items, aligned, bucket_elements, alone):
             key = (unit_order(chunk[0].unit, layers), ranks, aligned)
             keyed.append((key, Bucket(ranks, aligned, tuple(chunk), group)))
     return [bucket for _, bucket in sorted(keyed, key=lambda pair: pair[0])]
 
 
-def _chunks(items: list[SyncedParam], aligned: bool, limit: int) -> list[list[SyncedParam]]:
+def _chunks(items: list[SyncedParam], aligned: bool, limit: int,
+            alone: frozenset[str] = frozenset()) -> list[list[SyncedParam]]:
     """Consecutive runs of at most ``limit`` elements (one collective each), so the flat
-    copy of a bucket stays small next to the gradients themselves."""
+    copy of a bucket stays small next to the gradients themselves; an item named in
+    ``alone`` is a run of its own."""
     chunks: list[list[SyncedParam]] = [[]]
     size = 0
     for item in items:
         numel = local(item.param).numel() if aligned else item.param.numel()
-        if chunks[-1] and size + numel > limit:
+        if chunks[-1] and (size + numel > limit or item.name in alone
+                           or chunks[-1][-1].name in alone):
             chunks.append([])
             size = 0
         chunks[-1].append(item)

@@ -19,7 +19,11 @@ that hold the same parameter in every pipeline, bucket by bucket
   its shard into a zero tensor of the full parameter's shape (a replicated
   parameter only from TP rank 0), the full tensors are summed, and each rank
   takes back its shard. Exact, and costs ``tp`` times the traffic of the
-  aligned case; only heterogeneous plans pay it.
+  aligned case; only heterogeneous plans pay it;
+- with ``plan.comm.sparse_embedding_grads`` the untied input embedding has a
+  bucket of its own, whose touched rows alone are all-gathered and added up
+  (:mod:`potluck.runtime.grads.sparse_embedding`; aligned or full layout, and
+  under ZeRO-1 instead of the reduce-scatter: every member gets the sum).
 
 **Overlap with the backward pass** (``Execution.overlap_grad_reduce``, what
 the cost model assumes): a bucket's asynchronous all-reduce starts as soon as
@@ -61,6 +65,7 @@ from potluck.runtime.grads.buckets import (
     plan_buckets,
 )
 from potluck.runtime.grads.grad_ready import GradReady
+from potluck.runtime.grads.sparse_embedding import SparseEmbeddingGrad
 from potluck.runtime.grads.zero import OwnerSlots, owner_slots, read_slot, scatters, write_slot
 from potluck.runtime.grads.zero2 import ShardedGrads, reduction_counts
 from potluck.runtime.layout import Layout
@@ -74,6 +79,13 @@ class SyncStats:
     launched_in_backward: int = 0  # started by a gradient hook, before the schedule returned
     launched_with_grads_pending: int = 0  # ... while other gradients were still being computed
     scattered: int = 0  # ZeRO-1: buckets reduce-scattered to their owners (not all-reduced)
+    # sparse embedding gradient (this rank in its group): the rows each member of the group
+    # touched (its replica's distinct token ids in its vocabulary rows; group-rank order), the
+    # bytes the exchange's all-gathers delivered here (counts, padded ids and rows), and the
+    # bytes a dense all-reduce of the embedding would have carried
+    embed_rows: tuple[int, ...] = ()
+    embed_exchange_bytes: int = 0
+    embed_dense_bytes: int = 0
 
 
 @dataclass
@@ -92,19 +104,24 @@ class GradSync:
                  wire_dtype: torch.dtype | None = None, *, micro_batches: int = 1,
                  overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS,
                  owners: dict[str, int] | None = None, shard_grads: bool = False,
-                 norm_params: Sequence[nn.Parameter] = ()) -> None:
+                 norm_params: Sequence[nn.Parameter] = (), sparse: str | None = None) -> None:
         """``shard_grads`` (ZeRO-2, with ``owners``): reduce-scatter after every micro-batch
         (:mod:`potluck.runtime.grads.zero2`); ``norm_params``: parameters synced elsewhere
-        (FSDP2's, each rank holding a distinct shard) whose local gradients count in the norm."""
+        (FSDP2's, each rank holding a distinct shard) whose local gradients count in the norm;
+        ``sparse``: the input embedding's name, whose gradient is summed sparsely
+        (:mod:`potluck.runtime.grads.sparse_embedding`; :meth:`start` then needs the ids)."""
         self.layout = layout
         self.params = params
         self.norm_params = tuple(norm_params)
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
-        self.buckets = plan_buckets(layout, params, bucket_elements)
+        alone = frozenset() if sparse is None else frozenset({sparse})
+        self.buckets = plan_buckets(layout, params, bucket_elements, alone)
+        self.sparse = next((SparseEmbeddingGrad(b, layout.role.tp_rank, wire_dtype)
+                            for b in self.buckets if b.items[0].name == sparse), None)
         # ZeRO-1: the buckets whose sums go to their owners only, and per item of those
         # whether this rank is its owner
         self._slots = {id(b): owner_slots(layout, owners, b) for b in self.buckets
-                       if owners is not None and scatters(b)}
+                       if owners is not None and scatters(b) and not self._is_sparse(b)}
         self._owns = {item.name: i in self._slots[id(b)].mine for b in self.buckets
                       if id(b) in self._slots for i, item in enumerate(b.items)}
         self.full = FullLayout(layout.role.tp_rank)
@@ -125,16 +142,32 @@ class GradSync:
     def _per_micro_batch(self, bucket: Bucket) -> bool:
         return self.sharded is not None and id(bucket) in self._slots
 
-    def start(self) -> None:
-        """Before the schedule: from now on, buckets start as their gradients become final."""
+    def _is_sparse(self, bucket: Bucket) -> bool:
+        return self.sparse is not None and bucket is self.sparse.bucket
+
+    def start(self, ids: torch.Tensor | None = None) -> None:
+        """Before the schedule: from now on, buckets start as their gradients become final.
+        ``ids``: the token ids of this replica's step (the sparse embedding's rows)."""
         self._next = 0
         self._is_ready = [False] * len(self._sequence)
         self._inflight = []
         self.stats = SyncStats(buckets=len(self.buckets))
+        if self.sparse is not None:
+            self._start_sparse(ids)
         if self.sharded is not None:
             self.sharded.start()
         if self.ready is not None:
             self.ready.start()
+
+    def _start_sparse(self, ids: torch.Tensor | None) -> None:
+        """Exchange the touched rows' counts and ids, before any bucket launches."""
+        if ids is None:
+            raise RuntimeError("the sparse embedding gradient needs the step's token ids: "
+                               "pass them to GradSync.start")
+        self.sparse.start(ids)
+        self.stats.embed_rows = self.sparse.counts
+        self.stats.embed_exchange_bytes = self.sparse.exchange_bytes
+        self.stats.embed_dense_bytes = self.sparse.dense_bytes
 
     def finish(self) -> None:
         """After the schedule: start the remaining buckets, wait for all, write the sums back."""
@@ -144,6 +177,8 @@ class GradSync:
         for reduction in self._inflight:
             self._write_back(reduction)
         self._inflight = []
+        if self.sparse is not None:
+            self.sparse.write_back()
         if self.sharded is not None:
             for bucket in self.buckets:
                 if self._per_micro_batch(bucket):
@@ -190,6 +225,9 @@ class GradSync:
         for item in bucket.items:
             _match_grad_layout(item.param)
         grads = [local(_grad(item.param)) for item in bucket.items]
+        if self._is_sparse(bucket):
+            self.sparse.launch(grads[0])
+            return
         slots = self._slots.get(id(bucket))
         if slots is not None:
             self._inflight.append(self._scatter(bucket, grads, slots))

@@ -82,8 +82,8 @@ def check_options(options: TrainOptions) -> None:
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
 # The plan's communication decisions potluck's runtime runs: split P2P channels
-# (runtime/parallel/pipeline.py).
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"split_p2p_channels"})
+# (runtime/parallel/pipeline.py), sparse embedding gradients (runtime/grads/sparse_embedding.py).
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"split_p2p_channels", "sparse_embedding_grads"})
 
 
 def check_execution(plan: Plan) -> None:
