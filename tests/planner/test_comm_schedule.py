@@ -150,7 +150,7 @@ def _works(plan):
     cost = CostModel.for_plan(plan)
     devices = [cost.cluster.device(stage.devices[0]) for stage in plan.pipelines[0].stages]
     return [cost.stage_time((device,), StageShape(stage.num_layers, i == 0, i == 3, 4, 1)).work
-            for i, (device, stage) in enumerate(zip(devices, plan.pipelines[0].stages))]
+            for i, (device, stage) in enumerate(zip(devices, plan.pipelines[0].stages, strict=True))]
 
 
 def test_distinct_tokens_grow_slower_than_tokens_and_never_pass_the_vocabulary():
