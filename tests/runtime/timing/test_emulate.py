@@ -160,3 +160,106 @@ def test_a_long_emulated_step_is_announced_with_the_way_to_speed_it_up(step_s, s
     assert f"every op {step_s / 0.1:.0f}x its predicted time" in line
     assert f"about {12 * step_s / 60:.2g} min in all (an estimate)" in line
     assert ("--stand-in tiny" in line) is hinted
+
+
+def test_an_op_nested_in_another_is_padded_apart_and_not_counted_twice(monkeypatch):
+    """The explicit TP executor's pieces run inside their stage's op: each is padded to its
+    own target, and the op around them pads only its own work to its (smaller) target."""
+    from potluck.planner.compute import BlockTimes, PartTimes
+    from potluck.planner.cost import ExplicitTP
+    from potluck.runtime.timing.clock import Segment
+    from potluck.runtime.timing.targets import RankTargets
+
+    part = BlockTimes(0.02, 0.04, 0.0)
+    pieces = ExplicitTP((PartTimes(part, part),), chunks=1, allreduce_s=0.0, boundary_s=0.0)
+    clock = EmulationClock(RankTargets({0: OpTargets(0.01, 0.01)}, explicit={0: pieces},
+                                       first_layers={0: 3}), dilation=2.0)
+    segment = Segment(OpKind.FORWARD, 0, "attention", layer=3)
+    began = time.perf_counter()
+    clock.run(OpKind.FORWARD, 0, lambda: [clock.run_segment(segment, lambda: 0) for _ in range(3)])
+    took = time.perf_counter() - began
+    assert 3 * 0.04 + 0.02 <= took < 3 * 0.04 + 0.02 + 0.1  # not padded to the op's 0.02 only
+    assert clock.overruns == 0
+
+
+def test_collectives_queue_on_their_channel_and_a_wait_lasts_until_the_end():
+    """Two all-reduces started at once on the TP channel end one after the other; waiting
+    for the second lasts both, and the wait is not the op's own work."""
+    from potluck.planner.compute import BlockTimes, PartTimes
+    from potluck.planner.cost import ExplicitTP
+    from potluck.runtime.timing.clock import CommOp
+    from potluck.runtime.timing.targets import RankTargets
+
+    part = BlockTimes(0.0, 0.0, 0.0)
+    pieces = ExplicitTP((PartTimes(part, part),), chunks=2, allreduce_s=0.05, boundary_s=0.0)
+    clock = EmulationClock(RankTargets({0: OpTargets(0.0, 0.0)}, explicit={0: pieces}),
+                           dilation=1.0)
+
+    class Done:
+        def wait(self):
+            return None
+
+    def op():
+        first = clock.start_comm(CommOp(OpKind.TP_ALLREDUCE, 0), Done())
+        second = clock.start_comm(CommOp(OpKind.TP_ALLREDUCE, 0), Done())
+        second.wait()
+        first.wait()
+
+    began = time.perf_counter()
+    clock.run(OpKind.FORWARD, 0, op)
+    assert time.perf_counter() - began >= 0.1
+    assert clock.max_ratio == 0.0 and clock.overruns == 0  # the op's own work: nothing
+
+
+def test_a_received_transfer_arrives_after_both_ends_were_ready():
+    """The receiver knows when it was ready and the stamp says when the sender was: the
+    transfer starts at the later of the two and takes its dilated time; a send's channel is
+    busy until its estimated end, so the next send on it starts after."""
+    import torch
+
+    from potluck.runtime.timing.p2p_emulation import P2PEmulation
+
+    class Op:
+        def __init__(self, peer):
+            self.peer, self.group = peer, None
+
+    emulation = P2PEmulation({(OpKind.RECV_FORWARD, 1): 0.5, (OpKind.SEND_FORWARD, 1): 0.25},
+                             dilation=2.0)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        recv = Op(peer=0)
+        emulation.tag([recv], OpKind.RECV_FORWARD, 1)
+        batch, posted = emulation.post([recv])
+        assert len(batch) == 2 and batch[1].op is torch.distributed.irecv  # the stamp follows
+        sender_ready = posted[0].ready_s + 3.0
+        posted[0].stamp.fill_(sender_ready)
+        assert emulation.arrival_s(posted) == pytest.approx(sender_ready + 2.0 * 0.5)
+        first, second = Op(peer=0), Op(peer=0)
+        emulation.tag([first, second], OpKind.SEND_FORWARD, 1)
+        _, sent = emulation.post([first])
+        _, queued = emulation.post([second])
+        assert queued[0].ready_s == pytest.approx(sent[0].ready_s + 2.0 * 0.25)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_split_channels_are_emulated_beside_the_compute_with_unchanged_numerics():
+    """With split channels the transfers are not padded into the compute ops but timed on
+    their channels; the step still takes what the cost model predicts."""
+    from dataclasses import replace
+
+    from potluck.plans import CommSchedule
+
+    plan = replace(gpu_plan(), comm=CommSchedule(split_p2p_channels=True))
+    plan = replace(plan, prediction=predict(replace(plan, prediction=None)))
+    targets = stage_targets(plan, Layout.for_local_ranks(plan, 0))
+    blocking = stage_targets(gpu_plan(), Layout.for_local_ranks(gpu_plan(), 0))
+    assert targets[0].forward_s < blocking[0].forward_s  # the send is no longer inside
+    dilation = 0.4 / plan.prediction.iteration_time_s
+    options = TrainOptions(steps=4, lr=3e-3, emulate=True, dilation=dilation, progress=False,
+                           timeout_s=60)
+    results = run_local(_emulated, plan.devices, (plan, options), timeout_s=120)[0]
+    plain = run_plan(make_plan(TINY_LLAMA, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 4)]), steps=4)
+    assert [loss for loss, _, _ in results] == pytest.approx(plain, abs=2e-3)
+    for _, measured_s, predicted_s in results[1:]:
+        assert measured_s == pytest.approx(predicted_s, rel=0.25)

@@ -135,10 +135,10 @@ class EmulationClock:
             self.max_ratio = max(self.max_ratio, elapsed_s / predicted_s)
         target_s = self.dilation * predicted_s
         if self.dilation > 0:
-            if elapsed_s > target_s:
-                self.overruns += 1
-            else:
+            if elapsed_s <= target_s:
                 time.sleep(target_s - elapsed_s)
+            elif predicted_s > 0:
+                self.overruns += 1
         self.exclude(time.perf_counter() - start_s)
         return result
 
