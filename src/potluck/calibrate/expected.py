@@ -39,7 +39,8 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
         pipeline = plan.pipelines[k]
         work = cost.stage_time(placed[k][i], stage_shape(plan, k, i)).work
         sends = 0.0
-        if emulated:  # padded as the emulator does (runtime.timing.emulate.stage_targets)
+        if emulated and not plan.comm.split_p2p_channels:  # padded as the emulator does
+            # (runtime.timing.targets.stage_targets; split channels time them apart)
             sends = sum(stage_send_s(plan, k, i, j, cost) for j in (i - 1, i + 1)
                         if 0 <= j < pipeline.pp)
         total += pipeline.num_micro_batches * (work.total_s + sends)
@@ -49,7 +50,7 @@ def compute_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
 def optimizer_s(plan: Plan, devices: list[str], emulated: bool = False) -> float:
     """Optimizer seconds of ``devices`` in one step, summed."""
     cost = CostModel.for_plan(plan)
-    if emulated:
+    if emulated and not plan.comm.dp_priority_schedule:  # the plan's, on every rank
         return len(devices) * predict(plan, cost).breakdown.optimizer_s
     where = stages_of(plan)
     total = 0.0

@@ -87,8 +87,10 @@ def applied_overhead(plan: Plan, overhead_s: float | None) -> Plan:
 
 def _emulated_links(plan: Plan, measured: Trace) -> tuple[LinkFit, ...]:
     """The pipeline's links from the sends padded into forward and backward, then the
-    all-reduce's other link classes from the padded exposed all-reduce."""
-    sends = fit_sends(plan, measured)
+    all-reduce's other link classes from the padded exposed all-reduce. A run with split
+    pipeline channels pads no send into its compute (the emulator times them beside it),
+    so its pipeline links are not fitted."""
+    sends = () if plan.comm.split_p2p_channels else fit_sends(plan, measured)
     with_sends = replace(plan, cluster=_with_links(plan.cluster, sends))
     exposed = fit_exposed(with_sends, measured, partial(_with_links, with_sends.cluster))
     fitted = {link.key for link in sends}
