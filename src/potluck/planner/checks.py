@@ -17,6 +17,16 @@ from potluck.plans import TrainingShape
 GB = 1e9
 
 
+def _check_overlap_chunks(training: TrainingShape, options: SearchOptions) -> None:
+    """Sub-batches forced by the execution must divide a pinned micro-batch of TP stages."""
+    chunks = training.execution.tp_overlap_chunks
+    size = options.micro_batch_size
+    if chunks and chunks > 1 and size and size % chunks and (options.tp or 2) > 1:
+        raise ConfigError(
+            f"the execution's tp_overlap_chunks {chunks} does not divide --micro-batch-size "
+            f"{size}; pin a multiple of {chunks}, or set tp_overlap_chunks to auto or 1")
+
+
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions) -> None:
     """Reject requests that no plan could satisfy, before searching."""
@@ -41,6 +51,7 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
             f"global batch {batch} is not a multiple of --micro-batch-size "
             f"{options.micro_batch_size}; use a multiple of it"
         )
+    _check_overlap_chunks(training, options)
     if options.dp is not None:
         _check_batch_over_replicas(batch, options)
     if options.groups is not None and not options.groups:

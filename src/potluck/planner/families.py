@@ -19,11 +19,13 @@ from potluck.cluster.spec import NodeGroup
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
+from potluck.planner.comm.refine import choose_stage_comm
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NicSharing, RingLink
 from potluck.planner.partition import StageSlot, split_layers
 from potluck.planner.space import Unit, UnitLayout, Wrap, group_units
+from potluck.plans import Execution, StageComm
 from potluck.schedules import Schedule, StageWork, schedule_for
 
 PATTERN_SAMPLES = 8  # pipelines sampled for link patterns (layouts repeat within a machine)
@@ -100,6 +102,7 @@ class FamilyEvaluator:
         self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
         self._params_cache: dict[tuple, float] = {}
+        self._comm_cache: dict[tuple, StageComm] = {}
         # quick estimates: every GPU of a machine crosses its card at once
         self._whole_machines = NicSharing.whole_machines(cluster, cluster.devices)
 
@@ -153,7 +156,7 @@ class FamilyEvaluator:
         sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
                       for i in range(pp))
-        fill, period = _fill_and_period(list(works), setting, self.cost.execution.overlap_p2p)
+        fill, period = _fill_and_period(list(works), setting, self.cost.execution)
         dp_quick = self._dp_quick_s(pipelines, layers, works)
         optimizer = self._optimizer_s(pipelines[0], layers, setting.sharding(dp))
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
@@ -263,7 +266,8 @@ class FamilyEvaluator:
         key = (unit.group, unit.tp, first, last, pp, dp, setting)
         coefficients = self._coefficient_cache.get(key)
         if coefficients is None:
-            shape = StageShape(0, first, last, pp, setting.micro_batch, setting.recompute)
+            shape = self._with_comm(StageShape(0, first, last, pp, setting.micro_batch,
+                                               setting.recompute), unit, setting)
             coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
             self._coefficient_cache[key] = coefficients
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
@@ -303,10 +307,28 @@ class FamilyEvaluator:
                setting.micro_batch, setting.recompute, send_s)
         work = self._works.get(key)
         if work is None:
-            shape = StageShape(layers, i == 0, i == pp - 1, pp, setting.micro_batch,
-                               setting.recompute)
+            shape = self._with_comm(StageShape(layers, i == 0, i == pp - 1, pp,
+                                               setting.micro_batch, setting.recompute),
+                                    unit, setting)
             work = self._works[key] = self.cost.stage_time(unit.devices, shape, send_s).work
         return work
+
+    def stage_comm(self, unit: Unit, setting: FamilySetting) -> StageComm:
+        """The unit's TP communication setting with the least time per block
+        (:func:`potluck.planner.comm.refine.choose_stage_comm`; cached)."""
+        key = (unit.group, tuple(d.local_index for d in unit.devices), setting.micro_batch,
+               setting.recompute, setting.schedule)
+        comm = self._comm_cache.get(key)
+        if comm is None:
+            shape = StageShape(0, micro_batch=setting.micro_batch, recompute=setting.recompute)
+            comm = self._comm_cache[key] = choose_stage_comm(self.cost, unit.devices, shape,
+                                                             setting.schedule)
+        return comm
+
+    def _with_comm(self, shape: StageShape, unit: Unit, setting: FamilySetting) -> StageShape:
+        comm = self.stage_comm(unit, setting)
+        return replace(shape, tp_overlap_chunks=comm.tp_overlap_chunks,
+                       keeps_comm=comm.recompute_keeps_comm)
 
     def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],
                     works: tuple[StageWork, ...]) -> float:
@@ -396,10 +418,14 @@ def _sample(pipelines: tuple[tuple[Unit, ...], ...]) -> tuple[tuple[Unit, ...], 
 
 
 def _fill_and_period(works: list[StageWork], setting: FamilySetting,
-                     overlap_p2p: bool) -> tuple[float, float]:
-    """Pipeline time is linear in the micro-batch count: ``fill + m * period``."""
+                     execution: Execution) -> tuple[float, float]:
+    """Pipeline time is linear in the micro-batch count: ``fill + m * period``; split
+    channels unless the execution forces them off (they never slow a pipeline down; the
+    built plan's :func:`~potluck.planner.comm.refine.refine_comm` decides)."""
     schedule, v = schedule_for(setting.schedule), setting.virtual_stages
-    one = schedule.pipeline_time(works, 1, v, overlap_p2p=overlap_p2p).total_s
-    two = schedule.pipeline_time(works, 2, v, overlap_p2p=overlap_p2p).total_s
+    traits = {"overlap_p2p": execution.overlap_p2p,
+              "split_channels": execution.split_p2p_channels is not False}
+    one = schedule.pipeline_time(works, 1, v, **traits).total_s
+    two = schedule.pipeline_time(works, 2, v, **traits).total_s
     period = two - one
     return one - period, period

@@ -54,6 +54,7 @@ from potluck.model.counts import Recompute
 from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
+from potluck.planner.comm.refine import refine_comm
 from potluck.planner.cost import CostModel, usable_memory_bytes
 from potluck.planner.evaluate import host_memory_problem, predict, zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
@@ -220,6 +221,9 @@ class _Search:
             plan = refine_memory(self._build(combo), self.cost, self._refining(combo),
                                  level.offload)
             if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
+                continue
+            plan = refine_comm(plan, self.cost)
+            if plan is None:
                 continue
             plan = self._evaluate(plan)
             if self._fits(plan):
@@ -496,7 +500,8 @@ class _Search:
                     continue
                 ranges = _layer_ranges(family.layers, setting.virtual_stages)
                 stages = tuple(
-                    Stage(tuple(d.id for d in unit.devices), ranges[i])
+                    Stage(tuple(d.id for d in unit.devices), ranges[i],
+                          comm=self.families.stage_comm(unit, setting))
                     for i, unit in enumerate(units)
                 )
                 pipelines.append(Pipeline(stages, setting.micro_batch, count))
@@ -515,15 +520,17 @@ class _Search:
 
 
 def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:
-    """The ``beam`` best families (``found`` is sorted), and the best of every TP choice
-    beyond them: the ranking is made at one micro-batch size, and a larger TP degree that
-    loses there can win at the larger micro-batches the second pass tries (8 A100s,
-    llama2-7b: tp=4 x dp=2 ranks below three tp=2 families at micro-batch 1 and wins at 8)."""
+    """The ``beam`` best families (``found`` is sorted), and the best of every TP choice and
+    replica count beyond them: the ranking is made at one micro-batch size, and a larger TP
+    degree or more replicas that lose there can win at the larger micro-batches the second
+    pass tries (8 A100s, llama2-7b: tp=4 x dp=2 ranks below three tp=2 families at
+    micro-batch 1 and wins at 8; four RTX 4090s: four replicas lose to a four-stage pipeline
+    whose transfers overlap at micro-batch 1 and win at 4)."""
     kept = found[:beam]
-    seen = {family.groups for family in kept}
+    seen = {(family.groups, family.dp) for family in kept}
     for family in found[beam:]:
-        if family.groups not in seen:
-            seen.add(family.groups)
+        if (family.groups, family.dp) not in seen:
+            seen.add((family.groups, family.dp))
             kept.append(family)
     return kept
 

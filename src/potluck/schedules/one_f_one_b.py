@@ -56,7 +56,9 @@ class OneFOneB(PipelineSchedule):
                       *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
         # torch's Schedule1F1B waits on every fused batch; with split channels the same order
         # runs on torch's schedule runtime, sends posted at once and waited at the step's end
-        in_flight = [self.in_flight(i, len(stages), micro_batches) for i in range(len(stages))]
+        # the steady state's micro-batches in flight (torch's 1F1B needs m >= p); the fewer
+        # the micro-batches, the less that state lasts, which the fill already prices
+        in_flight = [float(len(stages) - i) for i in range(len(stages))]
         return pipeline_time(stages, micro_batches, chunks=1, blocking=not split_channels,
                              in_flight=in_flight)
 

@@ -81,7 +81,9 @@ class _Refiner:
                 sharding = replace(stage_sharding(plan, k, i), offload=False)
                 devices = tuple(self.cost.cluster.device(d) for d in stage.devices)
                 base = StageShape(stage.num_layers, i == 0, i == pipeline.pp - 1, pipeline.pp,
-                                  pipeline.micro_batch_size)
+                                  pipeline.micro_batch_size,
+                                  tp_overlap_chunks=stage.comm.tp_overlap_chunks,
+                                  keeps_comm=stage.comm.recompute_keeps_comm)
                 in_flight = schedule.in_flight(i, pipeline.pp, pipeline.num_micro_batches,
                                                plan.virtual_stages)
                 yield _Stage((k, i), devices, base, in_flight, pipeline.num_micro_batches,
