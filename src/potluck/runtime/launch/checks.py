@@ -81,8 +81,9 @@ def check_options(options: TrainOptions) -> None:
 # (:func:`check_comm`).
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
-# The plan's communication decisions potluck's runtime runs.
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset()
+# The plan's communication decisions potluck's runtime runs (dp_priority_schedule:
+# runtime/loop/trainer.py, runtime/grads/gather.py).
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"dp_priority_schedule"})
 
 
 def check_execution(plan: Plan) -> None:
