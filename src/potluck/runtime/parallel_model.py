@@ -35,7 +35,11 @@ takes this replica's rows of a global batch (``[rows, seq_len + 1]`` token
 ids), runs the schedule with the token-weighted loss, sums gradients across
 replicas and returns the global loss and gradient norm. The optimizer step is
 the caller's (:class:`~potluck.runtime.loop.trainer.Trainer` does it, then
-:meth:`ParallelModel.sync_parameters`).
+:meth:`ParallelModel.sync_parameters`). Under ``plan.comm.dp_priority_schedule`` the
+token count is summed without a barrier (known from the step before, or an all-reduce
+in flight that only the first loss waits for) and ZeRO's parameter all-gathers are left
+in flight into the next forward (:mod:`~potluck.runtime.grads.gather`), finished by
+:meth:`ParallelModel.flush` before anything else reads the parameters.
 """
 
 from __future__ import annotations
@@ -56,9 +60,15 @@ from potluck.errors import ConfigError
 from potluck.model.memory import StageMemory, Swap
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
-from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, SyncedParam
+from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
+from potluck.runtime.grads.gather import (
+    GatherPoint,
+    ParameterGathers,
+    bucket_units,
+    gather_points,
+)
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
 from potluck.runtime.launch.checks import check_execution
@@ -70,10 +80,10 @@ from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.traced import find_blocks, trace_stages
-from potluck.runtime.parallel.pipeline import build_schedule, split_stages
+from potluck.runtime.parallel.pipeline import StageModule, build_schedule, split_stages
 from potluck.runtime.parallel.recompute import apply_memory
 from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
-from potluck.runtime.timing.clock import Clock, NullClock
+from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Waitable
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,21 @@ class StepOutput:
     tokens: int  # target tokens in the global batch
     grad_norm: float  # global L2 norm of the summed gradients (loss scale divided out)
     grads_finite: bool = True  # False: some gradient on some rank is inf or NaN
+    carried: torch.Tensor | None = None  # the caller's ``carry``, summed over every rank
+
+
+@dataclass
+class TokenCount:
+    """The global batch's target tokens: known, or an all-reduce still in flight."""
+
+    total: torch.Tensor
+    work: Waitable | None = None
+
+    def wait(self) -> int:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return int(self.total.item())
 
 
 def _check_model(model: nn.Module, layout: Layout, blocks: nn.ModuleList) -> None:
@@ -254,10 +279,39 @@ class ParallelModel:
             overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements,
             owners=owners, shard_grads=plan.zero >= 2,
             norm_params=[p for p in self.module.parameters() if id(p) in fsdp],
-            sparse=sparse_embedding)
+            sparse=sparse_embedding, before_reduce=self.flush)
         self.zero = (Zero1(self.layout, params, self.grad_sync.buckets, owners)
                      if owners is not None else None)
+        self.priority = plan.comm.dp_priority_schedule
+        self.gathers = self._parameter_gathers()
         self.schedule = self._build_schedule()
+
+    def _parameter_gathers(self) -> ParameterGathers | None:
+        """Under the priority schedule with ZeRO: the all-gathers left in flight, waited for
+        by the modules that use their buckets and before anything reads the state dict."""
+        if not self.priority or self.zero is None:
+            return None
+        gathers = ParameterGathers(self.zero, self._start_gather)
+        gathers.hook(self._gather_points())
+        self.module.register_state_dict_pre_hook(lambda *_: self.flush())
+        return gathers
+
+    def _start_gather(self, bucket: Bucket, work: Any) -> Waitable:
+        """A bucket's parameter all-gather, handed to the clock (which may time it)."""
+        op = CommOp(OpKind.PARAM_ALLGATHER, -1, units=bucket_units(bucket))
+        return self.clock.start_comm(op, work)
+
+    def _gather_points(self) -> list[GatherPoint]:
+        """Where the forward waits for a bucket: in a family's stage, each module holding its
+        parameters; a traced stage (one graph whose submodules never run as modules) waits
+        for all of its buckets when it starts."""
+        buckets, points = self.zero.buckets, []
+        for stage in self.stages:
+            if isinstance(stage, StageModule):
+                points += gather_points(list(stage.modules()), buckets, recurse=False)
+            else:
+                points += gather_points([stage], buckets, recurse=True)
+        return points
 
     def _build_schedule(self) -> Any:
         weight_pass = self.grad_sync.weight_pass if self.grad_sync.ready is not None else None
@@ -287,28 +341,50 @@ class ParallelModel:
 
     # --- one step ----------------------------------------------------------------------------
 
-    def forward_backward(self, rows: torch.Tensor, loss_scale: float = 1.0) -> StepOutput:
+    def forward_backward(self, rows: torch.Tensor, loss_scale: float = 1.0, *,
+                         tokens: int | None = None, carry: torch.Tensor | None = None
+                         ) -> StepOutput:
         """Forward and backward of this replica's ``rows``; gradients summed over replicas.
 
         With ``loss_scale`` (fp16), gradients are left multiplied by it: the caller
         divides it out (:meth:`unscale_and_clip`); the returned loss and norm are unscaled.
+        ``tokens``: the global batch's target-token count, when the caller already knows it
+        (no collective then); ``carry``: float64 values summed over every rank along with
+        the loss and the norm (the same all-reduce), returned as ``StepOutput.carried``.
         """
         rows = rows.to(self.session.device)
         inputs, targets = rows[:, :-1], rows[:, 1:]
-        tokens = self._global_tokens(targets)
-        self.loss_fn.scale = loss_scale / max(tokens, 1)
+        count = self._global_tokens(rows, tokens)
+        self.loss_fn.defer_scale(lambda: loss_scale / max(count.wait(), 1))
         losses: list[torch.Tensor] = []
         self.grad_sync.start(inputs)  # buckets start reducing as their gradients become final
         with self._loss_context(), self._autocast(), self._counting():
             self._run_schedule(inputs, targets, losses)
         self.clock.run(OpKind.DP_ALLREDUCE, -1, self.grad_sync.finish)
-        return self._reduce(losses, tokens, loss_scale)
+        return self._reduce(losses, count.wait(), loss_scale, carry)
 
     def sync_parameters(self) -> None:
-        """After the optimizer step: with ZeRO-1, copy each parameter's update from the
-        replica that owns its optimizer state to the others (nothing to do otherwise)."""
-        if self.zero is not None:
+        """After the optimizer step: with ZeRO-1/2, copy each parameter's update from the
+        replica that owns its optimizer state to the others (nothing to do otherwise).
+        Under the priority schedule the all-gathers are only started: see :meth:`flush`."""
+        if self.gathers is not None:
+            self.gathers.launch()
+        elif self.zero is not None:
             self.zero.gather_parameters()
+
+    def flush(self) -> None:
+        """Finish the parameter all-gathers still in flight (priority schedule) and write
+        their values back. Forward pre-hooks wait for each bucket as the next forward needs
+        it; call this before reading parameters any other way (the state dict does)."""
+        if self.gathers is not None:
+            self.gathers.flush()
+
+    def local_tokens(self, rows: torch.Tensor) -> int:
+        """The target tokens of ``rows`` that this rank counts toward the global batch's
+        (its replica's leader counts them, every other rank 0)."""
+        if not self.layout.is_replica_leader:
+            return 0
+        return int((rows[:, 1:] != IGNORE_INDEX).sum())
 
     def _counting(self) -> Any:
         """On CPU ranks the ledger counts the tensors autograd saves (a GPU's allocator
@@ -334,24 +410,39 @@ class ParallelModel:
             kwargs.update(target=targets, losses=losses)
         self.schedule.step(*args, **kwargs)
 
-    def _global_tokens(self, targets: torch.Tensor) -> int:
-        count = (targets != IGNORE_INDEX).sum() if self.layout.is_replica_leader else 0
-        total = torch.tensor([float(count)], dtype=torch.float64, device=self.session.device)
-        dist.all_reduce(total)
-        return int(total.item())
+    def _global_tokens(self, rows: torch.Tensor, known: int | None) -> TokenCount:
+        """The global batch's target tokens: ``known``, else summed over the replicas'
+        leaders; under the priority schedule asynchronously (waited for by the first loss,
+        or after the schedule on ranks without the head), so a step starts with no barrier."""
+        if known is not None:
+            return TokenCount(torch.tensor(float(known)))
+        total = torch.tensor([float(self.local_tokens(rows))], dtype=torch.float64,
+                             device=self.session.device)
+        if not self.priority:
+            dist.all_reduce(total)
+            return TokenCount(total)
+        work = dist.all_reduce(total, async_op=True)
+        op = CommOp(OpKind.DP_ALLREDUCE, -1, key=("global_tokens",))
+        return TokenCount(total, self.clock.start_comm(op, work))
 
-    def _reduce(self, losses: list[torch.Tensor], tokens: int, loss_scale: float) -> StepOutput:
+    def _reduce(self, losses: list[torch.Tensor], tokens: int, loss_scale: float,
+                carry: torch.Tensor | None = None) -> StepOutput:
         loss_sum = 0.0
         if self.layout.is_loss_reporter:
             loss_sum = float(sum(_scalar(loss) for loss in losses))
-        totals = torch.tensor([loss_sum, 0.0], dtype=torch.float64, device=self.session.device)
+        extra = carry.numel() if carry is not None else 0
+        totals = torch.zeros(2 + extra, dtype=torch.float64, device=self.session.device)
+        totals[0] = loss_sum
         totals[1] = self.grad_sync.norm_squared()  # small tensors live on the device (nccl)
+        if carry is not None:
+            totals[2:] = carry.reshape(-1)
         dist.all_reduce(totals)  # an inf or NaN gradient anywhere makes every rank's sum so
         norm_squared = float(totals[1])
         return StepOutput(loss=float(totals[0]) / loss_scale, tokens=tokens,
                           grad_norm=math.sqrt(norm_squared) / loss_scale
                           if math.isfinite(norm_squared) else math.inf,
-                          grads_finite=math.isfinite(norm_squared))
+                          grads_finite=math.isfinite(norm_squared),
+                          carried=totals[2:] if carry is not None else None)
 
     def unscale_and_clip(self, max_norm: float | None, grad_norm: float,
                          loss_scale: float = 1.0) -> None:

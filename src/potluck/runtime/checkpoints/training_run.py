@@ -75,7 +75,10 @@ def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
     """Checkpoint the state after the trainer's last step (collective: every rank calls);
-    once the run has a known-good checkpoint, prune to it and the newest ``keep_last``."""
+    once the run has a known-good checkpoint, prune to it and the newest ``keep_last``.
+    What the priority schedule left in flight is finished first (the updated parameters
+    every replica saves, the last step's metrics)."""
+    trainer.flush()
     model = trainer.model
     next_step = trainer.step_index
     writes = model.layout.role.pipeline == 0
@@ -104,7 +107,9 @@ def _states_only(optim: dict[str, Any]) -> dict[str, Any]:
 
 def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     """Load the newest checkpoint under ``out_dir`` that verifies; returns the step to
-    continue from (collective: every rank calls)."""
+    continue from (collective: every rank calls). Parameter all-gathers still in flight
+    are finished first, so none writes over the loaded values."""
+    trainer.flush()
     path = resume_checkpoint(out_dir)
     model = trainer.model
     state = training_state([model.module], [trainer.optimizer])

@@ -34,7 +34,9 @@ accumulations (post-accumulate-grad hooks, plus zero-bubble's separate
 weight passes, which write ``.grad`` without them). Buckets start in the
 fixed bucket order; :meth:`GradSync.finish` starts whatever has not started
 (a parameter that got no gradient), waits for all and writes the sums back.
-The sums are the same numbers either way.
+The sums are the same numbers either way. Before a step's first bucket starts,
+``before_reduce`` runs (the priority schedule's parameter all-gathers still in
+flight are finished there, :mod:`potluck.runtime.grads.gather`).
 
 torch's DDP and FSDP2 assume one model layout on every replica and average
 gradients, so neither fits uneven shares with per-layer groups; this module
@@ -45,7 +47,7 @@ TP rank 0 for replicated parameters).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
@@ -104,13 +106,17 @@ class GradSync:
                  wire_dtype: torch.dtype | None = None, *, micro_batches: int = 1,
                  overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS,
                  owners: dict[str, int] | None = None, shard_grads: bool = False,
-                 norm_params: Sequence[nn.Parameter] = (), sparse: str | None = None) -> None:
+                 norm_params: Sequence[nn.Parameter] = (), sparse: str | None = None,
+                 before_reduce: Callable[[], None] | None = None) -> None:
         """``shard_grads`` (ZeRO-2, with ``owners``): reduce-scatter after every micro-batch
         (:mod:`potluck.runtime.grads.zero2`); ``norm_params``: parameters synced elsewhere
         (FSDP2's, each rank holding a distinct shard) whose local gradients count in the norm;
         ``sparse``: the input embedding's name, whose gradient is summed sparsely
-        (:mod:`potluck.runtime.grads.sparse_embedding`; :meth:`start` then needs the ids)."""
+        (:mod:`potluck.runtime.grads.sparse_embedding`; :meth:`start` then needs the ids);
+        ``before_reduce``: runs once a step, before its first bucket starts (the parameter
+        all-gathers still in flight are finished there)."""
         self.layout = layout
+        self.before_reduce = before_reduce
         self.params = params
         self.norm_params = tuple(norm_params)
         self.wire_dtype = wire_dtype  # e.g. bf16 on the wire; None: the gradients' own dtype
@@ -211,6 +217,8 @@ class GradSync:
             self._launch_next()
 
     def _launch_next(self) -> None:
+        if self._next == 0 and self.before_reduce is not None:
+            self.before_reduce()
         _, index, _ = self._sequence[self._next]
         self._next += 1
         bucket = self.buckets[index]

@@ -28,7 +28,10 @@ optimizer state (AdamW's moments and step) and update it:
   the other holders, bucket by bucket (the gradient buckets,
   :mod:`potluck.runtime.grads.buckets`): aligned buckets all-gather each member's
   owned local shards (padded to the largest); full-layout buckets sum
-  full-size tensors to which only the owner contributes (``x + 0 = x``).
+  full-size tensors to which only the owner contributes (``x + 0 = x``). Under the
+  data-parallel priority schedule the same all-gathers are started per bucket
+  (:meth:`Zero1.launch_gather`) and left in flight into the next forward
+  (:mod:`potluck.runtime.grads.gather`).
 
 Numerics equal the unsharded optimizer: every holder would have applied the
 same elementwise update to the same values and gradients. The gradients of
@@ -211,12 +214,15 @@ class Zero1:
     @torch.no_grad()
     def gather_parameters(self) -> None:
         """Copy every owner's updated parameters to the other holders (collective)."""
-        pending = [self._launch(bucket) for bucket in self.buckets]
+        pending = [self.launch_gather(bucket) for bucket in self.buckets]
         for work, write_back in pending:
             work.wait()
             write_back()
 
-    def _launch(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
+    @torch.no_grad()
+    def launch_gather(self, bucket: Bucket) -> tuple[dist.Work, Callable[[], None]]:
+        """Start ``bucket``'s all-gather of its owners' updated values; torch's handle and
+        what writes the received values into the parameters once it is done."""
         if bucket.aligned:
             return self._launch_aligned(bucket)
         return self._launch_full(bucket)

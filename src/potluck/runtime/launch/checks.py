@@ -82,8 +82,10 @@ def check_options(options: TrainOptions) -> None:
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
 # The plan's communication decisions potluck's runtime runs: split P2P channels
-# (runtime/parallel/pipeline.py), sparse embedding gradients (runtime/grads/sparse_embedding.py).
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"split_p2p_channels", "sparse_embedding_grads"})
+# (runtime/parallel/pipeline.py), sparse embedding gradients (runtime/grads/sparse_embedding.py),
+# the priority schedule (runtime/grads/gather.py, runtime/loop/trainer.py).
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"split_p2p_channels", "sparse_embedding_grads",
+                                               "dp_priority_schedule"})
 
 
 def check_execution(plan: Plan) -> None:

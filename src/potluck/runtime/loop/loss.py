@@ -8,11 +8,15 @@ are plain sums: no average of unequal averages. Targets equal to
 ``IGNORE_INDEX`` (padding) count for nothing.
 
 Works on plain logits and on vocabulary-sharded DTensor logits (inside
-``loss_parallel``).
+``loss_parallel``). The scale may be left to the first loss of a step
+(:meth:`TokenLoss.defer_scale`): under the data-parallel priority schedule the global
+token count is still being summed when the schedule starts, and only the ranks that hold
+the head wait for it, before their first loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,8 +39,15 @@ class TokenLoss:
 
     def __init__(self) -> None:
         self.scale = 1.0
+        self._scale_of: Callable[[], float] | None = None
+
+    def defer_scale(self, scale_of: Callable[[], float]) -> None:
+        """Set :attr:`scale` to ``scale_of()`` when the next loss is computed, not before."""
+        self._scale_of = scale_of
 
     def __call__(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        if self._scale_of is not None:
+            self.scale, self._scale_of = self._scale_of(), None
         logits = logits_of(output)
         flat = logits.flatten(0, 1).float()
         total = F.cross_entropy(flat, targets.flatten(), reduction="sum",

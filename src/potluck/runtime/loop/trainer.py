@@ -20,6 +20,16 @@ it is meant to be. A run stops (:class:`~potluck.errors.TrainingError`, on every
 at the same step) after :data:`MAX_SKIPPED_STEPS` skipped steps in a row that lowering
 the loss scale could not have helped.
 
+Under the data-parallel priority schedule (``plan.comm.dp_priority_schedule``) a step
+ends without a barrier: nothing world-wide runs between a rank's optimizer step and its
+next forward. The parameter all-gathers stay in flight
+(:mod:`~potluck.runtime.grads.gather`); the next batch's token count (``next_rows``,
+which :meth:`Trainer.fit` passes) and every rank's memory figures of the step before
+ride the norm's all-reduce, which clipping needs anyway. A step's complete metrics
+therefore reach the callbacks, and :meth:`Trainer.fit`'s history, with the next step,
+or with :meth:`Trainer.flush` (the end of :meth:`Trainer.fit`, a checkpoint); who calls
+:meth:`Trainer.step` directly calls :meth:`Trainer.flush` after the last one.
+
 Data comes from any :class:`BatchSource` (``potluck.data.TokenDataset`` is
 one): ``replica_rows(step, start, count)``
 returns rows ``[start, start + count)`` of global batch ``step`` as token ids
@@ -32,7 +42,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -82,7 +92,7 @@ class StepMetrics:
     tokens_per_s: float
     step_time_s: float
     predicted_step_time_s: float | None
-    peak_memory_gb: float  # this step's peak on a GPU, the process's so far on CPU
+    peak_memory_gb: float  # this step's peak on a GPU, the process's so far on CPU (max of ranks)
     grad_norm: float
     lr: float
     loss_scale: float | None = None  # fp16 loss scale this step ran with
@@ -90,6 +100,8 @@ class StepMetrics:
     dilation: float | None = None  # an emulated run's time stretch (None: not emulated)
     device_step_time_s: float | None = None  # emulated: the step on the plan's devices
     memory: tuple[dict[str, Any], ...] = ()  # per rank: its step's peaks (rank_memory_rows)
+    # Trainer.step under the priority schedule returns the record before every rank's memory
+    # is known: peak_memory_gb is then this rank's own and memory empty (see the module doc)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,24 +114,33 @@ def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0
                              weight_decay=weight_decay)
 
 
-def rank_memory_rows(model: ParallelModel, meter: PeakMemory) -> tuple[dict[str, Any], ...]:
-    """Every rank's peaks of the step (the same on every rank): ``device`` (the plan's id),
-    ``device_bytes`` (a GPU's allocator peak; a CPU rank's ledger), ``host_bytes`` and
-    ``held_on`` (bytes this rank's stashes took on other devices, by device id)."""
+def memory_table(model: ParallelModel, meter: PeakMemory) -> torch.Tensor:
+    """This rank's row of the step's memory table, the other rows zero (summed over the
+    ranks: everyone's): the meter's peak (``peak_memory_gb``), then
+    :func:`rank_memory_rows`' device bytes, host bytes and bytes held on each rank's device."""
     layout, session = model.layout, model.session
     world, devices = layout.world_size, layout.device_of_rank
     peak = model.ledger.peak()
-    table = torch.zeros(world, 2 + world, dtype=torch.float64, device=session.device)
-    own = meter.peak_bytes() if session.use_gpu else peak.device_bytes
-    table[layout.rank, 0], table[layout.rank, 1] = own, peak.host_bytes
+    table = torch.zeros(world, 3 + world, dtype=torch.float64, device=session.device)
+    row = table[layout.rank]
+    row[0] = meter.peak_bytes()
+    row[1] = row[0] if session.use_gpu else peak.device_bytes
+    row[2] = peak.host_bytes
     for device, held in peak.peer_bytes.items():
         if device in devices:
-            table[layout.rank, 2 + devices.index(device)] = held
-    dist.all_reduce(table)
-    rows = table.tolist()
-    return tuple({"device": devices[r], "device_bytes": row[0], "host_bytes": row[1],
-                  "held_on": {devices[p]: held for p, held in enumerate(row[2:]) if held}}
-                 for r, row in enumerate(rows))
+            row[3 + devices.index(device)] = held
+    return table
+
+
+def rank_memory_rows(model: ParallelModel, table: torch.Tensor) -> tuple[dict[str, Any], ...]:
+    """Every rank's peaks of the step from the summed :func:`memory_table` (the same on every
+    rank): ``device`` (the plan's id), ``device_bytes`` (a GPU's allocator peak; a CPU
+    rank's ledger), ``host_bytes`` and ``held_on`` (bytes this rank's stashes took on other
+    devices, by device id)."""
+    devices = model.layout.device_of_rank
+    return tuple({"device": devices[r], "device_bytes": row[1], "host_bytes": row[2],
+                  "held_on": {devices[p]: held for p, held in enumerate(row[3:]) if held}}
+                 for r, row in enumerate(table.tolist()))
 
 
 def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -166,6 +187,11 @@ class Trainer:
         self.good_checkpoint: Path | None = None  # newest checkpoint a finite step ran from
         self.resumed_from: Path | None = None
         self._unconfirmed_checkpoint: Path | None = None
+        # priority schedule: a step's metrics awaiting every rank's memory table, and the
+        # token count of rows a step was told come next
+        self._pending: tuple[StepMetrics, torch.Tensor] | None = None
+        self._next_tokens: tuple[torch.Tensor, int] | None = None
+        self._history: list[StepMetrics] | None = None  # fit's, while it runs
 
     def note_checkpoint(self, path: Path, *, resumed: bool = False) -> None:
         """A checkpoint of the current state was saved (or, ``resumed``, loaded). It becomes
@@ -176,8 +202,11 @@ class Trainer:
         if resumed:
             self.resumed_from = path
 
-    def step(self, rows: torch.Tensor) -> StepMetrics:
-        """One training step on this replica's ``rows`` of the current global batch."""
+    def step(self, rows: torch.Tensor, *, next_rows: torch.Tensor | None = None
+             ) -> StepMetrics:
+        """One training step on this replica's ``rows`` of the current global batch.
+        ``next_rows``: the next step's rows, if known (the priority schedule then sums their
+        token count in this step's norm all-reduce; see the module docstring)."""
         with self.model.session.guard():
             self.memory.start()
             self._count_states()
@@ -185,22 +214,14 @@ class Trainer:
             start_s = time.perf_counter()
             scale = self.loss_scale.scale if self.loss_scale is not None else 1.0
             lowerable = self.loss_scale is not None and scale > self.loss_scale.min_scale
-            output = self.model.forward_backward(rows, scale)
-            self._count_states()  # the step's gradients
-            if output.grads_finite:
-                self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
-                self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
-            else:
-                self._skip_step(scale)
-            if self.loss_scale is not None:
-                self.loss_scale.update(output.grads_finite)
-            self._count_states()  # the optimizer's states (made at its first step)
-            self.optimizer.zero_grad(set_to_none=False)
+            output = self._forward_backward(rows, next_rows, scale)
+            completed = self._take_carried(output, next_rows)
+            self._update_or_skip(output, scale)
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
             metrics = self._metrics(output, step_time_s, scale)
-        for callback in self.callbacks:
-            callback.on_step(metrics)
+        for record in [*completed, *([] if self.model.priority else [metrics])]:
+            self._report(record)
         self.step_index += 1
         if output.grads_finite and math.isfinite(output.loss) and self._unconfirmed_checkpoint:
             self.good_checkpoint, self._unconfirmed_checkpoint = self._unconfirmed_checkpoint, None
@@ -209,19 +230,101 @@ class Trainer:
 
     def fit(self, source: BatchSource, steps: int,
             on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
-        """Train ``steps`` steps from the trainer's current step; returns every step's metrics."""
+        """Train ``steps`` steps from the trainer's current step; returns every step's
+        metrics, complete (under the priority schedule the last one after the final
+        :meth:`flush`). ``on_step`` hears of each step as it ends."""
         start, count = self.model.layout.batch_rows
-        history = []
+        history: list[StepMetrics] = []
+        self._history = history
         try:
-            for _ in range(steps):
-                metrics = self.step(source.replica_rows(self.step_index, start, count))
-                history.append(metrics)
+            rows = None
+            for done in range(1, steps + 1):
+                if rows is None:
+                    rows = source.replica_rows(self.step_index, start, count)
+                ahead = (source.replica_rows(self.step_index + 1, start, count)
+                         if self.model.priority and done < steps else None)
+                metrics = self.step(rows, next_rows=ahead)
                 if on_step is not None:
                     on_step(metrics)
+                rows = ahead
+            self.flush()
         finally:
+            self._history = None
             for callback in self.callbacks:
                 callback.close()
         return history
+
+    def flush(self) -> None:
+        """Finish what steps under the priority schedule left in flight: the parameter
+        all-gathers, and every rank's memory figures of the last step, whose metrics are
+        then reported. Collective while a step's metrics are pending: every rank calls it
+        (:meth:`fit` at its end, checkpoint saves and resumes do). Nothing otherwise."""
+        with self.model.session.guard():
+            self.model.flush()
+            if self._pending is None:
+                return
+            (metrics, table), self._pending = self._pending, None
+            dist.all_reduce(table)
+        self._report(self._with_memory(metrics, table))
+
+    def _update_or_skip(self, output: Any, scale: float) -> None:
+        """Clip and step the optimizer, or skip a step whose gradients are not finite."""
+        self._count_states()  # the step's gradients
+        if output.grads_finite:
+            self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
+            self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
+        else:
+            self._skip_step(scale)
+        if self.loss_scale is not None:
+            self.loss_scale.update(output.grads_finite)
+        self._count_states()  # the optimizer's states (made at its first step)
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def _report(self, metrics: StepMetrics) -> None:
+        for callback in self.callbacks:
+            callback.on_step(metrics)
+        if self._history is not None:
+            self._history.append(metrics)
+
+    # --- what the priority schedule carries in the norm's all-reduce -------------------------
+
+    def _forward_backward(self, rows: torch.Tensor, next_rows: torch.Tensor | None,
+                          scale: float) -> Any:
+        if not self.model.priority:
+            return self.model.forward_backward(rows, scale)
+        return self.model.forward_backward(rows, scale, tokens=self._known_tokens(rows),
+                                           carry=self._carry(next_rows))
+
+    def _carry(self, next_rows: torch.Tensor | None) -> torch.Tensor:
+        """1 and this rank's token count of ``next_rows`` if given (0, 0 if not), then the
+        pending step's memory table (zeros if none)."""
+        world = self.model.layout.world_size
+        carry = torch.zeros(2 + world * (3 + world), dtype=torch.float64,
+                            device=self.model.session.device)
+        if next_rows is not None:
+            carry[0], carry[1] = 1.0, float(self.model.local_tokens(next_rows))
+        if self._pending is not None:
+            carry[2:] = self._pending[1].reshape(-1)
+        return carry
+
+    def _take_carried(self, output: Any, next_rows: torch.Tensor | None) -> list[StepMetrics]:
+        """Keep the next rows' global token count if every rank gave them; complete the
+        pending step's metrics with every rank's memory (none without a pending step)."""
+        if output.carried is None:
+            return []
+        carried, world = output.carried, self.model.layout.world_size
+        if next_rows is not None and int(carried[0]) == world:
+            self._next_tokens = (next_rows, int(carried[1]))
+        if self._pending is None:
+            return []
+        (metrics, table), self._pending = self._pending, None
+        return [self._with_memory(metrics, carried[2:].view(table.shape))]
+
+    def _known_tokens(self, rows: torch.Tensor) -> int | None:
+        """The global token count of ``rows`` if the step before summed it (the same tensor
+        it was given as ``next_rows``), else None."""
+        known, self._next_tokens = self._next_tokens, None
+        return known[1] if known is not None and known[0] is rows else None
 
     def _skip_step(self, scale: float) -> None:
         if self.model.layout.rank != 0:
@@ -245,6 +348,7 @@ class Trainer:
         self.skipped_in_a_row += 1
         if self.skipped_in_a_row < MAX_SKIPPED_STEPS:
             return
+        self.flush()  # every rank stops at this step: the last metrics are still reported
         if self.good_checkpoint:
             good = f"the newest good checkpoint is {self.good_checkpoint}"
         elif self.resumed_from:
@@ -272,7 +376,13 @@ class Trainer:
         self.model.ledger.count_states(self.model.parameters(), self.optimizer, extra=host)
 
     def _synchronize(self) -> None:
-        if self.model.session.use_gpu:
+        """Wait for the step's device work (to time it): all of it, or under the priority
+        schedule the compute stream's only, so the parameter all-gathers travel on."""
+        if not self.model.session.use_gpu:
+            return
+        if self.model.priority:
+            torch.cuda.current_stream(self.model.session.device).synchronize()
+        else:
             torch.cuda.synchronize(self.model.session.device)
 
     def _predicted_s(self) -> float | None:
@@ -284,19 +394,28 @@ class Trainer:
         return self.predicted_step_time_s * dilation
 
     def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
-        device = self.model.session.device
-        peak = torch.tensor([self.memory.peak_bytes()], dtype=torch.float64, device=device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return StepMetrics(
+        """The step's metrics, with every rank's memory summed now; under the priority
+        schedule with this rank's own only, the table left pending for the next step."""
+        table = memory_table(self.model, self.memory)
+        metrics = StepMetrics(
             step=self.step_index, loss=output.loss, tokens=output.tokens,
             tokens_per_s=output.tokens / step_time_s if step_time_s > 0 else 0.0,
             step_time_s=step_time_s, predicted_step_time_s=self._predicted_s(),
-            peak_memory_gb=float(peak) / 1e9, grad_norm=output.grad_norm,
-            lr=float(self.optimizer.param_groups[0]["lr"]),
+            peak_memory_gb=float(table[self.model.layout.rank, 0]) / 1e9,
+            grad_norm=output.grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),
             loss_scale=scale if self.loss_scale is not None else None,
             skipped=not output.grads_finite, **self._device_time(step_time_s),
-            memory=rank_memory_rows(self.model, self.memory),
         )
+        if self.model.priority:
+            self._pending = (metrics, table)
+            return metrics
+        dist.all_reduce(table)
+        return self._with_memory(metrics, table)
+
+    def _with_memory(self, metrics: StepMetrics, table: torch.Tensor) -> StepMetrics:
+        """``metrics`` with every rank's memory from the summed :func:`memory_table`."""
+        return replace(metrics, peak_memory_gb=float(table[:, 0].max()) / 1e9,
+                       memory=rank_memory_rows(self.model, table))
 
     def _device_time(self, step_time_s: float) -> dict[str, float]:
         """An emulated step's dilation and its time on the plan's devices: the clock pads

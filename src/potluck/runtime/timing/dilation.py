@@ -36,6 +36,7 @@ def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSou
         metrics = trainer.step(source.replica_rows(trainer.step_index, start_row, count))
         if report is not None:
             report(done, CALIBRATION_STEPS, metrics.step_time_s)
+    trainer.flush()  # the priority schedule's gathers must not land after the restore
     clock.calibrate()
     saved.restore(trainer)
 
@@ -51,6 +52,7 @@ class TrainerSnapshot:
 
     @classmethod
     def take(cls, trainer: Trainer) -> TrainerSnapshot:
+        trainer.flush()
         with torch.no_grad():
             parameters = [p.detach().clone() for p in trainer.model.parameters()]
         scale = copy.deepcopy(trainer.loss_scale.state_dict()) if trainer.loss_scale else None
