@@ -62,13 +62,13 @@ from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
-from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
 from potluck.runtime.grads.gather import (
     GatherPoint,
     ParameterGathers,
     bucket_units,
     gather_points,
 )
+from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
 from potluck.runtime.launch.checks import check_execution

@@ -12,7 +12,6 @@ every step, with every rank's memory.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,6 @@ from dp_workers import SMALL_BUCKETS
 from priority_workers import fit_plan, prioritized, record_collectives, watch_buckets
 from runtime_helpers import LR, STEPS, TINY_LLAMA, make_plan, pipe, reference_model
 
-from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.runtime import TrainOptions
 from potluck.runtime.launch.checks import check_execution
@@ -35,12 +33,8 @@ CASES = {"zero=0 dp=2": (0, DP2), "zero=1 dp=2": (1, DP2),
 TOLERANCE = 2e-3
 
 
-def test_the_runtime_runs_the_priority_schedule_and_still_refuses_what_it_does_not():
-    plan = prioritized(make_plan(TINY_LLAMA, DP2), zero=1)
-    check_execution(plan)
-    split = replace(plan, comm=replace(plan.comm, split_p2p_channels=True))
-    with pytest.raises(ConfigError, match="uses split_p2p_channels, which potluck's runtime"):
-        check_execution(split)
+def test_the_runtime_runs_the_priority_schedule():
+    check_execution(prioritized(make_plan(TINY_LLAMA, DP2), zero=1))
 
 
 def _reference(global_batch: int, steps: int = STEPS) -> tuple[list[float], dict]:
