@@ -10,7 +10,8 @@ machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVIC
 shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
 the plan computes, and the plan's execution traits are ones potluck's runtime runs
-(:func:`check_execution`). Each failure is one :class:`~potluck.errors.ConfigError`
+(:func:`check_execution`), as is what its explicit TP executor runs
+(:func:`check_explicit_tp`). Each failure is one :class:`~potluck.errors.ConfigError`
 that says how to fix it, raised before anything is written.
 """
 
@@ -31,7 +32,7 @@ from potluck.cluster.execution import (
 )
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
-from potluck.plans import Plan, check_plan
+from potluck.plans import Plan, check_plan, explicit_tp
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.models.stand_in import compute_plan
@@ -43,6 +44,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     check_execution(plan)
+    check_explicit_tp(compute_plan(plan, options))
     nodes = plan_nodes(plan)
     check_options(options)
     backend = world_backend(plan, options.emulate)
@@ -81,8 +83,9 @@ def check_options(options: TrainOptions) -> None:
 # (:func:`check_comm`).
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
-# The plan's communication decisions potluck's runtime runs.
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset()
+# The plan's communication decisions potluck's runtime runs: TP stages' sub-batch overlap and
+# recomputation that keeps communication (runtime/parallel/tp_overlap.py).
+RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"tp_overlap_chunks", "recompute_keeps_comm"})
 
 
 def check_execution(plan: Plan) -> None:
@@ -115,6 +118,29 @@ def check_comm(plan: Plan) -> None:
         raise ConfigError(f"the plan uses {', '.join(missing)}, which potluck's runtime does not "
                           "run yet; make the plan with those traits set to false (or 1) in the "
                           "execution section")
+
+
+_EXPLICIT_OFF = ("make the plan with tp_overlap_chunks 1 and recompute_keeps_comm false in the "
+                 "execution section")
+
+
+def check_explicit_tp(plan: Plan) -> None:
+    """What the runtime's explicit TP executor (runtime/parallel/tp_overlap.py) does not run
+    yet, beyond the plan's own checks, for the plan actually computed (a stand-in has no
+    dropout): ZeRO-3 (FSDP2 gathers a block's weights around the
+    block's forward, which the executor runs in parts) and dropout (its partial outputs
+    would be dropped out before they are summed)."""
+    stages = [(k, j) for k, pipeline in enumerate(plan.pipelines)
+              for j in range(len(pipeline.stages)) if explicit_tp(plan, k, j)]
+    if not stages:
+        return
+    if plan.zero >= 3:
+        raise ConfigError(f"zero 3 does not run with the explicit TP executor (TP overlap, "
+                          f"recomputation keeping communication); use zero 2 or {_EXPLICIT_OFF}")
+    if plan.model.dropout:
+        raise ConfigError(f"the explicit TP executor (TP overlap, recomputation keeping "
+                          f"communication) does not run models with dropout; train "
+                          f"{plan.model.name} without dropout or {_EXPLICIT_OFF}")
 
 
 def _is_figure(value: object) -> bool:
