@@ -83,7 +83,8 @@ class TPExecutor:
         output = blocks.forward()
         if blocks.keep:
             anchor = full if full.requires_grad else full.detach().requires_grad_()
-            output = _Blocks.apply(anchor, blocks, output)
+            probe = torch.zeros((), device=full.device, requires_grad=True)
+            output = _Blocks.apply(anchor, probe, blocks, output)
         return _Exit.apply(output, self)
 
     def segment(self, kind: OpKind, part: str, layer: int, fn: Callable[[], T]) -> T:
@@ -148,18 +149,30 @@ class _Exit(torch.autograd.Function):
 
 class _Blocks(torch.autograd.Function):
     """Ties the blocks' output (computed by :class:`_Pass`) to their input: its backward is
-    the executor's own backward pass."""
+    the executor's own backward pass. ``probe``, a leaf nobody asks the gradient of, tells
+    whether that pass accumulates into leaves (:func:`_accumulates`)."""
 
     @staticmethod
-    def forward(ctx: Any, full: torch.Tensor, blocks: _Pass, output: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(ctx: Any, full: torch.Tensor, probe: torch.Tensor, blocks: _Pass,
+                output: torch.Tensor) -> torch.Tensor:
         ctx.blocks = blocks
+        ctx.save_for_backward(probe)
         return output
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         blocks, ctx.blocks = ctx.blocks, None
-        return blocks.backward(grad), None, None
+        (probe,) = ctx.saved_tensors
+        return blocks.backward(grad, _accumulates(probe)), None, None, None
+
+
+def _accumulates(probe: torch.Tensor) -> bool:
+    """Whether the backward pass under way accumulates into the leaves of the graph
+    (``backward()``) rather than computing some inputs' gradients only (``autograd.grad``:
+    torch's pipeline stages infer gradient shapes that way on their first step, with
+    placeholder values that must not reach the parameters). ``probe`` is a leaf of that
+    graph; torch's own checkpoint asks the engine the same way."""
+    return torch._C._will_engine_execute_node(get_gradient_edge(probe).node)
 
 
 @dataclass
@@ -197,6 +210,7 @@ class _Pass:
         self.autocast = (device, torch.is_autocast_enabled(device),
                          torch.get_autocast_dtype(device))
         self.parts: list[list[_Part]] = []  # per block and part: one per sub-batch
+        self.accumulate = True  # the backward pass accumulates parameter gradients
 
     # --- forward ------------------------------------------------------------------------
 
@@ -251,8 +265,10 @@ class _Pass:
 
     # --- backward -----------------------------------------------------------------------
 
-    def backward(self, grad: torch.Tensor) -> torch.Tensor:
-        """The gradient of the blocks' input from their output's (both full, replicated)."""
+    def backward(self, grad: torch.Tensor, accumulate: bool) -> torch.Tensor:
+        """The gradient of the blocks' input from their output's (both full, replicated);
+        with ``accumulate``, the parameters' gradients accumulate too."""
+        self.accumulate = accumulate
         grads = list(grad.tensor_split(self.executor.chunks))
         pending: list[tuple[_Part, _Pending] | None] = [None] * len(grads)
         for group in reversed(self.parts):
@@ -272,10 +288,18 @@ class _Pass:
         partial gradient of the norm's output."""
         if part.bare:
             self._rebuild(part)
-        torch.autograd.backward(part.out, grad.to(part.out_dtype))
-        partial = part.normed.grad
+        partial = self._input_grad(part.out, part.normed, grad.to(part.out_dtype))
         part.out = part.normed = None
         return partial
+
+    def _input_grad(self, output: torch.Tensor | GradientEdge, leaf: torch.Tensor,
+                    grad: torch.Tensor) -> torch.Tensor:
+        """``leaf``'s gradient from ``output``'s, the parameters' accumulated on the way
+        when the pass accumulates."""
+        if not self.accumulate:
+            return torch.autograd.grad(output, leaf, grad)[0]
+        torch.autograd.backward(output, grad)
+        return leaf.grad
 
     def _rebuild(self, part: _Part) -> None:
         device, enabled, dtype = self.autocast
@@ -291,7 +315,6 @@ class _Pass:
         if pending is None:
             return grad
         part, reduction = pending
-        torch.autograd.backward(part.norm_out, reduction.result())
-        through_norm = part.x.grad
+        through_norm = self._input_grad(part.norm_out, part.x, reduction.result())
         part.x = part.norm_out = None
         return grad + through_norm
