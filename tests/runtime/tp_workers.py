@@ -103,6 +103,7 @@ class StepReport:
     norm_calls: dict[int, int]  # block -> forward calls of its norms
     grads: dict[str, np.ndarray]  # full gradients, by parameter name (plain data: a tensor
     # would cross to the test process as shared memory, gone once the rank ends)
+    layouts: dict[str, str]  # each parameter's and its gradient's placements and local shape
 
 
 def _count_norm_calls(stages: list[torch.nn.Module], calls: dict[int, int]) -> None:
@@ -127,6 +128,12 @@ def _full(tensor: torch.Tensor) -> np.ndarray:
     return full.detach().numpy().copy()
 
 
+def _layout(tensor: torch.Tensor) -> str:
+    if isinstance(tensor, DTensor):
+        return f"{tensor.placements} {tuple(tensor.to_local().shape)}"
+    return f"local {tuple(tensor.shape)}"
+
+
 def _step(plan: Plan) -> StepReport:
     session = start(plan, timeout_s=60)
     try:
@@ -138,8 +145,10 @@ def _step(plan: Plan) -> StepReport:
         rows = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch) \
             .replica_rows(0, *session.layout.batch_rows)
         model.forward_backward(rows)
-        grads = {name: _full(p.grad) for name, p in model.named_parameters()}
-        return StepReport(clock.events, clock.backward_collectives, calls, grads)
+        params = dict(model.named_parameters())
+        grads = {name: _full(p.grad) for name, p in params.items()}
+        layouts = {name: f"{_layout(p)} grad {_layout(p.grad)}" for name, p in params.items()}
+        return StepReport(clock.events, clock.backward_collectives, calls, grads, layouts)
     finally:
         session.close()
 
