@@ -85,6 +85,15 @@ def test_explicit_tp_trains_like_one_process(case):
     assert run_plan(plan) == pytest.approx(expected, abs=TOLERANCE)
 
 
+def test_zero2_reduces_each_micro_batchs_gradients_once_its_sub_batches_are_in():
+    """ZeRO-2 reduce-scatters a bucket after every micro-batch, when ``GradReady`` has
+    counted one accumulation per micro-batch: for an explicit stage, ``chunks`` hooks."""
+    dp2 = with_comm(make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 2, 2), pipe([(2, (0, 4))], 2, 1)]),
+                    {(0, 0): _sub_batches(2), (1, 0): _sub_batches(2)})
+    expected = reference_losses(TINY_LLAMA, dp2.training.global_batch)
+    assert run_plan(replace(dp2, zero=2)) == pytest.approx(expected, abs=TOLERANCE)
+
+
 # One tp=2 stage, 4 blocks, one micro-batch of 2 sequences: its first step four ways.
 ONE_MICRO_BATCH = [pipe([(2, (0, 4))], 2, 1)]
 RECOMPUTED_BLOCKS = 2  # the stage recomputes its first two blocks
