@@ -116,15 +116,18 @@ def test_the_documented_schema_file_is_current():
     assert module.SCHEMA_PATH.read_text() == module.schema_text(), "run python tools/write_schema.py"
 
 
-def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None, execution=None):
+def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None, execution=None,
+             swap=None):
     from dataclasses import replace
 
     from potluck.cluster.execution import Execution
     from potluck.model.counts import Recompute
+    from potluck.model.memory import StageMemory, Swap
     from potluck.plans import StageComm
 
     comm = StageComm(chunks, keeps)
-    stages = (Stage(("a.0:0", "a.0:1"), ((0, 12),), comm=comm),
+    memory = StageMemory(swap=Swap(swap)) if swap else StageMemory()
+    stages = (Stage(("a.0:0", "a.0:1"), ((0, 12),), memory=memory, comm=comm),
               Stage(("b.0:0", "b.0:1"), ((12, 24),), comm=comm))
     shape = TrainingShape(micro_batch * 4, 1024, execution=execution or Execution())
     plan = Plan(CLUSTER, load_model("gpt3-350m"), shape, (Pipeline(stages, micro_batch, 4),),
@@ -136,6 +139,8 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
     ({"chunks": 2, "micro_batch": 3}, "tp_overlap_chunks 2 does not divide the micro-batch size 3"),
     ({"chunks": 2, "recompute": "full"}, "recomputation always keeps its collectives' results"),
     ({"keeps": True, "recompute": "full", "schedule": "zb"}, "zero-bubble schedule"),
+    ({"chunks": 2, "swap": "host"}, "pipeline 0 stage 0: the explicit TP executor .* does not "
+                                    "swap activations"),
 ])
 def test_stage_communication_that_cannot_run_is_one_line(kwargs, fragment):
     from potluck.model.counts import Recompute
@@ -148,6 +153,11 @@ def test_stage_communication_that_cannot_run_is_one_line(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment) as err:
         check_plan(_tp_plan(**kwargs))
     assert "\n" not in str(err.value)
+
+
+def test_swapping_runs_on_a_stage_without_the_explicit_tp_executor():
+    check_plan(_tp_plan(swap="host"))
+    check_plan(_tp_plan(keeps=True, swap="host"))  # keeps without recomputation: plain TP
 
 
 def test_overlap_on_a_single_device_stage_is_refused():

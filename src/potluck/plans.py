@@ -455,11 +455,24 @@ def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
                           "its collectives' results; set recompute_keeps_comm true")
     else:
         explicit = True
-    if explicit and plan.schedule is Schedule.ZERO_BUBBLE:
-        raise ConfigError(f"{where}: the zero-bubble schedule splits each backward into input "
-                          "and weight passes, which the explicit TP executor (TP overlap, "
-                          "recomputation keeping communication) does not; use schedule "
-                          "interleaved or turn them off")
+    problem = _explicit_tp_problem(plan, k, j) if explicit else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+
+
+def _explicit_tp_problem(plan: Plan, k: int, j: int) -> str | None:
+    """What the explicit TP executor (TP overlap, recomputation keeping communication) cannot
+    run on stage ``j`` of pipeline ``k``, if anything. Mixed-TP pipelines are fine: the
+    executor takes and gives sequence shards like any TP stage."""
+    if plan.schedule is Schedule.ZERO_BUBBLE:
+        return ("the zero-bubble schedule splits each backward into input and weight passes, "
+                "which the explicit TP executor (TP overlap, recomputation keeping "
+                "communication) does not; use schedule interleaved or turn them off")
+    if plan.stage_memory(k, j).swaps:
+        return ("the explicit TP executor (TP overlap, recomputation keeping communication) "
+                "does not swap activations; turn swapping off for this stage or set "
+                "tp_overlap_chunks 1 and recompute_keeps_comm false")
+    return None
 
 
 def _check_forced(forced: Any, chosen: Any, name: str, where: str) -> None:

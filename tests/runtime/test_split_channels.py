@@ -22,7 +22,7 @@ from test_rank_order_training import wrap_around
 
 from potluck.ops import OpKind
 from potluck.plans import CommSchedule, Plan, Schedule
-from potluck.runtime.launch.checks import check_comm
+from potluck.runtime.launch.checks import check_execution
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.torchrun import torchrun_rank_order
 from potluck.runtime.options import TrainOptions
@@ -87,7 +87,7 @@ def test_a_traced_run_times_the_receives_of_both_channels(tmp_path):
 
 
 def test_the_runtime_runs_split_channels():
-    check_comm(split(make_plan(TINY_LLAMA, [pipe(HALVES, 1, 4)])))
+    check_execution(split(make_plan(TINY_LLAMA, [pipe(HALVES, 1, 4)])))
 
 
 # --- the lowered single-stage schedule, without ranks --------------------------------------

@@ -60,6 +60,7 @@ from potluck.errors import ConfigError
 from potluck.model.memory import StageMemory, Swap
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit
+from potluck.plans import explicit_tp
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.gather import (
@@ -71,7 +72,7 @@ from potluck.runtime.grads.gather import (
 from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
 from potluck.runtime.grads.zero import Zero1, assign_owners
 from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
-from potluck.runtime.launch.checks import check_execution
+from potluck.runtime.launch.checks import check_execution, check_explicit_tp
 from potluck.runtime.launch.session import Session, gpu_ordinal
 from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
@@ -80,7 +81,13 @@ from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.traced import find_blocks, trace_stages
-from potluck.runtime.parallel.pipeline import StageModule, build_schedule, split_stages
+from potluck.runtime.parallel.pipeline import (
+    StageModule,
+    build_schedule,
+    set_stage_clock,
+    split_stages,
+    sub_batch_accumulations,
+)
 from potluck.runtime.parallel.recompute import apply_memory
 from potluck.runtime.parallel.tensor_parallel import apply_tp, check_tp
 from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Waitable
@@ -146,7 +153,8 @@ def _stages_of_family(model: nn.Module, family: Family, session: Session
     mesh = layout.tp_mesh(session.device.type)
     if mesh is not None:
         layers = [i for start, end in role.layer_ranges for i in range(start, end)]
-        apply_tp(model, family, mesh, layers, embed=role.holds_embedding, head=role.holds_head)
+        apply_tp(model, family, mesh, layers, embed=role.holds_embedding, head=role.holds_head,
+                 explicit=explicit_tp(plan, role.pipeline, role.stage))
     stages: list[nn.Module] = list(split_stages(model, family, layout, session.device))
     names = (name for stage in stages for name, _ in stage.named_parameters())
     aliases = {family.head_weight: family.embedding_weight} if tied else {}
@@ -172,6 +180,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     """
     layout = session.layout
     check_execution(layout.plan)
+    check_explicit_tp(layout.plan)
     check_zero3(layout.plan)
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
@@ -279,7 +288,8 @@ class ParallelModel:
             overlap=plan.training.execution.overlap_grad_reduce, bucket_elements=bucket_elements,
             owners=owners, shard_grads=plan.zero >= 2,
             norm_params=[p for p in self.module.parameters() if id(p) in fsdp],
-            sparse=sparse_embedding, before_reduce=self.flush)
+            sparse=sparse_embedding, before_reduce=self.flush,
+            accumulations=sub_batch_accumulations(stages))
         self.zero = (Zero1(self.layout, params, self.grad_sync.buckets, owners)
                      if owners is not None else None)
         self.priority = plan.comm.dp_priority_schedule
@@ -321,6 +331,7 @@ class ParallelModel:
     def set_clock(self, clock: Clock) -> None:
         """Route every op through ``clock``: emulation, tracing (rebuilds the schedule)."""
         self.clock = clock
+        set_stage_clock(self.stages, clock)
         self.schedule = self._build_schedule()
 
     # --- what users and checkpointing see --------------------------------------------------

@@ -47,7 +47,7 @@ TP rank 0 for replicated parameters).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
@@ -107,14 +107,17 @@ class GradSync:
                  overlap: bool = False, bucket_elements: int = BUCKET_ELEMENTS,
                  owners: dict[str, int] | None = None, shard_grads: bool = False,
                  norm_params: Sequence[nn.Parameter] = (), sparse: str | None = None,
-                 before_reduce: Callable[[], None] | None = None) -> None:
+                 before_reduce: Callable[[], None] | None = None,
+                 accumulations: Mapping[str, int] | None = None) -> None:
         """``shard_grads`` (ZeRO-2, with ``owners``): reduce-scatter after every micro-batch
         (:mod:`potluck.runtime.grads.zero2`); ``norm_params``: parameters synced elsewhere
         (FSDP2's, each rank holding a distinct shard) whose local gradients count in the norm;
         ``sparse``: the input embedding's name, whose gradient is summed sparsely
         (:mod:`potluck.runtime.grads.sparse_embedding`; :meth:`start` then needs the ids);
         ``before_reduce``: runs once a step, before its first bucket starts (the parameter
-        all-gathers still in flight are finished there)."""
+        all-gathers still in flight are finished there); ``accumulations``: parameters (by
+        name) accumulated that many times per micro-batch (an explicit TP stage's blocks:
+        once per sub-batch)."""
         self.layout = layout
         self.before_reduce = before_reduce
         self.params = params
@@ -138,7 +141,8 @@ class GradSync:
         self._sequence = sorted((Fraction(j + 1, len(counts)), i, j)
                                 for i, counts in enumerate(levels) for j in range(len(counts)))
         self._position = {(i, j): n for n, (_, i, j) in enumerate(self._sequence)}
-        self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready, levels) \
+        self.ready = GradReady(self.buckets, micro_batches, self._bucket_ready, levels,
+                               accumulations) \
             if (overlap or self.sharded is not None) and self.buckets else None
         self.stats = SyncStats(buckets=len(self.buckets))
         self._next = 0

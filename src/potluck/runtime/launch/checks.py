@@ -10,7 +10,8 @@ machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVIC
 shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
 the plan computes, and the plan's execution traits are ones potluck's runtime runs
-(:func:`check_execution`). Each failure is one :class:`~potluck.errors.ConfigError`
+(:func:`check_execution`), as is what its explicit TP executor runs
+(:func:`check_explicit_tp`). Each failure is one :class:`~potluck.errors.ConfigError`
 that says how to fix it, raised before anything is written.
 """
 
@@ -31,7 +32,7 @@ from potluck.cluster.execution import (
 )
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
-from potluck.plans import Plan, check_plan
+from potluck.plans import Plan, check_plan, explicit_tp
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.models.stand_in import compute_plan
@@ -43,6 +44,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     check_plan(plan)
     check_plan(compute_plan(plan, options))
     check_execution(plan)
+    check_explicit_tp(compute_plan(plan, options))
     nodes = plan_nodes(plan)
     check_options(options)
     backend = world_backend(plan, options.emulate)
@@ -77,15 +79,12 @@ def check_options(options: TrainOptions) -> None:
 # (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py), and any
 # placement's layout runs as the plan lays it out (runtime/layout.py).
 # The communication traits only constrain the planner (auto, or forced on or off); the runtime
-# runs what the plan decided (Plan.comm, Stage.comm), as far as it runs it
-# (:func:`check_comm`).
+# runs whatever the plan decided (Plan.comm, Stage.comm: split channels in
+# runtime/parallel/pipeline.py, sparse embedding gradients in runtime/grads/sparse_embedding.py,
+# the priority schedule in runtime/grads/gather.py and runtime/loop/trainer.py, TP overlap and
+# recomputation keeping communication in runtime/parallel/tp_overlap.py).
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
                    *COMM_TRAITS)
-# The plan's communication decisions potluck's runtime runs: split P2P channels
-# (runtime/parallel/pipeline.py), sparse embedding gradients (runtime/grads/sparse_embedding.py),
-# the priority schedule (runtime/grads/gather.py, runtime/loop/trainer.py).
-RUNTIME_RUNS_COMM: frozenset[str] = frozenset({"split_p2p_channels", "sparse_embedding_grads",
-                                               "dp_priority_schedule"})
 
 
 def check_execution(plan: Plan) -> None:
@@ -101,23 +100,29 @@ def check_execution(plan: Plan) -> None:
             f"the plan's execution ({describe(execution)}) asks for "
             f"{traits_text(execution, refused)}, which potluck's "
             f"runtime does not run; make the plan with --execution {DEFAULT_PRESET}")
-    check_comm(plan)
 
 
-def check_comm(plan: Plan) -> None:
-    """The plan's communication decisions are ones potluck's runtime runs."""
-    wanted = [name for name in ("split_p2p_channels", "dp_priority_schedule",
-                                "sparse_embedding_grads") if getattr(plan.comm, name)]
-    stages = [stage.comm for pipeline in plan.pipelines for stage in pipeline.stages]
-    if any(comm.tp_overlap_chunks > 1 for comm in stages):
-        wanted.append("tp_overlap_chunks")
-    if any(comm.recompute_keeps_comm for comm in stages):
-        wanted.append("recompute_keeps_comm")
-    missing = [name for name in wanted if name not in RUNTIME_RUNS_COMM]
-    if missing:
-        raise ConfigError(f"the plan uses {', '.join(missing)}, which potluck's runtime does not "
-                          "run yet; make the plan with those traits set to false (or 1) in the "
-                          "execution section")
+_EXPLICIT_OFF = ("make the plan with tp_overlap_chunks 1 and recompute_keeps_comm false in the "
+                 "execution section")
+
+
+def check_explicit_tp(plan: Plan) -> None:
+    """What the runtime's explicit TP executor (runtime/parallel/tp_overlap.py) does not run
+    yet, beyond the plan's own checks, for the plan actually computed (a stand-in has no
+    dropout): ZeRO-3 (FSDP2 gathers a block's weights around the
+    block's forward, which the executor runs in parts) and dropout (its partial outputs
+    would be dropped out before they are summed)."""
+    stages = [(k, j) for k, pipeline in enumerate(plan.pipelines)
+              for j in range(len(pipeline.stages)) if explicit_tp(plan, k, j)]
+    if not stages:
+        return
+    if plan.zero >= 3:
+        raise ConfigError(f"zero 3 does not run with the explicit TP executor (TP overlap, "
+                          f"recomputation keeping communication); use zero 2 or {_EXPLICIT_OFF}")
+    if plan.model.dropout:
+        raise ConfigError(f"the explicit TP executor (TP overlap, recomputation keeping "
+                          f"communication) does not run models with dropout; train "
+                          f"{plan.model.name} without dropout or {_EXPLICIT_OFF}")
 
 
 def _is_figure(value: object) -> bool:

@@ -12,7 +12,10 @@ Supported: LLaMA-style models (``LlamaForCausalLM``, ``MistralForCausalLM``,
 module goes through the tracing split (:mod:`potluck.runtime.models.traced`).
 
 Hidden states between blocks may be sequence shards (sequence parallel):
-``seq_len`` given to :meth:`Family.context` is the full length.
+``seq_len`` given to :meth:`Family.context` is the full length. The explicit
+tensor-parallel executor (:mod:`potluck.runtime.parallel.tp_overlap`) runs a block
+as its two parts instead: ``norms[0]`` then :meth:`Family.attend`, ``norms[1]``
+then the block's ``mlp``, adding the residuals itself.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Family:
     embedding_weight: str  # FQN of the input embedding matrix
     head_weight: str  # FQN of the output projection
     attention: str  # the attention submodule of a block (selective recomputation wraps it)
+    norms: tuple[str, str]  # a block's norms before attention and before the MLP
     supports_tp: bool = True
 
     def embed(self, stage: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -67,6 +71,10 @@ class Family:
         raise NotImplementedError
 
     def head(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def attend(self, block: nn.Module, hidden: torch.Tensor, context: Context) -> torch.Tensor:
+        """A block's attention on its already normalized input (no residual)."""
         raise NotImplementedError
 
 
@@ -105,6 +113,9 @@ class LlamaFamily(Family):
     def head(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return stage.lm_head(stage.model.norm(hidden))
 
+    def attend(self, block: nn.Module, hidden: torch.Tensor, context: Context) -> torch.Tensor:
+        return block.self_attn(hidden_states=hidden, **context)[0]
+
 
 class Gpt2Family(Family):
     """GPT-2: wte + wpe (learned positions), dropout, h, ln_f, lm_head (tied to wte)."""
@@ -124,18 +135,21 @@ class Gpt2Family(Family):
     def head(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return stage.lm_head(stage.transformer.ln_f(hidden))
 
+    def attend(self, block: nn.Module, hidden: torch.Tensor, context: Context) -> torch.Tensor:
+        return block.attn(hidden, None, context["attention_mask"])[0]
+
 
 LLAMA = LlamaFamily(
     name="llama", blocks_path="model.layers", embed_paths=("model.embed_tokens",),
     head_paths=("model.norm", "lm_head"), shared_paths=("model.rotary_emb",),
     embedding_weight="model.embed_tokens.weight", head_weight="lm_head.weight",
-    attention="self_attn",
+    attention="self_attn", norms=("input_layernorm", "post_attention_layernorm"),
 )
 QWEN3 = LlamaFamily(
     name="qwen3", blocks_path="model.layers", embed_paths=("model.embed_tokens",),
     head_paths=("model.norm", "lm_head"), shared_paths=("model.rotary_emb",),
     embedding_weight="model.embed_tokens.weight", head_weight="lm_head.weight",
-    attention="self_attn",
+    attention="self_attn", norms=("input_layernorm", "post_attention_layernorm"),
     supports_tp=False,  # q_norm/k_norm weights are shared by the heads TP splits
 )
 GPT2 = Gpt2Family(
@@ -143,6 +157,7 @@ GPT2 = Gpt2Family(
     embed_paths=("transformer.wte", "transformer.wpe", "transformer.drop"),
     head_paths=("transformer.ln_f", "lm_head"), shared_paths=(),
     embedding_weight="transformer.wte.weight", head_weight="lm_head.weight", attention="attn",
+    norms=("ln_1", "ln_2"),
 )
 _BY_MODEL_TYPE = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": QWEN3, "gpt2": GPT2}
 

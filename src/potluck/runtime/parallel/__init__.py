@@ -6,7 +6,9 @@
   torch schedule over them;
 - :mod:`~potluck.runtime.parallel.mixed_tp`: pipelines whose stages have different TP
   degrees, run on their leaders;
-- :mod:`~potluck.runtime.parallel.recompute`: activation recomputation.
+- :mod:`~potluck.runtime.parallel.recompute`: activation recomputation;
+- :mod:`~potluck.runtime.parallel.tp_overlap`: the explicit TP executor of the stages
+  that overlap their TP all-reduces in sub-batches or recompute without communicating.
 
 Which rank runs what is :mod:`potluck.runtime.layout`'s; the fixed order in which the
 strategies are applied is :mod:`potluck.runtime.parallel_model`'s.

@@ -13,7 +13,10 @@ what that class cannot run), with ``scale_grads=False``: the loss is already a
 token-weighted share of the global batch's mean. A pipeline of one stage uses
 :class:`LocalSchedule`, a plain micro-batch loop with the same interface.
 Uneven stages are just different layer ranges; each pipeline lane (ranks with
-the same TP index) gets its own process group.
+the same TP index) gets its own process group. A stage the plan runs with the
+explicit TP executor (:func:`potluck.plans.explicit_tp`) hands its blocks to a
+:class:`~potluck.runtime.parallel.tp_overlap.TPExecutor`; its interface (sequence
+shards in and out) is the same.
 
 **Split P2P channels** (``plan.comm.split_p2p_channels``): each stage sends and
 receives gradients on the lane's second process group
@@ -47,6 +50,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 from torch.utils.checkpoint import checkpoint
 
 from potluck.ops import OpKind
+from potluck.plans import explicit_tp
 from potluck.runtime.layout import Layout
 from potluck.runtime.memory.ledger import MemoryLedger
 from potluck.runtime.memory.swap import ActivationSwap
@@ -62,6 +66,7 @@ from potluck.runtime.parallel.mixed_tp import (
     from_leader,
     to_leader,
 )
+from potluck.runtime.parallel.tp_overlap import TPExecutor
 from potluck.runtime.timing.clock import Clock, NullClock
 from potluck.schedules import schedule_for
 
@@ -97,6 +102,7 @@ class StageModule(nn.Module):
         self.swapped: frozenset[str] = frozenset()  # blocks whose saved tensors swap
         self.swap: ActivationSwap | None = None
         self.ledger: MemoryLedger | None = None
+        self.explicit: TPExecutor | None = None  # runs the blocks with explicit TP
         self.config = getattr(model, "config", None)
         paths = [*(family.embed_paths if first else ()), *family.shared_paths,
                  *(family.head_paths if last else ())]
@@ -126,13 +132,21 @@ class StageModule(nn.Module):
             if self.boundary is not None:
                 x = from_leader(x, self.boundary)
             hidden, seq_len = x, x.shape[1] * self.seq_shards
-        context = family.context(self, hidden, seq_len)
-        for name, block in self.blocks.items():
-            with swap.block() if swap is not None and name in self.swapped else nullcontext():
-                hidden = self._block(name, block, hidden, context)
+        if self.explicit is not None:
+            hidden = self.explicit.run(self, hidden, seq_len)
+        else:
+            hidden = self._blocks(hidden, seq_len, swap)
         if self.last:
             return family.head(self, hidden)
         return hidden if self.boundary is None else to_leader(hidden, self.boundary)
+
+    def _blocks(self, hidden: torch.Tensor, seq_len: int, swap: ActivationSwap | None
+                ) -> torch.Tensor:
+        context = self.family.context(self, hidden, seq_len)
+        for name, block in self.blocks.items():
+            with swap.block() if swap is not None and name in self.swapped else nullcontext():
+                hidden = self._block(name, block, hidden, context)
+        return hidden
 
     def _block(self, name: str, block: nn.Module, hidden: torch.Tensor, context: Any) -> Any:
         if name not in self.full_recompute:
@@ -177,12 +191,39 @@ def split_stages(model: nn.Module, family: Family, layout: Layout,
     role = layout.role
     chunks = len(role.layer_ranges)
     boundary = stage_tp_group(layout, device)
-    return [
+    stages = [
         StageModule(model, family, layers, first=(chunk == 0 and role.holds_embedding),
                     last=(chunk == chunks - 1 and role.holds_head), seq_shards=role.tp,
                     boundary=boundary)
         for chunk, layers in enumerate(role.layer_ranges)
     ]
+    if explicit_tp(layout.plan, role.pipeline, role.stage):
+        sub_batches = layout.plan.stage_comm(role.pipeline, role.stage).tp_overlap_chunks
+        for stage, stage_id in zip(stages, role.virtual_stage_ids, strict=True):
+            stage.explicit = TPExecutor(layout.stage_group, sub_batches, stage_id)
+    return stages
+
+
+def set_stage_clock(stages: Sequence[nn.Module], clock: Clock) -> None:
+    """Time the explicit TP executors' segments of ``stages`` with ``clock``."""
+    for stage in stages:
+        executor = getattr(stage, "explicit", None)
+        if executor is not None:
+            executor.clock = clock
+
+
+def sub_batch_accumulations(stages: Sequence[nn.Module]) -> dict[str, int]:
+    """Parameters accumulated more than once per micro-batch, by name: an explicit TP
+    stage's blocks accumulate once per sub-batch."""
+    counts = {}
+    for stage in stages:
+        executor = getattr(stage, "explicit", None)
+        if executor is None:
+            continue
+        prefix = f"{stage.family.blocks_path}."
+        counts.update({name: executor.chunks for name, _ in stage.named_parameters()
+                       if name.startswith(prefix)})
+    return counts
 
 
 class LocalSchedule:

@@ -16,6 +16,15 @@ small styles here: the fused QKV weight is a ``_StridedShard`` so each rank
 holds the q, k and v columns of its own heads and ``full_tensor()`` is still
 the original matrix.
 
+A stage that runs the explicit TP executor (:func:`potluck.plans.explicit_tp`,
+:mod:`potluck.runtime.parallel.tp_overlap`) gets the same placements through
+*local* styles instead: no hooks, no DTensor communication; column-wise layers
+compute their output shard from a replicated local input, row-wise ones their
+partial product plus ``bias / tp`` (:class:`BiasShare`: its gradient is the full
+one), norms run on replicated DTensors (no communication either). The executor
+adds the partial sums itself. Checkpoints, gradient buckets and export see the
+same DTensor parameters either way.
+
 Parameters are distributed without communication (``src_data_rank=None``):
 every rank of a TP group builds the same full values (meta or deterministic).
 """
@@ -23,8 +32,10 @@ every rank of a TP group builds the same full values (meta or deterministic).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -113,6 +124,85 @@ class Conv1DRowwise(ParallelStyle):
         return module
 
 
+class BiasShare(torch.autograd.Function):
+    """A replicated bias added to each rank's partial sum: ``bias / tp`` forward (the
+    partial sums add up to one bias), the full gradient backward (every rank's bias
+    gradient is the full one, as under DTensor's row-wise style)."""
+
+    @staticmethod
+    def forward(ctx: Any, bias: torch.Tensor, tp: int) -> torch.Tensor:
+        return bias / tp
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def _shared_bias(module: nn.Module, tp: int) -> torch.Tensor | None:
+    bias = module.bias
+    return None if bias is None else BiasShare.apply(bias.to_local(), tp)
+
+
+class LocalColwise(ParallelStyle):
+    """A Linear's output features split over ranks (``ColwiseParallel``'s placements),
+    computed locally: a replicated local input in, the local output shard out."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _distribute(module, "weight", device_mesh, Shard(0))
+        if module.bias is not None:
+            _distribute(module, "bias", device_mesh, Shard(0))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            bias = None if module.bias is None else module.bias.to_local()
+            return F.linear(x, module.weight.to_local(), bias)
+
+        module.forward = forward
+        return module
+
+
+class LocalRowwise(ParallelStyle):
+    """A Linear (or, ``conv1d``, a GPT-2 ``Conv1D``) whose input features are split over
+    ranks (``RowwiseParallel``'s placements), computed locally: this rank's partial sum
+    of the output, the replicated bias shared out (:class:`BiasShare`)."""
+
+    def __init__(self, conv1d: bool = False) -> None:
+        super().__init__()
+        self.conv1d = conv1d
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _distribute(module, "weight", device_mesh, Shard(0 if self.conv1d else 1))
+        if module.bias is not None:
+            _distribute(module, "bias", device_mesh, Replicate())
+        tp = device_mesh.size()
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            weight = module.weight.to_local()
+            out = x @ weight if self.conv1d else F.linear(x, weight)
+            bias = _shared_bias(module, tp)
+            return out if bias is None else out + bias
+
+        module.forward = forward
+        return module
+
+
+class LocalReplicate(ParallelStyle):
+    """A norm with replicated parameters (``SequenceParallel``'s placements) run on a
+    replicated local input: the module's own forward on Replicate DTensors, which
+    communicates nothing, its output back as a local tensor."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, _ in list(module.named_parameters(recurse=False)):
+            _distribute(module, name, device_mesh, Replicate())
+        own_forward = module.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            replicated = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+            return own_forward(replicated).to_local()
+
+        module.forward = forward
+        return module
+
+
 def _head_styles(family: Family) -> dict[str, ParallelStyle]:
     norm, head = family.head_paths
     return {
@@ -154,6 +244,20 @@ def _gpt2_block_styles() -> dict[str, ParallelStyle]:
     }
 
 
+def _local_block_styles(family: Family) -> dict[str, ParallelStyle]:
+    """The explicit executor's styles: the placements of :func:`_block_styles`, computed
+    locally (the executor all-gathers, all-reduces and slices itself)."""
+    if family.name == "gpt2":
+        return {"ln_1": LocalReplicate(), "attn.c_attn": Conv1DColwise(split_factor=3),
+                "attn.c_proj": LocalRowwise(conv1d=True), "ln_2": LocalReplicate(),
+                "mlp.c_fc": Conv1DColwise(), "mlp.c_proj": LocalRowwise(conv1d=True)}
+    columns = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+               "mlp.up_proj")
+    return {"input_layernorm": LocalReplicate(), "post_attention_layernorm": LocalReplicate(),
+            **{path: LocalColwise() for path in columns},
+            "self_attn.o_proj": LocalRowwise(), "mlp.down_proj": LocalRowwise()}
+
+
 def _embed_styles(family: Family) -> dict[str, ParallelStyle]:
     if family.name == "gpt2":
         # Positions are added to the full embedding, then each rank keeps its sequence shard.
@@ -192,15 +296,17 @@ def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> 
 
 
 def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int], *,
-             embed: bool, head: bool) -> None:
+             embed: bool, head: bool, explicit: bool = False) -> None:
     """Shard, in place, the blocks ``layers`` (and the embedding / head when this
-    rank holds them) of ``model`` over ``mesh``; a tied head stays tied."""
+    rank holds them) of ``model`` over ``mesh``; a tied head stays tied. ``explicit``:
+    the blocks compute locally, for the explicit TP executor."""
     tied = embed and head and is_tied(model, family)
     tp = mesh.size()
     blocks = get_path(model, family.blocks_path)
+    styles = _local_block_styles if explicit else _block_styles
     for index in layers:
         block = blocks[index]
-        parallelize_module(block, mesh, _block_styles(family), src_data_rank=None)
+        parallelize_module(block, mesh, styles(family), src_data_rank=None)
         if family.name == "gpt2":
             block.attn.split_size = block.attn.embed_dim // tp
     plan: dict[str, ParallelStyle] = {}
