@@ -190,9 +190,10 @@ class ExplicitTP:
             parts, [self.allreduce_s] * len(parts), self.chunks)
 
     def backward_s(self) -> float:
-        """The output slice's all-gather, the chain in reverse, the input's reduce-scatter."""
+        """The output slice's all-gather, then the chain in reverse (the input's gradient is
+        the same on every rank: the entry only slices it)."""
         parts = self.backward_parts()
-        return 2.0 * self.boundary_s + formulas.overlapped_chain_s(
+        return self.boundary_s + formulas.overlapped_chain_s(
             parts, [self.allreduce_s] * len(parts), self.chunks)
 
 
@@ -383,9 +384,8 @@ class CostModel:
         runs ``c`` sub-batches side by side through the blocks' parts, each part's all-reduce
         overlapping the other sub-batches' compute (:func:`formulas.overlapped_chain_s`),
         recomputing per part without communicating, and keeps its own sequence slice at the
-        end (the backward: the slice's all-gather, the chain in reverse, the input's
-        reduce-scatter). Each sub-batch adds its weight gradients into the accumulation
-        buffer of the blocks' parameters."""
+        end (the backward: the slice's all-gather, then the chain in reverse). Each sub-batch
+        adds its weight gradients into the accumulation buffer of the blocks' parameters."""
         device_type, tp = devices[0].type, len(devices)
         times = self.explicit_tp_times(devices, shape)
         c, blocks = times.chunks, times.blocks
