@@ -273,6 +273,8 @@ class Trainer:
         if output.grads_finite:
             self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
             self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
+            if self.model.priority:  # the all-gathers start once the step is over
+                self.model.sync_parameters()
         else:
             self._skip_step(scale)
         if self.loss_scale is not None:
@@ -366,7 +368,8 @@ class Trainer:
         self.optimizer.step()
         if self.model.zero is not None and isinstance(self.optimizer, HostOffloadOptimizer):
             self.optimizer.wait_for_parameters()  # the all-gather sends the updated values
-        self.model.sync_parameters()
+        if not self.model.priority:
+            self.model.sync_parameters()
 
     def _count_states(self) -> None:
         host: list[torch.Tensor] = []

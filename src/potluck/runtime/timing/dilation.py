@@ -2,7 +2,9 @@
 
 :func:`calibrate_dilation` runs :data:`CALIBRATION_STEPS` steps through the
 emulation clock (which notes how much slower than predicted each op ran on
-this CPU), sets the dilation from them, the same on every rank
+this CPU; the first step only warms up: an op's first run pays lazy setup, such as
+DTensor's sharding rules, that would inflate the dilation), sets the dilation from the
+last, the same on every rank
 (:meth:`~potluck.runtime.timing.emulate.EmulationClock.calibrate`), and puts
 the trainer back as it was (:class:`TrainerSnapshot`: weights, optimizer and
 loss-scale state, step count): the run then trains exactly its steps, with
@@ -22,7 +24,7 @@ import torch
 from potluck.runtime.loop.trainer import BatchSource, Trainer
 from potluck.runtime.timing.emulate import EmulationClock
 
-CALIBRATION_STEPS = 2
+CALIBRATION_STEPS = 2  # the first warms up, the last sets the dilation
 
 
 def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSource,
@@ -36,6 +38,8 @@ def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSou
         metrics = trainer.step(source.replica_rows(trainer.step_index, start_row, count))
         if report is not None:
             report(done, CALIBRATION_STEPS, metrics.step_time_s)
+        if done < CALIBRATION_STEPS:  # the first step warms up (lazy setup, first calls)
+            clock.restart_measuring()
     trainer.flush()  # the priority schedule's gathers must not land after the restore
     clock.calibrate()
     saved.restore(trainer)

@@ -77,6 +77,7 @@ class EmulationClock:
         self.targets = targets.stages
         self.dilation = dilation or 0.0
         self.max_ratio = 0.0
+        self.slowest: object = None  # the op that set max_ratio
         self.overruns = 0
         self.p2p = P2PEmulation(targets.sends_s, self.dilation) if targets.sends_s else None
         self._nested: list[float] = []  # per op running: the time its nested ops took
@@ -116,12 +117,14 @@ class EmulationClock:
     def run(self, kind: OpKind, stage_id: int, fn: Callable[[], T]) -> T:
         """Run ``fn``; then sleep until it has taken ``dilation x`` its predicted time."""
         measured = kind not in (OpKind.DP_ALLREDUCE, OpKind.OPTIMIZER)
-        return self._padded(self.predicted_s(kind, stage_id), fn, measured)
+        return self._padded(self.predicted_s(kind, stage_id), fn, measured, (kind, stage_id))
 
     def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
-        return self._padded(self.segment_s(segment), fn, segment.kind is not OpKind.TP_ALLREDUCE)
+        return self._padded(self.segment_s(segment), fn, segment.kind is not OpKind.TP_ALLREDUCE,
+                            segment)
 
-    def _padded(self, predicted_s: float, fn: Callable[[], T], measured: bool) -> T:
+    def _padded(self, predicted_s: float, fn: Callable[[], T], measured: bool,
+                what: object = None) -> T:
         """Run ``fn``, pad its own time (less what its nested ops and waits took) to
         ``dilation x predicted_s``; the whole of it counts as nested in the op around it."""
         start_s = time.perf_counter()
@@ -131,8 +134,8 @@ class EmulationClock:
         finally:
             nested_s = self._nested.pop()
         elapsed_s = time.perf_counter() - start_s - nested_s
-        if predicted_s > 0 and measured:
-            self.max_ratio = max(self.max_ratio, elapsed_s / predicted_s)
+        if predicted_s > 0 and measured and elapsed_s / predicted_s > self.max_ratio:
+            self.max_ratio, self.slowest = elapsed_s / predicted_s, what
         target_s = self.dilation * predicted_s
         if self.dilation > 0:
             if elapsed_s <= target_s:
@@ -148,9 +151,9 @@ class EmulationClock:
             self._nested[-1] += seconds
 
     def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
-        """Queue the collective on its channel (one per kind) for its predicted time."""
-        if self.dilation <= 0:
-            return work
+        """Queue the collective on its channel (one per kind) for its predicted time (none
+        while the dilation is being measured: then waiting for it is still not the waiting
+        op's own work)."""
         channel = op.kind.value
         start_s = max(time.perf_counter(), self._channels.get(channel, 0.0))
         end_s = start_s + self.dilation * self._comm_s(op)
@@ -172,6 +175,10 @@ class EmulationClock:
             self.p2p.tag(ops, kind, stage_id)
         return ops
 
+    def restart_measuring(self) -> None:
+        """Forget the ops measured so far (a warm-up)."""
+        self.max_ratio, self.slowest = 0.0, None
+
     def calibrate(self, margin: float = CALIBRATION_MARGIN) -> float:
         """Set the dilation from the ops measured so far, the same on every rank."""
         ratio = torch.tensor([self.max_ratio], dtype=torch.float64)
@@ -180,8 +187,8 @@ class EmulationClock:
         if self.p2p is not None:
             self.p2p.dilation = self.dilation
         self.overruns = 0
-        log.info("emulation: dilation %.1f (slowest op %.1fx its prediction)", self.dilation,
-                 float(ratio))
+        log.info("emulation: dilation %.1f (slowest op %.1fx its prediction; this rank's: %s "
+                 "at %.1fx)", self.dilation, float(ratio), self.slowest, self.max_ratio)
         return self.dilation
 
 
