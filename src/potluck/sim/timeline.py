@@ -52,28 +52,44 @@ class _Row:
 
 def write_timeline(result: SimulationResult, path: str | Path) -> None:
     """Save the Gantt chart of ``result`` as a PNG."""
-    rows = _rows(result)
-    scale, unit = _time_unit(result.iteration_time_s)
-    fig = Figure(figsize=(14, 1.6 + 0.28 * len(rows)), dpi=110)
-    ax = fig.subplots()
-    bottleneck = max(range(len(rows)), key=lambda r: rows[r].busy_s)
-    for y, row in enumerate(rows):
-        _draw_row(ax, y, row, result.iteration_time_s, scale)
-        ax.text(result.iteration_time_s * scale * 1.005, y, f"{row.busy_s / result.iteration_time_s:.0%}",
-                va="center", fontsize=7, color="#B22222" if y == bottleneck else "#333333")
-    _draw_boundaries(ax, rows)
-    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=7 if len(rows) > 24 else 8)
-    ax.get_yticklabels()[bottleneck].set_color("#B22222")
-    ax.get_yticklabels()[bottleneck].set_fontweight("bold")
-    ax.set_ylim(len(rows) - 0.5, -0.5)
-    ax.set_xlim(0, result.iteration_time_s * scale * 1.04)
-    ax.set_xlabel(f"time ({unit})   ·   right: busy share; red: the busiest device")
-    ax.set_title(_title(result, rows), fontsize=10)
+    write_timelines([(None, result)], path)
+
+
+def write_timelines(results: list[tuple[str | None, SimulationResult]], path: str | Path) -> None:
+    """Save the Gantt charts of several simulated iterations, one above the other on one
+    time axis (a plan before and after a change), each titled by its label."""
+    rows = [_rows(result) for _, result in results]
+    longest_s = max(result.iteration_time_s for _, result in results)
+    scale, unit = _time_unit(longest_s)
+    heights = [1.0 + 0.28 * len(r) for r in rows]
+    fig = Figure(figsize=(14, 0.6 + sum(heights)), dpi=110)
+    axes = fig.subplots(len(results), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, (label, result), chart in zip(axes, results, rows, strict=True):
+        _draw_chart(ax, result, chart, scale, longest_s)
+        title = _title(result, chart)
+        ax.set_title(f"{label}: {title}" if label else title, fontsize=10)
+    axes[-1].set_xlabel(f"time ({unit})   ·   right: busy share; red: the busiest device")
     height_in = fig.get_figheight()
     fig.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in LEGEND],
                loc="upper center", ncol=len(LEGEND), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height_in))  # room for the legend on top
     fig.savefig(path)
+
+
+def _draw_chart(ax, result: SimulationResult, rows: list[_Row], scale: float,
+                longest_s: float) -> None:
+    bottleneck = max(range(len(rows)), key=lambda r: rows[r].busy_s)
+    for y, row in enumerate(rows):
+        _draw_row(ax, y, row, result.iteration_time_s, scale)
+        ax.text(result.iteration_time_s * scale * 1.005, y,
+                f"{row.busy_s / result.iteration_time_s:.0%}", va="center", fontsize=7,
+                color="#B22222" if y == bottleneck else "#333333")
+    _draw_boundaries(ax, rows)
+    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=7 if len(rows) > 24 else 8)
+    ax.get_yticklabels()[bottleneck].set_color("#B22222")
+    ax.get_yticklabels()[bottleneck].set_fontweight("bold")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, longest_s * scale * 1.04)
 
 
 def _title(result: SimulationResult, rows: list[_Row]) -> str:

@@ -22,21 +22,18 @@ traces); stages name their ops through the clock's ``tag_p2p``.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import schedules
 
 from potluck.ops import OpKind
-from potluck.runtime.timing.p2p_waits import TaggedWorks
+from potluck.runtime.timing.p2p_waits import TaggedWorks, wrapping_p2p
 
-log = logging.getLogger(__name__)
 _SENDS = (OpKind.SEND_FORWARD, OpKind.SEND_BACKWARD)
 Channel = tuple[int, int]  # (id of the process group, peer's global rank)
 
@@ -99,34 +96,26 @@ class P2PEmulation:
         return end
 
 
-@contextmanager
-def emulating_p2p(emulation: P2PEmulation) -> Iterator[None]:
+def emulating_p2p(emulation: P2PEmulation) -> AbstractContextManager[None]:
     """Time the pipeline's transfers on their channels while inside (see the module)."""
-    original_batch = getattr(schedules, "_batch_p2p", None)
-    original_wait = getattr(schedules, "_wait_batch_p2p", None)
-    if original_batch is None or original_wait is None:
-        log.warning("this torch has no schedules._batch_p2p/_wait_batch_p2p: pipeline "
-                    "transfers are not emulated")
-        yield
-        return
 
-    def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-        ops, posted = emulation.post(p2p_ops)
-        works = TaggedWorks.of(original_batch(ops, desc=desc))
-        works.posted = posted
-        return works
+    def wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+        def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
+            ops, posted = emulation.post(p2p_ops)
+            works = TaggedWorks.of(original(ops, desc=desc))
+            works.posted = posted
+            return works
+        return batch_p2p
 
-    def wait_batch_p2p(work: list[Any]) -> None:
-        original_wait(work)
-        posted = getattr(work, "posted", None)
-        if posted:
-            sleep_until(emulation.arrival_s(posted))
+    def wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wait_batch_p2p(work: list[Any]) -> None:
+            original(work)
+            posted = getattr(work, "posted", None)
+            if posted:
+                sleep_until(emulation.arrival_s(posted))
+        return wait_batch_p2p
 
-    schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
-    try:
-        yield
-    finally:
-        schedules._batch_p2p, schedules._wait_batch_p2p = original_batch, original_wait
+    return wrapping_p2p(wrap_batch, wrap_wait, "pipeline transfers are not emulated")
 
 
 def sleep_until(moment_s: float) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,34 +77,50 @@ def _blocking_tag(tags: tuple[P2PTag, ...]) -> P2PTag | None:
     return (receives or list(tags) or [None])[0]
 
 
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
 @contextmanager
-def timing_p2p_waits(tagger: P2PTagger, on_wait: WaitCallback,
-                     mark: Callable[[], Any] = time.perf_counter) -> Iterator[None]:
-    """Report every blocking wait of torch's schedules to ``on_wait`` while inside."""
+def wrapping_p2p(wrap_batch: Wrapper, wrap_wait: Wrapper, skipped: str) -> Iterator[None]:
+    """While inside, torch's ``schedules._batch_p2p`` and ``_wait_batch_p2p`` are
+    ``wrap_batch(original)`` and ``wrap_wait(original)`` (wrappers of wrappers compose: the
+    innermost was installed first); where torch moved them, a warning says what is
+    ``skipped``."""
     original_batch = getattr(schedules, "_batch_p2p", None)
     original_wait = getattr(schedules, "_wait_batch_p2p", None)
     if original_batch is None or original_wait is None:
-        log.warning("this torch has no schedules._batch_p2p/_wait_batch_p2p: traces will have "
-                    "no send/receive waits")
+        log.warning("this torch has no schedules._batch_p2p/_wait_batch_p2p: %s", skipped)
         yield
         return
-
-    def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-        works = TaggedWorks.of(original_batch(p2p_ops, desc=desc))
-        works.tags = tagger.take(p2p_ops)
-        return works
-
-    def wait_batch_p2p(work: list[Any]) -> None:
-        tag = _blocking_tag(getattr(work, "tags", ()))
-        if not work or tag is None:
-            original_wait(work)
-            return
-        start = mark()
-        original_wait(work)
-        on_wait(tag, start, mark())
-
-    schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+    schedules._batch_p2p = wrap_batch(original_batch)
+    schedules._wait_batch_p2p = wrap_wait(original_wait)
     try:
         yield
     finally:
         schedules._batch_p2p, schedules._wait_batch_p2p = original_batch, original_wait
+
+
+def timing_p2p_waits(tagger: P2PTagger, on_wait: WaitCallback,
+                     mark: Callable[[], Any] = time.perf_counter
+                     ) -> AbstractContextManager[None]:
+    """Report every blocking wait of torch's schedules to ``on_wait`` while inside."""
+
+    def wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+        def batch_p2p(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
+            works = TaggedWorks.of(original(p2p_ops, desc=desc))
+            works.tags = tagger.take(p2p_ops)
+            return works
+        return batch_p2p
+
+    def wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wait_batch_p2p(work: list[Any]) -> None:
+            tag = _blocking_tag(getattr(work, "tags", ()))
+            if not work or tag is None:
+                original(work)
+                return
+            start = mark()
+            original(work)
+            on_wait(tag, start, mark())
+        return wait_batch_p2p
+
+    return wrapping_p2p(wrap_batch, wrap_wait, "traces will have no send/receive waits")
