@@ -130,4 +130,4 @@ def test_schedule_names_are_spelled_only_in_the_schedules_package(name):
 
 def test_the_checks_see_imports_inside_functions():
     """The module graph includes lazy imports: one that exists today is found."""
-    assert "potluck.planner.evaluate" in _imports("potluck.runtime.timing.emulate")
+    assert "potluck.planner.evaluate" in _imports("potluck.runtime.timing.targets")

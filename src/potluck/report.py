@@ -69,6 +69,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                         for h in prediction.host_memory],
         "schedule": plan.schedule.value,
         "execution": describe(plan.training.execution),
+        "communication": comm_text(plan),
         "dtype": plan.training.dtype.value,
         "dtype_notes": plan_dtype_notes(plan),
         "breakdown_s": {k: getattr(breakdown, k) for k in breakdown.__dataclass_fields__},
@@ -125,6 +126,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"{shape.seq_len} tokens, {shape.dtype.value}"
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
+    console.print(f"communication: {comm_text(plan)}", highlight=False)
     tables = [_stage_table(plan, prediction)]
     if not uniform_memory(plan):
         tables.append(_choices_table(plan))
@@ -206,6 +208,28 @@ def recompute_text(plan: Plan) -> str:
 
 def zero_text(plan: Plan) -> str:
     return f"ZeRO-{plan.zero}, " if plan.zero else ""
+
+
+COMM_NAMES = {"split_p2p_channels": "split pipeline channels",
+              "dp_priority_schedule": "data-parallel priority schedule",
+              "sparse_embedding_grads": "sparse embedding gradients"}
+
+
+def comm_text(plan: Plan) -> str:
+    """The communication scheduling a plan uses, e.g. ``split pipeline channels; TP overlap
+    (2 sub-batches) on 2 of 4 stages``, or ``none``."""
+    parts = [text for name, text in COMM_NAMES.items() if getattr(plan.comm, name)]
+    stages = [s.comm for p in plan.pipelines for s in p.stages]
+    by_chunks: dict[int, int] = {}
+    for comm in stages:
+        if comm.tp_overlap_chunks > 1:
+            by_chunks[comm.tp_overlap_chunks] = by_chunks.get(comm.tp_overlap_chunks, 0) + 1
+    for chunks, count in sorted(by_chunks.items()):
+        parts.append(f"TP overlap ({chunks} sub-batches) on {count} of {len(stages)} stages")
+    kept = sum(comm.recompute_keeps_comm and comm.tp_overlap_chunks == 1 for comm in stages)
+    if kept:
+        parts.append(f"recomputation keeping communication on {kept} of {len(stages)} stages")
+    return "; ".join(parts) or "none"
 
 
 def _swap_target(memory: StageMemory) -> str | None:
