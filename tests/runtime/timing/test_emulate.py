@@ -263,3 +263,27 @@ def test_split_channels_are_emulated_beside_the_compute_with_unchanged_numerics(
     assert [loss for loss, _, _ in results] == pytest.approx(plain, abs=2e-3)
     for _, measured_s, predicted_s in results[1:]:
         assert measured_s == pytest.approx(predicted_s, rel=0.25)
+
+
+def test_an_explicit_tp_stage_is_padded_piece_by_piece_to_the_cost_models_total():
+    """The executor's parts and all-reduces are timed apart; the stage's own ops keep the
+    rest, so the pieces add up to the forward and backward the cost model charges (the
+    send padded in, as torch's schedule blocks on it)."""
+    from potluck.planner.evaluate import stage_op_times, stage_send_s
+    from potluck.plans import StageComm
+    from potluck.runtime.timing.targets import rank_targets
+    from tp_workers import with_comm
+
+    cluster = parse_cluster("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 4}\n")
+    plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (2, (2, 4))], 2, 2)], cluster=cluster,
+                     device_ids=[f"box.0:{i}" for i in range(4)])
+    plan = with_comm(plan, {(0, 0): StageComm(2), (0, 1): StageComm(2)})
+    targets = rank_targets(plan, Layout.for_local_ranks(plan, 0))
+    pieces, own = targets.explicit[0], targets.stages[0]
+    work = stage_op_times(plan)[0][0]
+    send = stage_send_s(plan, 0, 0, 1)
+    assert pieces.chunks == 2 and len(pieces.blocks) == 2 and pieces.allreduce_s > 0
+    assert own.forward_s + pieces.forward_s() == pytest.approx(work.forward_s + send)
+    assert own.backward_s + pieces.backward_s() == pytest.approx(work.backward_s)
+    assert pieces.forward_s() < 2 * (sum(p.attention.forward_s + p.mlp.forward_s
+                                         for p in pieces.blocks) + 4 * pieces.allreduce_s)
