@@ -269,10 +269,11 @@ def test_an_explicit_tp_stage_is_padded_piece_by_piece_to_the_cost_models_total(
     """The executor's parts and all-reduces are timed apart; the stage's own ops keep the
     rest, so the pieces add up to the forward and backward the cost model charges (the
     send padded in, as torch's schedule blocks on it)."""
+    from tp_workers import with_comm
+
     from potluck.planner.evaluate import stage_op_times, stage_send_s
     from potluck.plans import StageComm
     from potluck.runtime.timing.targets import rank_targets
-    from tp_workers import with_comm
 
     cluster = parse_cluster("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 4}\n")
     plan = make_plan(TINY_LLAMA, [pipe([(2, (0, 2)), (2, (2, 4))], 2, 2)], cluster=cluster,
