@@ -13,6 +13,7 @@ partitions of the units, so keep to about eight units.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,6 +22,7 @@ from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
+from potluck.planner.comm.refine import refine_comm
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
@@ -28,6 +30,8 @@ from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.space import Unit, tp_options
 from potluck.plans import Pipeline, Plan, Stage, TrainingShape
 from potluck.schedules import Schedule, schedule_for
+
+REFINED = 16  # the fastest plans without communication scheduling that get it
 
 
 def arrangements(units: list[Unit]) -> Iterator[tuple[tuple[Unit, ...], ...]]:
@@ -54,21 +58,29 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
                     recomputes: tuple[Recompute, ...] = tuple(Recompute),
                     group_tp: dict[str, int] | None = None) -> Plan | None:
     """The fastest plan over the whole enumerated space, or None if nothing fits.
-    ``group_tp`` pins the TP degree of some node groups (to keep the space small)."""
+    ``group_tp`` pins the TP degree of some node groups (to keep the space small). Every
+    plan is scored without communication scheduling; the best :data:`REFINED` of them are
+    then given it where it pays (:func:`~potluck.planner.comm.refine.refine_comm`, as the
+    search does), and the fastest of those is the reference."""
     cluster = Cluster(spec)
     cost = CostModel.for_training(cluster, model, training)
     families = FamilyEvaluator(cluster, cost)
-    best: Plan | None = None
+    best: list[tuple[float, int, Plan]] = []  # a max-heap of the fastest, by negated time
     for units in _unit_choices(cluster, families, model, group_tp or {}):
         for arrangement in arrangements(units):
             for b, recompute in itertools.product(micro_batch_sizes, recomputes):
                 if training.global_batch % b:
                     continue
                 plan = _best_plan(cluster, cost, families, training, arrangement, b, recompute)
-                if plan and (best is None or plan.prediction.iteration_time_s
-                             < best.prediction.iteration_time_s):
-                    best = plan
-    return best
+                if plan is not None:
+                    item = (-plan.prediction.iteration_time_s, id(plan), plan)
+                    if len(best) < REFINED:
+                        heapq.heappush(best, item)
+                    elif item[0] > best[0][0]:
+                        heapq.heapreplace(best, item)
+    refined = [refine_comm(plan, cost) for _, _, plan in best]
+    scored = [replace(plan, prediction=predict(plan, cost)) for plan in refined if plan]
+    return min(scored, key=lambda plan: plan.prediction.iteration_time_s, default=None)
 
 
 def fitting_shapes(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
