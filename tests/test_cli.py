@@ -398,7 +398,7 @@ def test_help_shows_every_option_and_command_whole_at_80_columns():
 
 
 def test_cost_at_80_columns_keeps_offer_names_whole_and_explains_only_its_columns():
-    args = ["cost", "-m", "gpt3-1.3b", "--tokens", "1B", "--top", "12"]
+    args = ["cost", "-m", "gpt3-1.3b", "--tokens", "1B", "--top", "12", "--max-gpus", "2"]
     names = [c["name"] for c in json.loads(potluck(*args, "--json").stdout)["candidates"][:12]]
     narrow = potluck(*args, columns=80)
     assert narrow.returncode == 0, narrow.stderr

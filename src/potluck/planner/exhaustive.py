@@ -79,7 +79,7 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
                     elif item[0] > best[0][0]:
                         heapq.heapreplace(best, item)
     refined = [refine_comm(plan, cost) for _, _, plan in best]
-    scored = [replace(plan, prediction=predict(plan, cost)) for plan in refined if plan]
+    scored = [plan for plan in refined if plan]
     return min(scored, key=lambda plan: plan.prediction.iteration_time_s, default=None)
 
 

@@ -55,8 +55,8 @@ from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.comm.refine import refine_comm
-from potluck.planner.cost import CostModel, usable_memory_bytes
-from potluck.planner.evaluate import host_memory_problem, predict, zero3_refusal
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.memory.refine import refine_memory
 from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
@@ -213,7 +213,8 @@ class _Search:
 
     def _plans(self, heap: list, level: MemoryLevel) -> list[Plan]:
         """The best combos built as plans, each stage given its lightest memory choice
-        (:func:`~potluck.planner.memory.refine.refine_memory`), priced by the full cost model; plans
+        (:func:`~potluck.planner.memory.refine.refine_memory`) and its communication scheduling
+        (:func:`~potluck.planner.comm.refine.refine_comm`), priced by the full cost model; plans
         over a device's or a machine's host memory are dropped."""
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = []
@@ -222,11 +223,8 @@ class _Search:
                                  level.offload)
             if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
                 continue
-            plan = refine_comm(plan, self.cost)
-            if plan is None:
-                continue
-            plan = self._evaluate(plan)
-            if self._fits(plan):
+            plan = refine_comm(plan, self.cost)  # predicted, and None where it cannot fit
+            if plan is not None:
                 plans.append(plan)
         plans.sort(key=_rank)
         return _distinct(plans, self.options.top_k)
@@ -248,15 +246,6 @@ class _Search:
             return self.options
         return replace(self.options, recompute=self.options.recompute or combo.setting.recompute,
                        swap=self.options.swap or Swap.NONE)
-
-    def _fits(self, plan: Plan) -> bool:
-        """Every device within its usable memory, every machine within its host memory."""
-        prediction = plan.prediction
-        for used in prediction.memory:
-            device = self.cluster.device(used.device)
-            if used.total_bytes > usable_memory_bytes(device.type) * (1 + 1e-9):
-                return False
-        return host_memory_problem(prediction) is None
 
     def _push_pinned_layouts(self, level: MemoryLevel, heap: list) -> None:
         """The pinned layout built directly (:mod:`potluck.planner.pinned`): pipelines the
@@ -514,9 +503,6 @@ class _Search:
             zero=setting.zero if len(pipelines) > 1 else 0, unused_devices=unused,
             notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
         )
-
-    def _evaluate(self, plan: Plan) -> Plan:
-        return replace(plan, prediction=predict(plan, self.cost))
 
 
 def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:

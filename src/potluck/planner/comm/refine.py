@@ -24,6 +24,7 @@ from potluck.plans import (
     Execution,
     Pipeline,
     Plan,
+    Prediction,
     Schedule,
     StageComm,
     check_plan,
@@ -76,27 +77,34 @@ def choose_stage_comm(cost: CostModel, devices: tuple[Device, ...], shape: Stage
 
 def refine_comm(plan: Plan, cost: CostModel) -> Plan | None:
     """``plan`` with each kind of TP stage's setting and each plan-wide method chosen by the
-    full cost model (see the module docstring); None where what the execution forces cannot
-    apply (sub-batches that do not divide the micro-batch) or the plan does not fit."""
-    plan = _consistent(plan, cost.execution)
-    best_s = _fitting_time_s(plan, cost)
-    if best_s is None:
+    full cost model (see the module docstring), and its prediction; None where what the
+    execution forces cannot apply (sub-batches that do not divide the micro-batch) or the
+    plan does not fit."""
+    best = _consistent(plan, cost.execution)
+    predicted = _fitting_prediction(best, cost)
+    if predicted is None:
         return None
-    best = plan
-    for signature in _signatures(plan, cost):
-        for comm in stage_comm_options(cost.execution, signature[3], signature[6], plan.schedule):
-            trial = _with_stage_comm(best, cost, signature, comm)
-            trial_s = _fitting_time_s(trial, cost)
-            if trial_s is not None and trial_s < best_s * (1 - 1e-6):
-                best, best_s = trial, trial_s
+    trials = [(signature, comm) for signature in _signatures(best, cost)
+              for comm in stage_comm_options(cost.execution, signature[3], signature[6],
+                                             best.schedule)]
+    for signature, comm in trials:
+        trial = _with_stage_comm(best, cost, signature, comm)
+        best, predicted = _faster(best, predicted, trial, cost)
     for name in PLAN_TRAITS:
-        forced = getattr(cost.execution, name)
-        if forced is None and _applies(best, name):
+        if getattr(cost.execution, name) is None and _applies(best, name):
             trial = replace(best, comm=replace(best.comm, **{name: True}))
-            trial_s = _fitting_time_s(trial, cost)
-            if trial_s is not None and trial_s < best_s * (1 - 1e-6):
-                best, best_s = trial, trial_s
-    return best
+            best, predicted = _faster(best, predicted, trial, cost)
+    return replace(best, prediction=predicted)
+
+
+def _faster(best: Plan, predicted: Prediction, trial: Plan, cost: CostModel
+            ) -> tuple[Plan, Prediction]:
+    """``trial`` and its prediction where it fits and is faster, else ``best`` and its."""
+    trial_predicted = _fitting_prediction(trial, cost)
+    if (trial_predicted is not None
+            and trial_predicted.iteration_time_s < predicted.iteration_time_s * (1 - 1e-6)):
+        return trial, trial_predicted
+    return best, predicted
 
 
 def _consistent(plan: Plan, execution: Execution) -> Plan:
@@ -163,9 +171,9 @@ def _applies(plan: Plan, name: str) -> bool:
     return plan.dp > 1 and not plan.model.tied_embeddings and plan.zero <= 1
 
 
-def _fitting_time_s(plan: Plan, cost: CostModel) -> float | None:
-    """The plan's predicted step, or None if it is not one the checks accept or it overfills
-    a device."""
+def _fitting_prediction(plan: Plan, cost: CostModel) -> Prediction | None:
+    """The plan's prediction, or None if it is not one the checks accept or it overfills a
+    device."""
     from potluck.errors import ConfigError
     from potluck.planner.evaluate import host_memory_problem, predict
 
@@ -180,4 +188,4 @@ def _fitting_time_s(plan: Plan, cost: CostModel) -> float | None:
             return None
     if host_memory_problem(prediction) is not None:
         return None
-    return prediction.iteration_time_s
+    return prediction
