@@ -21,6 +21,7 @@ the very ones the prediction adds up.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from potluck import placement
@@ -38,7 +39,7 @@ from potluck.planner.comm.step_overlap import (
 )
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
-from potluck.planner.network import NicSharing
+from potluck.planner.network import NicSharing, RingHops
 from potluck.plans import (
     DeviceMemory,
     HostMemory,
@@ -129,6 +130,7 @@ def shared_ends(cost: CostModel, collectives: list[Collective]) -> list[float]:
     to end together take what ``NicSharing.of_rings`` over all of them gives."""
     left = [c.work_bytes for c in collectives]
     ends: list[float | None] = [c.begin_s if c.work_bytes <= 0 else None for c in collectives]
+    hops = [RingHops(cost.cluster, c.rings) for c in collectives]
     t = min((c.begin_s for c in collectives), default=0.0)
     while any(end is None for end in ends):
         waiting = [c.begin_s for c, end in zip(collectives, ends, strict=True)
@@ -137,9 +139,11 @@ def shared_ends(cost: CostModel, collectives: list[Collective]) -> list[float]:
         if not active:
             t = min(waiting)
             continue
-        sharing = NicSharing.of_rings(r for i in active for r in collectives[i].rings)
-        rate = {i: min(cost.network.ring_link(r, sharing).bandwidth_bytes_per_s
-                       for r in collectives[i].rings) for i in active}
+        flows: dict[str, int] = defaultdict(int)
+        for i in active:
+            for node, count in hops[i].flows.items():
+                flows[node] += count
+        rate = {i: hops[i].bandwidth_bytes_per_s(flows) for i in active}
         step = min([left[i] / rate[i] for i in active] + [w - t for w in waiting])
         t += step
         for i in active:

@@ -89,6 +89,41 @@ class NicSharing:
 NO_SHARING = NicSharing()
 
 
+class RingHops:
+    """The hops of rings that run together (one collective), reduced to what their bandwidth
+    under any sharing depends on, for callers that re-share them many times
+    (:func:`potluck.planner.evaluate.shared_ends`): the slowest hop inside a machine, each
+    distinct hop between machines, and the flows the rings add to each card
+    (:meth:`NicSharing.of_rings`)."""
+
+    def __init__(self, cluster: Cluster, rings: Sequence[Sequence[Device]]) -> None:
+        self.inside_bytes_per_s = float("inf")
+        crossing: dict[tuple[str, str], float] = {}
+        self.flows: dict[str, int] = defaultdict(int)
+        for ring in rings:
+            nodes = {d.node for d in ring}
+            if len(nodes) > 1:
+                for node in nodes:
+                    self.flows[node] += 1
+            for index, a in enumerate(ring):
+                b = ring[(index + 1) % len(ring)]
+                bandwidth = cluster.link(a, b).bandwidth_bytes_per_s
+                if a.node == b.node:
+                    self.inside_bytes_per_s = min(self.inside_bytes_per_s, bandwidth)
+                else:
+                    pair = (a.node, b.node)
+                    crossing[pair] = min(crossing.get(pair, bandwidth), bandwidth)
+        self.crossing = [(bandwidth, a, b) for (a, b), bandwidth in crossing.items()]
+
+    def bandwidth_bytes_per_s(self, flows: Mapping[str, int]) -> float:
+        """The slowest hop's bandwidth with the cards shared by ``flows`` (as
+        :meth:`Network.ring_link` gives each ring's)."""
+        slowest = self.inside_bytes_per_s
+        for bandwidth, a, b in self.crossing:
+            slowest = min(slowest, bandwidth / max(flows.get(a, 1), flows.get(b, 1)))
+        return slowest
+
+
 class RingLink(NamedTuple):
     """A ring's bottleneck: its slowest hop's bandwidth and its worst hop's latency."""
 

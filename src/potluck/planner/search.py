@@ -506,17 +506,20 @@ class _Search:
 
 
 def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:
-    """The ``beam`` best families (``found`` is sorted), and the best of every TP choice and
-    replica count beyond them: the ranking is made at one micro-batch size, and a larger TP
+    """The ``beam`` best families (``found`` is sorted), and beyond them the best of every TP
+    choice and the best of every replica count (not of every pair: on large clusters their
+    product crowds the combinations): the ranking is made at one micro-batch size, and a larger TP
     degree or more replicas that lose there can win at the larger micro-batches the second
     pass tries (8 A100s, llama2-7b: tp=4 x dp=2 ranks below three tp=2 families at
     micro-batch 1 and wins at 8; four RTX 4090s: four replicas lose to a four-stage pipeline
     whose transfers overlap at micro-batch 1 and win at 4)."""
     kept = found[:beam]
-    seen = {(family.groups, family.dp) for family in kept}
+    groups = {family.groups for family in kept}
+    replicas = {family.dp for family in kept}
     for family in found[beam:]:
-        if (family.groups, family.dp) not in seen:
-            seen.add((family.groups, family.dp))
+        if family.groups not in groups or family.dp not in replicas:
+            groups.add(family.groups)
+            replicas.add(family.dp)
             kept.append(family)
     return kept
 
