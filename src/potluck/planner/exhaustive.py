@@ -31,7 +31,9 @@ from potluck.planner.space import Unit, tp_options
 from potluck.plans import Pipeline, Plan, Stage, TrainingShape
 from potluck.schedules import Schedule, schedule_for
 
-REFINED = 16  # the fastest plans without communication scheduling that get it
+REFINED = 16  # per micro-batch size, the fastest plans without communication scheduling
+# that get it (sub-batches need a micro-batch they divide: TP overlap can make a micro-batch
+# size win that loses without it)
 
 
 def arrangements(units: list[Unit]) -> Iterator[tuple[tuple[Unit, ...], ...]]:
@@ -59,13 +61,13 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
                     group_tp: dict[str, int] | None = None) -> Plan | None:
     """The fastest plan over the whole enumerated space, or None if nothing fits.
     ``group_tp`` pins the TP degree of some node groups (to keep the space small). Every
-    plan is scored without communication scheduling; the best :data:`REFINED` of them are
-    then given it where it pays (:func:`~potluck.planner.comm.refine.refine_comm`, as the
+    plan is scored without communication scheduling; the best :data:`REFINED` of each
+    micro-batch size are then given it where it pays (:func:`~potluck.planner.comm.refine.refine_comm`, as the
     search does), and the fastest of those is the reference."""
     cluster = Cluster(spec)
     cost = CostModel.for_training(cluster, model, training)
     families = FamilyEvaluator(cluster, cost)
-    best: list[tuple[float, int, Plan]] = []  # a max-heap of the fastest, by negated time
+    best: dict[int, list[tuple[float, int, Plan]]] = {}  # per micro-batch size, a max-heap
     for units in _unit_choices(cluster, families, model, group_tp or {}):
         for arrangement in arrangements(units):
             for b, recompute in itertools.product(micro_batch_sizes, recomputes):
@@ -73,14 +75,19 @@ def exhaustive_best(spec: ClusterSpec, model: ModelSpec, training: TrainingShape
                     continue
                 plan = _best_plan(cluster, cost, families, training, arrangement, b, recompute)
                 if plan is not None:
-                    item = (-plan.prediction.iteration_time_s, id(plan), plan)
-                    if len(best) < REFINED:
-                        heapq.heappush(best, item)
-                    elif item[0] > best[0][0]:
-                        heapq.heapreplace(best, item)
-    refined = [refine_comm(plan, cost) for _, _, plan in best]
+                    _keep(best.setdefault(b, []), plan)
+    refined = [refine_comm(plan, cost) for heap in best.values() for _, _, plan in heap]
     scored = [plan for plan in refined if plan]
     return min(scored, key=lambda plan: plan.prediction.iteration_time_s, default=None)
+
+
+def _keep(heap: list[tuple[float, int, Plan]], plan: Plan) -> None:
+    """Keep ``plan`` in ``heap`` if it is among the :data:`REFINED` fastest."""
+    item = (-plan.prediction.iteration_time_s, id(plan), plan)
+    if len(heap) < REFINED:
+        heapq.heappush(heap, item)
+    elif item[0] > heap[0][0]:
+        heapq.heapreplace(heap, item)
 
 
 def fitting_shapes(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
