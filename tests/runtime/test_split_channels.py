@@ -10,6 +10,7 @@ and receive a batch of its own; a plan without the split still runs torch's
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -128,6 +129,45 @@ def test_the_lowered_program_sends_at_once_and_receives_before_the_compute(name)
             if position > 0:
                 assert program[program.index(backward) + 1] == f"{position}SEND_B{mb}"
                 assert program.index(f"{position}RECV_F{mb}") < program.index(forward)
+
+
+def _torch_lowered(orders: list, stages: int, micro_batches: int) -> dict[int, list[str]]:
+    """torch's own lowering of the same compute program (no receive moved)."""
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    from potluck.schedules.lowering import compute_actions
+
+    runner = _PipelineScheduleRuntime([_fake_stage(stages)], micro_batches, scale_grads=False)
+    runner._prepare_schedule_with_comms(compute_actions(orders), format="compute_only")
+    return {k: [str(a) for a in v] for k, v in runner.pipeline_order_with_comms.items()}
+
+
+def _computes_before(program: list[str], action: str) -> int:
+    return sum(1 for a in program[:program.index(action)] if re.fullmatch(r"\d+[FB]\d+", a))
+
+
+@pytest.mark.parametrize("name, stages, micro_batches", [("1f1b", 4, 6), ("gpipe", 3, 4)])
+def test_receives_are_posted_a_compute_ahead_and_each_channel_keeps_its_order(
+        name, stages, micro_batches):
+    """A receive moves before the compute ahead of it (its transfer overlaps that compute),
+    never past its own channel's actions: each direction's sends and receives stay in the
+    order torch lowered them (NCCL runs one group's operations in order)."""
+    orders = schedule_for(name).rank_orders(stages, micro_batches)
+    runner = runtime_schedule(orders, [_fake_stage(stages)], micro_batches, loss_fn=None)
+    torch_programs = _torch_lowered(orders, stages, micro_batches)
+    moved = 0
+    for position in range(stages):
+        ours = [str(a) for a in runner.pipeline_order_with_comms[position]]
+        theirs = torch_programs[position]
+        assert sorted(ours) == sorted(theirs)
+        for direction in ("_F", "_B"):
+            channel = [a for a in ours if "SEND" + direction in a or "RECV" + direction in a]
+            assert channel == [a for a in theirs if "SEND" + direction in a
+                               or "RECV" + direction in a]
+        for action in (a for a in ours if "RECV" in a):
+            assert _computes_before(ours, action) <= _computes_before(theirs, action)
+            moved += _computes_before(ours, action) < _computes_before(theirs, action)
+    assert moved > 0
 
 
 # --- what ranks post, observed ---------------------------------------------------------------

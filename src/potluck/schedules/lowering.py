@@ -55,4 +55,45 @@ def runtime_schedule(orders: Sequence[Sequence[ComputeOp]], stages: Sequence[Any
                                       scale_grads=False)
     runner.pipeline_order = compute_actions(orders)
     runner._prepare_schedule_with_comms(runner.pipeline_order, format="compute_only")
+    runner.pipeline_order_with_comms = {
+        position: receives_one_compute_earlier(program)
+        for position, program in runner.pipeline_order_with_comms.items()}
     return runner
+
+
+_DIRECTION = {"SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B"}
+
+
+def receives_one_compute_earlier(program: list[Any]) -> list[Any]:
+    """``program`` with each receive posted before the compute that precedes it, so the
+    transfer overlaps that compute (torch's lowering puts a receive where its sender's
+    compute falls in a lockstep walk of the ranks, which on a faster or busier rank is
+    often right before the compute that waits for it: the transfer then starts only there).
+
+    A receive moves past actions of the other direction's channel and past one compute
+    action, never past an action of its own channel: each direction is one process group,
+    whose operations NCCL runs in order, so their order on it stays as torch lowered it.
+    """
+    result: list[Any] = []
+    for action in program:
+        kind = action.computation_type.value
+        if kind.startswith("RECV_"):
+            result.insert(_earlier_position(result, _DIRECTION[kind]), action)
+        else:
+            result.append(action)
+    return result
+
+
+def _earlier_position(before: list[Any], direction: str) -> int:
+    """Where a receive of ``direction`` may go in ``before``: back over the other channel's
+    actions and at most one compute action, stopping at its own channel's."""
+    position = len(before)
+    while position > 0:
+        previous = before[position - 1]
+        kind = previous.computation_type.value
+        if _DIRECTION.get(kind) == direction or not (previous.is_compute_op or kind in _DIRECTION):
+            return position
+        position -= 1
+        if previous.is_compute_op:
+            return position
+    return position

@@ -243,6 +243,28 @@ def test_a_received_transfer_arrives_after_both_ends_were_ready():
         dist.destroy_process_group()
 
 
+def test_split_channels_stay_timed_after_the_clock_starts_timing_them():
+    """The wrapping of torch's batch and wait functions lasts while the clock lives, not
+    only while the statement that installed it runs (a dropped context manager is closed
+    when collected: the emulated transfers then took no time at all)."""
+    import gc
+
+    from torch.distributed.pipelining import schedules
+
+    from potluck.runtime.timing.targets import RankTargets
+
+    original = schedules._batch_p2p
+    clock = EmulationClock(RankTargets({}, sends_s={(OpKind.SEND_FORWARD, 0): 0.1}),
+                           dilation=2.0)
+    clock.time_transfers()
+    try:
+        gc.collect()
+        assert schedules._batch_p2p is not original
+    finally:
+        clock.stop_timing_transfers()
+    assert schedules._batch_p2p is original
+
+
 def test_split_channels_are_emulated_beside_the_compute_with_unchanged_numerics():
     """With split channels the transfers are not padded into the compute ops but timed on
     their channels; the step still takes what the cost model predicts."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import torch
@@ -82,6 +83,7 @@ class EmulationClock:
         self.p2p = P2PEmulation(targets.sends_s, self.dilation) if targets.sends_s else None
         self._nested: list[float] = []  # per op running: the time its nested ops took
         self._channels: dict[str, float] = {}  # when each collective channel is free
+        self._transfers: AbstractContextManager[None] | None = None  # see time_transfers
 
     @classmethod
     def for_plan(cls, plan: Plan, layout: Layout, dilation: float | None = None
@@ -168,6 +170,21 @@ class EmulationClock:
             return sum(self.all.gathers_s.get(unit, 0.0) for unit in op.units)
         return 0.0
 
+    def time_transfers(self) -> None:
+        """Split channels: from now on time the pipeline's transfers on their channels
+        (:func:`~potluck.runtime.timing.p2p_emulation.emulating_p2p`), until
+        :meth:`stop_timing_transfers`. The clock holds the context: a context manager
+        entered and dropped is closed when it is collected, and that would undo the
+        wrapping at once."""
+        if self.p2p is not None and self._transfers is None:
+            self._transfers = emulating_p2p(self.p2p)
+            self._transfers.__enter__()
+
+    def stop_timing_transfers(self) -> None:
+        if self._transfers is not None:
+            self._transfers.__exit__(None, None, None)
+            self._transfers = None
+
     def tag_p2p(self, ops: list[Any], kind: OpKind, stage_id: int, micro_batch: int
                 ) -> list[Any]:
         """Split channels: note what each op is, to time it on its channel."""
@@ -203,6 +220,5 @@ def emulate(model: Any, dilation: float | None = None, timing: Plan | None = Non
     """
     clock = EmulationClock.for_plan(timing or model.layout.plan, model.layout, dilation)
     model.set_clock(clock)
-    if clock.p2p is not None:
-        emulating_p2p(clock.p2p).__enter__()
+    clock.time_transfers()
     return clock
