@@ -6,12 +6,13 @@ must all use one process group, so activations and gradients cannot travel on
 separate groups (split P2P channels). torch's ``_PipelineScheduleRuntime`` (the
 base of its interleaved schedules) runs a program of compute actions and
 ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B`` actions, each its own batch: a
-receive is posted when its sender posts the send and waited right before the
-compute that needs it, sends are waited at the end of the step.
-:func:`runtime_schedule` builds that runtime from potluck's per-rank compute
-order (``PipelineSchedule.rank_orders``) and lets torch lower it
-(``_prepare_schedule_with_comms``, format ``compute_only``), so the same
-forwards and backwards run in the same order, only the transfers change.
+receive is waited right before the compute that needs it, sends are waited at
+the end of the step. :func:`runtime_schedule` builds that runtime from
+potluck's per-rank compute order (``PipelineSchedule.rank_orders``) and lets
+torch lower it (``_prepare_schedule_with_comms``, format ``compute_only``), so
+the same forwards and backwards run in the same order, only the transfers
+change; then it posts each receive a compute earlier than torch placed it
+(:func:`receives_one_compute_earlier`), so its transfer overlaps that compute.
 
 The runtime is private torch API (``torch.distributed.pipelining.schedules``);
 its public subclasses run the same way.
