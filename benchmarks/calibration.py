@@ -139,10 +139,10 @@ def run(plan: Plan | tuple[Plan, Plan], out_dir: Path, args: argparse.Namespace,
         return Run(out_dir, float(background_file.read_text()))
     plan, timing = plan if isinstance(plan, tuple) else (plan, plan)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_plan(plan, out_dir / "plan.json")
     before = wait_for_quiet(args.quiet_share, args.quiet_wait)
     train(timing, TrainOptions(steps=args.steps, out_dir=str(out_dir), trace_steps=args.steps - 3,
                                progress=False, **options))
+    save_plan(plan, out_dir / "plan.json")  # after: the run writes the plan it ran (timing)
     background = max(before, busy_share(1.0))
     background_file.write_text(f"{background}\n")
     return Run(out_dir, background)
