@@ -99,12 +99,8 @@ class RingHops:
     def __init__(self, cluster: Cluster, rings: Sequence[Sequence[Device]]) -> None:
         self.inside_bytes_per_s = float("inf")
         crossing: dict[tuple[str, str], float] = {}
-        self.flows: dict[str, int] = defaultdict(int)
+        self.flows = NicSharing.of_rings(rings).flows
         for ring in rings:
-            nodes = {d.node for d in ring}
-            if len(nodes) > 1:
-                for node in nodes:
-                    self.flows[node] += 1
             for index, a in enumerate(ring):
                 b = ring[(index + 1) % len(ring)]
                 bandwidth = cluster.link(a, b).bandwidth_bytes_per_s
