@@ -32,18 +32,78 @@ class Recompute(str, Enum):
     FULL = "full"  # keep only each block's input; redo the block's forward in backward
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """One matmul of a block: a ``[rows, inner] x [inner, cols]`` product run on
+    ``rows_per_token`` rows per token (the top-k of routed experts, else 1). ``split`` is how
+    tensor parallelism divides it: ``cols`` (column-parallel), ``inner`` (row-parallel) or
+    ``none`` (replicated: a router)."""
+
+    inner: int
+    cols: int
+    part: str  # "attention" or "mlp"
+    split: str
+    rows_per_token: int = 1
+
+    def shape(self, rows: int, tp: int) -> tuple[int, int, int]:
+        """(rows, inner, cols) on one of ``tp`` ranks for ``rows`` tokens."""
+        inner = self.inner // tp if self.split == "inner" else self.inner
+        cols = self.cols // tp if self.split == "cols" else self.cols
+        return rows * self.rows_per_token, inner, cols
+
+    @property
+    def weights(self) -> int:
+        return self.inner * self.cols
+
+
+def up_columns(m: ModelSpec, width: int) -> int:
+    """Columns of the MLP's up projection(s) of ``width``: gate and up for SwiGLU."""
+    return (2 if m.mlp is MlpKind.SWIGLU else 1) * width
+
+
+def block_gemms(m: ModelSpec) -> list[Gemm]:
+    """A block's matmuls: Q/K/V and output projections, then a dense MLP, or a router,
+    ``experts_per_token`` routed experts and the shared expert of a mixture of experts."""
+    h, q, kv, f = m.hidden_size, m.q_size, m.kv_hidden_size, m.ffn_hidden_size
+    gemms = [Gemm(h, q + 2 * kv, "attention", "cols"), Gemm(q, h, "attention", "inner")]
+    if not m.is_moe:
+        return [*gemms, Gemm(h, up_columns(m, f), "mlp", "cols"), Gemm(f, h, "mlp", "inner")]
+    k = m.experts_per_token
+    gemms += [Gemm(h, m.num_experts, "mlp", "none"),
+              Gemm(h, up_columns(m, f), "mlp", "cols", k), Gemm(f, h, "mlp", "inner", k)]
+    if m.shared_ffn_size:
+        shared = m.shared_ffn_size
+        gemms += [Gemm(h, up_columns(m, shared), "mlp", "cols"), Gemm(shared, h, "mlp", "inner")]
+    return gemms
+
+
 def attention_params(m: ModelSpec) -> int:
-    h, kv = m.hidden_size, m.kv_hidden_size
-    weights = 2 * h * h + 2 * h * kv
-    bias = (h + 2 * kv if m.qkv_bias else 0) + (h if m.linear_bias else 0)
+    h, q, kv = m.hidden_size, m.q_size, m.kv_hidden_size
+    weights = 2 * h * q + 2 * h * kv
+    bias = (q + 2 * kv if m.qkv_bias else 0) + (h if m.linear_bias else 0)
     return weights + bias
 
 
+def _dense_mlp_params(m: ModelSpec, width: int) -> int:
+    h = m.hidden_size
+    bias = (up_columns(m, width) + h) if m.linear_bias else 0
+    return up_columns(m, width) * h + width * h + bias
+
+
 def mlp_params(m: ModelSpec) -> int:
-    h, f = m.hidden_size, m.ffn_hidden_size
-    if m.mlp is MlpKind.SWIGLU:
-        return 3 * h * f + ((2 * f + h) if m.linear_bias else 0)
-    return 2 * h * f + ((f + h) if m.linear_bias else 0)
+    """The MLP: dense, or the router, every routed expert and the shared expert."""
+    if not m.is_moe:
+        return _dense_mlp_params(m, m.ffn_hidden_size)
+    shared = _dense_mlp_params(m, m.shared_ffn_size) if m.shared_ffn_size else 0
+    return (m.hidden_size * m.num_experts + m.num_experts * _dense_mlp_params(m, m.ffn_hidden_size)
+            + shared)
+
+
+def active_mlp_width(m: ModelSpec) -> int:
+    """MLP width one token passes through: the dense width, or top-k experts and the shared."""
+    if not m.is_moe:
+        return m.ffn_hidden_size
+    return m.experts_per_token * m.ffn_hidden_size + m.shared_ffn_size
 
 
 def norm_params(m: ModelSpec) -> int:
@@ -51,10 +111,14 @@ def norm_params(m: ModelSpec) -> int:
 
 
 def block_params(m: ModelSpec) -> int:
+    if m.params is not None:
+        return m.params.block
     return attention_params(m) + mlp_params(m) + 2 * norm_params(m)
 
 
 def embedding_params(m: ModelSpec) -> int:
+    if m.params is not None:
+        return m.params.embedding
     positions = m.max_seq_len * m.hidden_size if m.learned_positions else 0
     return m.vocab_size * m.hidden_size + positions
 
@@ -62,30 +126,43 @@ def embedding_params(m: ModelSpec) -> int:
 def head_params(m: ModelSpec, separate_from_embedding: bool = False) -> int:
     """Final norm and output projection; a tied projection counts only when it
     lives on another device than the embedding (pipeline parallel keeps a copy)."""
-    projection = m.vocab_size * m.hidden_size
+    projection = m.params.projection if m.params is not None else m.vocab_size * m.hidden_size
+    final_norm = m.params.final_norm if m.params is not None else norm_params(m)
     own = projection if (not m.tied_embeddings or separate_from_embedding) else 0
-    return norm_params(m) + own
+    return final_norm + own
 
 
 def total_params(m: ModelSpec) -> int:
     return embedding_params(m) + m.num_layers * block_params(m) + head_params(m)
 
 
+def active_params(m: ModelSpec) -> int:
+    """Parameters one token uses: all but the routed experts it is not sent to."""
+    if not m.is_moe:
+        return total_params(m)
+    idle = m.num_experts - m.experts_per_token
+    return total_params(m) - m.num_layers * idle * _dense_mlp_params(m, m.ffn_hidden_size)
+
+
 def block_matmul_params(m: ModelSpec) -> int:
-    """Weights that take part in matmuls (biases and norms excluded)."""
-    h, kv, f = m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
-    mlp = (3 if m.mlp is MlpKind.SWIGLU else 2) * h * f
-    return 2 * h * h + 2 * h * kv + mlp
+    """Weights one token multiplies in a block (biases and norms excluded; for a mixture of
+    experts only the router, its top-k experts and the shared expert)."""
+    return sum(g.weights * g.rows_per_token for g in block_gemms(m))
 
 
 def block_forward_flops(m: ModelSpec, b: int, s: int) -> float:
-    """Model FLOPs of one block's forward for ``b`` sequences of ``s`` tokens."""
+    """Model FLOPs of one block's forward for ``b`` sequences of ``s`` tokens: as counted on
+    the model itself when the spec was derived from it, else from the formulas."""
+    if m.block_flops is not None:
+        flops = m.block_flops
+        return b * s * (flops.matmul_per_token + m.mean_keys_per_query(s) * flops.scores_per_key)
     return 2.0 * b * s * block_matmul_params(m) + attention_core_forward_flops(m, b, s)
 
 
 def attention_core_forward_flops(m: ModelSpec, b: int, s: int) -> float:
-    """``QK^T`` and attention-times-values: ``2*b*s^2*h`` each (SC'21 counts the full square)."""
-    return 4.0 * b * s * s * m.hidden_size
+    """``QK^T`` and attention-times-values: ``2*b*s^2*h`` each (SC'21 counts the full square;
+    ``h`` is the query width, ``s^2`` shortened to ``s*w`` in blocks with a window ``w``)."""
+    return 4.0 * b * s * m.mean_keys_per_query(s) * m.q_size
 
 
 def head_forward_flops(m: ModelSpec, b: int, s: int) -> float:
@@ -112,11 +189,12 @@ def block_activation_terms(m: ModelSpec) -> ActivationTerms:
     GPT with dropout and ffn = 4h gives the paper's 34 sbh + 5 as^2b exactly.
     """
     kv_ratio = m.kv_hidden_size / m.hidden_size
-    ffn_ratio = m.ffn_hidden_size / m.hidden_size
+    q_ratio = m.q_size / m.hidden_size
+    ffn_ratio = active_mlp_width(m) / m.hidden_size
     mask = 1.0 if m.dropout else 0.0
     # QKV input 2, Q 2, K and V 2 each scaled by kv/h, attention output-projection input 2,
     # dropout mask 1.
-    attention = 2 + 2 + 4 * kv_ratio + 2 + mask
+    attention = 2 + 2 * q_ratio + 4 * kv_ratio + 2 * q_ratio + mask
     # softmax output 2 (+ dropout mask 1 and dropout output 2 with dropout)
     scores = 2 + 3 * mask
     if m.mlp is MlpKind.SWIGLU:
@@ -200,13 +278,13 @@ def eager_attention_elements(m: ModelSpec, b: int, s: int, *, flash_attention: b
     (a contiguous copy of the transposed heads). Rotary ``cos``/``sin`` are shared by all
     blocks (:func:`embedding_activation_bytes`).
     """
-    sbh, sbkv = s * b * m.hidden_size, s * b * m.kv_hidden_size
+    sbq, sbkv = s * b * m.q_size, s * b * m.kv_hidden_size
     heads_rows = m.num_heads * s * b
     if not flash_attention:
-        return 4.0 * sbh + heads_rows * s
+        return 4.0 * sbq + heads_rows * s
     if m.family == "gpt2":
-        return 6.0 * sbh + heads_rows
-    return 2.0 * sbh + 2.0 * sbkv + heads_rows
+        return 6.0 * sbq + heads_rows
+    return 2.0 * sbq + 2.0 * sbkv + heads_rows
 
 
 def eager_mlp_elements(m: ModelSpec, b: int, s: int) -> float:
@@ -218,7 +296,7 @@ def eager_mlp_elements(m: ModelSpec, b: int, s: int) -> float:
     (its input, ``x^3``'s input product, the ``tanh`` output, ``1 + tanh``), plus its output
     (the down projection's input): ``5*s*b*f``.
     """
-    sbf = s * b * m.ffn_hidden_size
+    sbf = s * b * active_mlp_width(m)
     return (4.0 if m.mlp is MlpKind.SWIGLU else 5.0) * sbf
 
 
@@ -312,20 +390,20 @@ def block_elementwise_parts(m: ModelSpec, b: int, s: int, *, fused: bool = False
     Both: a residual add per part (read 4, write 2 bytes), a transpose of the attention
     output (4), dropout on each part's residual branch when the model has dropout (5).
     """
-    sbh = s * b * m.hidden_size
-    sbf = s * b * m.ffn_hidden_size
+    sbh, sbq = s * b * m.hidden_size, s * b * m.q_size
+    sbf = s * b * active_mlp_width(m)
     sbkv = s * b * m.kv_hidden_size
     rope = m.norm is NormKind.RMSNORM and not m.learned_positions
     if fused:
         norm = 4.0
-        rotary = 4.0 * (sbh + sbkv) if rope else 0.0
+        rotary = 4.0 * (sbq + sbkv) if rope else 0.0
         activation = 6.0 if m.mlp is MlpKind.SWIGLU else 4.0
     else:
         norm = 36.0 if m.norm is NormKind.RMSNORM else 12.0
-        rotary = 20.0 * (sbh + sbkv) if rope else 0.0
+        rotary = 20.0 * (sbq + sbkv) if rope else 0.0
         activation = 10.0 if m.mlp is MlpKind.SWIGLU else 36.0
     hidden = (norm + 6.0 + (5.0 if m.dropout else 0.0)) * sbh
-    return ElementwiseBytes(attention_hidden=hidden, attention_sharded=4.0 * sbh + rotary,
+    return ElementwiseBytes(attention_hidden=hidden, attention_sharded=4.0 * sbq + rotary,
                             mlp_hidden=hidden, mlp_sharded=activation * sbf)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model import byte_vocab
+from potluck.model.hf_presets import HF_PRESETS
 from potluck.yamlio import parse_json
 
 MAX_SIZE = 2**31 - 1  # any width, depth or vocabulary (their products stay exact floats)
@@ -31,6 +32,27 @@ class MlpKind(str, Enum):
 class NormKind(str, Enum):
     LAYERNORM = "layernorm"
     RMSNORM = "rmsnorm"
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Exact parameter counts read off the model itself, built from its config on the meta
+    device (:mod:`potluck.model.derived`): what the formulas of
+    :mod:`potluck.model.counts` give for the families they know, for any model."""
+
+    embedding: int  # everything used before the first block (token and position tables)
+    block: int  # one block, every expert included
+    final_norm: int  # everything after the last block but the output projection
+    projection: int  # the output projection's matrix (counted again when tied and apart)
+
+
+@dataclass(frozen=True)
+class BlockFlops:
+    """Forward FLOPs of one block measured by torch's FLOP counter
+    (:mod:`potluck.model.derived`): ``matmul_per_token * b*s + scores_per_key * b*s*keys``."""
+
+    matmul_per_token: float
+    scores_per_key: float
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,14 @@ class ModelSpec:
     linear_bias: bool = False
     qkv_bias: bool = False
     dropout: bool = False
+    head_size: int = 0  # per-head width when it is not hidden_size / num_heads (Qwen3, Gemma)
+    num_experts: int = 0  # routed experts per block (mixture of experts); 0: a dense MLP
+    experts_per_token: int = 0  # top-k routing
+    shared_ffn_size: int = 0  # width of the always-active shared expert(s), summed
+    sliding_window: int = 0  # keys each query sees in windowed blocks (0: none)
+    window_layers: int = 0  # how many of the blocks use the window
+    params: ParamCounts | None = None  # exact counts derived from the model itself
+    block_flops: BlockFlops | None = None  # counted on the model itself
     hf_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -61,7 +91,7 @@ class ModelSpec:
             if not 1 <= getattr(self, name) <= MAX_SIZE:
                 raise ConfigError(f"model {self.name!r}: {name} must be from 1 to {MAX_SIZE:,}, "
                                   f"not {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
                 f"num_heads {self.num_heads}"
@@ -72,13 +102,38 @@ class ModelSpec:
                 f"num_kv_heads {self.num_kv_heads}"
             )
 
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ConfigError(
+                f"model {self.name!r}: experts_per_token must be from 1 to num_experts "
+                f"{self.num_experts}, not {self.experts_per_token}"
+            )
+        if not 0 <= self.window_layers <= self.num_layers:
+            raise ConfigError(f"model {self.name!r}: window_layers must be from 0 to "
+                              f"num_layers {self.num_layers}, not {self.window_layers}")
+
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the queries (and of the attention output): heads x head width."""
+        return self.head_dim * self.num_heads
 
     @property
     def kv_hidden_size(self) -> int:
         return self.head_dim * self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def mean_keys_per_query(self, seq_len: int) -> float:
+        """Keys each query is scored against, averaged over the blocks (the full square,
+        as SC'21 counts it, shortened to the window in windowed blocks)."""
+        windowed = min(seq_len, self.sliding_window) if self.sliding_window else seq_len
+        return (self.window_layers * windowed
+                + (self.num_layers - self.window_layers) * seq_len) / self.num_layers
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -142,7 +197,17 @@ ALIASES = {
     "llama3-7b": "llama3-8b", "gpt3-xl": "gpt3-1.3b", "gpt3": "gpt3-175b",
     "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b", "llama-2-70b": "llama2-70b",
     "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b",
+    "llama-3.1-8b": "llama3.1-8b", "llama-3.1-70b": "llama3.1-70b",
+    "llama-3.2-1b": "llama3.2-1b", "llama-3.2-3b": "llama3.2-3b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b", "phi-3-mini": "phi3-mini", "phi-3-medium": "phi3-medium",
+    "gemma-2-2b": "gemma2-2b", "gemma-2-9b": "gemma2-9b", "gemma-2-27b": "gemma2-27b",
+    "olmo-2-7b": "olmo2-7b", "olmo-2-13b": "olmo2-13b",
 }
+
+
+def preset_names() -> list[str]:
+    """Every preset: the hand-written shapes and the released configs (:mod:`hf_presets`)."""
+    return sorted({*PRESETS, *HF_PRESETS})
 
 
 def _looks_like_path(name: str) -> bool:
@@ -156,6 +221,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
+    if key in HF_PRESETS:
+        return model_from_hf_config(dict(HF_PRESETS[key]), name=key)
     path = Path(name_or_path)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -170,10 +237,11 @@ def load_model(name_or_path: str) -> ModelSpec:
                           "or Hugging Face model directory (nothing is downloaded), or a preset name")
     from potluck.cluster.catalog import closest_names
 
-    close = closest_names(str(name_or_path), sorted(PRESETS))
+    names = preset_names()
+    close = closest_names(str(name_or_path), names)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ConfigError(
-        f"unknown model {name_or_path!r}: {hint}give a preset ({', '.join(sorted(PRESETS))}), "
+        f"unknown model {name_or_path!r}: {hint}give a preset ({', '.join(names)}), "
         "a config.json or a Hugging Face model directory"
     )
 
@@ -199,22 +267,26 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense"}
-_FAMILIES = ("LLaMA, Mistral, Qwen2 and GPT-2 (decoder-only, causal language models; "
-             "model_type llama, mistral, qwen2 or gpt2)")
+_LLAMA_LIKE = {"llama", "mistral", "qwen2"}
+_FAMILIES = ("decoder-only causal language models of the installed transformers (model_type "
+             "in config.json; LLaMA, Mistral, Qwen2 and GPT-2 keys are also read without it)")
 _CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # how transformers names decoder LM classes
 
 
 def model_from_hf_config(config: dict[str, Any], name: str = "model") -> ModelSpec:
-    """Read LLaMA/Mistral/Qwen2-style or GPT-2-style ``config.json`` keys.
+    """A spec from a ``config.json``: LLaMA/Mistral/Qwen2 and GPT-2 keys by the hand-written
+    readers; any other ``model_type`` through the model itself
+    (:func:`potluck.model.generic.spec_from_any_config`).
 
-    The family is the config's ``model_type``; a config without one is read by its keys
-    (``n_embd``: GPT-2, ``intermediate_size``: LLaMA), unless its ``architectures`` name no
-    causal language model (a BERT or T5 config is refused, not misread)."""
+    A config without ``model_type`` is read by its keys (``n_embd``: GPT-2,
+    ``intermediate_size``: LLaMA), unless its ``architectures`` name no causal language
+    model (a BERT or T5 config is refused, not misread)."""
     model_type = str(config.get("model_type") or "").lower()
     if model_type and model_type != "gpt2" and model_type not in _LLAMA_LIKE:
-        raise ConfigError(f"model config {name!r}: model_type {model_type!r}"
-                          f"{_architectures(config)} is not supported; potluck plans {_FAMILIES}")
+        _check_architectures(config, name)
+        from potluck.model.generic import spec_from_any_config
+
+        return spec_from_any_config(config, name)
     if not model_type:
         _check_architectures(config, name)
     if model_type == "gpt2" or (not model_type and "n_embd" in config):

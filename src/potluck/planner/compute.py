@@ -21,7 +21,7 @@ from potluck.cluster.catalog import DeviceType
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
-from potluck.model.spec import MlpKind, ModelSpec
+from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.plans import DType, Execution
 
@@ -175,17 +175,16 @@ class ComputeModel:
     def _compute_part_times(self, device: DeviceType, tp: int, b: int,
                             recompute: Recompute) -> PartTimes:
         m, rows = self.model, b * self.seq_len
-        h, kv, f = m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
-        up_cols = (2 if m.mlp is MlpKind.SWIGLU else 1) * f
         traffic = counts.block_elementwise_parts(m, b, self.seq_len, fused=self.fused_kernels)
         attention = self._attention_s(device, tp, b)
         parts = []
-        for gemm_shapes, hidden, sharded, core, share in (
-                ([(rows, h, (h + 2 * kv) // tp), (rows, h // tp, h)], traffic.attention_hidden,
-                 traffic.attention_sharded, attention, ATTENTION_KERNEL_SHARE),
-                ([(rows, h, up_cols // tp), (rows, f // tp, h)], traffic.mlp_hidden,
-                 traffic.mlp_sharded, BlockTimes(0.0, 0.0, 0.0), 1.0 - ATTENTION_KERNEL_SHARE)):
-            gemms = sum(self._gemm_s(device, *shape) for shape in gemm_shapes)
+        for part, hidden, sharded, core, share in (
+                ("attention", traffic.attention_hidden, traffic.attention_sharded, attention,
+                 ATTENTION_KERNEL_SHARE),
+                ("mlp", traffic.mlp_hidden, traffic.mlp_sharded, BlockTimes(0.0, 0.0, 0.0),
+                 1.0 - ATTENTION_KERNEL_SHARE)):
+            gemms = sum(self._gemm_s(device, *gemm.shape(rows, tp))
+                        for gemm in counts.block_gemms(m) if gemm.part == part)
             elementwise = self._elementwise_s(device, hidden + sharded / tp)
             forward = gemms + core.forward_s + elementwise
             backward = 2.0 * gemms + core.backward_s + 2.0 * elementwise
@@ -210,10 +209,9 @@ class ComputeModel:
         Q/K/V and output projections."""
         if self.fused_kernels:
             return 0.0 if self.flash_attention else attention.forward_s
-        m = self.model
-        rows, h, kv = b * self.seq_len, m.hidden_size, m.kv_hidden_size
-        projections = (self._gemm_s(device, rows, h, (h + 2 * kv) // tp)
-                       + self._gemm_s(device, rows, h // tp, h))
+        rows = b * self.seq_len
+        projections = sum(self._gemm_s(device, *gemm.shape(rows, tp))
+                          for gemm in counts.block_gemms(self.model) if gemm.part == "attention")
         return attention.forward_s + projections
 
     def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
@@ -225,12 +223,9 @@ class ComputeModel:
         return BlockTimes(forward, 2.0 * forward, 0.0)
 
     def _block_gemms_s(self, device: DeviceType, tp: int, b: int) -> float:
-        m = self.model
-        rows, h, kv, f = b * self.seq_len, m.hidden_size, m.kv_hidden_size, m.ffn_hidden_size
-        up_cols = (2 if m.mlp is MlpKind.SWIGLU else 1) * f
-        shapes = [(rows, h, (h + 2 * kv) // tp), (rows, h // tp, h),
-                  (rows, h, up_cols // tp), (rows, f // tp, h)]
-        return sum(self._gemm_s(device, *shape) for shape in shapes)
+        rows = b * self.seq_len
+        return sum(self._gemm_s(device, *gemm.shape(rows, tp))
+                   for gemm in counts.block_gemms(self.model))
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
         return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), self.achievable_flops(device),
@@ -241,7 +236,7 @@ class ComputeModel:
         """FlashAttention: causal scores never leave the chip; Q, K, V read, output written."""
         m, s = self.model, self.seq_len
         flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
-        traffic = (4 * s * b * m.hidden_size + 4 * s * b * m.kv_hidden_size) / tp
+        traffic = (4 * s * b * m.q_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self.element_scale(device)
         return formulas.roofline_time_s(flops, traffic, self.achievable_flops(device) * FLASH_FORWARD_OF_GEMM,
                                         device.memory_bandwidth_bytes_per_s)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from potluck.model.spec import MlpKind, ModelSpec
+from potluck.model.counts import block_gemms
+from potluck.model.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROBE_SIZE = 512
@@ -42,9 +43,7 @@ class DeviceMeasurement:
 
 def block_gemm_shapes(model: ModelSpec, tp: int = 1) -> list[tuple[int, int]]:
     """(inner, cols) of a block's four GEMMs, as the cost model prices them."""
-    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    up = (2 if model.mlp is MlpKind.SWIGLU else 1) * f
-    return [(h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h)]
+    return [gemm.shape(1, tp)[1:] for gemm in block_gemms(model)]
 
 
 def synchronize(device: torch.device) -> None:
