@@ -25,7 +25,7 @@ from potluck.calibrate.measured.report import summary
 from potluck.calibrate.measured.runs import MeasuredRun
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import PotluckError
-from potluck.model.spec import load_model
+from potluck.model.loading import load_model
 from potluck.planner.search import search
 from potluck.plans import Execution
 

@@ -20,7 +20,7 @@ from potluck.economics.candidates import Candidate, CostRequest
 from potluck.economics.offers import load_offers
 from potluck.economics.prices import HOURS_PER_YEAR, PriceMode, Pricing
 from potluck.economics.study import CostStudy, cost_study
-from potluck.model.spec import load_model
+from potluck.model.loading import load_model
 from potluck.planner.options import SearchOptions
 
 OFFERS_FILE = Path(__file__).with_name("seed_offers.yaml")

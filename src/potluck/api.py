@@ -21,8 +21,9 @@ from potluck.economics.prices import Pricing
 from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.model.loading import load_model
 from potluck.model.memory import Offload, Swap
-from potluck.model.spec import ModelSpec, load_model
+from potluck.model.spec import ModelSpec
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import DType, Plan, Schedule, TrainingShape

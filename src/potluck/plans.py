@@ -534,6 +534,9 @@ def _check_tp(stage: Stage, model: ModelSpec, index: int, cluster: Any) -> None:
     tp = stage.tp
     if tp < 1:
         raise ConfigError(f"pipeline {index}: a stage has no devices")
+    if tp > 1 and model.tp_refusal:
+        raise ConfigError(f"pipeline {index}: a stage of tensor parallel {tp}, but "
+                          f"{model.name} cannot be split so ({model.tp_refusal})")
     if model.num_heads % tp or model.num_kv_heads % tp:
         raise ConfigError(
             f"pipeline {index}: tensor parallel {tp} does not divide the model's "

@@ -15,8 +15,9 @@ from rich.table import Table
 from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe
 from potluck.cluster.topology import Cluster
-from potluck.model.counts import Recompute
+from potluck.model.counts import Recompute, active_params, total_params
 from potluck.model.memory import Offload, StageMemory, Swap
+from potluck.model.spec import ModelSpec
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
@@ -70,6 +71,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "schedule": plan.schedule.value,
         "execution": describe(plan.training.execution),
         "communication": comm_text(plan),
+        "model_notes": model_notes(plan.model),
         "dtype": plan.training.dtype.value,
         "dtype_notes": plan_dtype_notes(plan),
         "breakdown_s": {k: getattr(breakdown, k) for k in breakdown.__dataclass_fields__},
@@ -115,6 +117,19 @@ def render_result(console: Console, result: SearchResult) -> None:
     )
 
 
+def model_notes(model: ModelSpec) -> list[str]:
+    """What the plan's reader should know about the model: its experts, why it has no
+    tensor parallelism."""
+    notes = []
+    if model.is_moe:
+        notes.append(f"mixture of experts: {model.num_experts} experts, {model.experts_per_token} "
+                     f"per token; {active_params(model) / 1e9:.2f}B of "
+                     f"{total_params(model) / 1e9:.2f}B parameters active")
+    if model.tp_refusal:
+        notes.append(f"no tensor parallelism: {model.tp_refusal}")
+    return notes
+
+
 def render_plan(console: Console, plan: Plan) -> None:
     prediction = _prediction(plan)
     shape = plan.training
@@ -127,6 +142,8 @@ def render_plan(console: Console, plan: Plan) -> None:
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     console.print(f"communication: {comm_text(plan)}", highlight=False)
+    for note in model_notes(plan.model):
+        console.print(f"[dim]{escape(note)}[/dim]")
     tables = [_stage_table(plan, prediction)]
     if not uniform_memory(plan):
         tables.append(_choices_table(plan))

@@ -8,7 +8,7 @@ from potluck.cluster.spec import parse_cluster
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
-from potluck.model.spec import load_model
+from potluck.model.loading import load_model
 from potluck.planner.cost import CostModel
 
 BASE = """

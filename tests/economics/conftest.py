@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from potluck.api import training_shape
-from potluck.model.spec import ModelSpec, load_model
+from potluck.model.loading import load_model
+from potluck.model.spec import ModelSpec
 from potluck.plans import TrainingShape
 
 MODEL = "gpt3-350m"

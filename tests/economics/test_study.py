@@ -124,7 +124,7 @@ def test_budget_and_gpu_limits_skip_offers_with_a_reason(model, shape, offers):
 
 
 def test_an_offer_the_model_does_not_fit_is_skipped_with_the_planner_reason(shape, offers):
-    from potluck.model.spec import load_model
+    from potluck.model.loading import load_model
 
     big = load_model("llama2-7b")
     study = cost_study(big, replace(shape, seq_len=2048), offers, CostRequest(TOKENS))

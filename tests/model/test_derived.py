@@ -10,7 +10,7 @@ from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.generic import spec_from_any_config
 from potluck.model.hf import hf_config_for
-from potluck.model.spec import load_model, model_from_hf_config
+from potluck.model.loading import load_model, model_from_hf_config
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=300, pad_token_id=0, bos_token_id=1,

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 from potluck.errors import ConfigError
 from potluck.model.counts import total_params
 from potluck.model.hf import hf_config_for
-from potluck.model.spec import PRESETS, ModelSpec, model_from_hf_config
+from potluck.model.loading import model_from_hf_config
+from potluck.model.spec import PRESETS, ModelSpec
 
 
 def _meta_model(config):

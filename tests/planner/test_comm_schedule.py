@@ -225,3 +225,23 @@ def test_zero_bubble_stages_never_run_the_explicit_executor():
     assert StageComm(2, False) not in options and StageComm(2, True) in options
     assert stage_comm_options(Execution(tp_overlap_chunks=4), 2, Recompute.NONE,
                               Schedule.ONE_F_ONE_B) == [StageComm()]  # 4 does not divide 2
+
+
+def test_models_the_explicit_executor_does_not_run_are_planned_without_it():
+    """Gemma 2's post-norms are not the pre-norm blocks the executor runs: the search keeps
+    its TP stages on DTensor styles, and forcing TP overlap is refused in one line."""
+    from potluck.cluster.execution import Execution
+    from potluck.errors import ConfigError
+    from potluck.planner.comm.refine import stage_comm_options
+    from potluck.planner.search import search
+    from potluck.plans import TrainingShape
+
+    gemma = load_model("gemma2-2b")
+    assert not gemma.runs_explicit_tp and load_model("llama2-7b").runs_explicit_tp
+    assert stage_comm_options(Execution(), 4, Recompute.FULL, Schedule.ONE_F_ONE_B,
+                              explicit=False) == [StageComm()]
+    cluster = "nodes:\n  - name: box\n    gpu: rtx3090\n    gpus_per_node: 4\n"
+    forced = TrainingShape(8, 1024, execution=Execution(tp_overlap_chunks=2))
+    with pytest.raises(ConfigError, match="LLaMA-style and GPT-2 blocks") as err:
+        search(parse_cluster(cluster, "box.yaml"), gemma, forced)
+    assert "\n" not in str(err.value)

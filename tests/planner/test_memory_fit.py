@@ -17,8 +17,8 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import counts
 from potluck.model.counts import Recompute
+from potluck.model.loading import load_model
 from potluck.model.memory import Offload, StageMemory, Swap
-from potluck.model.spec import load_model
 from potluck.planner import formulas
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
 from potluck.planner.evaluate import gradient_groups, predict, zero3_refusal

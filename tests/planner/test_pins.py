@@ -9,8 +9,8 @@ from potluck.cluster import parse_cluster
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import load_model
 from potluck.model.counts import Recompute
+from potluck.model.loading import model_from_hf_config
 from potluck.model.memory import Offload, Swap
-from potluck.model.spec import model_from_hf_config
 from potluck.planner.exhaustive import fitting_shapes
 from potluck.planner.search import Partition, SearchOptions, search
 from potluck.plans import DType, Schedule, TrainingShape, check_plan

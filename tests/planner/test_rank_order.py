@@ -8,7 +8,7 @@ import pytest
 
 from potluck.cluster import parse_cluster
 from potluck.errors import InfeasibleError
-from potluck.model.spec import load_model, model_from_hf_config
+from potluck.model.loading import load_model, model_from_hf_config
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import (
     DType,

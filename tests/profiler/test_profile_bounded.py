@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from potluck.errors import PotluckError
-from potluck.model.spec import load_model
+from potluck.model.loading import load_model
 from potluck.profiler import ProfileOptions, profile
 from potluck.profiler.report import plan_line, progress_reporter
 from potluck.profiler.run import (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from potluck.cluster.spec import parse_cluster
-from potluck.model.spec import load_model
+from potluck.model.loading import load_model
 from potluck.planner.compute import achievable_flops
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
 from potluck.plans import DType

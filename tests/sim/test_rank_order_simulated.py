@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from potluck.cluster import parse_cluster
-from potluck.model.spec import model_from_hf_config
+from potluck.model.loading import model_from_hf_config
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import DType, Execution, Placement, TiedGradSync, TrainingShape
 from potluck.sim import simulate

@@ -37,22 +37,25 @@ class Gemm:
     """One matmul of a block: a ``[rows, inner] x [inner, cols]`` product run on
     ``rows_per_token`` rows per token (the top-k of routed experts, else 1). ``split`` is how
     tensor parallelism divides it: ``cols`` (column-parallel), ``inner`` (row-parallel) or
-    ``none`` (replicated: a router)."""
+    ``none`` (replicated: a router). Routed experts are ``groups`` such products with their
+    own weights, the rows shared evenly among them (uniform routing)."""
 
     inner: int
     cols: int
     part: str  # "attention" or "mlp"
     split: str
     rows_per_token: int = 1
+    groups: int = 1
 
     def shape(self, rows: int, tp: int) -> tuple[int, int, int]:
-        """(rows, inner, cols) on one of ``tp`` ranks for ``rows`` tokens."""
+        """(rows of one group, inner, cols) on one of ``tp`` ranks for ``rows`` tokens."""
         inner = self.inner // tp if self.split == "inner" else self.inner
         cols = self.cols // tp if self.split == "cols" else self.cols
-        return rows * self.rows_per_token, inner, cols
+        return max(1, -(-rows * self.rows_per_token // self.groups)), inner, cols
 
     @property
     def weights(self) -> int:
+        """Weights one row multiplies (one group's)."""
         return self.inner * self.cols
 
 
@@ -68,9 +71,10 @@ def block_gemms(m: ModelSpec) -> list[Gemm]:
     gemms = [Gemm(h, q + 2 * kv, "attention", "cols"), Gemm(q, h, "attention", "inner")]
     if not m.is_moe:
         return [*gemms, Gemm(h, up_columns(m, f), "mlp", "cols"), Gemm(f, h, "mlp", "inner")]
-    k = m.experts_per_token
-    gemms += [Gemm(h, m.num_experts, "mlp", "none"),
-              Gemm(h, up_columns(m, f), "mlp", "cols", k), Gemm(f, h, "mlp", "inner", k)]
+    k, experts = m.experts_per_token, m.num_experts
+    gemms += [Gemm(h, experts, "mlp", "none"),
+              Gemm(h, up_columns(m, f), "mlp", "cols", k, experts),
+              Gemm(f, h, "mlp", "inner", k, experts)]
     if m.shared_ffn_size:
         shared = m.shared_ffn_size
         gemms += [Gemm(h, up_columns(m, shared), "mlp", "cols"), Gemm(shared, h, "mlp", "inner")]
@@ -272,7 +276,7 @@ def eager_attention_elements(m: ModelSpec, b: int, s: int, *, flash_attention: b
     SDPA (``flash_attention``; torch's flash kernel): Q and K after rotary embedding, V,
     the output (also the output projection's input, one storage) and a log-sum-exp per
     head and row. GPT-2's fused ``c_attn`` instead keeps its whole QKV output (alive through
-    K's view), contiguous copies of Q and V, and the output. Eager attention (scores in
+    the views of Q, K and V) and the output (training keeps no key/value cache). Eager attention (scores in
     memory): Q, K and V as ``matmul`` saves them (contiguous, K and V repeated to every
     head under GQA), the softmax output ``a*s^2*b`` and the output projection's input
     (a contiguous copy of the transposed heads). Rotary ``cos``/``sin`` are shared by all
@@ -283,7 +287,7 @@ def eager_attention_elements(m: ModelSpec, b: int, s: int, *, flash_attention: b
     if not flash_attention:
         return 4.0 * sbq + heads_rows * s
     if m.family == "gpt2":
-        return 6.0 * sbq + heads_rows
+        return 4.0 * sbq + heads_rows
     return 2.0 * sbq + 2.0 * sbkv + heads_rows
 
 

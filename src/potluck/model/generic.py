@@ -16,6 +16,7 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.derived import build_meta_model, measure
+from potluck.model.sharding import tp_refusal
 from potluck.model.spec import MlpKind, ModelSpec, NormKind, ParamCounts
 
 _EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -50,6 +51,8 @@ def _cached_spec(config_json: str, name: str) -> ModelSpec:
         params=ParamCounts(embedding=measured.embedding, block=measured.block,
                            final_norm=measured.final_norm, projection=measured.projection),
         block_flops=measured.flops, hf_config=dict(original),
+        sdpa=bool(getattr(type(model), "_supports_sdpa", True)),
+        tp_refusal=tp_refusal(str(config.model_type), getattr(config, "base_model_tp_plan", None)),
     )
 
 

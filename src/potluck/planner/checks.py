@@ -27,6 +27,18 @@ def _check_overlap_chunks(training: TrainingShape, options: SearchOptions) -> No
             f"{size}; pin a multiple of {chunks}, or set tp_overlap_chunks to auto or 1")
 
 
+def _check_explicit_tp(model: ModelSpec, training: TrainingShape) -> None:
+    """TP overlap and recomputation keeping communication, forced on, need blocks the
+    explicit TP executor runs."""
+    execution = training.execution
+    forced = (execution.tp_overlap_chunks or 1) > 1 or execution.recompute_keeps_comm
+    if forced and not model.runs_explicit_tp:
+        raise ConfigError(
+            f"the execution forces TP overlap or recomputation keeping communication, which "
+            f"run LLaMA-style and GPT-2 blocks, not {model.name}'s ({model.family}); set "
+            "tp_overlap_chunks and recompute_keeps_comm to auto")
+
+
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions) -> None:
     """Reject requests that no plan could satisfy, before searching."""
@@ -52,6 +64,7 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
             f"{options.micro_batch_size}; use a multiple of it"
         )
     _check_overlap_chunks(training, options)
+    _check_explicit_tp(model, training)
     if options.dp is not None:
         _check_batch_over_replicas(batch, options)
     if options.groups is not None and not options.groups:
@@ -121,6 +134,9 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
         return
     if tp < 1:
         raise ConfigError("--tp must be at least 1")
+    if tp > 1 and model.tp_refusal:
+        raise ConfigError(f"--tp {tp}: {model.name} is planned without tensor parallelism "
+                          f"({model.tp_refusal}); use --tp 1")
     if model.num_heads % tp or model.num_kv_heads % tp:
         raise ConfigError(
             f"--tp {tp} does not divide {model.name}'s {model.num_heads} attention heads "

@@ -26,6 +26,10 @@ from potluck.planner import formulas
 from potluck.plans import DType, Execution
 
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
+# A mixture-of-experts MLP issues 25 aten ops where a dense SwiGLU MLP issues 8 (router GEMM,
+# softmax, top-k, sort, index, histogram, cumsum, two grouped GEMMs, scatter, sum; counted
+# on Qwen3-MoE and Mixtral blocks of transformers 5.24 on CPU, views excluded): 17 more.
+MOE_EXTRA_OPS = 17
 # The explicit TP executor issues a block's two parts apart (its attention: norm, Q/K/V,
 # rotary, attention, output projection, residual add; its MLP: norm, gate/up, activation,
 # down, residual add): aten ops dispatched by a Hugging Face LlamaDecoderLayer's parts on CPU,
@@ -107,8 +111,9 @@ class ComputeModel:
         self.seq_len = seq_len
         self.dtype = dtype
         self.fused_kernels = execution.fused_kernels
-        self.flash_attention = execution.flash_attention
-        self.block_host_s = execution.block_host_s
+        self.flash_attention = execution.flash_attention and model.sdpa
+        self.block_host_s = execution.block_host_s * (
+            (OPS_PER_BLOCK_FORWARD + MOE_EXTRA_OPS) / OPS_PER_BLOCK_FORWARD if model.is_moe else 1.0)
         # plain dicts, not lru_cache on bound methods: no reference cycle, so a finished
         # search's caches are freed at once instead of by a later full garbage collection
         self._blocks: dict[tuple, BlockTimes] = {}
@@ -183,7 +188,7 @@ class ComputeModel:
                  ATTENTION_KERNEL_SHARE),
                 ("mlp", traffic.mlp_hidden, traffic.mlp_sharded, BlockTimes(0.0, 0.0, 0.0),
                  1.0 - ATTENTION_KERNEL_SHARE)):
-            gemms = sum(self._gemm_s(device, *gemm.shape(rows, tp))
+            gemms = sum(self._block_gemm_s(device, gemm, rows, tp)
                         for gemm in counts.block_gemms(m) if gemm.part == part)
             elementwise = self._elementwise_s(device, hidden + sharded / tp)
             forward = gemms + core.forward_s + elementwise
@@ -210,7 +215,7 @@ class ComputeModel:
         if self.fused_kernels:
             return 0.0 if self.flash_attention else attention.forward_s
         rows = b * self.seq_len
-        projections = sum(self._gemm_s(device, *gemm.shape(rows, tp))
+        projections = sum(self._block_gemm_s(device, gemm, rows, tp)
                           for gemm in counts.block_gemms(self.model) if gemm.part == "attention")
         return attention.forward_s + projections
 
@@ -224,8 +229,15 @@ class ComputeModel:
 
     def _block_gemms_s(self, device: DeviceType, tp: int, b: int) -> float:
         rows = b * self.seq_len
-        return sum(self._gemm_s(device, *gemm.shape(rows, tp))
+        return sum(self._block_gemm_s(device, gemm, rows, tp)
                    for gemm in counts.block_gemms(self.model))
+
+    def _block_gemm_s(self, device: DeviceType, gemm: counts.Gemm, rows: int, tp: int) -> float:
+        """One of a block's matmuls for ``rows`` tokens (routed experts: one grouped kernel)."""
+        group_rows, inner, cols = gemm.shape(rows, tp)
+        return formulas.grouped_gemm_time_s(
+            gemm.groups, group_rows, max(1, inner), max(1, cols), self.achievable_flops(device),
+            device.memory_bandwidth_bytes_per_s, self.element_bytes(device), device.sm_count)
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
         return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), self.achievable_flops(device),

@@ -207,7 +207,7 @@ class CostModel:
         self.seq_len = seq_len
         self.dtype = dtype
         self.execution = execution
-        self.flash_attention = execution.flash_attention
+        self.flash_attention = execution.flash_attention and model.sdpa
         self.compute = ComputeModel(model, seq_len, dtype, execution)
         self.network = Network(cluster)
         self._tp_cache: dict[tuple, float] = {}

@@ -91,6 +91,24 @@ def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
     return max(compute, memory)
 
 
+def grouped_gemm_time_s(groups: int, rows_per_group: int, inner: int, cols: int,
+                        achievable_flops: float, memory_bandwidth_bytes_per_s: float,
+                        element_bytes: int, processors: int = 0) -> float:
+    """``groups`` GEMMs ``[rows_per_group, inner] @ [inner, cols]``, each with its own
+    weights, in one grouped kernel (``torch._grouped_mm``, how transformers runs routed
+    experts): each group's rows fill whole ``GEMM_TILE`` tiles, the tiles of all groups
+    share the waves, and every group's weights are read."""
+    if groups == 1:
+        return gemm_time_s(rows_per_group, inner, cols, achievable_flops,
+                           memory_bandwidth_bytes_per_s, element_bytes, processors)
+    rows = groups * rows_per_group
+    padded = groups * math.ceil(rows_per_group / GEMM_TILE) * GEMM_TILE
+    flops = 2.0 * rows * inner * cols
+    traffic = element_bytes * (rows * inner + groups * inner * cols + rows * cols)
+    compute_flops = achievable_flops * rows / padded * wave_efficiency(padded, cols, processors)
+    return roofline_time_s(flops, traffic, compute_flops, memory_bandwidth_bytes_per_s)
+
+
 def wave_efficiency(rows: int, cols: int, processors: int) -> float:
     """Share of the streaming multiprocessors' tile slots that do useful work.
 

@@ -58,7 +58,7 @@ def _products(devices: tuple[Device, ...], model: ModelSpec,
         return []
     shapes = []
     for tp in [options.tp] if options.tp else [t for t in (1, 2, 4, 8) if t <= MAX_TP]:
-        if model.num_heads % tp or model.num_kv_heads % tp or world % tp:
+        if not model.splits_by(tp) or world % tp:
             continue
         for pp in [options.pp] if options.pp else range(1, model.num_layers // virtual + 1):
             dp, rest = divmod(world, tp * pp)

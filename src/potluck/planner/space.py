@@ -72,8 +72,7 @@ def tp_options(group: NodeGroup, model: ModelSpec, pinned: int | None) -> list[i
     wanted = [pinned] if pinned else [t for t in (1, 2, 4, 8) if t <= MAX_TP]
     return [
         t for t in wanted
-        if group.gpus_per_node % t == 0 and model.num_heads % t == 0
-        and model.num_kv_heads % t == 0
+        if group.gpus_per_node % t == 0 and model.splits_by(t)
     ]
 
 

@@ -80,6 +80,7 @@ from potluck.runtime.memory.ledger import MemoryLedger
 from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
+from potluck.runtime.models.moe import install_router_loss, router_loss_of
 from potluck.runtime.models.traced import find_blocks, trace_stages
 from potluck.runtime.parallel.pipeline import (
     StageModule,
@@ -166,8 +167,23 @@ def _stages_of_any(model: nn.Module, session: Session
     layout = session.layout
     blocks_path = find_blocks(model, layout.plan.model.num_layers)
     _check_model(model, layout, model.get_submodule(blocks_path))
-    stages, units = trace_stages(model, layout, blocks_path)
-    return stages, units, {}
+    return trace_stages(model, layout, blocks_path, session.device)
+
+
+def _keep_router_loss(model: nn.Module, family: Family | None, layout: Layout) -> None:
+    """The routers' auxiliary loss on this rank's blocks, when the model's config asks for
+    it (:mod:`potluck.runtime.models.moe`); refused for traced models."""
+    loss = router_loss_of(model)
+    if loss is None:
+        return
+    if family is None:
+        raise ConfigError(f"{type(model).__name__}: the routers' auxiliary loss runs only with "
+                          "a block adapter; set output_router_logits to false in its config")
+    blocks = blocks_of(model, family)
+    plan, role = layout.plan, layout.role
+    share = plan.pipelines[role.pipeline].micro_batch_size / plan.training.global_batch
+    local = [blocks[i] for start, end in role.layer_ranges for i in range(start, end)]
+    install_router_loss(local, loss, share)
 
 
 def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
@@ -187,6 +203,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     sparse = sparse_embedding_name(layout.plan, model, family)
     kinds = init_kinds(model)
     host_values = park_on_meta(model) if layout.role.tp > 1 else {}  # TP shards cut on the host
+    _keep_router_loss(model, family, layout)
     if family is not None:
         stages, units, aliases = _stages_of_family(model, family, session)
     else:

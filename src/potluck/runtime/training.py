@@ -71,7 +71,8 @@ def train_rank(plan: Plan, options: TrainOptions,
     """Run this rank's part of ``plan`` (inside a launched process)."""
     check_options(options)
     computed = compute_plan(plan, options)
-    attention = attention_implementation(plan.training.execution.flash_attention)
+    attention = attention_implementation(plan.training.execution.flash_attention
+                                         and computed.model.sdpa)
     session = start(computed, emulate=options.emulate, timeout_s=options.timeout_s)
     try:
         with session.guard():

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
-from potluck.model.spec import PRESETS, ModelSpec, model_from_hf_config
+from potluck.model.loading import model_from_hf_config
+from potluck.model.spec import PRESETS, ModelSpec
 from potluck.runtime.checkpoints.export import export_checkpoint, export_hf, merge_state_dicts
 from potluck.runtime.checkpoints.storage import latest_checkpoint, save_checkpoint, training_state
 

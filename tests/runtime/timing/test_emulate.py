@@ -310,3 +310,18 @@ def test_an_explicit_tp_stage_is_padded_piece_by_piece_to_the_cost_models_total(
     assert own.backward_s + pieces.backward_s() == pytest.approx(work.backward_s)
     assert pieces.forward_s() < 2 * (sum(p.attention.forward_s + p.mlp.forward_s
                                          for p in pieces.blocks) + 4 * pieces.allreduce_s)
+
+
+def test_a_tiny_stand_in_of_a_model_read_through_its_config_keeps_its_kind():
+    """Qwen3-MoE (read through the model itself): the stand-in is its config shrunk, same
+    blocks, experts, top-k and per-head norms, built and counted the same way."""
+    from potluck.model.loading import load_model
+    from potluck.runtime.models.stand_in import tiny_stand_in
+
+    model = load_model("qwen3-30b-a3b")
+    plan = make_plan(model, [pipe([(1, (0, 24)), (1, (24, 48))], 1, 2)])
+    tiny = tiny_stand_in(plan)
+    assert (tiny.family, tiny.num_layers, tiny.num_experts, tiny.experts_per_token) == (
+        "qwen3_moe", 48, 128, 8)
+    assert tiny.hidden_size == 64 and tiny.vocab_size == 260 and tiny.params is not None
+    assert tiny.hf_config["num_experts"] == 128 and not tiny.dropout

@@ -35,11 +35,12 @@ PLAN_TRAITS = ("split_p2p_channels", "dp_priority_schedule", "sparse_embedding_g
 
 
 def stage_comm_options(execution: Execution, micro_batch: int, recompute: Recompute,
-                       schedule: Schedule) -> list[StageComm]:
+                       schedule: Schedule, explicit: bool = True) -> list[StageComm]:
     """Every TP stage setting the execution allows at this micro-batch size: chunks that
-    divide it (1 only under zero bubble, whose split backward the executor does not run),
-    keeping communication only where the stage recomputes (always, with sub-batches)."""
-    if schedule is Schedule.ZERO_BUBBLE:
+    divide it (1 only under zero bubble, whose split backward the executor does not run, and
+    for models the explicit executor does not run: ``explicit`` False), keeping communication
+    only where the stage recomputes (always, with sub-batches)."""
+    if schedule is Schedule.ZERO_BUBBLE or not explicit:
         return [StageComm()]
     forced_chunks, forced_keeps = execution.tp_overlap_chunks, execution.recompute_keeps_comm
     chunks = [forced_chunks] if forced_chunks is not None else list(OVERLAP_CHUNKS)
@@ -61,7 +62,8 @@ def choose_stage_comm(cost: CostModel, devices: tuple[Device, ...], shape: Stage
     quick choice; :func:`refine_comm` checks it on the whole plan)."""
     if len(devices) == 1:
         return StageComm()
-    options = stage_comm_options(cost.execution, shape.micro_batch, shape.recompute, schedule)
+    options = stage_comm_options(cost.execution, shape.micro_batch, shape.recompute, schedule,
+                                 cost.model.runs_explicit_tp)
     if len(options) == 1:
         return options[0]
 
@@ -86,7 +88,7 @@ def refine_comm(plan: Plan, cost: CostModel) -> Plan | None:
         return None
     trials = [(signature, comm) for signature in _signatures(best, cost)
               for comm in stage_comm_options(cost.execution, signature[3], signature[6],
-                                             best.schedule)]
+                                             best.schedule, cost.model.runs_explicit_tp)]
     for signature, comm in trials:
         trial = _with_stage_comm(best, cost, signature, comm)
         best, predicted = _faster(best, predicted, trial, cost)

@@ -80,7 +80,9 @@ def _checked_tensors(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Mod
     """The tensors to write, keyed and shaped as ``model`` expects; tied aliases dropped."""
     tied = _tied_aliases(model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
-    given = {k: v for k, v in state_dict.items() if k not in tied}
+    transient = {name for name, _ in model.named_buffers()} - set(expected)
+    # a traced stage keeps the model's non-persistent buffers (rotary tables) among its state
+    given = {k: v for k, v in state_dict.items() if k not in tied and k not in transient}
     missing = sorted(set(expected) - set(given))
     stray = sorted(set(given) - set(expected))
     if missing or stray:

@@ -116,6 +116,10 @@ def check_explicit_tp(plan: Plan) -> None:
               for j in range(len(pipeline.stages)) if explicit_tp(plan, k, j)]
     if not stages:
         return
+    if not plan.model.runs_explicit_tp:
+        raise ConfigError(f"the explicit TP executor (TP overlap, recomputation keeping "
+                          f"communication) runs LLaMA-style and GPT-2 blocks, not "
+                          f"{plan.model.family}'s; {_EXPLICIT_OFF}")
     if plan.zero >= 3:
         raise ConfigError(f"zero 3 does not run with the explicit TP executor (TP overlap, "
                           f"recomputation keeping communication); use zero 2 or {_EXPLICIT_OFF}")

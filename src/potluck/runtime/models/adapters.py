@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from potluck.errors import ConfigError
+from potluck.model.sharding import ADAPTED_MODEL_TYPES
 
 Context = dict[str, Any]
 
@@ -59,7 +60,6 @@ class Family:
     head_weight: str  # FQN of the output projection
     attention: str  # the attention submodule of a block (selective recomputation wraps it)
     norms: tuple[str, str]  # a block's norms before attention and before the MLP
-    supports_tp: bool = True
 
     def embed(self, stage: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -92,29 +92,70 @@ def _causal_mask(config: Any, hidden: torch.Tensor, seq_len: int) -> torch.Tenso
                               cache=None, position_ids=positions)
 
 
-class LlamaFamily(Family):
-    """LLaMA, Mistral, Qwen2, Qwen3: embed_tokens, layers, rotary_emb, norm, lm_head."""
+def _sliding_mask(config: Any, hidden: torch.Tensor, seq_len: int) -> torch.Tensor | None:
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    shape_probe = hidden.new_empty(hidden.shape[0], seq_len, 0)
+    positions = _positions(seq_len, hidden.device)
+    return create_sliding_window_causal_mask(config=config, inputs_embeds=shape_probe,
+                                             attention_mask=None, cache=None,
+                                             position_ids=positions)
+
+
+MASKS = "masks"  # the context's per-layer-type masks (not a keyword of the blocks)
+
+
+def layer_types(config: Any) -> list[str] | None:
+    """``config.layer_types`` (full or sliding attention per block), when the model has it."""
+    kinds = getattr(config, "layer_types", None)
+    return list(kinds) if isinstance(kinds, list | tuple) else None
+
+
+class DecoderFamily(Family):
+    """Causal LMs laid out as ``model.embed_tokens``, ``model.layers``, ``model.rotary_emb``,
+    ``model.norm`` and ``lm_head`` whose model forward does only that (LLaMA, Mistral, Qwen2
+    and Qwen3 dense and MoE, Gemma 2, Phi-3, OLMo 2, Mixtral:
+    :data:`potluck.model.sharding.ADAPTED_MODEL_TYPES`). Blocks of full and of sliding-window
+    attention get their own mask (``config.layer_types``, as the models' forward builds them);
+    Gemma 2's final logit soft-capping is applied to the head's output."""
 
     def embed(self, stage: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return stage.model.embed_tokens(ids)
 
     def context(self, stage: nn.Module, hidden: torch.Tensor, seq_len: int) -> Context:
         positions = _positions(seq_len, hidden.device)
+        config = stage.config
+        masks = {"full_attention": _causal_mask(config, hidden, seq_len)}
+        kinds = layer_types(config)
+        if kinds is not None and "sliding_attention" in kinds:
+            masks["sliding_attention"] = _sliding_mask(config, hidden, seq_len)
         return {
-            "attention_mask": _causal_mask(stage.config, hidden, seq_len),
+            MASKS: (masks, kinds),
             "position_ids": positions,
             "position_embeddings": stage.model.rotary_emb(hidden, positions),
         }
 
     def block(self, block: nn.Module, hidden: torch.Tensor, context: Context) -> torch.Tensor:
-        out = block(hidden, **context)
+        out = block(hidden, **self._block_kwargs(block, context))
         return out[0] if isinstance(out, tuple) else out
 
     def head(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return stage.lm_head(stage.model.norm(hidden))
+        logits = stage.lm_head(stage.model.norm(hidden))
+        cap = getattr(stage.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def attend(self, block: nn.Module, hidden: torch.Tensor, context: Context) -> torch.Tensor:
-        return block.self_attn(hidden_states=hidden, **context)[0]
+        return block.self_attn(hidden_states=hidden, **self._block_kwargs(block, context))[0]
+
+    def _block_kwargs(self, block: nn.Module, context: Context) -> Context:
+        """The context with the mask of this block's attention kind."""
+        masks, kinds = context[MASKS]
+        kind = "full_attention"
+        if kinds is not None:
+            kind = kinds[get_path(block, self.attention).layer_idx]
+        kwargs = {key: value for key, value in context.items() if key != MASKS}
+        kwargs["attention_mask"] = masks[kind]
+        return kwargs
 
 
 class Gpt2Family(Family):
@@ -139,19 +180,16 @@ class Gpt2Family(Family):
         return block.attn(hidden, None, context["attention_mask"])[0]
 
 
-LLAMA = LlamaFamily(
-    name="llama", blocks_path="model.layers", embed_paths=("model.embed_tokens",),
-    head_paths=("model.norm", "lm_head"), shared_paths=("model.rotary_emb",),
-    embedding_weight="model.embed_tokens.weight", head_weight="lm_head.weight",
-    attention="self_attn", norms=("input_layernorm", "post_attention_layernorm"),
-)
-QWEN3 = LlamaFamily(
-    name="qwen3", blocks_path="model.layers", embed_paths=("model.embed_tokens",),
-    head_paths=("model.norm", "lm_head"), shared_paths=("model.rotary_emb",),
-    embedding_weight="model.embed_tokens.weight", head_weight="lm_head.weight",
-    attention="self_attn", norms=("input_layernorm", "post_attention_layernorm"),
-    supports_tp=False,  # q_norm/k_norm weights are shared by the heads TP splits
-)
+def _decoder(name: str) -> DecoderFamily:
+    return DecoderFamily(
+        name=name, blocks_path="model.layers", embed_paths=("model.embed_tokens",),
+        head_paths=("model.norm", "lm_head"), shared_paths=("model.rotary_emb",),
+        embedding_weight="model.embed_tokens.weight", head_weight="lm_head.weight",
+        attention="self_attn", norms=("input_layernorm", "post_attention_layernorm"),
+    )
+
+
+LLAMA = _decoder("llama")  # LLaMA, Mistral, Qwen2: the explicit TP executor's blocks
 GPT2 = Gpt2Family(
     name="gpt2", blocks_path="transformer.h",
     embed_paths=("transformer.wte", "transformer.wpe", "transformer.drop"),
@@ -159,7 +197,10 @@ GPT2 = Gpt2Family(
     embedding_weight="transformer.wte.weight", head_weight="lm_head.weight", attention="attn",
     norms=("ln_1", "ln_2"),
 )
-_BY_MODEL_TYPE = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": QWEN3, "gpt2": GPT2}
+_BY_MODEL_TYPE: dict[str, Family] = {
+    **{model_type: _decoder(model_type) for model_type in ADAPTED_MODEL_TYPES},
+    "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "gpt2": GPT2,
+}
 
 
 def detect_family(model: nn.Module) -> Family | None:
@@ -189,6 +230,8 @@ def check_sequence(model: nn.Module, seq_len: int) -> None:
     config = getattr(model, "config", None)
     window = getattr(config, "sliding_window", None)
     uses_window = getattr(config, "use_sliding_window", True)
+    if layer_types(config) is not None:
+        return  # each block gets the mask of its own kind (DecoderFamily.context)
     if window and uses_window and seq_len > window:
         raise ConfigError(
             f"sequence length {seq_len} exceeds the model's sliding window {window}; "

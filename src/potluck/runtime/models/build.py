@@ -62,6 +62,7 @@ def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa") -> Any:
 
     config = hf_config_for(spec)
     config._attn_implementation = attn_implementation
+    config.use_cache = False  # training keeps no key/value cache (tracing cannot return one)
     return config
 
 
@@ -75,6 +76,8 @@ def build_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> nn.Module
     """An unmodified ``*ForCausalLM`` for ``spec`` with its parameters on the meta device."""
     from transformers import AutoModelForCausalLM
 
+    if not spec.sdpa:
+        attn_implementation = "eager"  # the model has no SDPA path (Gemma 2's soft-capping)
     config = hf_config(spec, attn_implementation)
     with meta_init():
         return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
@@ -226,7 +229,7 @@ def _rebuild_buffers(owner: nn.Module, owner_name: str, names: list[str]) -> Non
 
 def model_spec(model: nn.Module, name: str | None = None) -> ModelSpec:
     """The :class:`ModelSpec` of a Hugging Face model instance (to plan for it)."""
-    from potluck.model.spec import model_from_hf_config
+    from potluck.model.loading import model_from_hf_config
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):

@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from typing import Any
 
 from potluck.errors import ConfigError
-from potluck.model.spec import MlpKind, ModelSpec, load_model
+from potluck.model.loading import load_model, model_from_hf_config
+from potluck.model.spec import MlpKind, ModelSpec
 from potluck.plans import Plan
 from potluck.runtime.options import TrainOptions
 
@@ -49,10 +51,33 @@ def tiny_stand_in(plan: Plan) -> ModelSpec:
     max_tp = max(stage.tp for pipeline in plan.pipelines for stage in pipeline.stages)
     heads = max(4, max_tp)
     model = plan.model
+    if model.params is not None and model.hf_config is not None:
+        return model_from_hf_config(_tiny_config(model.hf_config, heads), f"{model.name}-tiny")
     return replace(model, name=f"{model.name}-tiny", hidden_size=64, num_heads=heads,
                    num_kv_heads=heads, ffn_hidden_size=172 if model.mlp is MlpKind.SWIGLU
                    else 256, vocab_size=260, max_seq_len=TINY_SEQ_LEN, dropout=False,
                    hf_config=None)
+
+
+TINY_WIDTHS = {"hidden_size": 64, "intermediate_size": 172, "moe_intermediate_size": 64,
+               "shared_expert_intermediate_size": 64, "vocab_size": 260,
+               "max_position_embeddings": TINY_SEQ_LEN, "pad_token_id": 256,
+               "bos_token_id": 257, "eos_token_id": 258}
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+                "dropout", "activation_dropout")
+
+
+def _tiny_config(config: dict[str, Any], heads: int) -> dict[str, Any]:
+    """A model read through its config (any family), shrunk the same way: its config with
+    the widths, vocabulary and heads of the tiny stand-in, everything else (blocks, kinds
+    of attention, experts and top-k, norms) as it was, dropout off."""
+    tiny = dict(config)
+    tiny.update({key: value for key, value in TINY_WIDTHS.items()
+                 if key in config or key in ("hidden_size", "vocab_size", "pad_token_id",
+                                             "bos_token_id", "eos_token_id")})
+    tiny.update(num_attention_heads=heads, num_key_value_heads=heads, head_dim=64 // heads)
+    tiny.update({key: 0.0 for key in DROPOUT_KEYS if key in config})
+    return tiny
 
 
 def with_stand_in_if_too_big(plan: Plan, options: TrainOptions) -> TrainOptions:

@@ -16,6 +16,7 @@ Tensor parallelism needs a family adapter and is refused for traced models.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
-from potluck.placement import EMBED, HEAD, block_unit
+from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.layout import Layout
 
 
@@ -100,6 +101,60 @@ def _split(model: nn.Module, example: torch.Tensor, spec: dict[str, SplitPoint])
                 module.forward = forward
 
 
+def thread_values(pipe: Any) -> None:
+    """Make every stage take exactly what the stage before it returns.
+
+    torch's split hands a value to the stage that uses it, also past stages in between
+    (rotary tables and masks made before the first block reach every block), but a
+    pipeline stage receives only its predecessor's outputs. Each stage in between now also
+    returns the values later stages need (its inputs passed on unchanged)."""
+    calls = [node for node in pipe.split_gm.graph.nodes if node.op == "call_module"]
+    producer = {}
+    for index, call in enumerate(calls):
+        producer[call] = index
+        for user in call.users:
+            if user.op == "call_function" and user.target is operator.getitem:
+                producer[user] = index
+    needs = [list(call.args) for call in calls]
+    received: list[list[Any]] = [list(needs[0])]
+    for index in range(len(calls) - 1):
+        later = {value for stage_needs in needs[index + 1:] for value in stage_needs}
+        produced = [value for value in producer if producer[value] <= index and value in later]
+        own = [value for value in produced if producer[value] == index]
+        received.append(own + [value for value in produced if producer[value] < index])
+    for index, call in enumerate(calls):
+        sends = received[index + 1] if index + 1 < len(calls) else None
+        if needs[index] != received[index] or (sends is not None
+                                              and sends != _outputs(call, producer)):
+            _pass_on(pipe.get_stage_module(index), call, received[index], needs[index], sends)
+
+
+def _outputs(call: Any, producer: dict[Any, int]) -> list[Any]:
+    """A stage's own outputs, in the order it returns them."""
+    items = sorted((user.args[1], user) for user in call.users
+                   if user.op == "call_function" and user.target is operator.getitem)
+    return [user for _, user in items] if items else [call]
+
+
+def _pass_on(stage: nn.Module, call: Any, received: list[Any], needs: list[Any],
+             sends: list[Any] | None) -> None:
+    own_forward = stage.forward
+    getitems = {user: user.args[1] for user in call.users
+                if user.op == "call_function" and user.target is operator.getitem}
+
+    def forward(*args: Any) -> Any:
+        values = dict(zip(received, args, strict=True))
+        out = own_forward(*(values[value] for value in needs))
+        if sends is None:
+            return out
+        values[call] = out
+        for node, position in getitems.items():
+            values[node] = out[position]
+        return tuple(values[value] for value in sends)
+
+    stage.forward = forward
+
+
 def _units(model: nn.Module, blocks_path: str, example: torch.Tensor) -> dict[str, str]:
     last = len(model.get_submodule(blocks_path)) - 1
     pipe = _split(model, example, {
@@ -113,11 +168,74 @@ def _units(model: nn.Module, blocks_path: str, example: torch.Tensor) -> dict[st
     return units
 
 
-def trace_stages(model: nn.Module, layout: Layout,
-                 blocks_path: str) -> tuple[list[nn.Module], dict[str, str]]:
-    """This rank's virtual stages of ``model``, cut at the plan's layer bounds, and the
-    gradient-sync unit of every parameter name."""
+def _on_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.device) and value.type == "meta":
+        return device
+    if isinstance(value, tuple | list):
+        return type(value)(_on_device(item, device) for item in value)
+    return value
+
+
+def retarget(stage: nn.Module, device: torch.device) -> None:
+    """Point the tensors a traced stage creates at ``device``: tracing on meta tensors writes
+    ``device=meta`` into every factory call the model's forward makes with an explicit device
+    (positions, masks: OPT, GPT-NeoX), and metadata assertions that name meta (dropped)."""
+    for module in stage.modules():
+        graph = getattr(module, "graph", None)  # GraphModules and export's InterpreterModules
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in list(graph.nodes):
+            if node.target is torch.ops.aten._assert_tensor_metadata.default:
+                graph.erase_node(node)
+                continue
+            node.args = _on_device(node.args, device)
+            node.kwargs = {key: _on_device(value, device) for key, value in node.kwargs.items()}
+        if isinstance(module, torch.fx.GraphModule):
+            module.recompile()
+
+
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Every other name of a parameter the model uses under several names (a head tied to
+    the embedding) -> its first name: the copies start from one value and sync as one."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def _check_constants(stage: nn.Module, model_name: str) -> None:
+    """One line for a tensor the model's forward made on the meta device while traced (a
+    constant whose values tracing on meta tensors cannot keep)."""
+    for name, buffer in stage.named_buffers():
+        if "lifted_tensor" in name and buffer.is_meta:
+            raise ConfigError(
+                f"{model_name}'s forward makes a tensor constant ({name}) that tracing on the "
+                "meta device cannot keep, so potluck cannot cut it into pipeline stages; plan "
+                "it with --pp 1 (data parallelism runs it whole)")
+
+
+def _tie_within(stage: nn.Module, aliases: dict[str, str]) -> None:
+    """A stage that holds a tied parameter under both names (the traced first stage keeps
+    the head's name too) holds one parameter, as the model did."""
+    params = dict(stage.named_parameters(remove_duplicate=False))
+    for alias, canonical in aliases.items():
+        if alias in params and canonical in params:
+            owner, _, leaf = alias.rpartition(".")
+            setattr(stage.get_submodule(owner) if owner else stage, leaf, params[canonical])
+
+
+def trace_stages(model: nn.Module, layout: Layout, blocks_path: str, device: torch.device
+                 ) -> tuple[list[nn.Module], dict[str, str], dict[str, str]]:
+    """This rank's virtual stages of ``model``, cut at the plan's layer bounds, for
+    ``device``, the gradient-sync unit of every parameter name (a tied embedding and head:
+    ``TIED``) and the aliases of tied parameters (:func:`tied_aliases`)."""
     role = layout.role
+    aliases = tied_aliases(model)
+    tied = {*aliases, *aliases.values()}
     example = example_input(layout)
     saved = _set_aside(model)
     try:
@@ -128,9 +246,14 @@ def trace_stages(model: nn.Module, layout: Layout,
             ranges = virtual_stage_ranges(layout)
             spec = {f"{blocks_path}.{start}": SplitPoint.BEGINNING for start, _ in ranges[1:]}
             pipe = _split(model, example, spec)
+            thread_values(pipe)
             stages = [pipe.get_stage_module(index) for index in role.virtual_stage_ids]
     finally:
         _restore(model, saved)
     for stage in stages:
         _restore(stage, saved)
-    return stages, units
+        retarget(stage, device)
+        _tie_within(stage, aliases)
+        _check_constants(stage, type(model).__name__)
+    units.update({name: TIED for name in tied})
+    return stages, units, aliases

@@ -58,6 +58,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from potluck.errors import ConfigError
+from potluck.model.sharding import block_tp_plan, tp_refusal
 from potluck.runtime.models.adapters import Family, get_path, is_tied
 
 
@@ -212,22 +213,52 @@ def _head_styles(family: Family) -> dict[str, ParallelStyle]:
     }
 
 
-def _llama_block_styles() -> dict[str, ParallelStyle]:
-    to_full = {"input_kwarg_layouts": {"hidden_states": Shard(1)},
-               "desired_input_kwarg_layouts": {"hidden_states": Replicate()}}
-    return {
-        "input_layernorm": SequenceParallel(),
-        "self_attn": PrepareModuleInput(**to_full),
-        "self_attn.q_proj": ColwiseParallel(),
-        "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "post_attention_layernorm": SequenceParallel(),
-        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "mlp.gate_proj": ColwiseParallel(),
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+class GatherSequence(ParallelStyle):
+    """A module's hidden states (its first positional argument, else its ``hidden_states``
+    keyword) from sequence shards to a replicated DTensor: an all-gather forward, a
+    reduce-scatter of the partial gradients backward (``PrepareModuleInput``'s layouts for a
+    module however it is called)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def gather(x: torch.Tensor) -> DTensor:
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Shard(1)], run_check=False)
+            return x.redistribute(device_mesh, [Replicate()])
+
+        def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            if args:
+                return (gather(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module
+
+
+def _style(kind: str) -> ParallelStyle:
+    """torch's style for an entry of transformers' tensor-parallel plan
+    (:data:`potluck.model.sharding.SPLIT_STYLES`): column-wise from replicated input,
+    row-wise reduce-scattered to sequence shards, a per-head norm (``[b, s, heads, d]``)
+    on its heads' shard with replicated weights whose gradients are summed."""
+    if kind == "colwise":
+        return ColwiseParallel()
+    if kind == "rowwise":
+        return RowwiseParallel(output_layouts=Shard(1))
+    return SequenceParallel(sequence_dim=2, use_local_output=True)
+
+
+def _decoder_block_styles(block: nn.Module, tp_plan: dict[str, str]) -> dict[str, ParallelStyle]:
+    """Styles for a block from its model's own tensor-parallel plan: the norms on the hidden
+    stream (the block's direct children that are norms: pre-, post- and feed-forward norms)
+    run on sequence shards, the modules holding split layers gather their input first."""
+    styles: dict[str, ParallelStyle] = {
+        path: SequenceParallel(use_local_output=True) for path, child in block.named_children()
+        if "norm" in type(child).__name__.lower()
     }
+    for parent in {path.rsplit(".", 1)[0] for path in tp_plan if "." in path}:
+        styles[parent] = GatherSequence()
+    styles.update({path: _style(kind) for path, kind in tp_plan.items()})
+    return styles
 
 
 def _gpt2_block_styles() -> dict[str, ParallelStyle]:
@@ -271,18 +302,24 @@ def _embed_styles(family: Family) -> dict[str, ParallelStyle]:
     return {embed: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))}
 
 
-def _block_styles(family: Family) -> dict[str, ParallelStyle]:
-    return _gpt2_block_styles() if family.name == "gpt2" else _llama_block_styles()
+def _block_styles(family: Family, block: nn.Module, config: Any) -> dict[str, ParallelStyle]:
+    if family.name == "gpt2":
+        return _gpt2_block_styles()
+    return _decoder_block_styles(block, block_tp_plan(config.base_model_tp_plan))
 
 
 def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> None:
     """One clear error when this model cannot be split ``tp`` ways."""
     if tp == 1:
         return
-    if family is None or not family.supports_tp:
+    config = getattr(model, "config", None)
+    model_type = str(getattr(config, "model_type", ""))
+    reason = tp_refusal(model_type, getattr(config, "base_model_tp_plan", None))
+    if family is None or reason:
         name = type(model).__name__
         raise ConfigError(
-            f"tensor parallelism is not supported for {name}; use a plan with tp=1 "
+            f"tensor parallelism is not supported for {name} "
+            f"({reason or 'no block adapter'}); use a plan with tp=1 "
             "(pipeline and data parallel work for any model)"
         )
     if seq_len % tp:
@@ -303,10 +340,11 @@ def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterabl
     tied = embed and head and is_tied(model, family)
     tp = mesh.size()
     blocks = get_path(model, family.blocks_path)
-    styles = _local_block_styles if explicit else _block_styles
     for index in layers:
         block = blocks[index]
-        parallelize_module(block, mesh, styles(family), src_data_rank=None)
+        styles = (_local_block_styles(family) if explicit
+                  else _block_styles(family, block, model.config))
+        parallelize_module(block, mesh, styles, src_data_rank=None)
         if family.name == "gpt2":
             block.attn.split_size = block.attn.embed_dim // tp
     plan: dict[str, ParallelStyle] = {}
