@@ -29,7 +29,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_atten
             pad_token_id=256, bos_token_id=257, eos_token_id=258, n_embd=32, n_layer=4,
             n_head=4, n_positions=64, num_local_experts=4, num_experts=4, n_routed_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
-            ffn_dim=64, word_embed_proj_dim=32, sliding_window=8, query_pre_attn_scalar=8,
+            ffn_dim=64, word_embed_proj_dim=32, query_pre_attn_scalar=8,
             dropout=0.0, attention_dropout=0.0, hidden_dropout=0.0, resid_pdrop=0.0,
             embd_pdrop=0.0, attn_pdrop=0.0, residual_dropout=0.0, embedding_dropout=0.0)
 CLUSTER = "nodes:\n  - name: cpu\n    gpu: cpu\n    gpus_per_node: 4\n"

@@ -117,14 +117,21 @@ def render_result(console: Console, result: SearchResult) -> None:
     )
 
 
+def _count_text(count: int) -> str:
+    """A parameter count as people write it: 46.70B, 12.4M, 9,304."""
+    if count >= 1e9:
+        return f"{count / 1e9:.2f}B"
+    return f"{count / 1e6:.1f}M" if count >= 1e6 else f"{count:,}"
+
+
 def model_notes(model: ModelSpec) -> list[str]:
     """What the plan's reader should know about the model: its experts, why it has no
     tensor parallelism."""
     notes = []
     if model.is_moe:
         notes.append(f"mixture of experts: {model.num_experts} experts, {model.experts_per_token} "
-                     f"per token; {active_params(model) / 1e9:.2f}B of "
-                     f"{total_params(model) / 1e9:.2f}B parameters active")
+                     f"per token; {_count_text(active_params(model))} of "
+                     f"{_count_text(total_params(model))} parameters active")
     if model.tp_refusal:
         notes.append(f"no tensor parallelism: {model.tp_refusal}")
     return notes

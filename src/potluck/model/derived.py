@@ -162,6 +162,20 @@ def _learned_positions(model: nn.Module) -> bool:
                and m is not model.get_output_embeddings() for m in model.modules())
 
 
+def expert_count(block: nn.Module) -> int:
+    """Routed experts of a block: the leading size of fused 3-D expert weights, or the
+    length of a list of expert MLPs (0 without a module named ``experts``)."""
+    for path, module in block.named_modules():
+        if path.rsplit(".", 1)[-1] != "experts":
+            continue
+        if isinstance(module, nn.ModuleList):
+            return len(module)
+        fused = [p for p in module.parameters(recurse=False) if p.dim() == 3]
+        if fused:
+            return int(fused[0].shape[0])
+    return 0
+
+
 def _experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules named ``experts`` (fused 3-D expert weights or a list of expert MLPs)."""
     return [(path, module) for path, module in model.named_modules()

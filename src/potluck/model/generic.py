@@ -5,7 +5,8 @@ defaults and key aliases are the library's), its shape from the usual keys, and 
 from the model built on the meta device (:mod:`potluck.model.derived`): exact parameter
 counts, the block's FLOPs, whether the MLP is gated, the kind of norm, biases and
 position tables. Mixture-of-experts configs name their experts, top-k and widths under
-a few spellings (Mixtral, Qwen-MoE, DeepSeek, OLMoE); all are read here.
+a few spellings (Mixtral, Qwen-MoE, DeepSeek, OLMoE); the number of experts is read off
+the model (its ``experts`` module), top-k and widths from those keys.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from potluck.model.derived import build_meta_model, measure
 from potluck.model.sharding import tp_refusal
 from potluck.model.spec import MlpKind, ModelSpec, NormKind, ParamCounts
 
-_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
 _FFN_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff")
 _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop",
@@ -36,8 +36,8 @@ def spec_from_any_config(config: dict[str, Any], name: str) -> ModelSpec:
 def _cached_spec(config_json: str, name: str) -> ModelSpec:
     original = json.loads(config_json)
     config = _config_object(original, name)
-    shape = _shape(config, name)
     model = build_meta_model(config, name)
+    shape = _shape(config, name, _experts_in(model, config, name))
     measured = measure(model, shape["num_layers"], name,
                        experts_per_token=shape["experts_per_token"],
                        num_experts=shape["num_experts"])
@@ -90,10 +90,18 @@ def _int(config: Any, keys: tuple[str, ...], name: str, default: int | None = No
                       "at least 1; potluck needs it to plan the model")
 
 
-def _shape(config: Any, name: str) -> dict[str, Any]:
+def _experts_in(model: Any, config: Any, name: str) -> int:
+    """Routed experts per block, as the model holds them (a config key alone, which a dense
+    model's config may carry unused, does not make a mixture of experts)."""
+    from potluck.model.derived import expert_count, find_block_list
+
+    _, blocks = find_block_list(model, _int(config, ("num_hidden_layers",), name), name)
+    return expert_count(blocks[0])
+
+
+def _shape(config: Any, name: str, experts: int) -> dict[str, Any]:
     hidden = _int(config, ("hidden_size",), name)
     heads = _int(config, ("num_attention_heads",), name)
-    experts = _int(config, _EXPERTS_KEYS, name, 0)
     ffn = _int(config, ("moe_intermediate_size",) if experts else (), name, 0) or _int(
         config, _FFN_KEYS, name, 4 * hidden)
     head_size = _int(config, ("head_dim",), name, 0)
