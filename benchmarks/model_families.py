@@ -2,8 +2,9 @@
 
 For each ``model_type`` a tiny ``config.json`` is written (4 blocks, hidden 32, the byte
 vocabulary, mixture-of-experts keys in every spelling, no dropout), then
-``potluck plan`` on a CPU cluster of four ranks and ``potluck train`` of that plan for a few
-steps. The table says what the planner chose (with TP where it can split the model), the
+``potluck plan --pp 2`` on a CPU cluster of four ranks (two pipeline stages, so a model
+without a block adapter is cut by tracing; the planner picks the rest) and
+``potluck train`` of that plan for a few steps. The table says what the planner chose (with TP where it can split the model), the
 first and last loss, and for a family that does not run, the one line potluck printed.
 
     python benchmarks/model_families.py                      # the README's families
@@ -54,7 +55,8 @@ def try_family(model_type: str, work: Path) -> dict[str, str]:
     cluster.write_text(CLUSTER)
     plan_file = folder / "plan.json"
     planned = _run(["plan", "-c", str(cluster), "-m", str(folder), "--global-batch", "8",
-                    "--seq-len", "16", "--dtype", "fp32", "-o", str(plan_file), "--json"], 300)
+                    "--seq-len", "16", "--dtype", "fp32", "--pp", "2", "-o", str(plan_file),
+                    "--json"], 300)
     if planned.returncode:
         return {"type": model_type, "result": "plan refused", "note": _last_line(planned.stderr)}
     layout = json.loads(planned.stdout)["layout"]

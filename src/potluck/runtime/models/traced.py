@@ -5,9 +5,10 @@ starting with them, or an object with ``.logits``) and keeps its blocks in
 one ``nn.ModuleList`` is cut by ``torch.distributed.pipelining.pipeline``
 (torch.export) before the first block of each virtual stage of the plan.
 
-Tracing runs on the meta device: real parameters and buffers are set aside,
-the model is traced on meta tensors, and the real ones are put back into the
-stage modules by name (meta parameters are initialized later, as usual).
+Tracing allocates nothing: real parameters and buffers are set aside, the model
+is traced on fake tensors of the rank's device (so the forward's device-dependent
+choices are that device's), and the real ones are put back into the stage modules
+by name (the others return to the meta device and are initialized later, as usual).
 Stage modules keep the model's parameter names. A second trace, cut before
 the first and after the last block, tells which other parameters belong with
 the embedding (used before the blocks) and which with the head (after them).
@@ -17,10 +18,12 @@ Tensor parallelism needs a family adapter and is refused for traced models.
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
@@ -69,6 +72,45 @@ def _set_aside(model: nn.Module) -> dict[str, torch.Tensor]:
                     saved[f"{owner_name}.{leaf}" if owner_name else leaf] = tensor
                     table[leaf] = _to_meta(tensor)
     return saved
+
+
+def _on_fake_device(model: nn.Module, mode: FakeTensorMode, device: torch.device
+                    ) -> dict[str, torch.Tensor]:
+    """Swap every meta parameter and buffer for a fake tensor on ``device`` (no memory), so
+    the model traces as it runs there: its forward's device-dependent choices (a CPU-only
+    dtype for a histogram, tensors made on the input's device) are those of ``device``, not
+    the meta device's. Returns the meta tensors by name; shared ones stay shared."""
+    metas: dict[str, torch.Tensor] = {}
+    fakes: dict[int, torch.Tensor] = {}
+    for owner_name, owner in model.named_modules(remove_duplicate=False):
+        for table in (owner._parameters, owner._buffers):
+            for leaf, tensor in table.items():
+                if tensor is None or not tensor.is_meta:
+                    continue
+                metas[f"{owner_name}.{leaf}" if owner_name else leaf] = tensor
+                if id(tensor) not in fakes:
+                    with mode:
+                        fake = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+                    fakes[id(tensor)] = (nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                                         if isinstance(tensor, nn.Parameter) else fake)
+                table[leaf] = fakes[id(tensor)]
+    return metas
+
+
+def _fakes_to_meta(stage: nn.Module) -> None:
+    """The fake parameters and buffers a traced stage kept, back on the meta device (they
+    are materialized later, like any meta parameter); shared ones stay shared."""
+    metas: dict[int, torch.Tensor] = {}
+    for owner in stage.modules():
+        for table in (owner._parameters, owner._buffers):
+            for leaf, tensor in table.items():
+                if not isinstance(tensor, FakeTensor):
+                    continue
+                if id(tensor) not in metas:
+                    meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+                    metas[id(tensor)] = (nn.Parameter(meta, requires_grad=tensor.requires_grad)
+                                         if isinstance(tensor, nn.Parameter) else meta)
+                table[leaf] = metas[id(tensor)]
 
 
 def _to_meta(tensor: torch.Tensor) -> torch.Tensor:
@@ -127,6 +169,20 @@ def thread_values(pipe: Any) -> None:
         if needs[index] != received[index] or (sends is not None
                                               and sends != _outputs(call, producer)):
             _pass_on(pipe.get_stage_module(index), call, received[index], needs[index], sends)
+
+
+def _contiguous_outputs(stage: nn.Module) -> None:
+    """A traced stage's outputs in contiguous memory: what it hands on may be a view (an
+    expanded mask, transposed positions), and a send needs contiguous tensors."""
+    own_forward = stage.forward
+
+    def forward(*args: Any) -> Any:
+        out = own_forward(*args)
+        if isinstance(out, tuple):
+            return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in out)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+    stage.forward = forward
 
 
 def _outputs(call: Any, producer: dict[Any, int]) -> list[Any]:
@@ -236,22 +292,32 @@ def trace_stages(model: nn.Module, layout: Layout, blocks_path: str, device: tor
     role = layout.role
     aliases = tied_aliases(model)
     tied = {*aliases, *aliases.values()}
-    example = example_input(layout)
     saved = _set_aside(model)
+    fake_mode = FakeTensorMode()
+    metas = _on_fake_device(model, fake_mode, device)
+    shape = example_input(layout).shape
+    with fake_mode:
+        example = torch.zeros(shape, dtype=torch.long, device=device)
     try:
-        units = _units(model, blocks_path, example)
-        if role.num_virtual_stages == 1:
-            stages = [model]
-        else:
-            ranges = virtual_stage_ranges(layout)
-            spec = {f"{blocks_path}.{start}": SplitPoint.BEGINNING for start, _ in ranges[1:]}
-            pipe = _split(model, example, spec)
-            thread_values(pipe)
-            stages = [pipe.get_stage_module(index) for index in role.virtual_stage_ids]
+        with fake_mode, warnings.catch_warnings():
+            # torch's own copy of the module reads fake tensors' data pointers (harmless)
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            units = _units(model, blocks_path, example)
+            if role.num_virtual_stages == 1:
+                stages = [model]
+            else:
+                ranges = virtual_stage_ranges(layout)
+                spec = {f"{blocks_path}.{start}": SplitPoint.BEGINNING for start, _ in ranges[1:]}
+                pipe = _split(model, example, spec)
+                thread_values(pipe)
+                stages = [pipe.get_stage_module(index) for index in role.virtual_stage_ids]
+                for stage in stages:
+                    _contiguous_outputs(stage)
     finally:
-        _restore(model, saved)
+        _restore(model, {**metas, **saved})
     for stage in stages:
         _restore(stage, saved)
+        _fakes_to_meta(stage)
         retarget(stage, device)
         _tie_within(stage, aliases)
         _check_constants(stage, type(model).__name__)
