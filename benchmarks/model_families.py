@@ -4,13 +4,13 @@ For each ``model_type`` a tiny ``config.json`` is written (4 blocks, hidden 32, 
 vocabulary, mixture-of-experts keys in every spelling, no dropout), then
 ``potluck plan --pp 2`` on a CPU cluster of four ranks (two pipeline stages, so a model
 without a block adapter is cut by tracing; the planner picks the rest) and
-``potluck train`` of that plan for a few steps. The table says what the planner chose (with TP where it can split the model), the
+``potluck train`` of that plan for a few steps. The table says what the planner chose, the
 first and last loss, and for a family that does not run, the one line potluck printed.
 
     python benchmarks/model_families.py                      # the README's families
     python benchmarks/model_families.py --types helium nemotron olmoe
 
-Takes about 15 s per family on two cores.
+Takes about 20 s per family on two cores.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="+", default=README_TYPES)
     args = parser.parse_args()
-    print(f"{len(args.types)} families, about {15 * len(args.types)} s", flush=True)
+    print(f"{len(args.types)} families, about {20 * len(args.types)} s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.types:
