@@ -22,7 +22,7 @@ from potluck.model.spec import MlpKind, ModelSpec, NormKind, ParamCounts
 
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
 _FFN_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff")
-_DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop",
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop",
                  "embd_pdrop", "dropout", "activation_dropout")
 _ENCODER_DECODER = "is_encoder_decoder"
 
@@ -145,4 +145,4 @@ def _window(config: Any) -> dict[str, int]:
 def _has_dropout(config: Any) -> bool:
     return any(isinstance(getattr(config, key, None), int | float)
                and not isinstance(getattr(config, key), bool) and getattr(config, key) > 0
-               for key in _DROPOUT_KEYS)
+               for key in DROPOUT_KEYS)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from potluck.errors import ConfigError
+from potluck.model.generic import DROPOUT_KEYS
 from potluck.model.loading import load_model, model_from_hf_config
 from potluck.model.spec import MlpKind, ModelSpec
 from potluck.plans import Plan
@@ -63,8 +64,6 @@ TINY_WIDTHS = {"hidden_size": 64, "intermediate_size": 172, "moe_intermediate_si
                "shared_expert_intermediate_size": 64, "vocab_size": 260,
                "max_position_embeddings": TINY_SEQ_LEN, "pad_token_id": 256,
                "bos_token_id": 257, "eos_token_id": 258}
-DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
-                "dropout", "activation_dropout")
 
 
 def _tiny_config(config: dict[str, Any], heads: int) -> dict[str, Any]:
