@@ -30,8 +30,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
                       moe_intermediate_size=16),
     # traced (no block adapter): pipeline and data parallel only
     "gpt_neox": dict(model_type="gpt_neox"),
-    "gemma3_text": dict(model_type="gemma3_text", head_dim=8, sliding_window=8,
-                        query_pre_attn_scalar=8),
     # a traced mixture of experts (its router's histogram dtype depends on the device)
     "olmoe": dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2),
 }

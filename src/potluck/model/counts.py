@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
 
@@ -64,13 +65,15 @@ def up_columns(m: ModelSpec, width: int) -> int:
     return (2 if m.mlp is MlpKind.SWIGLU else 1) * width
 
 
-def block_gemms(m: ModelSpec) -> list[Gemm]:
+@lru_cache(maxsize=256)
+def block_gemms(m: ModelSpec) -> tuple[Gemm, ...]:
     """A block's matmuls: Q/K/V and output projections, then a dense MLP, or a router,
-    ``experts_per_token`` routed experts and the shared expert of a mixture of experts."""
+    ``experts_per_token`` routed experts and the shared expert of a mixture of experts
+    (cached: the search prices them for every stage it tries)."""
     h, q, kv, f = m.hidden_size, m.q_size, m.kv_hidden_size, m.ffn_hidden_size
     gemms = [Gemm(h, q + 2 * kv, "attention", "cols"), Gemm(q, h, "attention", "inner")]
     if not m.is_moe:
-        return [*gemms, Gemm(h, up_columns(m, f), "mlp", "cols"), Gemm(f, h, "mlp", "inner")]
+        return (*gemms, Gemm(h, up_columns(m, f), "mlp", "cols"), Gemm(f, h, "mlp", "inner"))
     k, experts = m.experts_per_token, m.num_experts
     gemms += [Gemm(h, experts, "mlp", "none"),
               Gemm(h, up_columns(m, f), "mlp", "cols", k, experts),
@@ -78,7 +81,7 @@ def block_gemms(m: ModelSpec) -> list[Gemm]:
     if m.shared_ffn_size:
         shared = m.shared_ffn_size
         gemms += [Gemm(h, up_columns(m, shared), "mlp", "cols"), Gemm(shared, h, "mlp", "inner")]
-    return gemms
+    return tuple(gemms)
 
 
 def attention_params(m: ModelSpec) -> int:

@@ -18,12 +18,10 @@ from typing import Any
 from potluck.errors import ConfigError
 from potluck.model.derived import build_meta_model, measure
 from potluck.model.sharding import tp_refusal
-from potluck.model.spec import MlpKind, ModelSpec, NormKind, ParamCounts
+from potluck.model.spec import DROPOUT_KEYS, MlpKind, ModelSpec, NormKind, ParamCounts
 
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
 _FFN_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff")
-DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop",
-                 "embd_pdrop", "dropout", "activation_dropout")
 _ENCODER_DECODER = "is_encoder_decoder"
 
 

@@ -18,6 +18,9 @@ from potluck.errors import ConfigError
 from potluck.model import byte_vocab
 
 EXPLICIT_TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gpt2"})
+# config keys of dropout probabilities, as transformers' configs spell them
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+                "dropout", "activation_dropout")
 MAX_SIZE = 2**31 - 1  # any width, depth or vocabulary (their products stay exact floats)
 
 

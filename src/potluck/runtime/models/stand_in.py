@@ -18,9 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from potluck.errors import ConfigError
-from potluck.model.generic import DROPOUT_KEYS
 from potluck.model.loading import load_model, model_from_hf_config
-from potluck.model.spec import MlpKind, ModelSpec
+from potluck.model.spec import DROPOUT_KEYS, MlpKind, ModelSpec
 from potluck.plans import Plan
 from potluck.runtime.options import TrainOptions
 
