@@ -48,7 +48,7 @@ class Measured:
     block: int
     final_norm: int
     projection: int
-    total: int
+    experts: int  # routed experts per block (0: a dense MLP)
     flops: BlockFlops | None
     tied: bool
     gated_mlp: bool
@@ -71,21 +71,31 @@ def build_meta_model(config: Any, name: str) -> nn.Module:
                           f"model from it ({reason})") from None
 
 
-def find_block_list(model: nn.Module, num_layers: int, name: str) -> tuple[str, nn.ModuleList]:
-    """The ``nn.ModuleList`` of ``num_layers`` blocks holding the most parameters."""
-    candidates = [(sum(p.numel() for p in module.parameters()), path, module)
+def largest_block_list(model: nn.Module, num_layers: int) -> tuple[str, nn.ModuleList] | None:
+    """The path and the ``nn.ModuleList`` of ``num_layers`` modules holding the most
+    parameters (the blocks), or None."""
+    candidates = [(_numel(module.parameters()), path)
                   for path, module in model.named_modules()
                   if isinstance(module, nn.ModuleList) and len(module) == num_layers and path]
     if not candidates:
+        return None
+    path = max(candidates)[1]
+    return path, model.get_submodule(path)
+
+
+def find_block_list(model: nn.Module, num_layers: int, name: str) -> tuple[str, nn.ModuleList]:
+    """:func:`largest_block_list`, or one line saying there is none."""
+    found = largest_block_list(model, num_layers)
+    if found is None:
         raise ConfigError(f"model {name!r}: {type(model).__name__} keeps no list of its "
                           f"{num_layers} blocks in one nn.ModuleList; potluck cannot split it")
-    _, path, blocks = max(candidates, key=lambda c: c[0])
-    return path, blocks
+    return found
 
 
-def measure(model: nn.Module, num_layers: int, name: str, *, experts_per_token: int = 0,
-            num_experts: int = 0) -> Measured:
-    """Parameters, FLOPs and kinds of ``model`` (built on meta by :func:`build_meta_model`)."""
+def measure(model: nn.Module, num_layers: int, name: str, *, experts_per_token: int = 0
+            ) -> Measured:
+    """Parameters, FLOPs, routed experts and kinds of ``model`` (built on meta by
+    :func:`build_meta_model`); ``experts_per_token`` is its top-k, if it has experts."""
     path, blocks = find_block_list(model, num_layers, name)
     sizes = [_numel(block.parameters()) for block in blocks]
     if len(set(sizes)) > 1:
@@ -94,15 +104,14 @@ def measure(model: nn.Module, num_layers: int, name: str, *, experts_per_token: 
             "whose blocks are alike (a dense-then-MoE or interleaved layout is not supported yet)"
         )
     embedding, projection = _embedding_and_projection(model)
-    params = dict(model.named_parameters())
-    total = _numel(params.values())
-    in_blocks = sum(sizes)
     tied = _is_tied(model)
-    final_norm = total - in_blocks - embedding - (0 if tied else projection)
+    final_norm = _numel(model.parameters()) - sum(sizes) - embedding - (0 if tied else projection)
     block = blocks[0]
+    experts = expert_count(block)
     return Measured(
         embedding=embedding, block=sizes[0], final_norm=final_norm, projection=projection,
-        total=total, tied=tied, flops=_block_flops(model, path, name, experts_per_token, num_experts),
+        experts=experts, tied=tied,
+        flops=_block_flops(model, path, name, experts_per_token, experts),
         gated_mlp=_gated(block), rms_norm=_rms_norm(block),
         learned_positions=_learned_positions(model), linear_bias=_all_biased(block),
         qkv_bias=_any_biased(block),

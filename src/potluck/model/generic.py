@@ -35,10 +35,9 @@ def _cached_spec(config_json: str, name: str) -> ModelSpec:
     original = json.loads(config_json)
     config = _config_object(original, name)
     model = build_meta_model(config, name)
-    shape = _shape(config, name, _experts_in(model, config, name))
-    measured = measure(model, shape["num_layers"], name,
-                       experts_per_token=shape["experts_per_token"],
-                       num_experts=shape["num_experts"])
+    measured = measure(model, _int(config, ("num_hidden_layers",), name), name,
+                       experts_per_token=_int(config, _TOP_K_KEYS, name, 1))
+    shape = _shape(config, name, measured.experts)
     return ModelSpec(
         name=name, family=str(config.model_type), **shape,
         mlp=MlpKind.SWIGLU if measured.gated_mlp else MlpKind.GELU,
@@ -88,16 +87,9 @@ def _int(config: Any, keys: tuple[str, ...], name: str, default: int | None = No
                       "at least 1; potluck needs it to plan the model")
 
 
-def _experts_in(model: Any, config: Any, name: str) -> int:
-    """Routed experts per block, as the model holds them (a config key alone, which a dense
-    model's config may carry unused, does not make a mixture of experts)."""
-    from potluck.model.derived import expert_count, find_block_list
-
-    _, blocks = find_block_list(model, _int(config, ("num_hidden_layers",), name), name)
-    return expert_count(blocks[0])
-
-
 def _shape(config: Any, name: str, experts: int) -> dict[str, Any]:
+    """The shape fields; ``experts`` as the model holds them (a config key alone, which a
+    dense model's config may carry unused, does not make a mixture of experts)."""
     hidden = _int(config, ("hidden_size",), name)
     heads = _int(config, ("num_attention_heads",), name)
     ffn = _int(config, ("moe_intermediate_size",) if experts else (), name, 0) or _int(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,23 +28,20 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from potluck.errors import ConfigError
+from potluck.model.derived import largest_block_list
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.layout import Layout
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:
     """The path of the ``nn.ModuleList`` that holds the model's ``num_layers`` blocks."""
-    candidates = [
-        (sum(p.numel() for p in module.parameters()), name)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and len(module) == num_layers and name
-    ]
-    if not candidates:
+    found = largest_block_list(model, num_layers)
+    if found is None:
         raise ConfigError(
             f"{type(model).__name__} has no nn.ModuleList of {num_layers} blocks (the plan's "
             "layer count); keep the blocks in one ModuleList or plan for the right model"
         )
-    return max(candidates)[1]
+    return found[0]
 
 
 def virtual_stage_ranges(layout: Layout) -> list[tuple[int, int]]:
@@ -74,43 +72,46 @@ def _set_aside(model: nn.Module) -> dict[str, torch.Tensor]:
     return saved
 
 
+def _swap_tensors(module: nn.Module, wanted: Callable[[torch.Tensor], bool],
+                  make: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace each parameter and buffer ``wanted`` picks by ``make`` of it (a parameter
+    stays a parameter, a tensor held under several names one tensor); the replaced ones by
+    name."""
+    replaced: dict[str, torch.Tensor] = {}
+    made: dict[int, torch.Tensor] = {}
+    for owner_name, owner in module.named_modules(remove_duplicate=False):
+        for table in (owner._parameters, owner._buffers):
+            for leaf, tensor in table.items():
+                if tensor is None or not wanted(tensor):
+                    continue
+                replaced[f"{owner_name}.{leaf}" if owner_name else leaf] = tensor
+                if id(tensor) not in made:
+                    new = make(tensor)
+                    made[id(tensor)] = (nn.Parameter(new, requires_grad=tensor.requires_grad)
+                                        if isinstance(tensor, nn.Parameter) else new)
+                table[leaf] = made[id(tensor)]
+    return replaced
+
+
 def _on_fake_device(model: nn.Module, mode: FakeTensorMode, device: torch.device
                     ) -> dict[str, torch.Tensor]:
     """Swap every meta parameter and buffer for a fake tensor on ``device`` (no memory), so
     the model traces as it runs there: its forward's device-dependent choices (a CPU-only
     dtype for a histogram, tensors made on the input's device) are those of ``device``, not
     the meta device's. Returns the meta tensors by name; shared ones stay shared."""
-    metas: dict[str, torch.Tensor] = {}
-    fakes: dict[int, torch.Tensor] = {}
-    for owner_name, owner in model.named_modules(remove_duplicate=False):
-        for table in (owner._parameters, owner._buffers):
-            for leaf, tensor in table.items():
-                if tensor is None or not tensor.is_meta:
-                    continue
-                metas[f"{owner_name}.{leaf}" if owner_name else leaf] = tensor
-                if id(tensor) not in fakes:
-                    with mode:
-                        fake = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
-                    fakes[id(tensor)] = (nn.Parameter(fake, requires_grad=tensor.requires_grad)
-                                         if isinstance(tensor, nn.Parameter) else fake)
-                table[leaf] = fakes[id(tensor)]
-    return metas
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+
+    return _swap_tensors(model, lambda tensor: tensor.is_meta, fake)
 
 
 def _fakes_to_meta(stage: nn.Module) -> None:
     """The fake parameters and buffers a traced stage kept, back on the meta device (they
     are materialized later, like any meta parameter); shared ones stay shared."""
-    metas: dict[int, torch.Tensor] = {}
-    for owner in stage.modules():
-        for table in (owner._parameters, owner._buffers):
-            for leaf, tensor in table.items():
-                if not isinstance(tensor, FakeTensor):
-                    continue
-                if id(tensor) not in metas:
-                    meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-                    metas[id(tensor)] = (nn.Parameter(meta, requires_grad=tensor.requires_grad)
-                                         if isinstance(tensor, nn.Parameter) else meta)
-                table[leaf] = metas[id(tensor)]
+    _swap_tensors(stage, lambda tensor: isinstance(tensor, FakeTensor),
+                  lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
 
 
 def _to_meta(tensor: torch.Tensor) -> torch.Tensor:
