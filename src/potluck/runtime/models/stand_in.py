@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from potluck.errors import ConfigError
+from potluck.model import byte_vocab
 from potluck.model.loading import load_model, model_from_hf_config
 from potluck.model.spec import DROPOUT_KEYS, MlpKind, ModelSpec
 from potluck.plans import Plan
@@ -26,6 +27,8 @@ from potluck.runtime.options import TrainOptions
 log = logging.getLogger(__name__)
 TINY = "tiny"
 TINY_SEQ_LEN = 128
+TINY_HIDDEN = 64
+TINY_SWIGLU_FFN = 172
 
 
 def compute_plan(plan: Plan, options: TrainOptions) -> Plan:
@@ -53,27 +56,29 @@ def tiny_stand_in(plan: Plan) -> ModelSpec:
     model = plan.model
     if model.params is not None and model.hf_config is not None:
         return model_from_hf_config(_tiny_config(model.hf_config, heads), f"{model.name}-tiny")
-    return replace(model, name=f"{model.name}-tiny", hidden_size=64, num_heads=heads,
-                   num_kv_heads=heads, ffn_hidden_size=172 if model.mlp is MlpKind.SWIGLU
-                   else 256, vocab_size=260, max_seq_len=TINY_SEQ_LEN, dropout=False,
-                   hf_config=None)
+    return replace(model, name=f"{model.name}-tiny", hidden_size=TINY_HIDDEN, num_heads=heads,
+                   num_kv_heads=heads, ffn_hidden_size=TINY_SWIGLU_FFN
+                   if model.mlp is MlpKind.SWIGLU else 256, vocab_size=byte_vocab.VOCAB_SIZE,
+                   max_seq_len=TINY_SEQ_LEN, dropout=False, hf_config=None)
 
 
-TINY_WIDTHS = {"hidden_size": 64, "intermediate_size": 172, "moe_intermediate_size": 64,
-               "shared_expert_intermediate_size": 64, "vocab_size": 260,
-               "max_position_embeddings": TINY_SEQ_LEN, "pad_token_id": 256,
-               "bos_token_id": 257, "eos_token_id": 258}
+# set in every shrunk config; the widths below only where the config has them
+TINY_SHAPE = {"hidden_size": TINY_HIDDEN, "vocab_size": byte_vocab.VOCAB_SIZE,
+              "pad_token_id": byte_vocab.PAD_ID, "bos_token_id": byte_vocab.BOS_ID,
+              "eos_token_id": byte_vocab.EOS_ID}
+TINY_WIDTHS = {"intermediate_size": TINY_SWIGLU_FFN, "moe_intermediate_size": TINY_HIDDEN,
+               "shared_expert_intermediate_size": TINY_HIDDEN,
+               "max_position_embeddings": TINY_SEQ_LEN}
 
 
 def _tiny_config(config: dict[str, Any], heads: int) -> dict[str, Any]:
     """A model read through its config (any family), shrunk the same way: its config with
     the widths, vocabulary and heads of the tiny stand-in, everything else (blocks, kinds
     of attention, experts and top-k, norms) as it was, dropout off."""
-    tiny = dict(config)
-    tiny.update({key: value for key, value in TINY_WIDTHS.items()
-                 if key in config or key in ("hidden_size", "vocab_size", "pad_token_id",
-                                             "bos_token_id", "eos_token_id")})
-    tiny.update(num_attention_heads=heads, num_key_value_heads=heads, head_dim=64 // heads)
+    tiny = {**config, **TINY_SHAPE}
+    tiny.update({key: value for key, value in TINY_WIDTHS.items() if key in config})
+    tiny.update(num_attention_heads=heads, num_key_value_heads=heads,
+                head_dim=TINY_HIDDEN // heads)
     tiny.update({key: 0.0 for key in DROPOUT_KEYS if key in config})
     return tiny
 
