@@ -39,15 +39,31 @@ def block_unit(index: int) -> str:
     return f"block.{index}"
 
 
+def expert_unit(index: int, shard: int) -> str:
+    """Block ``index``'s routed experts of shard ``shard`` under expert parallelism: a unit
+    of its own, held by the members of every expert group with that shard."""
+    return f"block.{index}.experts.{shard}"
+
+
 def block_index(unit: str) -> int:
-    """The block number of a :func:`block_unit` name."""
-    return int(unit.split(".", 1)[1])
+    """The block number of a :func:`block_unit` (or :func:`expert_unit`) name."""
+    return int(unit.split(".")[1])
 
 
-def parameter_units(model: ModelSpec) -> tuple[str, ...]:
-    """Every unit of ``model``, in the order one backward pass finishes them reversed."""
+def expert_shard(unit: str) -> int | None:
+    """The shard of an :func:`expert_unit`, None for any other unit."""
+    parts = unit.split(".")
+    return int(parts[3]) if len(parts) == 4 and parts[2] == "experts" else None
+
+
+def parameter_units(model: ModelSpec, ep: int = 1) -> tuple[str, ...]:
+    """Every unit of ``model``, in the order one backward pass finishes them reversed; with
+    expert parallelism each block's expert shards follow the block."""
     tied = (TIED,) if model.tied_embeddings else ()
-    return (EMBED, *(block_unit(i) for i in range(model.num_layers)), HEAD, *tied)
+    shards = range(ep) if ep > 1 and model.is_moe else ()
+    blocks = (unit for i in range(model.num_layers)
+              for unit in (block_unit(i), *(expert_unit(i, j) for j in shards)))
+    return (EMBED, *blocks, HEAD, *tied)
 
 
 def stage_holds(stage: Stage, index: int, pp: int, unit: str) -> bool:

@@ -239,6 +239,8 @@ class Plan:
     recompute: Recompute = Recompute.NONE  # of every stage whose memory does not say otherwise
     zero: ZeroStage = 0  # ZeRO stage over each stage's data-parallel replicas (0: none)
     comm: CommSchedule = CommSchedule()  # pipeline and data-parallel communication scheduling
+    # routed experts split over this many consecutive replicas (see expert_group)
+    expert_parallel: PositiveInt = 1
     unused_devices: tuple[str, ...] = ()
     prediction: Prediction | None = None
     notes: tuple[str, ...] = ()
@@ -253,6 +255,18 @@ class Plan:
     def shards_optimizer(self) -> bool:
         """ZeRO-1 or higher: each replica keeps the optimizer states of its share."""
         return self.zero >= 1
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel degree: each group of ``ep`` consecutive replicas splits every
+        mixture-of-experts block's routed experts among its members, a token travelling to
+        the member that holds its expert and back (all-to-all; GShard, Lepikhin et al. 2021)."""
+        return self.expert_parallel
+
+    def expert_group(self, pipeline: int) -> range:
+        """The pipelines whose ranks exchange tokens with ``pipeline``'s (itself included)."""
+        first = pipeline - pipeline % self.ep
+        return range(first, first + self.ep)
 
     def stage_comm(self, pipeline: int, stage: int) -> StageComm:
         """Stage ``stage`` of pipeline ``pipeline``'s tensor-parallel communication."""
@@ -276,7 +290,8 @@ class Plan:
         tps = sorted({s.tp for p in self.pipelines for s in p.stages})
         pp = str(pps[0]) if len(pps) == 1 else str(pps).replace(" ", "")
         tp = str(tps[0]) if len(tps) == 1 else str(tps).replace(" ", "")
-        return f"dp={self.dp} pp={pp} tp={tp}"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"dp={self.dp} pp={pp} tp={tp}{ep}"
 
 
 @cache
@@ -393,6 +408,53 @@ def check_plan(plan: Plan) -> None:
     for index, pipeline in enumerate(plan.pipelines):
         _check_pipeline(plan, index, pipeline, cluster)
     _check_comm(plan)
+    problem = expert_parallel_problem(plan)
+    if problem:
+        raise ConfigError(f"the plan: {problem}")
+
+
+def expert_parallel_problem(plan: Plan) -> str | None:
+    """Why ``plan``'s expert parallelism cannot run, if it cannot: it needs routed experts
+    that divide evenly, whole groups of replicas, and the members of each group in lockstep
+    (their token exchanges pair up only if they run the same blocks, stage by stage, with
+    the same micro-batch count and recomputation), each stage on one device."""
+    ep, model = plan.ep, plan.model
+    if ep == 1:
+        return None
+    if not model.is_moe:
+        return (f"expert_parallel {ep} needs a mixture-of-experts model and {model.name} has "
+                "no routed experts; set expert_parallel to 1")
+    if model.num_experts % ep:
+        return (f"expert_parallel {ep} does not divide the {model.num_experts} experts of "
+                f"{model.name}; use a divisor of {model.num_experts}")
+    if plan.dp % ep:
+        return (f"expert_parallel {ep} does not divide the {plan.dp} data-parallel replicas; "
+                f"use a divisor of {plan.dp}")
+    if plan.zero >= 3:
+        return ("expert parallelism does not run under zero 3 (FSDP2 would shard the experts "
+                "a second way); use zero 2 or fewer")
+    for first in range(0, plan.dp, ep):
+        problem = _lockstep_problem(plan, range(first, first + ep))
+        if problem:
+            return problem
+    return None
+
+
+def _lockstep_problem(plan: Plan, group: range) -> str | None:
+    def shape(k: int) -> tuple:
+        pipeline = plan.pipelines[k]
+        stages = tuple((s.layer_ranges, s.tp, plan.stage_memory(k, j))
+                       for j, s in enumerate(pipeline.stages))
+        return stages, pipeline.num_micro_batches
+    shapes = {shape(k) for k in group}
+    if len(shapes) > 1:
+        return (f"pipelines {group.start}-{group.stop - 1} exchange tokens (expert_parallel "
+                f"{plan.ep}) but differ in stages, layers, recomputation or micro-batch count; "
+                "give them the same structure or set expert_parallel to 1")
+    if any(s.tp > 1 for k in group for s in plan.pipelines[k].stages):
+        return ("expert parallelism runs stages of one device each (a mixture of experts is "
+                "not tensor-parallel); set tp to 1 or expert_parallel to 1")
+    return None
 
 
 def explicit_tp(plan: Plan, pipeline: int, stage: int) -> bool:

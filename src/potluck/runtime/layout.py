@@ -117,6 +117,8 @@ class Layout:
         self._sync_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._backward_lanes: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._tp_mesh: DeviceMesh | None = None
+        self._ep_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._ep_mesh: DeviceMesh | None = None
         self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
 
     @classmethod
@@ -199,14 +201,49 @@ class Layout:
     # --- parameter units ---------------------------------------------------------------------
 
     def units(self) -> tuple[str, ...]:
-        return placement.parameter_units(self.plan.model)
+        return placement.parameter_units(self.plan.model, self.plan.ep)
 
     def holders(self, unit: str) -> tuple[tuple[int, int], ...]:
         """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order
-        (:func:`potluck.placement.holders`)."""
+        (:func:`potluck.placement.holders`; an expert unit: those of its shard)."""
         if unit not in self._holders:
-            self._holders[unit] = placement.holders(self.plan, unit)
+            found = placement.holders(self.plan, unit)
+            shard = placement.expert_shard(unit)
+            if shard is not None:
+                found = tuple(h for h in found if self.expert_shard_of(*h) == shard)
+            self._holders[unit] = found
         return self._holders[unit]
+
+    # --- expert parallelism ------------------------------------------------------------------
+
+    def expert_ranks(self, pipeline: int, stage: int) -> tuple[int, ...]:
+        """The ranks that exchange tokens with stage ``stage`` of ``pipeline``: that stage in
+        each pipeline of its expert group, ascending (the group's and the mesh's order)."""
+        group = self.plan.expert_group(pipeline)
+        return tuple(sorted(self.stage_ranks(k, stage)[0] for k in group))
+
+    def expert_shard_of(self, pipeline: int, stage: int) -> int:
+        """Which shard of the routed experts stage ``stage`` of ``pipeline`` holds."""
+        return self.expert_ranks(pipeline, stage).index(self.stage_ranks(pipeline, stage)[0])
+
+    def _expert_group_ranks(self) -> list[tuple[int, ...]]:
+        """Every stage's expert group, in plan order (none without expert parallelism)."""
+        if self.plan.ep == 1:
+            return []
+        return [self.expert_ranks(p, s) for p in range(0, self.plan.dp, self.plan.ep)
+                for s in range(self.plan.pipelines[p].pp)]
+
+    def expert_mesh(self, device_type: str) -> DeviceMesh | None:
+        """The 1-D mesh of this rank's expert group (None without expert parallelism)."""
+        if self.plan.ep == 1:
+            return None
+        if self._ep_mesh is None:
+            ranks = self.expert_ranks(self.role.pipeline, self.role.stage)
+            if ranks not in self._ep_groups:
+                raise RuntimeError(f"no expert group for ranks {ranks}; create_groups() first")
+            self._ep_mesh = DeviceMesh.from_group(self._ep_groups[ranks], device_type,
+                                                  list(ranks), mesh_dim_names=("ep",))
+        return self._ep_mesh
 
     def sync_group(self, unit: str, tp_rank: int | None = None) -> SyncGroup:
         """The group in which this rank (or TP index ``tp_rank``) sums ``unit``'s gradients."""
@@ -266,6 +303,10 @@ class Layout:
                 self._sync_groups[ranks] = group
         if self.plan.comm.split_p2p_channels:
             self._create_backward_lanes()
+        for ranks in self._expert_group_ranks():  # their own: all-to-alls in every block
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._ep_groups[ranks] = group
 
     def _lanes(self) -> list[tuple[int, ...]]:
         """Every pipeline lane of more than one rank, in plan order."""

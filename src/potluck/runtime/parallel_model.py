@@ -59,7 +59,7 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model.memory import StageMemory, Swap
 from potluck.ops import OpKind
-from potluck.placement import EMBED, HEAD, TIED, block_unit
+from potluck.placement import EMBED, HEAD, TIED, block_unit, expert_shard
 from potluck.plans import explicit_tp
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
@@ -82,6 +82,7 @@ from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, d
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.moe import install_router_loss, router_loss_of
 from potluck.runtime.models.traced import find_blocks, trace_stages
+from potluck.runtime.parallel.expert_parallel import apply_ep, expert_unit_names
 from potluck.runtime.parallel.pipeline import (
     StageModule,
     build_schedule,
@@ -152,19 +153,31 @@ def _stages_of_family(model: nn.Module, family: Family, session: Session
     check_sequence(model, plan.training.seq_len)
     tied = is_tied(model, family)
     mesh = layout.tp_mesh(session.device.type)
+    layers = [i for start, end in role.layer_ranges for i in range(start, end)]
     if mesh is not None:
-        layers = [i for start, end in role.layer_ranges for i in range(start, end)]
         apply_tp(model, family, mesh, layers, embed=role.holds_embedding, head=role.holds_head,
                  explicit=explicit_tp(plan, role.pipeline, role.stage))
+    experts_mesh = layout.expert_mesh(session.device.type)
+    if experts_mesh is not None:
+        blocks = blocks_of(model, family)
+        apply_ep([blocks[i] for i in layers], experts_mesh, plan.model.name)
     stages: list[nn.Module] = list(split_stages(model, family, layout, session.device))
     names = (name for stage in stages for name, _ in stage.named_parameters())
     aliases = {family.head_weight: family.embedding_weight} if tied else {}
-    return stages, _family_units(names, family, tied), aliases
+    units = _family_units(names, family, tied)
+    if experts_mesh is not None:
+        shard = layout.expert_shard_of(role.pipeline, role.stage)
+        for stage in stages:
+            units = expert_unit_names(stage, units, shard)
+    return stages, units, aliases
 
 
 def _stages_of_any(model: nn.Module, session: Session
                    ) -> tuple[list[nn.Module], dict[str, str], dict[str, str]]:
     layout = session.layout
+    if layout.plan.ep > 1:
+        raise ConfigError(f"{type(model).__name__}: expert parallelism runs only with a block "
+                          "adapter (a model type potluck adapts); set expert_parallel to 1")
     blocks_path = find_blocks(model, layout.plan.model.num_layers)
     _check_model(model, layout, model.get_submodule(blocks_path))
     return trace_stages(model, layout, blocks_path, session.device)
@@ -202,7 +215,8 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
     sparse = sparse_embedding_name(layout.plan, model, family)
     kinds = init_kinds(model)
-    host_values = park_on_meta(model) if layout.role.tp > 1 else {}  # TP shards cut on the host
+    sharded = layout.role.tp > 1 or layout.plan.ep > 1
+    host_values = park_on_meta(model) if sharded else {}  # TP, EP shards cut on the host
     _keep_router_loss(model, family, layout)
     if family is not None:
         stages, units, aliases = _stages_of_family(model, family, session)
@@ -295,6 +309,8 @@ class ParallelModel:
             _merge_into(self.module, stage)
         fsdp = managed_parameters(stages)  # ZeRO-3: FSDP2 syncs these
         self.fsdp_names = frozenset(n for n, p in self.module.named_parameters() if id(p) in fsdp)
+        self.expert_names = frozenset(n for n, _ in self.module.named_parameters()
+                                      if expert_shard(units[n]) is not None)
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters() if id(param) not in fsdp]
         plan = session.plan

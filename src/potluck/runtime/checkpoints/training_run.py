@@ -24,7 +24,10 @@ ZeRO-3 every replica holds its own shard of the FSDP2 parameters (DTensors over
 the stage's data-parallel mesh), so every rank also writes those parameters'
 shards; optimizer offload keeps its states in host memory but saves and loads
 them under the same keys (:class:`~potluck.runtime.grads.offload.HostOffloadOptimizer`).
-Every rank loads exactly the keys and shards it holds, so a run may resume under
+Under expert parallelism the replicas of the first expert group each hold their own
+rows of the routed experts (``Shard(0)`` DTensors), so they write those rows and
+their optimizer states too. Every rank loads exactly the keys and shards it holds,
+so a run may resume under
 another plan, with or without ZeRO (any stage) or offload.
 """
 
@@ -81,11 +84,14 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     trainer.flush()
     model = trainer.model
     next_step = trainer.step_index
-    writes = model.layout.role.pipeline == 0
-    state = training_state([model.module], [trainer.optimizer]) if writes or model.zero else {}
+    pipeline = model.layout.role.pipeline
+    writes = pipeline == 0
+    experts = model.expert_names if pipeline < model.layout.plan.ep else frozenset()
+    state = (training_state([model.module], [trainer.optimizer])
+             if writes or model.zero or experts else {})
     if not writes and state:
-        sharded = {k: v for k, v in state["model"].items() if k in model.fsdp_names}
-        state = {"optim": _states_only(state["optim"]), **({"model": sharded} if sharded else {})}
+        state = _shares_of_replica(state, model.fsdp_names | experts, experts,
+                                   whole_optimizer=model.zero is None)
     trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout(),
                                      "model": model_to_dict(model.layout.plan.model)}
     if hasattr(source, "state_dict"):
@@ -97,6 +103,19 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     if model.layout.rank == 0 and trainer.good_checkpoint is not None:
         prune_checkpoints(out_dir, keep_last, keep=trainer.good_checkpoint)
     return path
+
+
+def _shares_of_replica(state: dict[str, Any], sharded: frozenset[str], experts: frozenset[str],
+                       *, whole_optimizer: bool) -> dict[str, Any]:
+    """What a replica other than the first writes: its shards of the parameters it holds a
+    shard of (``sharded``: FSDP2's, its expert rows), and the optimizer states it alone
+    keeps (under ZeRO its own share; else its experts' rows)."""
+    model = {k: v for k, v in state["model"].items() if k in sharded}
+    optim = _states_only(state["optim"])
+    if whole_optimizer:
+        prefixes = tuple(f"state.{name}." for name in experts)
+        optim = {k: v for k, v in optim.items() if k.startswith(prefixes)}
+    return {**({"optim": optim} if optim else {}), **({"model": model} if model else {})}
 
 
 def _states_only(optim: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
-from potluck.placement import EMBED, HEAD, TIED
+from potluck.placement import EMBED, HEAD, TIED, block_index
 from potluck.runtime.layout import Layout, SyncGroup
 from potluck.runtime.shards import ShardIndex, shard_index
 
@@ -75,7 +75,7 @@ def unit_order(unit: str, num_layers: int) -> int:
         return num_layers + 1
     if unit == TIED:
         return num_layers + 2
-    return num_layers - int(unit.split(".", 1)[1])
+    return num_layers - block_index(unit)
 
 
 def plan_buckets(layout: Layout, params: list[SyncedParam],
