@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from family_configs import tiny_family
-from safetensors import safe_open
 from runtime_helpers import make_plan, pipe, reference_losses, reference_model, run_plan
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from potluck.errors import ConfigError
