@@ -89,7 +89,7 @@ def as_dtype(dtype: str | DType) -> DType:
 def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
          global_batch: int | None = None, seq_len: int | None = None,
          dtype: str | DType = DType.BF16, tp: int | None = None, pp: int | None = None,
-         dp: int | None = None, micro_batch_size: int | None = None,
+         dp: int | None = None, micro_batch_size: int | None = None, ep: int | None = None,
          recompute: str | Recompute | None = None, partition: str | Partition = Partition.BALANCED,
          schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero: int | None = None,
          swap: str | Swap | None = None, offload: str | Offload | None = None,
@@ -107,7 +107,7 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     """
     spec, model_spec = as_cluster(cluster), as_model(model)
     options = SearchOptions(
-        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size,
+        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
         recompute=_pin(recompute, Recompute), partition=Partition(partition),
         schedule=Schedule(schedule), zero=zero, swap=_pin(swap, Swap),
         offload=_pin(offload, Offload), top_k=top_k,

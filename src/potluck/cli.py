@@ -84,6 +84,10 @@ def plan(
     pp: Annotated[int | None, typer.Option(help="Pin the number of pipeline stages.")] = None,
     dp: Annotated[int | None, typer.Option(help="Pin the number of data-parallel replicas.")] = None,
     micro_batch_size: Annotated[int | None, typer.Option(help="Pin the micro-batch size.")] = None,
+    ep: Annotated[int | None, typer.Option(
+        help="Pin the expert-parallel degree of a mixture of experts: each group of this many "
+             "replicas splits every block's routed experts (default: chosen by the "
+             "search; 1 turns it off).")] = None,
     recompute: Annotated[str, typer.Option(
         help=f"Recomputation: {'|'.join(_names(Recompute))}|auto (auto: chosen per stage).")] = "auto",
     swap: Annotated[str, typer.Option(
@@ -134,7 +138,7 @@ def plan(
     with _progress("planning", enabled=not as_json) as report:
         result = api.plan(
             cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
-            pp=pp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
+            pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
             partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload,
             top_k=top, objective=objective,
             tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, execution=execution,

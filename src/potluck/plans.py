@@ -172,6 +172,7 @@ class TimeBreakdown:
     pp_s: float = 0.0
     dp_s: float = 0.0
     optimizer_s: float = 0.0
+    ep_s: float = 0.0  # expert parallelism's token all-to-alls
 
 
 @dataclass(frozen=True)

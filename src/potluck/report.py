@@ -71,7 +71,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "schedule": plan.schedule.value,
         "execution": describe(plan.training.execution),
         "communication": comm_text(plan),
-        "model_notes": model_notes(plan.model),
+        "model_notes": model_notes(plan.model, plan.ep),
         "dtype": plan.training.dtype.value,
         "dtype_notes": plan_dtype_notes(plan),
         "breakdown_s": {k: getattr(breakdown, k) for k in breakdown.__dataclass_fields__},
@@ -124,14 +124,18 @@ def _count_text(count: int) -> str:
     return f"{count / 1e6:.1f}M" if count >= 1e6 else f"{count:,}"
 
 
-def model_notes(model: ModelSpec) -> list[str]:
-    """What the plan's reader should know about the model: its experts, why it has no
-    tensor parallelism."""
+def model_notes(model: ModelSpec, ep: int = 1) -> list[str]:
+    """What the plan's reader should know about the model: its experts (and how ``ep``
+    replicas split them), why it has no tensor parallelism."""
     notes = []
     if model.is_moe:
         notes.append(f"mixture of experts: {model.num_experts} experts, {model.experts_per_token} "
                      f"per token; {_count_text(active_params(model))} of "
                      f"{_count_text(total_params(model))} parameters active")
+    if ep > 1:
+        notes.append(f"expert parallelism: each group of {ep} replicas splits every block's "
+                     f"experts, {model.num_experts // ep} per device; tokens travel to their "
+                     "experts and back all-to-all (EP in the breakdown)")
     if model.tp_refusal:
         notes.append(f"no tensor parallelism: {model.tp_refusal}")
     return notes
@@ -149,7 +153,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     )
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     console.print(f"communication: {comm_text(plan)}", highlight=False)
-    for note in model_notes(plan.model):
+    for note in model_notes(plan.model, plan.ep):
         console.print(f"[dim]{escape(note)}[/dim]")
     tables = [_stage_table(plan, prediction)]
     if not uniform_memory(plan):
@@ -316,11 +320,12 @@ def _headline_table(prediction: Prediction) -> Table:
 
 def _breakdown_table(prediction: Prediction) -> Table:
     """The iteration's critical path by kind of work."""
-    table = compact_table("Where the time goes (critical path)",
-                          ("compute", "bubble", "TP", "PP", "DP", "optimizer"))
     b = prediction.breakdown
-    table.add_row(*(format_duration(x) for x in (b.compute_s, b.bubble_s, b.tp_s, b.pp_s, b.dp_s,
-                                                 b.optimizer_s)))
+    columns = [("compute", b.compute_s), ("bubble", b.bubble_s), ("TP", b.tp_s),
+               *([("EP", b.ep_s)] if b.ep_s else []), ("PP", b.pp_s), ("DP", b.dp_s),
+               ("optimizer", b.optimizer_s)]
+    table = compact_table("Where the time goes (critical path)", tuple(n for n, _ in columns))
+    table.add_row(*(format_duration(x) for _, x in columns))
     return table
 
 

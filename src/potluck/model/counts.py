@@ -66,18 +66,20 @@ def up_columns(m: ModelSpec, width: int) -> int:
 
 
 @lru_cache(maxsize=256)
-def block_gemms(m: ModelSpec) -> tuple[Gemm, ...]:
+def block_gemms(m: ModelSpec, ep: int = 1) -> tuple[Gemm, ...]:
     """A block's matmuls: Q/K/V and output projections, then a dense MLP, or a router,
     ``experts_per_token`` routed experts and the shared expert of a mixture of experts
-    (cached: the search prices them for every stage it tries)."""
+    (cached: the search prices them for every stage it tries). Under expert parallelism
+    over ``ep`` replicas a device runs ``E/ep`` experts on the tokens all ``ep`` route to
+    them: the same rows in all, ``ep`` times as many per expert."""
     h, q, kv, f = m.hidden_size, m.q_size, m.kv_hidden_size, m.ffn_hidden_size
     gemms = [Gemm(h, q + 2 * kv, "attention", "cols"), Gemm(q, h, "attention", "inner")]
     if not m.is_moe:
         return (*gemms, Gemm(h, up_columns(m, f), "mlp", "cols"), Gemm(f, h, "mlp", "inner"))
     k, experts = m.experts_per_token, m.num_experts
     gemms += [Gemm(h, experts, "mlp", "none"),
-              Gemm(h, up_columns(m, f), "mlp", "cols", k, experts),
-              Gemm(f, h, "mlp", "inner", k, experts)]
+              Gemm(h, up_columns(m, f), "mlp", "cols", k, experts // ep),
+              Gemm(f, h, "mlp", "inner", k, experts // ep)]
     if m.shared_ffn_size:
         shared = m.shared_ffn_size
         gemms += [Gemm(h, up_columns(m, shared), "mlp", "cols"), Gemm(shared, h, "mlp", "inner")]
@@ -104,6 +106,11 @@ def mlp_params(m: ModelSpec) -> int:
     shared = _dense_mlp_params(m, m.shared_ffn_size) if m.shared_ffn_size else 0
     return (m.hidden_size * m.num_experts + m.num_experts * _dense_mlp_params(m, m.ffn_hidden_size)
             + shared)
+
+
+def routed_expert_params(m: ModelSpec) -> int:
+    """One block's routed experts (what expert parallelism splits); 0 for a dense model."""
+    return m.num_experts * _dense_mlp_params(m, m.ffn_hidden_size) if m.is_moe else 0
 
 
 def active_mlp_width(m: ModelSpec) -> int:

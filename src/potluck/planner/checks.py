@@ -39,6 +39,22 @@ def _check_explicit_tp(model: ModelSpec, training: TrainingShape) -> None:
             "tp_overlap_chunks and recompute_keeps_comm to auto")
 
 
+def _check_ep(model: ModelSpec, options: SearchOptions) -> None:
+    """A pinned expert-parallel degree needs routed experts it divides, and replicas."""
+    ep = options.ep
+    _check_at_least_one("--ep", ep)
+    if ep is None or ep == 1:
+        return
+    if not model.is_moe:
+        raise ConfigError(f"--ep {ep} splits routed experts and {model.name} has none; "
+                          "leave --ep out")
+    if model.num_experts % ep:
+        raise ConfigError(f"--ep {ep} does not divide {model.name}'s {model.num_experts} "
+                          f"experts; use a divisor of {model.num_experts}")
+    if options.dp is not None and options.dp % ep:
+        raise ConfigError(f"--ep {ep} does not divide --dp {options.dp}; use a divisor of it")
+
+
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions) -> None:
     """Reject requests that no plan could satisfy, before searching."""
@@ -54,6 +70,7 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
             "positions; use a shorter sequence"
         )
     _check_tp(cluster, model, options.tp)
+    _check_ep(model, options)
     if options.pp is not None and options.pp > model.num_layers:
         raise ConfigError(
             f"--pp {options.pp} is more stages than {model.name}'s {model.num_layers} layers"

@@ -132,9 +132,10 @@ class ComputeModel:
         return self.element_bytes(device) / 2.0
 
     def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
-                    recompute: Recompute) -> BlockTimes:
-        """One block's forward and backward of one micro-batch, on ``tp`` devices of a type."""
-        key = (device_type, tp, micro_batch, recompute)
+                    recompute: Recompute, ep: int = 1) -> BlockTimes:
+        """One block's forward and backward of one micro-batch, on ``tp`` devices of a type
+        (its routed experts split over ``ep`` replicas: :func:`counts.block_gemms`)."""
+        key = (device_type, tp, micro_batch, recompute, ep)
         if key not in self._blocks:
             self._blocks[key] = self._compute_block_times(*key)
         return self._blocks[key]
@@ -157,9 +158,9 @@ class ComputeModel:
         return self._heads[key]
 
     def _compute_block_times(self, device: DeviceType, tp: int, b: int,
-                             recompute: Recompute) -> BlockTimes:
+                             recompute: Recompute, ep: int) -> BlockTimes:
         m, s = self.model, self.seq_len
-        gemms = self._block_gemms_s(device, tp, b)
+        gemms = self._block_gemms_s(device, tp, b, ep)
         attention = self._attention_s(device, tp, b)
         elementwise = (counts.block_elementwise_bytes(m, b, s, fused=self.fused_kernels) / tp
                        * self.element_scale(device))
@@ -227,10 +228,10 @@ class ComputeModel:
         forward = self._materialized_attention_s(device, tp, b)
         return BlockTimes(forward, 2.0 * forward, 0.0)
 
-    def _block_gemms_s(self, device: DeviceType, tp: int, b: int) -> float:
+    def _block_gemms_s(self, device: DeviceType, tp: int, b: int, ep: int = 1) -> float:
         rows = b * self.seq_len
         return sum(self._block_gemm_s(device, gemm, rows, tp)
-                   for gemm in counts.block_gemms(self.model))
+                   for gemm in counts.block_gemms(self.model, ep))
 
     def _block_gemm_s(self, device: DeviceType, gemm: counts.Gemm, rows: int, tp: int) -> float:
         """One of a block's matmuls for ``rows`` tokens (routed experts: one grouped kernel)."""

@@ -87,6 +87,8 @@ class StageShape:
     offload: bool = False  # optimizer states and step in host memory
     tp_overlap_chunks: int = 1  # sub-batches whose TP all-reduces overlap (explicit executor)
     keeps_comm: bool = False  # recomputation keeps its collectives' results (explicit executor)
+    ep: int = 1  # its routed experts split over this many replicas' stages
+    expert_peers: tuple[str, ...] = ()  # those stages' devices (itself included): the exchange
 
     def explicit_tp(self, tp: int) -> bool:
         """Whether the stage runs the explicit TP executor on ``tp`` devices
@@ -149,6 +151,7 @@ class StageTime:
     compute_s: float  # forward + backward compute, without TP communication
     forward_tp_s: float = 0.0  # the TP communication on the forward's critical path
     backward_tp_s: float = 0.0
+    exchange_s: float = 0.0  # of the TP figures: expert parallelism's all-to-alls, both passes
 
 
 @dataclass(frozen=True)
@@ -266,8 +269,8 @@ class CostModel:
     # ---- compute -------------------------------------------------------------------------
 
     def block_times(self, device_type: DeviceType, tp: int, micro_batch: int,
-                    recompute: Recompute) -> BlockTimes:
-        return self.compute.block_times(device_type, tp, micro_batch, recompute)
+                    recompute: Recompute, ep: int = 1) -> BlockTimes:
+        return self.compute.block_times(device_type, tp, micro_batch, recompute, ep)
 
     def head_times(self, device_type: DeviceType, tp: int, micro_batch: int) -> BlockTimes:
         return self.compute.head_times(device_type, tp, micro_batch)
@@ -286,6 +289,21 @@ class CostModel:
             cached = self._tp_cache[key] = 2.0 * self.network.allreduce_s(num_bytes, devices)
         return cached
 
+    def expert_exchange_s(self, shape: StageShape) -> float:
+        """One all-to-all of a block's routed tokens over the stage's expert group (the
+        dispatch; the return is the same again): each token's ``experts_per_token`` copies of
+        its hidden state, ``1/ep`` of them staying on the device (uniform routing)."""
+        if shape.ep <= 1 or len(shape.expert_peers) <= 1:
+            return 0.0
+        key = ("exchange", shape.expert_peers, shape.micro_batch)
+        cached = self._tp_cache.get(key)
+        if cached is None:
+            members = [self.cluster.device(d) for d in shape.expert_peers]
+            rows = self.seq_len * shape.micro_batch * self.model.experts_per_token
+            num_bytes = rows * self.model.hidden_size * self.element_bytes(members[0].type)
+            cached = self._tp_cache[key] = self.network.alltoall_s(num_bytes, members)
+        return cached
+
     def send_bytes(self, device_type: DeviceType, micro_batch: int) -> float:
         """Bytes of one micro-batch's activations (or their gradients) between two stages."""
         activation = self.seq_len * micro_batch * self.model.hidden_size
@@ -301,7 +319,7 @@ class CostModel:
 
     def stage_params(self, shape: StageShape, tp: int) -> float:
         """Parameters each device of a stage holds."""
-        key = (shape.num_layers, shape.first, shape.last, shape.pp > 1, tp)
+        key = (shape.num_layers, shape.first, shape.last, shape.pp > 1, tp, shape.ep)
         cached = self._params_cache.get(key)
         if cached is None:
             cached = self._params_cache[key] = self._stage_params(shape, tp)
@@ -309,7 +327,8 @@ class CostModel:
 
     def _stage_params(self, shape: StageShape, tp: int) -> float:
         m = self.model
-        params = shape.num_layers * counts.block_params(m)
+        block = counts.block_params(m) - counts.routed_expert_params(m) * (1 - 1 / shape.ep)
+        params = shape.num_layers * block
         if shape.first:
             params += counts.embedding_params(m)
         if shape.last:
@@ -338,7 +357,9 @@ class CostModel:
             compute += head.forward_s + head.backward_s
         forward_compute += _exposed_gather_s(gather_s, n, forward_compute)
         backward_compute += _exposed_gather_s(gather_s, n, backward_compute)
-        forward_tp, backward_tp = passes.forward_tp, passes.backward_tp
+        exchange_s = 2.0 * self.expert_exchange_s(shape)  # dispatch and return, per block
+        forward_tp = passes.forward_tp + n * exchange_s
+        backward_tp = passes.backward_tp + (n + shape.full_blocks) * exchange_s
         swap_s = self.swap_transfer_s(devices[0], tp, shape)
         shared = self._swap_shares_link(devices, shape, neighbours)
         forward_window = forward_compute + (0.0 if shared else forward_tp + send_s)
@@ -347,16 +368,17 @@ class CostModel:
             forward_window = backward_window = 0.0
         forward = host + forward_compute + forward_tp + max(0.0, swap_s - forward_window)
         backward = host + backward_compute + backward_tp + max(0.0, swap_s - backward_window)
+        exchanges = (2 * n + shape.full_blocks) * exchange_s
         return StageTime(StageWork(forward, backward, weight_grad, send_s), compute,
-                         forward_tp, backward_tp)
+                         forward_tp, backward_tp, exchanges)
 
     def _plain_passes(self, devices: tuple[Device, ...], shape: StageShape) -> _Passes:
         """DTensor's sequence-parallel blocks: each block's collectives between its GEMMs,
         nothing overlapped; full recomputation repeats the forward's collectives."""
         device_type, tp, b = devices[0].type, len(devices), shape.micro_batch
         n, r = shape.num_layers, shape.recomputed
-        block = self.block_times(device_type, tp, b, shape.recompute)
-        plain = self.block_times(device_type, tp, b, Recompute.NONE) if r < n else block
+        block = self.block_times(device_type, tp, b, shape.recompute, shape.ep)
+        plain = self.block_times(device_type, tp, b, Recompute.NONE, shape.ep) if r < n else block
         tp_comm = self.tp_block_comm_s(devices, b)
         accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
         forward = r * block.forward_s + (n - r) * plain.forward_s

@@ -171,6 +171,7 @@ class StageCost:
     swapped_out_bytes: float = 0.0  # the stash it keeps off the device at peak
     host_swap_bytes: float = 0.0
     peer_swap_bytes: float = 0.0  # held on its swap_peer
+    exchange_s: float = 0.0  # expert parallelism's all-to-alls per micro-batch, both passes
 
 
 def predict(plan: Plan, cost: CostModel | None = None) -> Prediction:
@@ -196,7 +197,16 @@ def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
                       memory.recompute or plan.recompute, memory.recompute_blocks, memory.swap,
                       memory.swapped_blocks(n), memory.host_share, memory.swap_peer,
                       memory.offload is Offload.OPTIMIZER, comm.tp_overlap_chunks,
-                      comm.recompute_keeps_comm)
+                      comm.recompute_keeps_comm, plan.ep, expert_peers(plan, pipeline, stage))
+
+
+def expert_peers(plan: Plan, pipeline: int, stage: int) -> tuple[str, ...]:
+    """The devices that exchange tokens with stage ``stage`` of ``pipeline`` (itself
+    included; none without expert parallelism)."""
+    if plan.ep == 1:
+        return ()
+    return tuple(plan.pipelines[k].stages[stage].devices[0] for k in plan.expert_group(pipeline)
+                 if stage < plan.pipelines[k].pp)
 
 
 def stage_sharding(plan: Plan, pipeline: int | None = None, stage: int | None = None
@@ -350,7 +360,8 @@ class PlanEvaluation:
             swap = self.cost.swap_bytes(device_type, tp, shape, in_flight)
             params = self.cost.stage_params(shape, tp)
             result.append(StageCost(timing.work, timing.compute_s, params, activations, shape,
-                                    swap.host + swap.peer, swap.host, swap.peer))
+                                    swap.host + swap.peer, swap.host, swap.peer,
+                                    timing.exchange_s))
         return result
 
     def _gather_s(self, k: int, i: int, shape: StageShape) -> float:
@@ -385,14 +396,33 @@ class PlanEvaluation:
                 full_params -= self._tied_params()
             if sparse is not None and i == 0:
                 full_params -= self._tied_params()  # the embedding matrix travels sparse
-            group = self._group(list(members), full_params)
-            aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
-            group.scatter = self.plan.shards_optimizer and aligned
-            if self.plan.zero >= 2 and group.scatter:
-                group.rounds = max(self.plan.pipelines[k].num_micro_batches for k, _ in members)
-                group.gathers = self.plan.zero < 3  # FSDP2 gathers in the next forward
-            groups.append(group)
+            experts = self._stage_expert_params(lead, i)
+            groups.append(self._sharded(self._group(list(members), full_params - experts)))
+            if experts:  # each shard of the experts over its holders in every expert group
+                ep = self.plan.ep
+                groups += [self._sharded(self._group([m for m in members if m[0] % ep == j],
+                                                     experts))
+                           for j in range(ep)]
         return groups + tied + ([sparse] if sparse is not None else [])
+
+    def _stage_expert_params(self, k: int, i: int) -> float:
+        """The routed experts' parameters a device of stage ``i`` of pipeline ``k`` holds
+        under expert parallelism (0 without it: they are then summed with the rest)."""
+        if self.plan.ep == 1:
+            return 0.0
+        blocks = self.plan.pipelines[k].stages[i].num_layers
+        return blocks * counts.routed_expert_params(self.cost.model) / self.plan.ep
+
+    def _sharded(self, group: GradientGroup) -> GradientGroup:
+        """``group`` reduce-scattered to its owners under ZeRO (aligned groups), every
+        micro-batch under ZeRO-2/3."""
+        members = group.members
+        aligned = len({len(self.devices[k][j]) for k, j in members}) == 1
+        group.scatter = self.plan.shards_optimizer and aligned
+        if self.plan.zero >= 2 and group.scatter:
+            group.rounds = max(self.plan.pipelines[k].num_micro_batches for k, _ in members)
+            group.gathers = self.plan.zero < 3  # FSDP2 gathers in the next forward
+        return group
 
     def _sparse_embedding_group(self) -> GradientGroup | None:
         """The untied embedding's rows exchanged sparsely (:mod:`potluck.planner.comm.sparse`):
@@ -546,11 +576,11 @@ class PlanEvaluation:
         slowest = max(range(len(times)), key=lambda k: times[k].total_s)
         t, m = times[slowest], self.plan.pipelines[slowest].num_micro_batches
         stage = costs[slowest][t.bottleneck_stage]
-        compute = m * stage.compute_s
-        tp = max(0.0, m * (stage.work.total_s - stage.compute_s))
+        compute, ep = m * stage.compute_s, m * stage.exchange_s
+        tp = max(0.0, m * (stage.work.total_s - stage.compute_s) - ep)
         pp = max(0.0, m * (t.period_s - stage.work.total_s)) + t.fill_transfer_s
-        bubble = max(0.0, t.total_s - compute - tp - pp)
-        return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s)
+        bubble = max(0.0, t.total_s - compute - tp - ep - pp)
+        return TimeBreakdown(compute, bubble, tp, pp, dp_s, optimizer_s, ep)
 
     def _memory(self, costs: list[list[StageCost]]) -> list[DeviceMemory]:
         """Per device its own bytes and the swap stashes it holds for its peers."""

@@ -44,6 +44,7 @@ class FamilySetting:
     micro_batches: int  # of the whole batch: an upper bound on what one pipeline holds
     offload: bool = False  # every stage's optimizer in host memory
     swap: bool = False  # every stage may swap all its blocks' saved activations off the device
+    ep: int = 1  # expert parallelism over groups of this many of a family's pipelines
 
     @property
     def zero1(self) -> bool:
@@ -148,37 +149,38 @@ class FamilyEvaluator:
         the data-parallel group their states are sharded over (ZeRO-1)."""
         pp = len(pipelines[0])
         num_layers = self.cost.model.num_layers
-        if pp * setting.virtual_stages > num_layers:
+        if pp * setting.virtual_stages > num_layers or dp % setting.ep:
             return None
         layers = self._split(pipelines[0], dp, setting)
         if layers is None:
             return None
         sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
-        works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting)
+        works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting,
+                                 _expert_peers(pipelines, i, setting.ep))
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting, self.cost.execution)
-        dp_quick = self._dp_quick_s(pipelines, layers, works)
-        optimizer = self._optimizer_s(pipelines[0], layers, setting.sharding(dp))
+        dp_quick = self._dp_quick_s(pipelines, layers, works, setting.ep)
+        optimizer = self._optimizer_s(pipelines[0], layers, setting.sharding(dp), setting.ep)
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
                             optimizer)
 
-    def _params(self, num_layers: int, i: int, pp: int, tp: int) -> float:
+    def _params(self, num_layers: int, i: int, pp: int, tp: int, ep: int = 1) -> float:
         """Parameters each device of stage ``i`` of ``pp`` holds (cached: the search asks often)."""
-        key = (num_layers, i, pp, tp)
+        key = (num_layers, i, pp, tp, ep)
         params = self._params_cache.get(key)
         if params is None:
-            shape = StageShape(num_layers, i == 0, i == pp - 1, pp)
+            shape = StageShape(num_layers, i == 0, i == pp - 1, pp, ep=ep)
             params = self._params_cache[key] = self.cost.stage_params(shape, tp)
         return params
 
     def _optimizer_s(self, pipeline: tuple[Unit, ...], layers: list[int],
-                     sharding: StateSharding) -> float:
+                     sharding: StateSharding, ep: int = 1) -> float:
         """The slowest stage's optimizer step (offloaded: on the host, every GPU of its machine
         stepping as much at once)."""
         pp = len(layers)
         steps = []
         for i, (unit, n) in enumerate(zip(pipeline, layers, strict=True)):
-            device, params = unit.devices[0], self._params(n, i, pp, unit.tp)
+            device, params = unit.devices[0], self._params(n, i, pp, unit.tp, ep)
             if sharding.offload:
                 on_host = params / sharding.optimizer_shards * \
                     self.cluster.groups[device.group].gpus_per_node
@@ -267,7 +269,7 @@ class FamilyEvaluator:
         coefficients = self._coefficient_cache.get(key)
         if coefficients is None:
             shape = self._with_comm(StageShape(0, first, last, pp, setting.micro_batch,
-                                               setting.recompute), unit, setting)
+                                               setting.recompute, ep=setting.ep), unit, setting)
             coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
             self._coefficient_cache[key] = coefficients
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
@@ -302,13 +304,15 @@ class FamilyEvaluator:
                 per_layer_activations)
 
     def _work(self, unit: Unit, layers: int, i: int, pp: int, send_s: float,
-              setting: FamilySetting) -> StageWork:
+              setting: FamilySetting, peers: tuple[str, ...] = ()) -> StageWork:
+        """``peers``: the devices the stage exchanges tokens with (expert parallelism)."""
         key = (unit.group, unit.devices[0].local_index, unit.tp, layers, i == 0, i == pp - 1,
-               setting.micro_batch, setting.recompute, send_s)
+               setting.micro_batch, setting.recompute, send_s, setting.ep, peers)
         work = self._works.get(key)
         if work is None:
             shape = self._with_comm(StageShape(layers, i == 0, i == pp - 1, pp,
-                                               setting.micro_batch, setting.recompute),
+                                               setting.micro_batch, setting.recompute,
+                                               ep=setting.ep, expert_peers=peers),
                                     unit, setting)
             work = self._works[key] = self.cost.stage_time(unit.devices, shape, send_s).work
         return work
@@ -331,7 +335,7 @@ class FamilyEvaluator:
                        keeps_comm=comm.recompute_keeps_comm)
 
     def _dp_quick_s(self, pipelines: tuple[tuple[Unit, ...], ...], layers: list[int],
-                    works: tuple[StageWork, ...]) -> float:
+                    works: tuple[StageWork, ...], ep: int = 1) -> float:
         """Exposed gradient all-reduce inside the family, rings sampled, NICs shared by
         every device of a machine that crosses it."""
         dp, pp = len(pipelines), len(layers)
@@ -342,7 +346,7 @@ class FamilyEvaluator:
         exposed, behind = embedding, 0.0
         for i, link in enumerate(rings):
             unit = pipelines[0][i]
-            params = self._params(layers[i], i, pp, unit.tp)
+            params = self._params(layers[i], i, pp, unit.tp, ep)  # experts: over dp/ep alike
             num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
             allreduce = formulas.ring_allreduce_time_s(num_bytes, dp, link.bandwidth_bytes_per_s,
                                                        link.latency_s)
@@ -399,6 +403,15 @@ class FamilyEvaluator:
                 overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
                 worst = max(worst, allreduce - overlap)
         return max(0.0, worst)
+
+
+def _expert_peers(pipelines: tuple[tuple[Unit, ...], ...], stage: int, ep: int
+                  ) -> tuple[str, ...]:
+    """Stage ``stage``'s devices in the first expert group of a family's pipelines (its
+    groups are alike), which exchange tokens; none without expert parallelism."""
+    if ep <= 1:
+        return ()
+    return tuple(p[stage].devices[0].id for p in pipelines[:ep])
 
 
 def _wrap_first_machine(pipeline: tuple[Unit, ...]) -> tuple[Unit, ...] | None:

@@ -32,7 +32,10 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 - overlapped sub-batches (Oases, Li et al. 2023): a chain of segments, each a compute
   followed by a collective whose result the next segment needs, run for ``c`` sub-batches
   side by side on two in-order streams (compute and communication, as CUDA streams
-  execute): the exact makespan of that two-machine flow shop (:func:`overlapped_chain_s`).
+  execute): the exact makespan of that two-machine flow shop (:func:`overlapped_chain_s`);
+- all-to-all by pairwise exchange: ``(g-1)*alpha + (g-1)/g * n/W`` for ``n`` bytes per rank
+  (Thakur, Rabenseifner & Gropp, IJHPCA 2005, Sec. 4.5), the token exchange of expert
+  parallelism (GShard, Lepikhin et al. 2021): two per MoE block in each pass.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ def ring_allgather_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: f
                           latency_s: float) -> float:
     """All-gather (or reduce-scatter) of a ``num_bytes`` result: half a ring all-reduce."""
     return 0.5 * ring_allreduce_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s)
+
+
+def pairwise_alltoall_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                             latency_s: float) -> float:
+    """All-to-all of ``num_bytes`` per rank, ``1/ranks`` of it to each rank (itself
+    included), over one link per rank of the given bandwidth."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) * latency_s + (ranks - 1) / ranks * num_bytes / bandwidth_bytes_per_s
 
 
 def overlapped_chain_s(compute_s: Sequence[float], comm_s: Sequence[float], chunks: int

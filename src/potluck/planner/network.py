@@ -13,6 +13,11 @@ are computed in one place:
   latency (:meth:`Network.ring_link`); a ring all-reduce, reduce-scatter or
   all-gather over it takes :func:`potluck.planner.formulas.ring_allreduce_time_s`
   (or half of it);
+- an *all-to-all* (expert parallelism's token exchange) sends ``1/g`` of each
+  member's bytes to every other member: a member's sends inside its machine
+  share its own link, and every member's sends leaving a machine share that
+  machine's network card, so it takes the busiest of those resources, plus
+  one latency per peer (:meth:`Network.alltoall_s`);
 - a *send* between pipeline stages runs one lane per pair of tensor-parallel
   ranks side by side, each with its share of the bytes; it takes as long as
   its slowest lane (:meth:`Network.send_s`).
@@ -162,6 +167,28 @@ class Network:
         link = self.ring_link(ring, sharing)
         return formulas.ring_allgather_time_s(num_bytes, len(ring), link.bandwidth_bytes_per_s,
                                               link.latency_s)
+
+    def alltoall_s(self, num_bytes: float, members: Sequence[Device]) -> float:
+        """All-to-all of ``num_bytes`` per member (see the module docstring): pairwise
+        exchange (:func:`formulas.pairwise_alltoall_time_s`) at the pace of the busiest
+        member link or network card."""
+        g = len(members)
+        if g <= 1:
+            return 0.0
+        share = num_bytes / g
+        busy: dict[tuple[str, str], float] = defaultdict(float)  # seconds per link or card
+        latency = 0.0
+        for a in members:
+            for b in members:
+                if a is b:
+                    continue
+                link = self.cluster.link(a, b)
+                latency = max(latency, link.latency_s)
+                resource = ("device", a.id) if a.node == b.node else ("card", a.node)
+                busy[resource] += share / link.bandwidth_bytes_per_s
+        outbound = (g - 1) * share  # what each member sends in all
+        bandwidth = outbound / max(busy.values())  # the busiest resource's pace
+        return formulas.pairwise_alltoall_time_s(num_bytes, g, bandwidth, latency)
 
     def send_s(self, sender: Sequence[Device], receiver: Sequence[Device], num_bytes: float,
                sharing: NicSharing = NO_SHARING) -> float:

@@ -36,6 +36,7 @@ class SearchOptions:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 2
     zero: int | None = None  # ZeRO stage 0-3
+    ep: int | None = None  # expert-parallel degree (mixtures of experts)
     swap: Swap | None = None
     offload: Offload | None = None
     top_k: int = 5

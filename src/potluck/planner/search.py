@@ -78,7 +78,14 @@ from potluck.planner.space import (
     stage_orders,
     tp_options,
 )
-from potluck.plans import Pipeline, Placement, Plan, Stage, TrainingShape
+from potluck.plans import (
+    Pipeline,
+    Placement,
+    Plan,
+    Stage,
+    TrainingShape,
+    expert_parallel_problem,
+)
 from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)
@@ -121,16 +128,22 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     check_request(cluster, model, training, options)
     cost = CostModel.for_training(cluster, model, training)
     candidates = 0
+    found: list[Plan] = []
     for level in memory_levels(options):
         plans: list[Plan] = []
         for pinned in _runs(cluster, model, options):
             runner = _Search(cluster, cost, training, pinned, progress)
             plans.extend(runner.run(level))
             candidates += runner.candidates
-        if plans:
-            plans.sort(key=_rank)
-            best = tuple(_distinct(plans, options.top_k))
+        found += plans
+        if found and not _seeks_expert_layouts(found, model, options, level):
+            found.sort(key=_rank)
+            best = tuple(_distinct(found, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
+    if found:
+        found.sort(key=_rank)
+        return SearchResult(tuple(_distinct(found, options.top_k)), candidates,
+                            time.perf_counter() - started)
     runner = _Search(cluster, cost, training, options, progress)
     reason = runner.refusal()
     raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
@@ -223,6 +236,8 @@ class _Search:
                                  level.offload)
             if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
                 continue
+            if expert_parallel_problem(plan):  # its replicas no longer in lockstep
+                continue
             plan = refine_comm(plan, self.cost)  # predicted, and None where it cannot fit
             if plan is not None:
                 plans.append(plan)
@@ -293,9 +308,10 @@ class _Search:
         heap: list[tuple[float, int, _Combo]] = []
         recomputes = self._recomputes()
         for index, recompute in enumerate(recomputes):
+            shown: set[int] = set()  # expert-parallel degrees whose structures are shown
             for setting in self._settings(level, recompute):
-                if self._collect(setting, heap) < float("inf"):
-                    break  # the smallest micro-batch that fits shows the structures
+                if setting.ep not in shown and self._collect(setting, heap) < float("inf"):
+                    shown.add(setting.ep)  # the smallest micro-batch that fits shows them
             if self.progress:
                 self.progress(0.8 * (index + 1) / len(recomputes))
         structures = {tuple(f.key for f in item[2].families) for item in heap}
@@ -349,9 +365,10 @@ class _Search:
         swap = level.swap_families and (recompute is Recompute.NONE or bool(options.recompute))
         if level.swap_families and not swap:
             return  # swapping stands in for recomputation: its families recompute nothing
-        for b in sizes:
-            yield FamilySetting(b, recompute, options.schedule, virtual, level.zero, uniform,
-                                batch // b, level.offload, swap)
+        for ep in expert_degrees(self.cost.model, options, self.cluster.spec.num_gpus):
+            for b in sizes:
+                yield FamilySetting(b, recompute, options.schedule, virtual, level.zero,
+                                    uniform, batch // b, level.offload, swap, ep)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:
@@ -454,7 +471,7 @@ class _Search:
             shares = split_micro_batches(slots, setting.micro_batches, setting.uniform, least)
             if not self._all_run(families, shares, setting):
                 return None
-        if not self._accepted(families, shares, setting):
+        if not self._accepted(families, shares, setting) or not _lockstep(shares, setting.ep):
             return None
         busy = [(f, s) for f, s in zip(families, shares, strict=True) if max(s) > 0]
         if not busy:
@@ -500,9 +517,44 @@ class _Search:
             cluster=self.cluster.spec, model=self.cost.model, training=self.training,
             pipelines=tuple(pipelines), schedule=setting.schedule,
             virtual_stages=setting.virtual_stages, recompute=setting.recompute,
-            zero=setting.zero if len(pipelines) > 1 else 0, unused_devices=unused,
+            zero=setting.zero if len(pipelines) > 1 else 0, expert_parallel=setting.ep,
+            unused_devices=unused,
             notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
         )
+
+
+def _seeks_expert_layouts(found: list[Plan], model: ModelSpec, options: SearchOptions,
+                          level: MemoryLevel) -> bool:
+    """Whether the search goes on to the next memory level although it has plans: for a
+    mixture of experts with the degree left to it, until a level yields an expert-parallel
+    plan (its replicas often fit only with sharded states, and it may be the faster plan),
+    at most up to ZeRO-2."""
+    if options.ep is not None or not model.is_moe or level.zero >= 2:
+        return False
+    return all(plan.ep == 1 for plan in found)
+
+
+def expert_degrees(model: ModelSpec, options: SearchOptions, num_gpus: int) -> list[int]:
+    """The expert-parallel degrees the search tries: the pinned one; else for a mixture of
+    experts none and every power of two dividing its experts, up to the devices."""
+    if options.ep is not None:
+        return [options.ep]
+    if not model.is_moe:
+        return [1]
+    degrees, ep = [1], 2
+    while ep <= num_gpus and model.num_experts % ep == 0:
+        degrees.append(ep)
+        ep *= 2
+    return degrees
+
+
+def _lockstep(shares: list[list[int]] | None, ep: int) -> bool:
+    """Whether each group of ``ep`` consecutive pipelines of every family gets the same
+    micro-batch count (their token exchanges pair up only then)."""
+    if ep == 1 or shares is None:
+        return True
+    return all(len(set(share[g:g + ep])) == 1 for share in shares
+               for g in range(0, len(share), ep))
 
 
 def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:
