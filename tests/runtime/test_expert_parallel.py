@@ -16,9 +16,11 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from potluck.errors import ConfigError
+from potluck.model.counts import Recompute
 from potluck.plans import check_plan
 from potluck.runtime.checkpoints.export import export_checkpoint
 from potluck.runtime.checkpoints.storage import latest_checkpoint
+from potluck.schedules import Schedule
 
 TOLERANCE = 2e-5
 
@@ -34,13 +36,26 @@ def test_two_replicas_splitting_the_experts_train_like_one_process():
     assert run_plan(plan, steps=2) == pytest.approx(expected, abs=TOLERANCE)
 
 
-def test_the_auxiliary_loss_zero_and_ranks_out_of_plan_order_change_nothing():
-    """pp=2 x dp=2 with the experts split in two, the routers' loss on, ZeRO-1, and ranks
-    numbered so that pipeline 1 holds the first shard of the last stage's experts: one
+@pytest.mark.parametrize(("schedule", "recompute"), [(Schedule.ZERO_BUBBLE, Recompute.NONE),
+                                                     (Schedule.ONE_F_ONE_B, Recompute.FULL)])
+def test_split_backward_passes_and_recomputation_exchange_in_step(schedule, recompute):
+    """Zero-bubble's separate input and weight passes, and full recomputation (which runs
+    each block's exchanges again in the backward pass), pair up across the replicas."""
+    spec = tiny_family("mixtral")
+    stages = [(1, (0, 2)), (1, (2, 4))]
+    plain = make_plan(spec, [pipe(stages, 1, 2)] * 2, schedule=schedule, recompute=recompute)
+    split = dataclasses.replace(plain, expert_parallel=2)
+    assert run_plan(split, steps=2) == pytest.approx(run_plan(plain, steps=2), abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_the_auxiliary_loss_zero_and_ranks_out_of_plan_order_change_nothing(zero: int):
+    """pp=2 x dp=2 with the experts split in two, the routers' loss on, ZeRO-1 or 2, and
+    ranks numbered so that pipeline 1 holds the first shard of the last stage's experts: one
     process's losses."""
     spec = tiny_family("qwen3_moe", output_router_logits=True, router_aux_loss_coef=5.0)
     stages = [(1, (0, 1)), (1, (1, 4))]
-    plan = _expert_plan(spec, [pipe(stages, 1, 2), pipe(stages, 1, 2)], zero=1)
+    plan = _expert_plan(spec, [pipe(stages, 1, 2), pipe(stages, 1, 2)], zero=zero)
     order = ("cpu.0:3", "cpu.0:0", "cpu.0:2", "cpu.0:1")
     plain = make_plan(spec, [pipe([(1, (0, 4))], 1, 4)])
     assert run_plan(plan, steps=3, rank_order=order) == pytest.approx(

@@ -9,8 +9,8 @@ et al. ICLR'21; Switch Transformer, Fedus et al. JMLR'22):
 
 1. the ``tokens x k`` assignments are sorted by expert, so each member's share is one
    contiguous run; the counts are exchanged, then the hidden states and the local expert
-   ids (:func:`torch.distributed.nn.functional.all_to_all_single`, which has a backward:
-   the gradients travel the reverse way);
+   ids (the hidden states with torch's functional ``all_to_all_single_autograd``, whose
+   backward sends the gradients the reverse way);
 2. the member runs the model's own experts module on what it received, with its local
    weights and a routing weight of 1 (so any experts implementation transformers has for
    the model, eager or grouped, computes it);
@@ -34,8 +34,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.nn.functional import all_to_all_single
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from potluck.errors import ConfigError
@@ -126,8 +126,8 @@ class ExpertDispatch:
 
     def _travel(self, rows: torch.Tensor, receives: list[int], sends: list[int]) -> torch.Tensor:
         """``rows`` (runs by destination) exchanged, with a backward that sends gradients back."""
-        out = rows.new_empty((sum(receives), *rows.shape[1:]))
-        return all_to_all_single(out, rows.contiguous(), receives, sends, group=self.group)
+        moved = all_to_all_single_autograd(rows.contiguous(), receives, sends, self.group)
+        return wait_tensor(moved)
 
     def _exchange(self, values: torch.Tensor, receives: list[int], sends: list[int]
                   ) -> torch.Tensor:
