@@ -16,7 +16,15 @@ from potluck.planner import formulas
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import gradient_groups, predict
 from potluck.planner.network import Network
-from potluck.plans import Pipeline, Plan, Stage, TrainingShape, check_plan
+from potluck.plans import (
+    Pipeline,
+    Plan,
+    Stage,
+    TrainingShape,
+    check_plan,
+    plan_from_dict,
+    plan_to_dict,
+)
 
 TWO_BOXES = parse_cluster(
     "nodes:\n  - name: box\n    gpu: a100-80g-sxm\n    gpus_per_node: 4\n    count: 2\n"
@@ -102,6 +110,7 @@ def test_a_pinned_degree_plans_lockstep_replicas_and_a_dense_model_is_refused():
     for plan in result.plans:
         assert plan.ep == 2
         check_plan(plan)  # lockstep groups, experts divided
+        assert plan_from_dict(plan_to_dict(plan)).ep == 2  # kept in the plan file
     with pytest.raises(ConfigError, match="has none") as err:
         api.plan(TWO_BOXES, load_model("llama3.2-1b"), global_batch=16, seq_len=512, ep=2)
     assert "\n" not in str(err.value)
