@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.calibrate.measured.calibrate import MeasuredOutcome
     from potluck.profiler import ProfileOutcome
+    from potluck.runtime.elastic.supervisor import ElasticSettings
     from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.options import TrainOptions
     from potluck.sim.compare import TraceComparison
@@ -266,11 +267,13 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
 
 
 def run_plan(chosen: Plan, options: TrainOptions, *,
-             before_launch: Callable[[Plan, TrainOptions], None] | None = None) -> TrainResult:
+             before_launch: Callable[[Plan, TrainOptions], None] | None = None,
+             elastic: ElasticSettings | None = None) -> TrainResult:
     """Train ``chosen`` on this machine's ranks. Everything is checked before any rank
     starts, then ``before_launch(plan, options)`` runs and the CPU measurement the plan was
     made with is kept in the run directory; rank 0 writes the plan there once the run has
-    started."""
+    started. An elastic run (``options.elastic``) replans as ``elastic`` says; its result
+    holds the plan it finished under."""
     from potluck.runtime.training import train as run_train
 
     def launching(plan: Plan, launched: TrainOptions) -> None:
@@ -279,7 +282,27 @@ def run_plan(chosen: Plan, options: TrainOptions, *,
         if launched.out_dir is not None:
             _keep_cpu_measurement(plan, launched.out_dir)
 
-    return TrainResult(chosen, run_train(chosen, options, before_launch=launching))
+    history = run_train(chosen, options, before_launch=launching, elastic=elastic)
+    if options.elastic and options.out_dir is not None:
+        from potluck.plans import load_plan
+        from potluck.runtime.training import PLAN_FILE
+
+        chosen = load_plan(Path(options.out_dir) / PLAN_FILE)
+    return TrainResult(chosen, history)
+
+
+def join(run_dir: str | Path, devices: list[str]) -> list[str]:
+    """Register ``devices`` (ids of the run's cluster) with the elastic run in ``run_dir``;
+    it plans with them while it trains and moves to them at a checkpoint if that is faster
+    (:mod:`potluck.runtime.elastic.joins`)."""
+    from potluck.plans import load_plan
+    from potluck.runtime.elastic.joins import register
+    from potluck.runtime.training import PLAN_FILE
+
+    path = Path(run_dir) / PLAN_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory of potluck train (no {PLAN_FILE})")
+    return register(run_dir, load_plan(path), devices)
 
 
 def _keep_cpu_measurement(chosen: Plan, run_dir: str) -> None:

@@ -536,6 +536,14 @@ def train(
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
     execution: ExecutionOpt = None,
+    elastic: Annotated[bool, typer.Option(
+        help="When ranks die or devices join (potluck join), replan and continue from the "
+             "newest checkpoint (DIR/replans.jsonl).")] = False,
+    inject_failure: Annotated[str | None, typer.Option(
+        help="RANK@STEP: kill that rank (SIGKILL) when it reaches that step (a drill).")] = None,
+    max_restarts: Annotated[int, typer.Option(help="--elastic: restarts after failures.")] = 3,
+    replan_margin: Annotated[float, typer.Option(
+        help="--elastic: how much faster a plan with joined devices must be.")] = 0.1,
 ) -> None:
     """Train with exactly the plan's layout: ranks of this machine, or torchrun per machine.
 
@@ -549,14 +557,18 @@ def train(
 
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
+    if elastic and checkpoint_every <= 0:
+        checkpoint_every = max(1, steps // ELASTIC_CHECKPOINTS)
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
-        trace_steps=max(1, trace_steps) if trace else 0,
+        trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
+        inject_failure=inject_failure,
     )
+    settings = _elastic_settings(max_restarts, replan_margin) if elastic else None
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
     check_execution(chosen)
@@ -564,13 +576,50 @@ def train(
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
         return
-    result = api.run_plan(chosen, options, before_launch=_before_launch)
+    result = api.run_plan(chosen, options, before_launch=_before_launch, elastic=settings)
     from potluck.runtime.loop.metrics import summarize  # torch: only once a run has run
 
     console.print(summarize(result.history), highlight=False)
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
                       highlight=False)
+
+
+ELASTIC_CHECKPOINTS = 10  # --elastic without --checkpoint-every: about this many a run
+
+
+def _elastic_settings(max_restarts: int, margin: float):
+    from potluck.runtime.elastic.supervisor import ElasticSettings
+
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be 0 or more, not {max_restarts}")
+    if not 0.0 <= margin < 1.0:
+        raise ConfigError(f"--replan-margin is a fraction from 0 to below 1, such as 0.1, "
+                          f"not {margin}")
+    return ElasticSettings(margin, max_restarts, _say_replan)
+
+
+def _say_replan(record) -> None:
+    """One line on stderr per replan of an elastic run."""
+    what = (f"lost {', '.join(record.lost_devices)}" if record.reason == "lost"
+            else f"{', '.join(record.joined_devices)} joined")
+    err_console.print(
+        f"elastic: {what}; replanned {record.old_layout} -> {record.new_layout} "
+        f"({record.old_predicted_step_s:.3g} -> {record.new_predicted_step_s:.3g} s a step "
+        f"predicted); continuing from step {record.step} ({record.steps_lost} steps again)",
+        highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command(short_help="Offer devices to a running elastic run (potluck train --elastic).")
+def join(
+    run: Annotated[Path, typer.Argument(help="Run directory of potluck train --elastic --out.")],
+    device: Annotated[list[str], typer.Option(
+        "--device", "-d", help="Device id of the run's cluster, such as box4090.0:1.")],
+) -> None:
+    """Register devices with an elastic run: it plans with them while it trains and moves
+    to the new plan at its next checkpoint if that is faster by its --replan-margin."""
+    joined = api.join(run, device)
+    console.print(f"registered {', '.join(joined)} with {run}", highlight=False)
 
 
 @app.command(short_help="Export a run's newest checkpoint as a Hugging Face model.")

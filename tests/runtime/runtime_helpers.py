@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +38,15 @@ TINY_GPT2 = replace(PRESETS["tiny-gpt2"], hidden_size=32, ffn_hidden_size=64, nu
                     num_kv_heads=4, max_seq_len=64, dropout=False)
 
 StageSpec = tuple[int, tuple[tuple[int, int], ...]]  # (tp degree, layer ranges)
+SRC = Path(__file__).resolve().parents[2] / "src"
+CLI_TIMEOUT_S = 600  # a CLI run that takes this long has hung
+
+
+def potluck(*args: str) -> subprocess.CompletedProcess:
+    """``python -m potluck ARGS`` in a child process (this checkout's sources), bounded."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "potluck", *args], capture_output=True,
+                          text=True, env=env, timeout=CLI_TIMEOUT_S)
 
 
 def pipe(stages: Sequence[tuple[int, tuple[int, int] | tuple[tuple[int, int], ...]]],

@@ -35,3 +35,5 @@ class TrainOptions:
     keep_checkpoints: int = 2  # newest checkpoints kept (0: all), and the newest known good
     resume: bool = False  # continue from the newest checkpoint in out_dir
     trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)
+    elastic: bool = False  # replan and continue when ranks die or devices join
+    inject_failure: str | None = None  # "RANK@STEP": that rank is killed there (a drill)

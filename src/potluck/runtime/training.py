@@ -31,10 +31,13 @@ from torch import nn
 
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.checkpoints import training_run
+from potluck.runtime.elastic.drills import check_elastic, rank_hook
+from potluck.runtime.elastic.supervisor import ElasticSettings, train_elastic
 from potluck.runtime.launch.checks import check_local, check_options
 from potluck.runtime.launch.gpus import start_method
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.launch.session import start
+from potluck.runtime.launch.watchdog import JobNotes
 from potluck.runtime.loop.batches import batch_source
 from potluck.runtime.loop.metrics import StepEstimate, calibration_reporter, run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
@@ -50,19 +53,32 @@ PLAN_FILE = "plan.json"  # the plan a run directory was trained with
 
 
 def train(plan: Plan | str | Path, options: TrainOptions | None = None, *,
-          before_launch: Callable[[Plan, TrainOptions], None] | None = None, **kwargs: Any
-          ) -> list[StepMetrics]:
+          before_launch: Callable[[Plan, TrainOptions], None] | None = None,
+          elastic: ElasticSettings | None = None, **kwargs: Any) -> list[StepMetrics]:
     """Train ``plan`` with one process per device on this machine; rank 0's metrics.
     ``before_launch(plan, options)`` runs once every check has passed, before any rank
-    starts (the options as the ranks get them: the stand-in chosen)."""
+    starts (the options as the ranks get them: the stand-in chosen). With
+    ``options.elastic`` the run replans when devices leave or join (``elastic``: its
+    margin, restarts and replan reports; :mod:`~potluck.runtime.elastic.supervisor`)."""
     options = options or TrainOptions(**kwargs)
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     options = with_stand_in_if_too_big(plan, options)
     check_local(plan, options)
+    check_elastic(plan, options)
     if before_launch is not None:
         before_launch(plan, options)
+    if options.elastic:
+        return train_elastic(plan, options, _checked_launch, elastic or ElasticSettings())[1]
     return run_local(train_rank, plan.devices, (plan, options),
                      start_method=start_method(plan, options.emulate))[0]
+
+
+def _checked_launch(plan: Plan, options: TrainOptions, watch: Callable[[JobNotes], None]
+                    ) -> list[StepMetrics]:
+    """An elastic run's attempt: the new plan checked as the first was, then its ranks."""
+    check_local(plan, options)
+    return run_local(train_rank, plan.devices, (plan, options),
+                     start_method=start_method(plan, options.emulate), watch=watch)[0]
 
 
 def train_rank(plan: Plan, options: TrainOptions,
@@ -126,14 +142,17 @@ def _write_plan(plan: Plan, options: TrainOptions, rank: int) -> None:
 
 def _on_step(trainer: Trainer, source: BatchSource, options: TrainOptions,
              recorder: OpRecorder | None) -> Callable[[StepMetrics], None] | None:
-    """After each step: checkpoints, then the trace's bookkeeping."""
-    checkpoint = training_run.checkpoint_hook(trainer, source, options)
-    if recorder is None:
-        return checkpoint
+    """After each step: checkpoints, an elastic run's drills and replan stops
+    (:mod:`~potluck.runtime.elastic.drills`), then the trace's bookkeeping."""
+    hooks = [hook for hook in (training_run.checkpoint_hook(trainer, source, options),
+                               rank_hook(trainer, options)) if hook is not None]
+    if recorder is not None:
+        hooks.append(lambda metrics: recorder.end_step(metrics.step, options.out_dir))
+    if not hooks:
+        return None
 
     def hook(metrics: StepMetrics) -> None:
-        if checkpoint is not None:
-            checkpoint(metrics)
-        recorder.end_step(metrics.step, options.out_dir)
+        for each in hooks:
+            each(metrics)
 
     return hook

@@ -128,10 +128,13 @@ def _method(fn: Callable[..., Any], requested: StartMethod | None) -> StartMetho
 def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
               timeout_s: float = 3600.0, env: dict[str, str] | None = None,
               threads_per_rank: int | None = None, grace_s: float = GRACE_S,
-              start_method: StartMethod | None = None) -> list[T]:
+              start_method: StartMethod | None = None,
+              watch: Callable[[JobNotes], None] | None = None) -> list[T]:
     """Run ``fn(*args)`` on one process per device; their results, by rank. After the first
     failure the others have ``grace_s`` to stop on their own. ``start_method``: spawn for
-    GPU ranks (:func:`~potluck.runtime.launch.gpus.start_method`); a fork server if None."""
+    GPU ranks (:func:`~potluck.runtime.launch.gpus.start_method`); a fork server if None.
+    ``watch(notes)`` is called about ten times a second while the ranks run (an elastic
+    run's supervisor asks them to stop at a checkpoint through ``notes``)."""
     world = len(devices)
     # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
     # any rank and the survivors can still ask it who failed.
@@ -152,7 +155,7 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
                 process.start()
                 ranks.append(RankHandle(process))
         return _collect([r.process for r in ranks], reports, devices, timeout_s, grace_s,
-                        context.get_start_method() == "forkserver", JobNotes(store))
+                        context.get_start_method() == "forkserver", JobNotes(store), watch)
     finally:
         lifeline.stop(ranks, STOP_WAIT_S)
 
@@ -174,7 +177,8 @@ def _rank_environment() -> Iterator[None]:
 
 
 def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: float,
-             grace_s: float, fork_server: bool, notes: JobNotes) -> list:
+             grace_s: float, fork_server: bool, notes: JobNotes,
+             watch: Callable[[JobNotes], None] | None = None) -> list:
     results: dict[int, Any] = {}
     failures: dict[int, _Report] = {}
     deadline = time.monotonic() + timeout_s
@@ -182,6 +186,8 @@ def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: f
     while len(results) + len(failures) < len(processes):
         _drain(reports, results, failures, devices, notes)
         _note_deaths(processes, results, failures, devices, notes)
+        if watch is not None and not failures:
+            watch(notes)
         now = time.monotonic()
         if failures and first_failure_at is None:
             first_failure_at = now
@@ -248,7 +254,9 @@ def _root_cause(failures: dict[int, _Report], devices: Sequence[str]) -> Potluck
         from potluck import errors
 
         return getattr(errors, report.error_type)(report.message)
-    return RankFailure(_described(report, devices))
+    lost = tuple(devices[r.rank] for r in sorted(primary, key=lambda r: r.rank)
+                 if r.error_type == "Exit")
+    return RankFailure(_described(report, devices), lost)
 
 
 def _described(report: _Report, devices: Sequence[str]) -> str:

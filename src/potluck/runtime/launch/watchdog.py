@@ -55,12 +55,22 @@ ABORT_WAIT_S = 5.0
 NOTICE_S = 5.0  # how long the main thread may take to meet a published failure itself
 STOP_WAIT_S = 5.0
 _FAILURE = "failure"
+_REPLAN = "replan"
 
 
 class RankFailure(PotluckError):
-    """Another rank (or this one) failed; the message names it."""
+    """Another rank (or this one) failed; the message names it. ``lost_devices``: the
+    devices whose ranks died without a word (killed, or gone with their machine), as the
+    local launcher saw them; empty when a rank raised an error of its own."""
 
     exit_code = 4
+
+    def __init__(self, message: str, lost_devices: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.lost_devices = lost_devices
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.lost_devices))
 
 
 def one_line(error: BaseException) -> str:
@@ -88,7 +98,8 @@ def silence_from_env() -> float:
 
 class JobNotes:
     """What the ranks of a job and the local launcher tell each other through the store:
-    heartbeat counters, which ranks stopped on purpose, and the first failure."""
+    heartbeat counters, which ranks stopped on purpose, the first failure, and an elastic
+    run's request to stop at a checkpoint for a replan."""
 
     def __init__(self, store: dist.Store) -> None:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun's restarts
@@ -114,6 +125,19 @@ class JobNotes:
         if not self.store.check([_FAILURE]):
             return None
         return self.store.get(_FAILURE).decode()
+
+    def request_replan(self) -> None:
+        """Ask the ranks of an elastic run to stop at their next checkpoint."""
+        self.store.set(_REPLAN, "1")
+
+    def stop_at(self, step: int, coordinator: bool) -> bool:
+        """Whether the job stops after checkpoint ``step`` for a replan: the coordinator
+        (rank 0) reads the request and writes the answer for that step, every rank reads
+        that answer, so all of them agree however late the request came."""
+        key = f"replan-at/{step}"
+        if coordinator:
+            self.store.set(key, "1" if self.store.check([_REPLAN]) else "0")
+        return self.store.get(key) == b"1"
 
 
 @dataclass

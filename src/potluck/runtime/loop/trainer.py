@@ -183,6 +183,7 @@ class Trainer:
         self.emulated = emulated
         self.memory: PeakMemory = peak_memory(model.session.device)
         self.step_index = 0
+        self.stop_requested = False  # set by an on_step hook: fit ends after that step
         self.skipped_in_a_row = 0  # skips a lower loss scale could not have avoided
         self.good_checkpoint: Path | None = None  # newest checkpoint a finite step ran from
         self.resumed_from: Path | None = None
@@ -232,7 +233,8 @@ class Trainer:
             on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
         """Train ``steps`` steps from the trainer's current step; returns every step's
         metrics, complete (under the priority schedule the last one after the final
-        :meth:`flush`). ``on_step`` hears of each step as it ends."""
+        :meth:`flush`). ``on_step`` hears of each step as it ends, and may end the fit there
+        (:attr:`stop_requested`)."""
         start, count = self.model.layout.batch_rows
         history: list[StepMetrics] = []
         self._history = history
@@ -246,6 +248,8 @@ class Trainer:
                 metrics = self.step(rows, next_rows=ahead)
                 if on_step is not None:
                     on_step(metrics)
+                if self.stop_requested:
+                    break
                 rows = ahead
             self.flush()
         finally:
