@@ -1,0 +1,107 @@
+"""A job's throughput on an allocation, from potluck's own planner, remembered.
+
+:class:`ThroughputTable` plans a job shape on the sub-cluster of an allocation with
+:func:`potluck.planner.search.search` (the same search as ``potluck plan``) and keeps the
+best plan under ``(shape, allocation)``: every policy and every event of a simulation asks
+again for the same pairs, and one search takes 0.1 to a few seconds. Tokens per second
+are ``global_batch * seq_len`` over the plan's predicted iteration time; an allocation the
+job does not fit on (memory) has none.
+
+:meth:`ThroughputTable.per_machine` is a job's rate on one node group when its throughput
+there is counted as if linear in machines (the smallest allocation of the group it fits
+on, divided by its machines): the figure Gavel's throughput matrix holds per accelerator
+type, which :mod:`potluck.schedule.policies` uses to normalize throughputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from potluck.cluster.spec import ClusterSpec
+from potluck.errors import PotluckError
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import search
+from potluck.plans import Plan
+from potluck.schedule.allocations import (
+    Allocation,
+    candidate_allocations,
+    subcluster,
+    whole_cluster,
+)
+from potluck.schedule.jobs import JobShape
+
+log = logging.getLogger(__name__)
+
+SEARCH_OPTIONS = SearchOptions(top_k=1)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The best plan of a shape on an allocation, or why there is none."""
+
+    plan: Plan | None
+    tokens_per_s: float = 0.0
+    refusal: str = ""
+
+
+class ThroughputTable:
+    """Plans, and their throughputs, of job shapes on allocations of one cluster."""
+
+    def __init__(self, spec: ClusterSpec, options: SearchOptions = SEARCH_OPTIONS) -> None:
+        self.spec = spec
+        self.options = options
+        self.candidates = candidate_allocations(spec)
+        self._planned: dict[tuple[JobShape, Allocation], Planned] = {}
+        self.planner_calls = 0
+        self.planner_time_s = 0.0
+
+    def planned(self, shape: JobShape, allocation: Allocation) -> Planned:
+        key = (shape, allocation)
+        if key not in self._planned:
+            self._planned[key] = self._plan(shape, allocation)
+        return self._planned[key]
+
+    def tokens_per_s(self, shape: JobShape, allocation: Allocation | None) -> float:
+        return 0.0 if allocation is None else self.planned(shape, allocation).tokens_per_s
+
+    def plan(self, shape: JobShape, allocation: Allocation) -> Plan:
+        planned = self.planned(shape, allocation)
+        if planned.plan is None:
+            raise PotluckError(f"{shape.model.name} does not fit on {allocation.machines}: "
+                               f"{planned.refusal}")
+        return planned.plan
+
+    def per_machine(self, shape: JobShape, group: str) -> float:
+        """Tokens/s per machine of ``group`` on the smallest of its allocations that fits."""
+        for allocation in self.candidates:
+            if allocation.groups == (group,):
+                tokens_per_s = self.tokens_per_s(shape, allocation)
+                if tokens_per_s > 0:
+                    return tokens_per_s / allocation.num_machines
+        return 0.0
+
+    def refusal(self, shape: JobShape) -> str | None:
+        """None when the shape fits on some candidate allocation, else why it fits nowhere
+        (the planner's reason on the whole cluster)."""
+        if any(self.tokens_per_s(shape, a) > 0 for a in self.candidates):
+            return None
+        return self.planned(shape, whole_cluster(self.spec)).refusal or "no plan fits"
+
+    def _plan(self, shape: JobShape, allocation: Allocation) -> Planned:
+        started = time.perf_counter()
+        self.planner_calls += 1
+        try:
+            result = search(subcluster(self.spec, allocation), shape.model, shape.training,
+                            self.options)
+        except PotluckError as err:
+            return Planned(None, refusal=str(err))
+        finally:
+            self.planner_time_s += time.perf_counter() - started
+        best = result.best
+        assert best.prediction is not None  # the search predicts every plan it returns
+        tokens_per_s = shape.tokens_per_iteration / best.prediction.iteration_time_s
+        log.debug("%s on %s: %s, %.0f tokens/s", shape.model.name, allocation.machines,
+                  best.layout(), tokens_per_s)
+        return Planned(best, tokens_per_s)
