@@ -6,8 +6,8 @@ parses flags and renders results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import DType, Plan, Schedule, TrainingShape
+from potluck.schedule.simulation import DEFAULT_RESTART_S
 from potluck.units import parse_count
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from potluck.runtime.elastic.supervisor import ElasticSettings
     from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.options import TrainOptions
+    from potluck.schedule import Job, PolicyComparison, ScheduleResult
+    from potluck.schedule.trace import MixEntry
     from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult
 
@@ -381,3 +384,57 @@ def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
     from potluck.calibrate.measured.calibrate import calibrate_measured as fit_measured
 
     return fit_measured(runs, as_model(model), cluster, out, progress)
+
+
+def schedule(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job], *,
+             policy: str = "fair", restart_s: float = DEFAULT_RESTART_S,
+             execution: str | Path | Execution | None = None) -> ScheduleResult:
+    """Share ``cluster`` among ``jobs`` (a jobs file, or :class:`potluck.schedule.Job`
+    values) under ``policy`` (fifo, equal, throughput or fair): each job planned by the
+    planner on its allocations, the schedule simulated from arrival to completion. A
+    jobs file with problems raises one :class:`potluck.schedule.JobsFileError` that lists
+    them all (``problems``: one line each)."""
+    from potluck.schedule import ThroughputTable, load_jobs, simulate
+
+    spec = as_cluster(cluster)
+    chosen = _schedule_policy(policy)
+    table = ThroughputTable(spec)
+    hosts: dict[str, tuple[str, ...]] = {}
+    if isinstance(jobs, str | Path):
+        read = load_jobs(jobs, spec, lambda job: table.refusal(job.shape),
+                         as_execution(execution, spec))
+        jobs, hosts = read.jobs, read.hosts
+    result = simulate(tuple(jobs), table, chosen, _restart_s(restart_s))
+    return replace(result, hosts=hosts)
+
+
+def schedule_trace(cluster: str | Path | ClusterSpec, num_jobs: int, *, seed: int = 0,
+                   restart_s: float = DEFAULT_RESTART_S,
+                   execution: str | Path | Execution | None = None,
+                   mix: tuple[MixEntry, ...] | None = None) -> PolicyComparison:
+    """Every scheduling policy on a synthetic trace of ``num_jobs`` jobs (Poisson arrivals,
+    a size mix of presets, ``potluck.schedule.trace.MIX`` unless ``mix`` is given) on
+    ``cluster``."""
+    from potluck.schedule import ThroughputTable, compare_policies, synthetic_trace
+    from potluck.schedule.trace import MIX
+
+    spec = as_cluster(cluster)
+    table = ThroughputTable(spec)
+    jobs = synthetic_trace(table, num_jobs, seed, as_execution(execution, spec), mix or MIX)
+    return compare_policies(jobs, table, seed, restart_s=_restart_s(restart_s))
+
+
+def _schedule_policy(policy: str) -> Any:
+    from potluck.schedule import Policy
+
+    try:
+        return Policy(policy)
+    except ValueError:
+        names = ", ".join(p.value for p in Policy)
+        raise ConfigError(f"--policy must be one of {names}, not {policy!r}") from None
+
+
+def _restart_s(restart_s: float) -> float:
+    if not 0 <= restart_s < float("inf"):
+        raise ConfigError(f"--restart-s must be at least 0 seconds, not {restart_s}")
+    return restart_s
