@@ -51,7 +51,7 @@ from potluck.schedule.jobs import Job
 from potluck.schedule.throughput import ThroughputTable
 
 TIE = 0.01  # fifo: a larger allocation must be this much faster to be taken
-STAY_BONUS = 0.02  # heterogeneity-aware policies: the current allocation counts this much more
+STAY_BONUS = 0.10  # heterogeneity-aware policies: the current allocation counts this much more
 MIN_GAIN = 1e-9
 SWAP_PASSES = 3
 
