@@ -118,5 +118,6 @@ def render_comparison(console: Console, comparison: PolicyComparison, spec: Clus
                       f"{run.result.avg_completion_h / best:.2f}x",
                       f"{run.result.makespan_h:.2f}")
     console.print(table)
-    console.print(f"{comparison.wall_s:.1f} s ({comparison.planner_calls} plans in "
-                  f"{comparison.planner_time_s:.1f} s)", highlight=False)
+    console.print(f"policies run in {comparison.wall_s:.1f} s; {comparison.planner_calls} "
+                  f"plans made in {comparison.planner_time_s:.1f} s (the trace's included)",
+                  highlight=False)
