@@ -19,8 +19,8 @@ import time
 
 from potluck.cluster import parse_cluster
 from potluck.model import load_model
+from potluck.multijob import Job, JobShape, ThroughputTable, compare_policies, synthetic_trace
 from potluck.plans import TrainingShape
-from potluck.schedule import Job, JobShape, ThroughputTable, compare_policies, synthetic_trace
 
 LAB = """
 name: lab

@@ -24,21 +24,21 @@ from potluck.model.counts import Recompute
 from potluck.model.loading import load_model
 from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
+from potluck.multijob.simulation import DEFAULT_RESTART_S
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import DType, Plan, Schedule, TrainingShape
-from potluck.schedule.simulation import DEFAULT_RESTART_S
 from potluck.units import parse_count
 
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.calibrate.measured.calibrate import MeasuredOutcome
+    from potluck.multijob import Job, PolicyComparison, ScheduleResult
+    from potluck.multijob.trace import MixEntry
     from potluck.profiler import ProfileOutcome
     from potluck.runtime.elastic.supervisor import ElasticSettings
     from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.options import TrainOptions
-    from potluck.schedule import Job, PolicyComparison, ScheduleResult
-    from potluck.schedule.trace import MixEntry
     from potluck.sim.compare import TraceComparison
     from potluck.sim.result import SimulationResult
 
@@ -389,12 +389,12 @@ def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
 def schedule(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job], *,
              policy: str = "fair", restart_s: float = DEFAULT_RESTART_S,
              execution: str | Path | Execution | None = None) -> ScheduleResult:
-    """Share ``cluster`` among ``jobs`` (a jobs file, or :class:`potluck.schedule.Job`
+    """Share ``cluster`` among ``jobs`` (a jobs file, or :class:`potluck.multijob.Job`
     values) under ``policy`` (fifo, equal, throughput or fair): each job planned by the
     planner on its allocations, the schedule simulated from arrival to completion. A
-    jobs file with problems raises one :class:`potluck.schedule.JobsFileError` that lists
+    jobs file with problems raises one :class:`potluck.multijob.JobsFileError` that lists
     them all (``problems``: one line each)."""
-    from potluck.schedule import ThroughputTable, load_jobs, simulate
+    from potluck.multijob import ThroughputTable, load_jobs, simulate
 
     spec = as_cluster(cluster)
     chosen = _schedule_policy(policy)
@@ -413,10 +413,10 @@ def schedule_trace(cluster: str | Path | ClusterSpec, num_jobs: int, *, seed: in
                    execution: str | Path | Execution | None = None,
                    mix: tuple[MixEntry, ...] | None = None) -> PolicyComparison:
     """Every scheduling policy on a synthetic trace of ``num_jobs`` jobs (Poisson arrivals,
-    a size mix of presets, ``potluck.schedule.trace.MIX`` unless ``mix`` is given) on
+    a size mix of presets, ``potluck.multijob.trace.MIX`` unless ``mix`` is given) on
     ``cluster``."""
-    from potluck.schedule import ThroughputTable, compare_policies, synthetic_trace
-    from potluck.schedule.trace import MIX
+    from potluck.multijob import ThroughputTable, compare_policies, synthetic_trace
+    from potluck.multijob.trace import MIX
 
     spec = as_cluster(cluster)
     table = ThroughputTable(spec)
@@ -425,7 +425,7 @@ def schedule_trace(cluster: str | Path | ClusterSpec, num_jobs: int, *, seed: in
 
 
 def _schedule_policy(policy: str) -> Any:
-    from potluck.schedule import Policy
+    from potluck.multijob import Policy
 
     try:
         return Policy(policy)

@@ -210,6 +210,82 @@ def cost(
         console.print(f"plot written to {plot}")
 
 
+@app.command(short_help="Share one cluster among several jobs: allocations, times, Gantt.")
+def schedule(
+    cluster: ClusterOpt,
+    jobs: Annotated[Path | None, typer.Option(
+        help="Jobs YAML file: per job name, model, global_batch, seq_len, tokens (2B), and "
+             "optionally priority, deadline_h, arrival_h.")] = None,
+    policy: Annotated[str, typer.Option(
+        help="fifo (first come, first served), equal (equal shares, blind to GPU types), "
+             "throughput or fair (Gavel's heterogeneity-aware sum and max-min).")] = "fair",
+    trace: Annotated[int | None, typer.Option(
+        help="Instead of --jobs: N synthetic jobs (Poisson arrivals, a size mix of presets), "
+             "every policy compared.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of --trace.")] = 0,
+    restart_s: Annotated[float, typer.Option(
+        help="Seconds every start or move of a job costs (checkpoint, rendezvous).")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    gantt: Annotated[Path | None, typer.Option(help="Write the Gantt chart here (png, svg, pdf).")] = None,
+    slurm: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Write one sbatch script per job here, pinned to its machines.")] = None,
+    execution: ExecutionOpt = None,
+) -> None:
+    """Share one mixed cluster among several training jobs: each job planned on the machines
+    a policy gives it, re-allocated at every arrival and completion; allocations, plans,
+    predicted tokens/s, start and end times, average job completion time and makespan."""
+    from potluck.multijob import JobsFileError, Policy
+    from potluck.multijob.report import (
+        comparison_json,
+        render_comparison,
+        render_schedule,
+        schedule_json,
+    )
+
+    _check_choice("--policy", policy, Policy)
+    if (jobs is None) == (trace is None):
+        raise PotluckError("give --jobs FILE or --trace N (one of them)")
+    if trace is not None:
+        if gantt is not None or slurm is not None:
+            raise PotluckError("--gantt and --slurm draw and launch a jobs file; give --jobs")
+        comparison = api.schedule_trace(cluster, trace, seed=seed, restart_s=restart_s,
+                                        execution=execution)
+        spec = comparison.runs[0].result.cluster
+        if as_json:
+            sys.stdout.write(json.dumps(comparison_json(comparison, spec)) + "\n")
+        else:
+            render_comparison(console, comparison, spec)
+        return
+    try:
+        result = api.schedule(cluster, jobs, policy=policy, restart_s=restart_s,
+                              execution=execution)
+    except JobsFileError as err:
+        for problem in err.problems:  # one line per problem, all of them
+            err_console.print(f"potluck: error: {' '.join(problem.split())}", highlight=False,
+                              markup=False, soft_wrap=True)
+        raise typer.Exit(err.exit_code) from None
+    _write_schedule_files(result, gantt, slurm, quiet=as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(schedule_json(result)) + "\n")
+    else:
+        render_schedule(console, result)
+
+
+def _write_schedule_files(result, gantt: Path | None, slurm: Path | None, *, quiet: bool) -> None:
+    """The Gantt chart and the sbatch scripts of ``potluck schedule``, said where (on stderr
+    under --json)."""
+    from potluck.multijob.gantt import write_gantt
+    from potluck.multijob.slurm import write_slurm
+
+    say = err_console if quiet else console
+    if gantt is not None:
+        say.print(f"Gantt chart written to {write_gantt(result, gantt)}", highlight=False)
+    if slurm is not None:
+        scripts = write_slurm(result, slurm, result.hosts)
+        say.print(f"{len(scripts)} sbatch scripts (with plans and launch scripts) written to "
+                  f"{slurm}: sbatch {slurm}/<job>.sbatch", highlight=False)
+
+
 @app.command(short_help="Simulate one iteration of a plan: timeline, memory, trace.")
 def simulate(
     plan_file: Annotated[Path, typer.Argument(help="A plan file from `potluck plan -o`.")],
@@ -574,7 +650,8 @@ def train(
     check_execution(chosen)
     world_backend(chosen, emulate)  # one backend for every rank, before any command is printed
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
-        _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port)
+        _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
+                                 max_restarts if elastic else None)
         return
     result = api.run_plan(chosen, options, before_launch=_before_launch, elastic=settings)
     from potluck.runtime.loop.metrics import summarize  # torch: only once a run has run
@@ -683,7 +760,7 @@ def _note_plan_change(chosen, out: Path) -> None:
 
 
 def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_addr: str,
-                             master_port: int) -> None:
+                             master_port: int, max_restarts: int | None = None) -> None:
     """One torchrun command per machine; the plan is written where they can read it."""
     from potluck.plans import save_plan
     from potluck.runtime.launch.torchrun import torchrun_commands
@@ -697,7 +774,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
         save_plan(chosen, path)
         console.print(f"# plan written to {path}; copy it to every machine", highlight=False)
     for node in torchrun_commands(chosen, str(path), master_addr, master_port,
-                                  worker_args(options)):
+                                  worker_args(options), max_restarts):
         console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
         console.print(node.command, highlight=False, markup=False, soft_wrap=True)
 

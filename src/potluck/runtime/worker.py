@@ -6,7 +6,9 @@ back, each value as its field's type, so the two never drift apart. A flag left 
 what ``potluck train`` uses by default is not written: the commands run on other
 machines, whose potluck has its own shipped corpus (``--data`` is written only for
 other data; ``--no-data`` for random tokens). A user error ends the rank with one
-logged line and the error's exit code.
+logged line and the error's exit code. With ``--elastic`` under torchrun, every rank
+first agrees with the others on the plan for the machines that are there
+(:mod:`potluck.runtime.elastic.rendezvous`).
 """
 
 from __future__ import annotations
@@ -91,10 +93,17 @@ def parse_options(argv: list[str]) -> tuple[str, TrainOptions]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     plan_path, options = parse_options(sys.argv[1:] if argv is None else argv)
+    from potluck.runtime.elastic.rendezvous import elastic_start, under_torchrun
     from potluck.runtime.training import train_rank  # torch: not for printing commands
 
     try:
-        train_rank(load_plan(plan_path), options)
+        plan = load_plan(plan_path)
+        if options.elastic and under_torchrun():
+            start = elastic_start(plan, options)
+            if start.plan is None:
+                return 0
+            plan, options = start.plan, start.options
+        train_rank(plan, options)
     except PotluckError as err:
         log.error("%s", err)
         return err.exit_code

@@ -102,29 +102,32 @@ class _Replan:
 def _after_loss(run: ElasticRun, failure: RankFailure) -> _Replan:
     lost = tuple(failure.lost_devices)
     run.pool -= set(lost)
-    step = restart_step(run.options)
     try:
         new = plan_for_devices(run.plan, run.pool)
     except (InfeasibleError, ConfigError) as err:
         raise InfeasibleError(f"{failure}; no plan fits the {len(run.pool)} devices left: "
                               f"{err}") from None
-    return _Replan(new, _record(run, new, step, "lost", lost, (), cause=str(failure)))
+    return _Replan(new, describe_replan(run.plan, new, run.options, "lost", lost=lost,
+                                        cause=str(failure)))
 
 
 def _after_join(run: ElasticRun, new: Plan, joined: tuple[str, ...]) -> _Replan:
     run.pool |= set(joined)
-    return _Replan(new, _record(run, new, restart_step(run.options), "joined", (), joined))
+    return _Replan(new, describe_replan(run.plan, new, run.options, "joined", joined=joined))
 
 
-def _record(run: ElasticRun, new: Plan, step: int, reason: str, lost: tuple[str, ...],
-            joined: tuple[str, ...], cause: str = "") -> ReplanRecord:
-    done = _steps_done(run.options)
+def describe_replan(old: Plan, new: Plan, options: TrainOptions, reason: str, *,
+                    lost: tuple[str, ...] = (), joined: tuple[str, ...] = (),
+                    cause: str = "") -> ReplanRecord:
+    """The record of moving the run in ``options.out_dir`` from ``old`` to ``new``, which
+    continues from the run's newest checkpoint that verifies."""
+    step = restart_step(options)
     return ReplanRecord(
         step=step, reason=reason, lost_devices=lost, joined_devices=joined,
-        old_layout=run.plan.layout(), new_layout=new.layout(), old_devices=run.plan.devices,
-        new_devices=new.devices, old_predicted_step_s=predicted_step_s(run.plan),
-        new_predicted_step_s=predicted_step_s(new), steps_lost=max(0, done - step),
-        cause=cause)
+        old_layout=old.layout(), new_layout=new.layout(), old_devices=old.devices,
+        new_devices=new.devices, old_predicted_step_s=predicted_step_s(old),
+        new_predicted_step_s=predicted_step_s(new),
+        steps_lost=max(0, _steps_done(options) - step), cause=cause)
 
 
 def _replan(run: ElasticRun, replan: _Replan, report: Report | None) -> None:

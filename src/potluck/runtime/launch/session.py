@@ -228,4 +228,22 @@ def _init_process_group(rank: int, world: int, backend: str, timeout_s: float) -
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout)
         return
+    store = _attempt_store(timeout)
+    if store is not None:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timeout)
+        return
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+
+
+def _attempt_store(timeout: timedelta) -> dist.Store | None:
+    """Under torchrun's elastic agent, a client of its store under this restart's own prefix.
+    The agents keep one store for every rendezvous round, so a restarted rank would
+    otherwise read the addresses its dead predecessors published, and fail to connect to
+    them; None elsewhere (``env://`` as usual)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           is_master=False, wait_for_workers=False, timeout=timeout)
+    return dist.PrefixStore(f"potluck/attempt_{restart}", client)

@@ -13,12 +13,13 @@ one word, and a value from a plan file cannot add a command.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from potluck.cluster.topology import Cluster
-from potluck.plans import Plan
+from potluck.plans import Plan, plan_to_json
 
 
 @dataclass(frozen=True)
@@ -42,20 +43,35 @@ def plan_nodes(plan: Plan) -> list[tuple[str, int]]:
 
 
 def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port: int = 29500,
-                      worker_args: Sequence[str] = ()) -> list[NodeCommand]:
-    """One ``torchrun`` command per machine; run them all (any order) to start the job."""
+                      worker_args: Sequence[str] = (), max_restarts: int | None = None
+                      ) -> list[NodeCommand]:
+    """One ``torchrun`` command per machine; run them all (any order) to start the job.
+    With ``max_restarts`` (an elastic run) the machines meet through torchrun's c10d
+    rendezvous at ``master_addr:master_port``, any number of them from one up, and the
+    agents restart the ranks up to that many times (:mod:`potluck.runtime.elastic.rendezvous`)."""
     nodes = plan_nodes(plan)
     commands = []
     for node_rank, (node, nproc) in enumerate(nodes):
+        if max_restarts is None:
+            where = [f"--nnodes={len(nodes)}", f"--node-rank={node_rank}",
+                     f"--master-addr={master_addr}", f"--master-port={master_port}"]
+        else:
+            where = [f"--nnodes=1:{len(nodes)}", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint={master_addr}:{master_port}",
+                     f"--rdzv-id={_run_id(plan)}", f"--max-restarts={max_restarts}"]
         parts = [
-            "torchrun", f"--nnodes={len(nodes)}",
-            f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
-            f"--master-addr={master_addr}", f"--master-port={master_port}",
+            "torchrun", *where, f"--nproc-per-node={nproc}",
             "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
         ]
         words = [f"POTLUCK_NODE={shlex.quote(node)}", *(shlex.quote(str(p)) for p in parts)]
         commands.append(NodeCommand(node, node_rank, nproc, " ".join(words)))
     return commands
+
+
+def _run_id(plan: Plan) -> str:
+    """The rendezvous id of an elastic run: the same on every machine for one plan."""
+    digest = hashlib.sha256(plan_to_json(plan).encode()).hexdigest()
+    return f"potluck-{digest[:12]}"
 
 
 def node_devices(plan: Plan, node: str) -> tuple[str, ...]:

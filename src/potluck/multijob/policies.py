@@ -2,9 +2,9 @@
 
 A policy sees the jobs that have arrived and not finished (in arrival order, each with
 the allocation it holds) and returns the allocation of each job that should run
-(:class:`~potluck.schedule.allocations.Allocation`, whole machines, never more than the
+(:class:`~potluck.multijob.allocations.Allocation`, whole machines, never more than the
 cluster has). Allocations are drawn from the table's candidates; throughputs come from
-potluck's planner through :class:`~potluck.schedule.throughput.ThroughputTable`.
+potluck's planner through :class:`~potluck.multijob.throughput.ThroughputTable`.
 
 - ``fifo``: first come, first served, without preemption. In arrival order each waiting
   job gets the fastest candidate among the free machines (it may take them all); the
@@ -46,9 +46,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from potluck.schedule.allocations import Allocation, capacity
-from potluck.schedule.jobs import Job
-from potluck.schedule.throughput import ThroughputTable
+from potluck.multijob.allocations import Allocation, capacity
+from potluck.multijob.jobs import Job
+from potluck.multijob.throughput import ThroughputTable
 
 TIE = 0.01  # fifo: a larger allocation must be this much faster to be taken
 STAY_BONUS = 0.10  # heterogeneity-aware policies: the current allocation counts this much more

@@ -6,10 +6,10 @@ import pytest
 
 from potluck.cluster import parse_cluster
 from potluck.model import load_model
+from potluck.multijob import Job, JobShape, Policy, ThroughputTable, simulate
+from potluck.multijob.allocations import candidate_allocations, subcluster
+from potluck.multijob.simulation import HOUR_S
 from potluck.plans import TrainingShape
-from potluck.schedule import Job, JobShape, Policy, ThroughputTable, simulate
-from potluck.schedule.allocations import candidate_allocations, subcluster
-from potluck.schedule.simulation import HOUR_S
 
 # One fast machine (2 A100) and two slow ones (2 RTX 3090 each). The cost model predicts
 # gpt3-350m 3.2x faster on the A100s, tiny-llama (overhead-bound) about as fast anywhere.

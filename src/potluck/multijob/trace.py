@@ -9,7 +9,7 @@ to choose). Only the mix's entries that fit somewhere on the cluster are drawn. 
 seed gives the same trace.
 
 :func:`compare_policies` runs every policy on the same trace with one shared
-:class:`~potluck.schedule.throughput.ThroughputTable`, so each (job shape, allocation) is
+:class:`~potluck.multijob.throughput.ThroughputTable`, so each (job shape, allocation) is
 planned once for all of them.
 """
 
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from potluck.cluster.execution import Execution
 from potluck.errors import InfeasibleError
 from potluck.model.loading import load_model
+from potluck.multijob.jobs import Job, JobShape
+from potluck.multijob.policies import Policy
+from potluck.multijob.simulation import DEFAULT_RESTART_S, ScheduleResult, simulate
+from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import TrainingShape
-from potluck.schedule.jobs import Job, JobShape
-from potluck.schedule.policies import Policy
-from potluck.schedule.simulation import DEFAULT_RESTART_S, ScheduleResult, simulate
-from potluck.schedule.throughput import ThroughputTable
 
 
 @dataclass(frozen=True)

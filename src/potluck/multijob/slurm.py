@@ -20,9 +20,9 @@ import shlex
 from pathlib import Path
 
 from potluck.errors import ConfigError
+from potluck.multijob.machines import Machine, machine_name
+from potluck.multijob.simulation import HOUR_S, JobOutcome, ScheduleResult
 from potluck.plans import save_plan
-from potluck.schedule.machines import Machine, machine_name
-from potluck.schedule.simulation import HOUR_S, JobOutcome, ScheduleResult
 
 MASTER_PORT = 29500
 CHECKPOINTS_PER_RUN = 20  # a job's run checkpoints this many times, so it can resume

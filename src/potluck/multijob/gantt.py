@@ -16,9 +16,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from potluck.errors import ConfigError
-from potluck.schedule.allocations import machine_ids
-from potluck.schedule.machines import Machine, machine_name
-from potluck.schedule.simulation import HOUR_S, ScheduleResult, Segment
+from potluck.multijob.allocations import machine_ids
+from potluck.multijob.machines import Machine, machine_name
+from potluck.multijob.simulation import HOUR_S, ScheduleResult, Segment
 
 ROW_INCHES = 0.28
 MAX_TICK_ROWS = 40  # more machines than this: label the node groups only

@@ -1,8 +1,8 @@
 """The event-driven simulation of a policy over hours: when each job runs, where, how fast.
 
 Events are arrivals and completions. At each event the policy re-decides every active
-job's allocation (:func:`potluck.schedule.policies.allocate`), concrete machines are
-picked (:func:`potluck.schedule.machines.assign_machines`), and time advances to the next
+job's allocation (:func:`potluck.multijob.policies.allocate`), concrete machines are
+picked (:func:`potluck.multijob.machines.assign_machines`), and time advances to the next
 arrival or the first completion. A job trains at its plan's predicted tokens/s while it
 holds the same machines; every start on new machines (the first, and every move or
 resize) costs ``restart_s`` without progress (loading a checkpoint, rendezvous, warm-up).
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import InfeasibleError
+from potluck.multijob.allocations import Allocation
+from potluck.multijob.jobs import Job
+from potluck.multijob.machines import Machine, assign_machines
+from potluck.multijob.policies import Active, Policy, allocate
+from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan
-from potluck.schedule.allocations import Allocation
-from potluck.schedule.jobs import Job
-from potluck.schedule.machines import Machine, assign_machines
-from potluck.schedule.policies import Active, Policy, allocate
-from potluck.schedule.throughput import ThroughputTable
 
 log = logging.getLogger(__name__)
 

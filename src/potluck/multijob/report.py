@@ -14,9 +14,9 @@ from rich.console import Console
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import device_id
-from potluck.schedule.machines import Machine, machine_name
-from potluck.schedule.simulation import HOUR_S, JobOutcome, ScheduleResult, Segment
-from potluck.schedule.trace import PolicyComparison
+from potluck.multijob.machines import Machine, machine_name
+from potluck.multijob.simulation import HOUR_S, JobOutcome, ScheduleResult, Segment
+from potluck.multijob.trace import PolicyComparison
 from potluck.tables import compact_table
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from potluck.cluster import parse_cluster
-from potluck.schedule import JobsFileError, ThroughputTable, load_jobs
+from potluck.multijob import JobsFileError, ThroughputTable, load_jobs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 CLUSTER = """

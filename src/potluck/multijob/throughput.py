@@ -10,7 +10,7 @@ job does not fit on (memory) has none.
 :meth:`ThroughputTable.per_machine` is a job's rate on one node group when its throughput
 there is counted as if linear in machines (the smallest allocation of the group it fits
 on, divided by its machines): the figure Gavel's throughput matrix holds per accelerator
-type, which :mod:`potluck.schedule.policies` uses to normalize throughputs.
+type, which :mod:`potluck.multijob.policies` uses to normalize throughputs.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from dataclasses import dataclass
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
-from potluck.planner.options import SearchOptions
-from potluck.planner.search import search
-from potluck.plans import Plan
-from potluck.schedule.allocations import (
+from potluck.multijob.allocations import (
     Allocation,
     candidate_allocations,
     subcluster,
     whole_cluster,
 )
-from potluck.schedule.jobs import JobShape
+from potluck.multijob.jobs import JobShape
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import search
+from potluck.plans import Plan
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from potluck.cluster.spec import ClusterSpec
-from potluck.schedule.allocations import Allocation, machine_ids
+from potluck.multijob.allocations import Allocation, machine_ids
 
 Machine = tuple[str, int]  # (node group, machine index)
 

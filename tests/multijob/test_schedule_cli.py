@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 from potluck import api
 from potluck.cli import app
 from potluck.cluster.topology import Cluster
+from potluck.multijob.trace import MixEntry
 from potluck.plans import load_plan
-from potluck.schedule.trace import MixEntry
 
 CLUSTER = """
 name: tiny-lab
@@ -102,7 +102,7 @@ def test_a_seeded_trace_is_the_same_trace_every_time(tmp_path):
 def test_trace_json_reports_every_policy(tmp_path, monkeypatch):
     cluster = tmp_path / "lab.yaml"
     cluster.write_text(CLUSTER)
-    monkeypatch.setattr("potluck.schedule.trace.MIX", MIX)
+    monkeypatch.setattr("potluck.multijob.trace.MIX", MIX)
     data = json.loads(invoke("-c", cluster, "--trace", 6, "--seed", 3, "--json").stdout)
     assert data["trace"] == 6 and data["seed"] == 3
     assert [p["policy"] for p in data["policies"]] == ["fifo", "equal", "throughput", "fair"]
