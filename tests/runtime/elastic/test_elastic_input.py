@@ -1,27 +1,39 @@
 """Bad input to ``potluck train --elastic``/``--inject-failure`` and ``potluck join``: one
-line that says what is wrong, a non-zero exit, nothing started or written."""
+line that says what is wrong, a non-zero exit, nothing started or written (the CLI run
+in this process: every case fails before a rank starts)."""
+
+import sys
 
 import pytest
-from runtime_helpers import potluck
 
-CLUSTER = "nodes: [{name: cpu, gpu: cpu, gpus_per_node: 2}]\n"
+from potluck.cli import main
+from potluck.cluster.spec import parse_cluster
+from potluck.model.loading import load_model
+from potluck.planner.search import search
+from potluck.plans import TrainingShape, save_plan
+
+CLUSTER = parse_cluster("nodes: [{name: cpu, gpu: cpu, gpus_per_node: 2}]\n")
 
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("plan")
-    (folder / "cpus.yaml").write_text(CLUSTER)
-    plan = folder / "plan.json"
-    made = potluck("plan", "-c", str(folder / "cpus.yaml"), "-m", "tiny-llama",
-                   "--global-batch", "4", "--seq-len", "32", "-o", str(plan))
-    assert made.returncode == 0, made.stderr
-    return plan
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    save_plan(search(CLUSTER, load_model("tiny-llama"), TrainingShape(4, 32)).best, path)
+    return path
 
 
-def _one_line(result) -> str:
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+def _cli(monkeypatch, capsys, *args):
+    """``potluck ARGS`` here: its exit code and the lines it wrote to stderr."""
+    monkeypatch.setattr(sys, "argv", ["potluck", *map(str, args)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    return stop.value.code, lines
+
+
+def _one_line(monkeypatch, capsys, *args) -> str:
+    code, lines = _cli(monkeypatch, capsys, *args)
+    assert code != 0 and len(lines) == 1, lines
     return lines[0]
 
 
@@ -32,26 +44,27 @@ def _one_line(result) -> str:
     (["--elastic", "--replan-margin", "1.5"], "--replan-margin is a fraction"),
     (["--elastic", "--max-restarts", "-1"], "--max-restarts must be 0 or more"),
 ])
-def test_bad_elastic_flags_are_one_line(tmp_path, plan_file, extra, fragment):
+def test_bad_elastic_flags_are_one_line(monkeypatch, capsys, tmp_path, plan_file, extra,
+                                        fragment):
     out = tmp_path / "run"
-    result = potluck("train", "--plan", str(plan_file), "--steps", "8", "--out", str(out),
-                     *extra)
-    assert fragment in _one_line(result)
+    line = _one_line(monkeypatch, capsys, "train", "--plan", plan_file, "--steps", "8",
+                     "--out", out, *extra)
+    assert fragment in line
     assert not out.exists()
 
 
-def test_elastic_without_a_run_directory_is_one_line(plan_file):
-    line = _one_line(potluck("train", "--plan", str(plan_file), "--elastic"))
+def test_elastic_without_a_run_directory_is_one_line(monkeypatch, capsys, plan_file):
+    line = _one_line(monkeypatch, capsys, "train", "--plan", plan_file, "--elastic")
     assert "--elastic restarts from the run's checkpoints: give --out DIR" in line
 
 
-def test_joining_names_devices_of_the_runs_cluster(tmp_path, plan_file):
-    assert "is not a run directory" in _one_line(potluck("join", str(tmp_path), "-d", "cpu.0:1"))
+def test_joining_names_devices_of_the_runs_cluster(monkeypatch, capsys, tmp_path, plan_file):
+    line = _one_line(monkeypatch, capsys, "join", tmp_path, "-d", "cpu.0:1")
+    assert "is not a run directory" in line
     run = tmp_path / "run"
     run.mkdir()
     (run / "plan.json").write_text(plan_file.read_text())
-    line = _one_line(potluck("join", str(run), "-d", "gpu.0:0"))
+    line = _one_line(monkeypatch, capsys, "join", run, "-d", "gpu.0:0")
     assert "device 'gpu.0:0' is not in the run's cluster" in line
-    joined = potluck("join", str(run), "-d", "cpu.0:1")
-    assert joined.returncode == 0, joined.stderr
+    assert _cli(monkeypatch, capsys, "join", run, "-d", "cpu.0:1")[0] == 0
     assert [p.name for p in (run / "joined").iterdir()] == ["cpu.0:1"]
