@@ -295,17 +295,30 @@ def run_plan(chosen: Plan, options: TrainOptions, *,
 
 
 def join(run_dir: str | Path, devices: list[str]) -> list[str]:
-    """Register ``devices`` (ids of the run's cluster) with the elastic run in ``run_dir``;
-    it plans with them while it trains and moves to them at a checkpoint if that is faster
+    """Offer ``devices`` (ids of the run's cluster) to the elastic run in ``run_dir``; it
+    plans with them while it trains and moves to them at a checkpoint if that is faster
     (:mod:`potluck.runtime.elastic.joins`)."""
-    from potluck.plans import load_plan
     from potluck.runtime.elastic.joins import register
+
+    return register(run_dir, _run_plan(run_dir), devices)
+
+
+def leave(run_dir: str | Path, devices: list[str]) -> list[str]:
+    """Take ``devices`` from the elastic run in ``run_dir``: it continues without them from
+    its next checkpoint."""
+    from potluck.runtime.elastic.joins import release
+
+    return release(run_dir, _run_plan(run_dir), devices)
+
+
+def _run_plan(run_dir: str | Path) -> Plan:
+    from potluck.plans import load_plan
     from potluck.runtime.training import PLAN_FILE
 
     path = Path(run_dir) / PLAN_FILE
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory of potluck train (no {PLAN_FILE})")
-    return register(run_dir, load_plan(path), devices)
+    return load_plan(path)
 
 
 def _keep_cpu_measurement(chosen: Plan, run_dir: str) -> None:

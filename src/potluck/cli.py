@@ -678,8 +678,13 @@ def _elastic_settings(max_restarts: int, margin: float):
 
 def _say_replan(record) -> None:
     """One line on stderr per replan of an elastic run."""
-    what = (f"lost {', '.join(record.lost_devices)}" if record.reason == "lost"
-            else f"{', '.join(record.joined_devices)} joined")
+    parts = []
+    if record.lost_devices:
+        verb = "lost" if record.reason == "lost" else "taken away:"
+        parts.append(f"{verb} {', '.join(record.lost_devices)}")
+    if record.joined_devices:
+        parts.append(f"{', '.join(record.joined_devices)} joined")
+    what = "; ".join(parts)
     err_console.print(
         f"elastic: {what}; replanned {record.old_layout} -> {record.new_layout} "
         f"({record.old_predicted_step_s:.3g} -> {record.new_predicted_step_s:.3g} s a step "
@@ -697,6 +702,18 @@ def join(
     to the new plan at its next checkpoint if that is faster by its --replan-margin."""
     joined = api.join(run, device)
     console.print(f"registered {', '.join(joined)} with {run}", highlight=False)
+
+
+@app.command(short_help="Take devices from a running elastic run (potluck train --elastic).")
+def leave(
+    run: Annotated[Path, typer.Argument(help="Run directory of potluck train --elastic --out.")],
+    device: Annotated[list[str], typer.Option(
+        "--device", "-d", help="Device id of the run's cluster, such as box3090.1:0.")],
+) -> None:
+    """Take devices away from an elastic run: at its next checkpoint it replans without
+    them and continues (whatever --replan-margin says)."""
+    left = api.leave(run, device)
+    console.print(f"{', '.join(left)} will leave {run} at its next checkpoint", highlight=False)
 
 
 @app.command(short_help="Export a run's newest checkpoint as a Hugging Face model.")

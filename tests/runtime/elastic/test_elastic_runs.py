@@ -1,7 +1,8 @@
 """Elastic training as a user's run meets it, on four CPU ranks: a rank killed mid-run is
 planned around and the run finishes every step once, its losses after the restart those
-of a plain resume under the new plan from the same checkpoint; devices that join move
-the run to the faster plan at a checkpoint."""
+of a plain resume under the new plan from the same checkpoint; devices offered or taken
+away before the start change the plan before the first step (while the ranks train they
+do so at a checkpoint: tests/runtime/elastic/test_supervisor.py)."""
 
 import json
 
@@ -12,7 +13,7 @@ from potluck.model.loading import load_model
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
 from potluck.plans import TrainingShape, load_plan
-from potluck.runtime.elastic.joins import register
+from potluck.runtime.elastic.joins import register, release
 from potluck.runtime.elastic.replans import read_replans
 from potluck.runtime.elastic.supervisor import ElasticSettings
 from potluck.runtime.options import TrainOptions
@@ -60,14 +61,28 @@ def test_a_killed_rank_is_planned_around_and_the_run_ends_like_a_resume(tmp_path
         assert resumed[step] == pytest.approx(losses[step], abs=2e-3), step
 
 
-def test_a_device_that_joins_moves_the_run_to_the_faster_plan(tmp_path):
+def test_devices_offered_before_the_start_are_planned_with_from_the_first_step(tmp_path):
     plan, run = _plan(1, 2), tmp_path / "joined"
     register(run, plan, ["cpu.0:2", "cpu.0:3"])
     train(plan, _options(run, steps=4, elastic=True))
 
     (replan,) = read_replans(run)
-    assert replan["reason"] == "joined" and replan["step"] == 2 and replan["steps_lost"] == 0
+    assert replan["reason"] == "joined" and replan["step"] == 0 and replan["steps_lost"] == 0
     assert sorted(replan["joined_devices"]) == ["cpu.0:2", "cpu.0:3"]
     assert replan["new_predicted_step_s"] < 0.9 * replan["old_predicted_step_s"]
     assert {"cpu.0:2", "cpu.0:3"} <= set(load_plan(run / "plan.json").devices)
+    assert _steps(run)[1] == list(range(4))
+
+
+def test_a_device_taken_away_before_the_start_is_not_used(tmp_path):
+    plan, run = _plan(2, 2), tmp_path / "left"
+    register(run, plan, ["cpu.0:3"])
+    release(run, plan, ["cpu.0:3"])  # offered, then needed back: the last word stands
+    assert not (run / "joined" / "cpu.0:3").exists()
+    train(plan, _options(run, steps=4, elastic=True))
+
+    (replan,) = read_replans(run)
+    assert replan["reason"] == "left" and replan["lost_devices"] == ["cpu.0:3"]
+    assert replan["step"] == 0 and replan["steps_lost"] == 0
+    assert "cpu.0:3" not in load_plan(run / "plan.json").devices
     assert _steps(run)[1] == list(range(4))

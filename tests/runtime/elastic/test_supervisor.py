@@ -2,7 +2,6 @@
 replans around and which it stops on, where it restarts from, what it logs."""
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -10,9 +9,11 @@ from runtime_helpers import CPU_CLUSTER
 
 from potluck.errors import InfeasibleError
 from potluck.model.loading import load_model
+from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
 from potluck.plans import TrainingShape
 from potluck.runtime.checkpoints.storage import PARTIAL_SUFFIX, checkpoint_path, save_checkpoint
+from potluck.runtime.elastic.joins import register, release
 from potluck.runtime.elastic.replans import read_replans
 from potluck.runtime.elastic.supervisor import ElasticSettings, restart_step, train_elastic
 from potluck.runtime.launch.watchdog import RankFailure
@@ -22,9 +23,9 @@ from potluck.runtime.options import TrainOptions
 
 @pytest.fixture(scope="module")
 def plan():
-    """tiny-llama on four of the eight CPU ranks."""
-    spec = replace(CPU_CLUSTER, nodes=(replace(CPU_CLUSTER.nodes[0], gpus_per_node=4),))
-    return search(spec, load_model("tiny-llama"), TrainingShape(8, 32)).best
+    """tiny-llama on four of the eight CPU ranks (dp=2 pp=2)."""
+    pins = SearchOptions(dp=2, pp=2, tp=1)
+    return search(CPU_CLUSTER, load_model("tiny-llama"), TrainingShape(8, 32), pins).best
 
 
 def _metrics(step):
@@ -107,3 +108,50 @@ def test_a_save_cut_short_is_never_the_restart_point(tmp_path):
     _checkpoint(tmp_path, 8)
     next(checkpoint_path(tmp_path, 8).glob("*.safetensors")).write_bytes(b"torn")
     assert restart_step(_options(tmp_path)) == 4
+
+
+class Notes:
+    """Stands in for the launcher's notes to the ranks."""
+
+    def __init__(self):
+        self.requests = 0
+
+    def request_replan(self):
+        self.requests += 1
+
+
+class RanksAsked:
+    """Stands in for ranks that see devices offered or taken while they train: the first
+    attempt registers them, hears the watcher out and stops at its checkpoint of step 4."""
+
+    def __init__(self, run, mark):
+        self.run, self.mark, self.attempts, self.notes = run, mark, [], Notes()
+
+    def __call__(self, plan, options, watch):
+        self.attempts.append((plan, options))
+        if len(self.attempts) == 1:
+            self.mark(self.run, plan)
+            watch(self.notes)
+            watch(self.notes)  # asked once, however often it looks
+            _checkpoint(self.run, 4)
+            _log(self.run, range(4))
+            return [_metrics(step) for step in range(4)]
+        _checkpoint(self.run, options.steps)
+        return [_metrics(step) for step in range(4, options.steps)]
+
+
+@pytest.mark.parametrize(("devices", "mark", "reason"), [
+    (("cpu.0:4", "cpu.0:5", "cpu.0:6", "cpu.0:7"), register, "joined"),
+    (("cpu.0:1",), release, "left")])
+def test_devices_offered_or_taken_while_the_ranks_train_move_the_run_at_a_checkpoint(
+        plan, tmp_path, devices, mark, reason):
+    ranks = RanksAsked(tmp_path, lambda run, p: mark(run, p, devices))
+    final, history = train_elastic(plan, _options(tmp_path), ranks)
+
+    assert ranks.notes.requests == 1 and len(ranks.attempts) == 2
+    (_, resumed) = ranks.attempts[1]
+    assert resumed.resume
+    assert bool(set(devices) & set(final.devices)) == (reason == "joined")
+    (record,) = read_replans(tmp_path)
+    assert record["reason"] == reason and record["step"] == 4 and record["steps_lost"] == 0
+    assert [m.step for m in history] == list(range(8))

@@ -1,8 +1,9 @@
 """``replans.jsonl``: one JSON object per replan of an elastic run, appended as it happens.
 
 Each names the step the run continued from (its newest complete checkpoint), why it
-replanned (``lost``: devices left; ``joined``: devices registered and the plan with them
-is faster), the devices lost or joined, the old and new layouts, devices and predicted
+replanned (``lost``: ranks died; ``left``: devices were taken away with ``potluck leave``;
+``joined``: devices were offered and the plan with them is faster; ``changed``: both),
+the devices lost (or taken away) and joined, the old and new layouts, devices and predicted
 step times, and how many finished steps were lost (trained again after the restart).
 """
 
@@ -22,7 +23,7 @@ class ReplanRecord:
     """One replan of an elastic run."""
 
     step: int  # the step the new plan continues from
-    reason: str  # "lost" or "joined"
+    reason: str  # "lost", "left", "joined" or "changed"
     lost_devices: tuple[str, ...]
     joined_devices: tuple[str, ...]
     old_layout: str

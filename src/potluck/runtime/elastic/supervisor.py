@@ -15,6 +15,8 @@ the ranks of this machine (or an emulated cluster):
 - devices registered with ``potluck join`` (:mod:`~potluck.runtime.elastic.joins`) are
   planned with while the ranks train; when the plan with them is faster than the running
   one by ``margin``, the ranks stop at their next checkpoint and the run continues under it.
+  Devices taken away with ``potluck leave`` go the same way, whatever the margin (the
+  ones the plan does not run leave at once).
 
 Every replan is appended to ``replans.jsonl`` (:mod:`~potluck.runtime.elastic.replans`). A
 run restarts at most ``max_restarts`` times after failures.
@@ -32,7 +34,7 @@ from pathlib import Path
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.plans import Plan
 from potluck.runtime.checkpoints.storage import checkpoint_step, newest_verified
-from potluck.runtime.elastic.joins import registered
+from potluck.runtime.elastic.joins import leaving, registered
 from potluck.runtime.elastic.pool import plan_for_devices, predicted_step_s
 from potluck.runtime.elastic.replans import ReplanRecord, append_replan
 from potluck.runtime.launch.watchdog import JobNotes, RankFailure
@@ -78,7 +80,11 @@ def train_elastic(plan: Plan, options: TrainOptions, launch: Launch,
     step (each step once). ``launch(plan, options, watch)`` runs one attempt's ranks."""
     run = ElasticRun(plan, options, set(plan.devices))
     while True:
-        watcher = _JoinWatcher(run, settings.margin)
+        watcher = _MembershipWatcher(run, settings.margin)
+        watcher.look(None)  # devices offered or taken before the ranks start: replan first
+        if watcher.chosen is not None:
+            _replan(run, _after_change(run, watcher), settings.report)
+            continue
         try:
             _merge(run.history, launch(run.plan, run.options, watcher))
         except RankFailure as failure:
@@ -90,7 +96,7 @@ def train_elastic(plan: Plan, options: TrainOptions, launch: Launch,
             continue
         if watcher.chosen is None or _finished(run):
             return run.plan, [run.history[step] for step in sorted(run.history)]
-        _replan(run, _after_join(run, watcher.chosen, watcher.joined), settings.report)
+        _replan(run, _after_change(run, watcher), settings.report)
 
 
 @dataclass(frozen=True)
@@ -111,9 +117,14 @@ def _after_loss(run: ElasticRun, failure: RankFailure) -> _Replan:
                                         cause=str(failure)))
 
 
-def _after_join(run: ElasticRun, new: Plan, joined: tuple[str, ...]) -> _Replan:
-    run.pool |= set(joined)
-    return _Replan(new, describe_replan(run.plan, new, run.options, "joined", joined=joined))
+def _after_change(run: ElasticRun, watcher: _MembershipWatcher) -> _Replan:
+    """Devices offered and taken away, as the watcher planned with them."""
+    assert watcher.chosen is not None
+    run.pool = (run.pool | set(watcher.joined)) - set(watcher.left)
+    reason = "joined" if not watcher.left else "left" if not watcher.joined else "changed"
+    return _Replan(watcher.chosen, describe_replan(
+        run.plan, watcher.chosen, run.options, reason, lost=watcher.left,
+        joined=watcher.joined))
 
 
 def describe_replan(old: Plan, new: Plan, options: TrainOptions, reason: str, *,
@@ -185,39 +196,58 @@ def _merge(history: dict[int, StepMetrics], attempt: list[StepMetrics]) -> None:
     history.update((metrics.step, metrics) for metrics in attempt)
 
 
-class _JoinWatcher:
-    """Called by the launcher while the ranks run: plans with registered devices and, when
-    that plan is faster by the margin, asks the ranks to stop at their next checkpoint."""
+class _MembershipWatcher:
+    """Called by the launcher while the ranks run: plans with the devices offered and
+    without those taken away and, when that plan must be taken (devices it runs are
+    leaving) or is faster by the margin, asks the ranks to stop at their next checkpoint."""
 
     def __init__(self, run: ElasticRun, margin: float) -> None:
         self.run, self.margin = run, margin
         self.chosen: Plan | None = None
         self.joined: tuple[str, ...] = ()
+        self.left: tuple[str, ...] = ()
         self._next_poll_s = 0.0
         self._tried: set[frozenset[str]] = set()
 
     def __call__(self, notes: JobNotes) -> None:
+        """While the ranks run: look again, at most every :data:`JOIN_POLL_S`."""
         now = time.monotonic()
         if self.chosen is not None or now < self._next_poll_s:
             return
         self._next_poll_s = now + JOIN_POLL_S
-        assert self.run.options.out_dir is not None
-        joined = registered(self.run.options.out_dir, self.run.plan) - self.run.pool
-        pool = frozenset(self.run.pool | joined)
-        if not joined or pool in self._tried:
-            return
-        self._tried.add(pool)
-        self._consider(pool, tuple(sorted(joined)), notes)
+        self.look(notes)
 
-    def _consider(self, pool: frozenset[str], joined: tuple[str, ...], notes: JobNotes) -> None:
+    def look(self, notes: JobNotes | None) -> None:
+        """Plan with the devices offered and without those taken; ``notes`` of the running
+        ranks, or None before they start (then a chosen plan is taken at once)."""
+        out_dir, run = self.run.options.out_dir, self.run
+        assert out_dir is not None
+        joined = registered(out_dir, run.plan) - run.pool
+        left = leaving(out_dir, run.plan) & run.pool
+        run.pool -= left - set(run.plan.devices)  # devices the plan does not run just go
+        left &= set(run.plan.devices)
+        pool = frozenset((run.pool | joined) - left)
+        if (joined or left) and pool not in self._tried:
+            self._tried.add(pool)
+            self._consider(pool, tuple(sorted(joined)), tuple(sorted(left)), notes)
+
+    def _consider(self, pool: frozenset[str], joined: tuple[str, ...], left: tuple[str, ...],
+                  notes: JobNotes | None) -> None:
         try:
             candidate = plan_for_devices(self.run.plan, pool)
-        except InfeasibleError:
+        except (InfeasibleError, ConfigError) as err:
+            log.warning("no plan fits without %s: %s; the run keeps them", ", ".join(left), err)
             return
         now_s, then_s = predicted_step_s(self.run.plan), predicted_step_s(candidate)
-        log.info("with %s: %s predicted %.3g s a step against %.3g s now", ", ".join(joined),
+        log.info("%s: %s predicted %.3g s a step against %.3g s now", _change(joined, left),
                  candidate.layout(), then_s, now_s)
-        if then_s < now_s * (1.0 - self.margin):
-            self.chosen, self.joined = candidate, joined
-            notes.request_replan()
+        if left or then_s < now_s * (1.0 - self.margin):
+            self.chosen, self.joined, self.left = candidate, joined, left
+            if notes is not None:
+                notes.request_replan()
 
+
+def _change(joined: tuple[str, ...], left: tuple[str, ...]) -> str:
+    parts = ([f"with {', '.join(joined)}"] if joined else []) + (
+        [f"without {', '.join(left)}"] if left else [])
+    return " and ".join(parts)
