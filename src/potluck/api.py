@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
     from potluck.calibrate.measured.calibrate import MeasuredOutcome
     from potluck.multijob import Job, PolicyComparison, ScheduleResult
+    from potluck.multijob.executor import Progress, RunOutcome
     from potluck.multijob.trace import MixEntry
     from potluck.profiler import ProfileOutcome
     from potluck.runtime.elastic.supervisor import ElasticSettings
@@ -419,6 +420,32 @@ def schedule(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job]
         jobs, hosts = read.jobs, read.hosts
     result = simulate(tuple(jobs), table, chosen, _restart_s(restart_s))
     return replace(result, hosts=hosts)
+
+
+def schedule_run(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job], *,
+                 out: str | Path, policy: str = "fair", steps: int = 20,
+                 checkpoint_every: int = 5, dilation: float = 1.0,
+                 seconds_per_hour: float = 0.0, job_timeout_s: float = 3600.0,
+                 replan_margin: float | None = None,
+                 execution: str | Path | Execution | None = None,
+                 progress: Progress | None = None) -> RunOutcome:
+    """Carry out the schedule of ``jobs`` on ``cluster`` under ``policy``: every job a
+    ``potluck train --elastic`` run in ``out/<job>`` (emulated on CPU ranks), re-allocated
+    through ``join``/``leave`` at every arrival and completion; ``out/schedule.jsonl``
+    holds the events (:mod:`potluck.multijob.executor`). ``progress(line)`` hears of each."""
+    from potluck.multijob import ThroughputTable, load_jobs
+    from potluck.multijob.executor import RunSettings, run_schedule
+
+    spec = as_cluster(cluster)
+    chosen = _schedule_policy(policy)
+    settings = RunSettings(Path(out), steps, checkpoint_every, dilation, seconds_per_hour,
+                           job_timeout_s, replan_margin)
+    settings.check()
+    table = ThroughputTable(spec)
+    if isinstance(jobs, str | Path):
+        jobs = load_jobs(jobs, spec, lambda job: table.refusal(job.shape),
+                         as_execution(execution, spec)).jobs
+    return run_schedule(tuple(jobs), table, chosen, settings, progress)
 
 
 def schedule_trace(cluster: str | Path | ClusterSpec, num_jobs: int, *, seed: int = 0,

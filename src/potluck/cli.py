@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -27,6 +27,9 @@ from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.schedules import Schedule
+
+if TYPE_CHECKING:
+    from potluck.multijob import JobsFileError
 
 
 def _names(choices: Iterable[Enum]) -> tuple[str, ...]:
@@ -230,10 +233,26 @@ def schedule(
     slurm: Annotated[Path | None, typer.Option(
         metavar="DIR", help="Write one sbatch script per job here, pinned to its machines.")] = None,
     execution: ExecutionOpt = None,
+    run: Annotated[bool, typer.Option(
+        "--run", help="Launch the jobs: each a potluck train --elastic run in --out DIR/<job> "
+                      "(emulated on CPU ranks), re-allocated through potluck join/leave.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", metavar="DIR", help="--run: the jobs' run directories and "
+                                           "schedule.jsonl.")] = None,
+    steps: Annotated[int, typer.Option(
+        help="--run: steps of the job with the most tokens (the others in proportion).")] = 20,
+    checkpoint_every: Annotated[int, typer.Option(
+        help="--run: each run checkpoints every N steps (where it takes or gives machines).")] = 5,
+    dilation: Annotated[float, typer.Option(help="--run: emulation time stretch.")] = 1.0,
+    seconds_per_hour: Annotated[float, typer.Option(
+        help="--run: wall seconds per hour of arrival_h (0: every job arrives at the start).")] = 0.0,
+    job_timeout: Annotated[float, typer.Option(
+        help="--run: seconds a job's run may take before it is stopped.")] = 3600.0,
 ) -> None:
     """Share one mixed cluster among several training jobs: each job planned on the machines
     a policy gives it, re-allocated at every arrival and completion; allocations, plans,
-    predicted tokens/s, start and end times, average job completion time and makespan."""
+    predicted tokens/s, start and end times, average job completion time and makespan.
+    With --run, launch them."""
     from potluck.multijob import JobsFileError, Policy
     from potluck.multijob.report import (
         comparison_json,
@@ -245,6 +264,12 @@ def schedule(
     _check_choice("--policy", policy, Policy)
     if (jobs is None) == (trace is None):
         raise PotluckError("give --jobs FILE or --trace N (one of them)")
+    if run or out is not None:
+        _schedule_run(cluster, jobs, policy, out, run=run, trace=trace, as_json=as_json,
+                      files=(gantt, slurm), execution=execution, steps=steps,
+                      checkpoint_every=checkpoint_every, dilation=dilation,
+                      seconds_per_hour=seconds_per_hour, job_timeout_s=job_timeout)
+        return
     if trace is not None:
         if gantt is not None or slurm is not None:
             raise PotluckError("--gantt and --slurm draw and launch a jobs file; give --jobs")
@@ -260,15 +285,53 @@ def schedule(
         result = api.schedule(cluster, jobs, policy=policy, restart_s=restart_s,
                               execution=execution)
     except JobsFileError as err:
-        for problem in err.problems:  # one line per problem, all of them
-            err_console.print(f"potluck: error: {' '.join(problem.split())}", highlight=False,
-                              markup=False, soft_wrap=True)
-        raise typer.Exit(err.exit_code) from None
+        _jobs_file_problems(err)
     _write_schedule_files(result, gantt, slurm, quiet=as_json)
     if as_json:
         sys.stdout.write(json.dumps(schedule_json(result)) + "\n")
     else:
         render_schedule(console, result)
+
+
+def _schedule_run(cluster: Path, jobs: Path | None, policy: str, out: Path | None, *,
+                  run: bool, trace: int | None, as_json: bool,
+                  files: tuple[Path | None, Path | None], execution: str | None,
+                  **settings: float) -> None:
+    """``potluck schedule --run``: one progress line per event, one line per failed job."""
+    from potluck.multijob import JobsFileError
+    from potluck.multijob.executor import SCHEDULE_FILE
+
+    if not run:
+        raise PotluckError("--out DIR goes with --run (where the jobs' runs go)")
+    if out is None:
+        raise PotluckError("--run needs --out DIR (the jobs' run directories and schedule.jsonl)")
+    if trace is not None or as_json or any(f is not None for f in files):
+        raise PotluckError("--run launches a jobs file; --trace, --json, --gantt and --slurm "
+                           "go without it")
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    try:
+        outcome = api.schedule_run(cluster, jobs, out=out, policy=policy, execution=execution,
+                                   progress=say, **settings)
+    except JobsFileError as err:
+        _jobs_file_problems(err)
+    say(f"{len(outcome.finished)} of {len(outcome.steps)} jobs finished; events in "
+        f"{out / SCHEDULE_FILE}, runs in {out}/<job>")
+    for name, error in outcome.failed.items():
+        err_console.print(f"potluck: error: job {name}: {error}", highlight=False,
+                          markup=False, soft_wrap=True)
+    if outcome.failed:
+        raise typer.Exit(1)
+
+
+def _jobs_file_problems(err: JobsFileError) -> NoReturn:
+    """A jobs file's problems, one line each (all of them), and the exit."""
+    for problem in err.problems:
+        err_console.print(f"potluck: error: {' '.join(problem.split())}", highlight=False,
+                          markup=False, soft_wrap=True)
+    raise typer.Exit(err.exit_code) from None
 
 
 def _write_schedule_files(result, gantt: Path | None, slurm: Path | None, *, quiet: bool) -> None:
