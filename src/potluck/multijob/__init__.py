@@ -8,7 +8,9 @@ them at every arrival and completion of an event-driven simulation
 (:mod:`~potluck.multijob.simulation`). Synthetic traces compare the policies
 (:mod:`~potluck.multijob.trace`); the results are rendered as tables and JSON
 (:mod:`~potluck.multijob.report`), a Gantt chart (:mod:`~potluck.multijob.gantt`) and
-sbatch scripts (:mod:`~potluck.multijob.slurm`).
+sbatch scripts (:mod:`~potluck.multijob.slurm`); ``--run`` trains the jobs as separate
+elastic ``potluck train`` runs re-allocated by ``potluck join``/``leave``
+(:mod:`~potluck.multijob.executor`).
 """
 
 from potluck.multijob.jobs import Job, JobsFile, JobsFileError, JobShape, load_jobs
