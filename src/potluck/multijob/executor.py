@@ -11,9 +11,10 @@ and picks concrete machines (:func:`potluck.multijob.machines.assign_machines`).
   (:func:`potluck.runtime.elastic.pool.on_whole_cluster`: the other jobs' devices listed
   as unused), so ``potluck join``/``leave`` can name any device of the cluster;
 - a running job whose allocation grows is offered the new devices
-  (:func:`potluck.api.join`: it takes them at its next checkpoint if that plan is faster
-  by its replan margin); one whose allocation shrinks gives devices back
-  (:func:`potluck.api.leave`: dropped at its next checkpoint). Devices taken from a job
+  (:func:`~potluck.runtime.elastic.joins.register`, as ``potluck join`` does: it takes
+  them at its next checkpoint if that plan is faster by its replan margin); one whose
+  allocation shrinks gives devices back (:func:`~potluck.runtime.elastic.joins.release`,
+  as ``potluck leave`` does: dropped at its next checkpoint). Devices taken from a job
   go to another only once that job no longer runs on them (its ``replans.jsonl`` says so,
   or its process has ended), so no device ever serves two jobs;
 - a running job is never stopped to make room (the policy's allocation is kept only where
@@ -55,7 +56,8 @@ from potluck.multijob.jobs import Job
 from potluck.multijob.machines import Machine, assign_machines
 from potluck.multijob.policies import Active, Policy, allocate
 from potluck.multijob.throughput import ThroughputTable
-from potluck.plans import Plan, save_plan
+from potluck.plans import Plan, load_plan, save_plan
+from potluck.runtime.elastic.joins import register, release
 
 log = logging.getLogger(__name__)
 
@@ -279,17 +281,14 @@ class _Executor:
         return command
 
     def _join(self, job: Job, devices: set[str]) -> None:
-        from potluck import api
-
-        api.join(self.runs[job.name].run_dir, sorted(devices))
+        run_dir = self.runs[job.name].run_dir
+        register(run_dir, load_plan(run_dir / "plan.json"), sorted(devices))
         self.held[job.name] |= devices
         self._event(job.name, "join", devices, "taken at a checkpoint if faster by the margin")
 
     def _leave(self, job: Job, devices: set[str]) -> None:
-        from potluck import api
-
         run = self.runs[job.name]
-        api.leave(run.run_dir, sorted(devices))
+        release(run.run_dir, load_plan(run.run_dir / "plan.json"), sorted(devices))
         self.held[job.name] -= devices
         run.releasing |= devices
         self._event(job.name, "leave", devices, "dropped at its next checkpoint")
@@ -401,7 +400,6 @@ def _needs_emulation(spec: ClusterSpec) -> bool:
 
 def _running_devices(run_dir: Path) -> set[str]:
     """The devices the run in ``run_dir`` trains on now: its newest replan's, else its plan's."""
-    from potluck.plans import load_plan
     from potluck.runtime.elastic.replans import read_replans
 
     replans = read_replans(run_dir)
