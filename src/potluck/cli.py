@@ -755,7 +755,7 @@ def _say_replan(record) -> None:
         highlight=False, markup=False, soft_wrap=True)
 
 
-@app.command(short_help="Offer devices to a running elastic run (potluck train --elastic).")
+@app.command(short_help="Offer devices to a running train --elastic run.")
 def join(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --elastic --out.")],
     device: Annotated[list[str], typer.Option(
@@ -767,7 +767,7 @@ def join(
     console.print(f"registered {', '.join(joined)} with {run}", highlight=False)
 
 
-@app.command(short_help="Take devices from a running elastic run (potluck train --elastic).")
+@app.command(short_help="Take devices from a running train --elastic run.")
 def leave(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --elastic --out.")],
     device: Annotated[list[str], typer.Option(
