@@ -63,17 +63,22 @@ def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
                     ) -> Callable[[StepMetrics], None] | None:
     """Save every ``checkpoint_every`` steps (0: none in between) and after the last one;
     None without an output directory (``checkpoint_every`` then needs one)."""
-    every = options.checkpoint_every
-    if not options.out_dir and every <= 0:
+    if not options.out_dir and options.checkpoint_every <= 0:
         return None
     out_dir = checkpoint_dir(options)
 
     def hook(metrics: StepMetrics) -> None:
-        done = metrics.step + 1
-        if (every > 0 and done % every == 0) or done == options.steps:
+        if saves_after(metrics.step + 1, options):
             save(trainer, source, out_dir, options.keep_checkpoints)
 
     return hook
+
+
+def saves_after(done: int, options: TrainOptions) -> bool:
+    """Whether a run with an output directory saves a checkpoint once ``done`` steps are
+    done: every ``checkpoint_every`` steps, and after the last one."""
+    every = options.checkpoint_every
+    return (every > 0 and done % every == 0) or done == options.steps
 
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from potluck.errors import ConfigError
 from potluck.plans import Plan
-from potluck.runtime.launch.watchdog import JobNotes
+from potluck.runtime.checkpoints.training_run import saves_after
+from potluck.runtime.launch.watchdog import JobNotes, root_store
 from potluck.runtime.loop.trainer import StepMetrics, Trainer
 from potluck.runtime.options import TrainOptions
 
@@ -75,7 +76,8 @@ def rank_hook(trainer: Trainer, options: TrainOptions
     rank = trainer.model.layout.rank
     if (failure is None or failure.rank != rank) and not options.elastic:
         return None
-    notes = JobNotes(_job_store()) if options.elastic else None
+    default_store = dist.distributed_c10d._get_default_store
+    notes = JobNotes(root_store(default_store())) if options.elastic else None
 
     def hook(metrics: StepMetrics) -> None:
         reached = metrics.step + 1
@@ -88,16 +90,6 @@ def rank_hook(trainer: Trainer, options: TrainOptions
     return hook
 
 
-def _job_store() -> dist.Store:
-    """The launcher's store, under none of the process group's prefixes (where the
-    launcher writes)."""
-    store = dist.distributed_c10d._get_default_store()
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return store
-
-
 def _checkpointed(done: int, options: TrainOptions) -> bool:
     """Whether the run saved a checkpoint after ``done`` steps, short of its last."""
-    every = options.checkpoint_every
-    return every > 0 and done % every == 0 and done < options.steps
+    return done < options.steps and saves_after(done, options)

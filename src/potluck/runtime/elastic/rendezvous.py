@@ -40,8 +40,8 @@ from potluck.plans import Plan, load_plan, plan_from_dict, plan_to_json, save_pl
 from potluck.runtime.checkpoints.storage import newest_verified
 from potluck.runtime.elastic.pool import plan_for_devices
 from potluck.runtime.elastic.replans import append_replan
-from potluck.runtime.elastic.supervisor import describe_replan
-from potluck.runtime.launch.session import local_device_id
+from potluck.runtime.elastic.supervisor import describe_replan, restart_step
+from potluck.runtime.launch.session import agent_store, local_device_id
 from potluck.runtime.options import TrainOptions
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ def elastic_start(started_with: Plan, options: TrainOptions) -> ElasticStart:
     ``WORLD_SIZE`` and ``POTLUCK_DEVICE`` for joining the job under it."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = local_device_id(started_with, rank, int(os.environ.get("LOCAL_RANK", rank)))
-    store = dist.PrefixStore(f"potluck/elastic/{os.environ.get(RESTART_ENV, '0')}", _store())
+    store = dist.PrefixStore(f"potluck/elastic/{os.environ.get(RESTART_ENV, '0')}",
+                             agent_store(timedelta(seconds=STORE_TIMEOUT_S)))
     store.set(f"device/{rank}", device)
     devices = [store.get(f"device/{r}").decode() for r in range(world)]
     plan = _agreed_plan(store, rank, _current_plan(started_with, options), devices, options)
@@ -88,13 +89,6 @@ def elastic_start(started_with: Plan, options: TrainOptions) -> ElasticStart:
     os.environ.update(RANK=str(members.index(rank)), WORLD_SIZE=str(len(members)),
                       POTLUCK_DEVICE=device)
     return ElasticStart(plan, resumed)
-
-
-def _store() -> dist.Store:
-    """A client of the agents' store (``MASTER_ADDR``/``MASTER_PORT`` under torchrun)."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                         is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=STORE_TIMEOUT_S))
 
 
 def _run_dir(options: TrainOptions) -> str:
@@ -136,7 +130,7 @@ def _replanned(current: Plan, devices: list[str], missing: tuple[str, ...],
     except (InfeasibleError, ConfigError) as err:
         return (f"error:{', '.join(missing)} gone; no plan fits the {len(devices)} devices "
                 f"left: {err}")
-    record = describe_replan(current, new, options, "lost", lost=missing,
+    record = describe_replan(current, new, options, "lost", restart_step(options), lost=missing,
                              cause="the machines that came back after a restart lack them")
     append_replan(_run_dir(options), record)
     save_plan(new, Path(_run_dir(options)) / _PLAN_FILE)

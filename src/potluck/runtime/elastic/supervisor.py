@@ -24,12 +24,10 @@ run restarts at most ``max_restarts`` times after failures.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.plans import Plan
@@ -38,7 +36,7 @@ from potluck.runtime.elastic.joins import leaving, registered
 from potluck.runtime.elastic.pool import plan_for_devices, predicted_step_s
 from potluck.runtime.elastic.replans import ReplanRecord, append_replan
 from potluck.runtime.launch.watchdog import JobNotes, RankFailure
-from potluck.runtime.loop.metrics import METRICS_FILE
+from potluck.runtime.loop.metrics import logged_steps
 from potluck.runtime.loop.trainer import StepMetrics
 from potluck.runtime.options import TrainOptions
 
@@ -83,7 +81,8 @@ def train_elastic(plan: Plan, options: TrainOptions, launch: Launch,
         watcher = _MembershipWatcher(run, settings.margin)
         watcher.look(None)  # devices offered or taken before the ranks start: replan first
         if watcher.chosen is not None:
-            _replan(run, _after_change(run, watcher), settings.report)
+            _replan(run, _after_change(run, watcher, restart_step(run.options)),
+                    settings.report)
             continue
         try:
             _merge(run.history, launch(run.plan, run.options, watcher))
@@ -91,12 +90,15 @@ def train_elastic(plan: Plan, options: TrainOptions, launch: Launch,
             if not failure.lost_devices or run.restarts >= settings.max_restarts:
                 raise
             run.restarts += 1
-            _merge(run.history, list(_logged_steps(run.options).values()))
+            _merge(run.history, list(logged_steps(_run_dir(run.options)).values()))
             _replan(run, _after_loss(run, failure), settings.report)
             continue
-        if watcher.chosen is None or _finished(run):
-            return run.plan, [run.history[step] for step in sorted(run.history)]
-        _replan(run, _after_change(run, watcher), settings.report)
+        if watcher.chosen is None:
+            return run.plan, _in_order(run.history)
+        step = restart_step(run.options)
+        if step >= run.options.steps:
+            return run.plan, _in_order(run.history)
+        _replan(run, _after_change(run, watcher, step), settings.report)
 
 
 @dataclass(frozen=True)
@@ -113,26 +115,27 @@ def _after_loss(run: ElasticRun, failure: RankFailure) -> _Replan:
     except (InfeasibleError, ConfigError) as err:
         raise InfeasibleError(f"{failure}; no plan fits the {len(run.pool)} devices left: "
                               f"{err}") from None
-    return _Replan(new, describe_replan(run.plan, new, run.options, "lost", lost=lost,
+    return _Replan(new, describe_replan(run.plan, new, run.options, "lost",
+                                        restart_step(run.options), lost=lost,
                                         cause=str(failure)))
 
 
-def _after_change(run: ElasticRun, watcher: _MembershipWatcher) -> _Replan:
-    """Devices offered and taken away, as the watcher planned with them."""
+def _after_change(run: ElasticRun, watcher: _MembershipWatcher, step: int) -> _Replan:
+    """Devices offered and taken away, as the watcher planned with them; the run continues
+    from ``step``."""
     assert watcher.chosen is not None
     run.pool = (run.pool | set(watcher.joined)) - set(watcher.left)
     reason = "joined" if not watcher.left else "left" if not watcher.joined else "changed"
     return _Replan(watcher.chosen, describe_replan(
-        run.plan, watcher.chosen, run.options, reason, lost=watcher.left,
+        run.plan, watcher.chosen, run.options, reason, step, lost=watcher.left,
         joined=watcher.joined))
 
 
-def describe_replan(old: Plan, new: Plan, options: TrainOptions, reason: str, *,
+def describe_replan(old: Plan, new: Plan, options: TrainOptions, reason: str, step: int, *,
                     lost: tuple[str, ...] = (), joined: tuple[str, ...] = (),
                     cause: str = "") -> ReplanRecord:
     """The record of moving the run in ``options.out_dir`` from ``old`` to ``new``, which
-    continues from the run's newest checkpoint that verifies."""
-    step = restart_step(options)
+    continues from checkpoint ``step`` (:func:`restart_step`)."""
     return ReplanRecord(
         step=step, reason=reason, lost_devices=lost, joined_devices=joined,
         old_layout=old.layout(), new_layout=new.layout(), old_devices=old.devices,
@@ -144,8 +147,7 @@ def describe_replan(old: Plan, new: Plan, options: TrainOptions, reason: str, *,
 def _replan(run: ElasticRun, replan: _Replan, report: Report | None) -> None:
     """Continue under the new plan: from the newest checkpoint, or from the start when the
     run has none yet; no drill again (its rank numbers were the old plan's)."""
-    assert run.options.out_dir is not None
-    append_replan(run.options.out_dir, replan.record)
+    append_replan(_run_dir(run.options), replan.record)
     if report is not None:
         report(replan.record)
     log.info("replanned at step %d: %s -> %s", replan.record.step, replan.record.old_layout,
@@ -159,41 +161,28 @@ def _replan(run: ElasticRun, replan: _Replan, report: Report | None) -> None:
 def restart_step(options: TrainOptions) -> int:
     """The step of the run's newest checkpoint that verifies (0: it has none): a save cut
     short was never marked finished, and a damaged one fails its checksums."""
-    assert options.out_dir is not None
-    path = newest_verified(options.out_dir, alone=True)
+    path = newest_verified(_run_dir(options), alone=True)
     return checkpoint_step(path) if path is not None else 0
 
 
 def _steps_done(options: TrainOptions) -> int:
     """Steps the run had finished, by its metrics.jsonl (each step once)."""
-    logged = _logged_steps(options)
+    logged = logged_steps(_run_dir(options))
     return max(logged) + 1 if logged else 0
 
 
-def _logged_steps(options: TrainOptions) -> dict[int, StepMetrics]:
-    """The steps of the run's metrics.jsonl, by step (a line that is not one is skipped)."""
-    assert options.out_dir is not None
-    path = Path(options.out_dir) / METRICS_FILE
-    names = {f.name for f in fields(StepMetrics)}
-    logged: dict[int, StepMetrics] = {}
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-                metrics = StepMetrics(**{k: v for k, v in row.items() if k in names})
-            except (ValueError, TypeError):
-                continue
-            logged[metrics.step] = metrics
-    return logged
-
-
-def _finished(run: ElasticRun) -> bool:
-    return restart_step(run.options) >= run.options.steps
+def _run_dir(options: TrainOptions) -> str:
+    assert options.out_dir is not None  # check_elastic saw to it
+    return options.out_dir
 
 
 def _merge(history: dict[int, StepMetrics], attempt: list[StepMetrics]) -> None:
     """Rank 0's metrics of an attempt over those of the attempts before, by step."""
     history.update((metrics.step, metrics) for metrics in attempt)
+
+
+def _in_order(history: dict[int, StepMetrics]) -> list[StepMetrics]:
+    return [history[step] for step in sorted(history)]
 
 
 class _MembershipWatcher:
@@ -220,8 +209,7 @@ class _MembershipWatcher:
     def look(self, notes: JobNotes | None) -> None:
         """Plan with the devices offered and without those taken; ``notes`` of the running
         ranks, or None before they start (then a chosen plan is taken at once)."""
-        out_dir, run = self.run.options.out_dir, self.run
-        assert out_dir is not None
+        out_dir, run = _run_dir(self.run.options), self.run
         joined = registered(out_dir, run.plan) - run.pool
         left = leaving(out_dir, run.plan) & run.pool
         run.pool -= left - set(run.plan.devices)  # devices the plan does not run just go

@@ -244,6 +244,10 @@ def _attempt_store(timeout: timedelta) -> dist.Store | None:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                           is_master=False, wait_for_workers=False, timeout=timeout)
-    return dist.PrefixStore(f"potluck/attempt_{restart}", client)
+    return dist.PrefixStore(f"potluck/attempt_{restart}", agent_store(timeout))
+
+
+def agent_store(timeout: timedelta) -> dist.TCPStore:
+    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's agents' store)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, wait_for_workers=False, timeout=timeout)

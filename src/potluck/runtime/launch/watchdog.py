@@ -309,11 +309,18 @@ class Watchdog:
         os._exit(RankFailure.exit_code)
 
 
+def root_store(store: dist.Store) -> dist.Store:
+    """The store under ``store``'s prefixes (the process group's): where the launcher and
+    every rank's notes meet."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
 def _own_connection(store: dist.Store, timeout_s: float) -> dist.Store:
     """A new client of the TCP store under ``store``'s prefixes; ``store`` itself when it is
     not a TCP store (a world of one)."""
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
+    store = root_store(store)
     if not isinstance(store, dist.TCPStore):
         return store
     return dist.TCPStore(store.host, store.port, is_master=False, wait_for_workers=False,

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,23 @@ def keep_steps_before(path: Path, first_step: int) -> None:
     temporary.write_text("".join(line + "\n" for line in kept))
     os.replace(temporary, path)
     log.info("%s: dropped %d lines from step %d on", path, len(lines) - len(kept), first_step)
+
+
+def logged_steps(out_dir: str | Path) -> dict[int, StepMetrics]:
+    """The steps of ``DIR/metrics.jsonl`` by step (a torn or foreign line is skipped)."""
+    path = Path(out_dir) / METRICS_FILE
+    names = {f.name for f in fields(StepMetrics)}
+    logged: dict[int, StepMetrics] = {}
+    if not path.is_file():
+        return logged
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+            metrics = StepMetrics(**{k: v for k, v in row.items() if k in names})
+        except (ValueError, TypeError):
+            continue
+        logged[metrics.step] = metrics
+    return logged
 
 
 def _step_of(line: str) -> int | None:
