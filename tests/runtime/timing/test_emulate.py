@@ -116,6 +116,12 @@ def test_calibration_makes_the_dilation_cover_the_slowest_op():
         dist.destroy_process_group()
 
 
+def _assert_emulated_step(measured_s: float, predicted_s: float) -> None:
+    """The clock pads every op up to its target, so an emulated step never ends early; on a
+    busy machine it may overrun, but not by a whole second step (padding applied twice)."""
+    assert 0.9 * predicted_s <= measured_s < 2.0 * predicted_s
+
+
 def _emulated(plan, options):
     return [(m.loss, m.step_time_s, m.predicted_step_time_s) for m in train_rank(plan, options)]
 
@@ -131,7 +137,7 @@ def test_emulation_changes_timing_never_numerics():
     assert losses == plain
     for _, measured_s, predicted_s in results[1:]:
         assert predicted_s == pytest.approx(0.4)
-        assert measured_s == pytest.approx(predicted_s, rel=0.25)
+        _assert_emulated_step(measured_s, predicted_s)
 
 
 def test_calibrating_the_dilation_neither_trains_nor_uses_up_steps():
@@ -178,7 +184,8 @@ def test_an_op_nested_in_another_is_padded_apart_and_not_counted_twice(monkeypat
     began = time.perf_counter()
     clock.run(OpKind.FORWARD, 0, lambda: [clock.run_segment(segment, lambda: 0) for _ in range(3)])
     took = time.perf_counter() - began
-    assert 3 * 0.04 + 0.02 <= took < 3 * 0.04 + 0.02 + 0.1  # not padded to the op's 0.02 only
+    padded_s = 3 * 0.04 + 0.02  # not padded to the op's 0.02 only
+    assert padded_s <= took < 1.8 * padded_s  # nor counted twice (slack for a busy machine)
     assert clock.overruns == 0
 
 
@@ -284,7 +291,7 @@ def test_split_channels_are_emulated_beside_the_compute_with_unchanged_numerics(
     plain = run_plan(make_plan(TINY_LLAMA, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 4)]), steps=4)
     assert [loss for loss, _, _ in results] == pytest.approx(plain, abs=2e-3)
     for _, measured_s, predicted_s in results[1:]:
-        assert measured_s == pytest.approx(predicted_s, rel=0.25)
+        _assert_emulated_step(measured_s, predicted_s)
 
 
 def test_an_explicit_tp_stage_is_padded_piece_by_piece_to_the_cost_models_total():
