@@ -404,7 +404,7 @@ def schedule(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job]
              policy: str = "fair", restart_s: float = DEFAULT_RESTART_S,
              execution: str | Path | Execution | None = None) -> ScheduleResult:
     """Share ``cluster`` among ``jobs`` (a jobs file, or :class:`potluck.multijob.Job`
-    values) under ``policy`` (fifo, equal, throughput or fair): each job planned by the
+    values) under ``policy`` (fifo, equal, throughput, fair or jct): each job planned by the
     planner on its allocations, the schedule simulated from arrival to completion. A
     jobs file with problems raises one :class:`potluck.multijob.JobsFileError` that lists
     them all (``problems``: one line each)."""

@@ -221,7 +221,8 @@ def schedule(
              "optionally priority, deadline_h, arrival_h.")] = None,
     policy: Annotated[str, typer.Option(
         help="fifo (first come, first served), equal (equal shares, blind to GPU types), "
-             "throughput or fair (Gavel's heterogeneity-aware sum and max-min).")] = "fair",
+             "throughput or fair (Gavel's heterogeneity-aware sum and max-min), jct (shortest "
+             "remaining time first on the fastest GPUs, for average completion time).")] = "fair",
     trace: Annotated[int | None, typer.Option(
         help="Instead of --jobs: N synthetic jobs (Poisson arrivals, a size mix of presets), "
              "every policy compared.")] = None,

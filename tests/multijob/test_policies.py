@@ -130,3 +130,38 @@ def test_a_subcluster_holds_only_the_allocated_machines():
     assert [(g.name, g.count) for g in part.nodes] == [("slow", 1)]
     assert [t.name for t in part.device_types] == ["rtx3090"]
     assert allocation.num_gpus(CLUSTER) == CLUSTER.num_gpus
+
+
+def test_jct_lets_a_short_job_that_arrives_later_pass_a_long_one(table):
+    """Shortest remaining time first: two alike jobs want the A100s; the short one arriving
+    later takes them from the long one and finishes first, and the average completion time
+    is below fifo's, which makes it wait or run slower."""
+    jobs = (job("long", "gpt3-350m", 3_000_000_000), job("short", "gpt3-350m", 200_000_000, 0.1))
+    jct = simulate(jobs, table, Policy.JCT)
+    by_name = {o.job.name: o for o in jct.outcomes}
+    assert "fast" in by_name["short"].segments[0].allocation.groups
+    assert by_name["short"].end_h < by_name["long"].end_h
+    assert len(by_name["long"].segments) > 1  # it was moved off the A100s, then back
+    assert jct.avg_completion_h < simulate(jobs, table, Policy.FIFO).avg_completion_h
+
+
+def test_jct_waits_for_the_fast_machine_when_that_finishes_a_job_sooner(table):
+    """A job 3x faster on the A100s, arriving while a nearly done job holds them, waits for
+    them rather than start on the 3090s; a job as fast anywhere does not wait."""
+    nearly_done = job("nearly-done", "gpt3-350m", 50_000_000)
+    waits = simulate((nearly_done, job("gains", "gpt3-350m", 2_000_000_000, 0.01)), table,
+                     Policy.JCT)
+    first = {o.job.name: o for o in waits.outcomes}
+    assert first["gains"].segments[0].allocation.groups == ("fast",)
+    assert first["gains"].start_h == pytest.approx(first["nearly-done"].end_h)
+    starts = simulate((nearly_done, job("indifferent", "tiny-llama", 2_000_000_000, 0.01, seq=256)),
+                      table, Policy.JCT)
+    other = {o.job.name: o for o in starts.outcomes}["indifferent"]
+    assert other.start_h == pytest.approx(0.01) and "fast" not in other.segments[0].allocation.groups
+
+
+def test_jct_charges_the_restart_so_a_small_gain_moves_nobody(table):
+    """With restarts dear (10 h), the running job is never moved for the later, shorter one."""
+    jobs = (job("long", "gpt3-350m", 3_000_000_000), job("short", "gpt3-350m", 200_000_000, 0.1))
+    result = simulate(jobs, table, Policy.JCT, restart_s=36_000.0)
+    assert all(len(o.segments) == 1 for o in result.outcomes)

@@ -92,7 +92,7 @@ def test_a_seeded_trace_is_the_same_trace_every_time(tmp_path):
     again = api.schedule_trace(cluster, 12, seed=7, mix=MIX)
     other = api.schedule_trace(cluster, 12, seed=8, mix=MIX)
     assert first.jobs == again.jobs and first.jobs != other.jobs
-    assert [r.result.policy.value for r in first.runs] == ["fifo", "equal", "throughput", "fair"]
+    assert [r.result.policy.value for r in first.runs] == ["fifo", "equal", "throughput", "fair", "jct"]
     figures = [(r.result.avg_completion_h, r.result.makespan_h) for r in first.runs]
     assert figures == [(r.result.avg_completion_h, r.result.makespan_h) for r in again.runs]
     arrivals = [j.arrival_h for j in first.jobs]
@@ -105,7 +105,7 @@ def test_trace_json_reports_every_policy(tmp_path, monkeypatch):
     monkeypatch.setattr("potluck.multijob.trace.MIX", MIX)
     data = json.loads(invoke("-c", cluster, "--trace", 6, "--seed", 3, "--json").stdout)
     assert data["trace"] == 6 and data["seed"] == 3
-    assert [p["policy"] for p in data["policies"]] == ["fifo", "equal", "throughput", "fair"]
+    assert [p["policy"] for p in data["policies"]] == ["fifo", "equal", "throughput", "fair", "jct"]
     assert all(p["avg_completion_h"] > 0 and p["makespan_h"] > 0 for p in data["policies"])
 
 

@@ -17,6 +17,18 @@ potluck's planner through :class:`~potluck.multijob.throughput.ThroughputTable`.
   Scheduling Policies for Deep Learning Workloads", OSDI'20).
 - ``fair``: heterogeneity-aware max-min fairness on each job's normalized throughput over
   its priority (Gavel's LAS policy).
+- ``jct``: heterogeneity-aware shortest remaining time first, for average job completion
+  time, which neither fifo nor Gavel's two objectives minimize. Jobs are admitted shortest
+  first (remaining tokens over their best rate per machine on any node group, over their
+  priority; AlloX orders jobs by processing time on heterogeneous devices: Le et al.,
+  "AlloX: Compute Allocation in Hybrid Clusters", EuroSys'20; the shortest job on the
+  fastest machines is optimal on machines of uniform speeds: Gonzalez, "Optimal mean
+  finish time preemptive schedules", 1977). Each job takes whichever finishes it sooner
+  of what it holds (if still free) and the smallest allocation it fits in each node
+  group, every start or move charged ``restart_s``; a waiting job rather waits if it
+  would finish sooner on its fastest group once the first job there ends. Then, as
+  Optimus grows jobs (Peng et al., EuroSys'18), the machines left go by the largest cut
+  in predicted remaining time per added machine, moves included.
 
 Normalization follows Gavel: throughputs of different models are not comparable, so a
 job's throughput ``T(a)`` on allocation ``a`` is divided by what an equal share of
@@ -36,12 +48,14 @@ which on small clusters may add machines of another type, or about the same size
 another group); then swap
 allocations between pairs of jobs while that raises the objective (the sum, or the
 smaller of the two). Jobs beyond the first ``machines`` waiting ones (arrival order) are
-not considered at an event: at most that many can run. Keeping the current allocation
+not considered at an event by ``throughput`` and ``fair``: at most that many can run
+(``jct`` looks at every job, since a short one may arrive last). Keeping the current allocation
 counts ``STAY_BONUS`` more, since moving costs a restart.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -51,7 +65,8 @@ from potluck.multijob.jobs import Job
 from potluck.multijob.throughput import ThroughputTable
 
 TIE = 0.01  # fifo: a larger allocation must be this much faster to be taken
-STAY_BONUS = 0.10  # heterogeneity-aware policies: the current allocation counts this much more
+STAY_BONUS = 0.10  # throughput, fair: the current allocation counts this much more
+DEFAULT_RESTART_S = 120.0  # a (re)start: checkpoint load, rendezvous, first steps
 MIN_GAIN = 1e-9
 SWAP_PASSES = 3
 
@@ -61,25 +76,37 @@ class Policy(str, Enum):
     EQUAL = "equal"
     THROUGHPUT = "throughput"
     FAIR = "fair"
+    JCT = "jct"
 
 
 @dataclass(frozen=True)
 class Active:
-    """A job that has arrived and not finished, with the allocation it holds (if any)."""
+    """A job that has arrived and not finished, with the allocation it holds (if any) and
+    the tokens it has left to train (all of them when not given: ``schedule --run`` does
+    not read its runs' progress, so there ``jct`` orders jobs by their whole size)."""
 
     job: Job
     current: Allocation | None = None
+    remaining_tokens: float | None = None
+
+    @property
+    def tokens_left(self) -> float:
+        return float(self.job.tokens) if self.remaining_tokens is None else self.remaining_tokens
 
 
 Decision = dict[str, Allocation]  # job name -> its allocation; jobs left out wait
 
 
-def allocate(policy: Policy, active: Sequence[Active], table: ThroughputTable) -> Decision:
-    """The allocation of each job of ``active`` (arrival order) that should run now."""
+def allocate(policy: Policy, active: Sequence[Active], table: ThroughputTable,
+             restart_s: float = DEFAULT_RESTART_S) -> Decision:
+    """The allocation of each job of ``active`` (arrival order) that should run now;
+    ``jct`` charges ``restart_s`` to every start or move."""
     if policy is Policy.FIFO:
         return _fifo(active, table)
     if policy is Policy.EQUAL:
         return _equal(active, table)
+    if policy is Policy.JCT:
+        return _JctSearch(list(active), table, restart_s).run()
     considered = _considered(active, table)
     search = _Search(considered, table, fair=policy is Policy.FAIR)
     return search.run()
@@ -333,3 +360,68 @@ def _changed_groups(before: Allocation, after: Allocation) -> list[str]:
 def _first(options: list[Allocation], fits_job: Callable[[Allocation], bool]) -> Allocation | None:
     """The first of ``options`` the job fits on (asked in order: each may cost a search)."""
     return next((a for a in options if fits_job(a)), None)
+
+
+class _JctSearch(_Search):
+    """``jct``: shortest remaining time first, then growth by remaining time saved per
+    added machine (module docstring). A job's value is minus its predicted remaining
+    time (times its priority), a restart included on any allocation but the one it holds."""
+
+    def __init__(self, active: list[Active], table: ThroughputTable, restart_s: float) -> None:
+        super().__init__(active, table, fair=False)
+        self.restart_s = restart_s
+
+    def run(self) -> Decision:
+        for entry in sorted(self.active, key=self._urgency):
+            choice = self._admission(entry)
+            if choice is not None:
+                self._apply(entry, choice)
+        self.active = [a for a in self.active if self.held[a.job.name] is not None]
+        self._moves.clear()
+        self._greedy()
+        return {name: held for name, held in self.held.items() if held is not None}
+
+    def value(self, entry: Active, allocation: Allocation | None) -> float:
+        return -self._left_s(entry, allocation) * entry.job.priority
+
+    def _left_s(self, entry: Active, allocation: Allocation | None) -> float:
+        """Predicted seconds until ``entry`` is done on ``allocation``, a restart included
+        unless it is the allocation the job holds."""
+        tokens_per_s = self.table.tokens_per_s(entry.job.shape, allocation)
+        if tokens_per_s <= 0:
+            return math.inf
+        restart_s = 0.0 if allocation == entry.current else self.restart_s
+        return entry.tokens_left / tokens_per_s + restart_s
+
+    def _urgency(self, entry: Active) -> float:
+        """Remaining tokens over the job's best rate per machine, plus a start for a job
+        that is not running, over its priority."""
+        rate = max(self.table.per_machine(entry.job.shape, g.name) for g in self.table.spec.nodes)
+        left_s = entry.tokens_left / rate if rate > 0 else math.inf
+        if entry.current is None:
+            left_s += self.restart_s
+        return left_s / entry.job.priority
+
+    def _admission(self, entry: Active) -> Allocation | None:
+        """The best (sooner done, a restart counted) of what the job holds, if still free,
+        and the smallest allocation it fits in each node group; a waiting job rather waits
+        if it would finish sooner on its fastest group once the first job there ends."""
+        options = self.neighbours(entry)  # from nothing: the smallest of each group it fits
+        if entry.current is not None and self._fits(entry, entry.current):
+            options.append(entry.current)
+        best = max(options, key=lambda a: self.value(entry, a), default=None)
+        if best is None or (entry.current is None and self._waiting_is_sooner(entry)):
+            return None
+        return best
+
+    def _waiting_is_sooner(self, entry: Active) -> bool:
+        shape = entry.job.shape
+        rates = {g.name: self.table.per_machine(shape, g.name) for g in self.table.spec.nodes}
+        fastest = max(rates, key=rates.__getitem__)
+        ends_s = [self._left_s(other, held) for other in self.active
+                  if (held := self.held[other.job.name]) is not None and fastest in held.groups]
+        now = _fastest(entry.job, self.free, self.table)
+        if not ends_s or now is None or rates[fastest] <= 0:
+            return False
+        wait_s = min(ends_s) + entry.tokens_left / rates[fastest]
+        return wait_s < entry.tokens_left / self.table.tokens_per_s(shape, now)

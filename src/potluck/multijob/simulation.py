@@ -21,14 +21,13 @@ from potluck.errors import InfeasibleError
 from potluck.multijob.allocations import Allocation
 from potluck.multijob.jobs import Job
 from potluck.multijob.machines import Machine, assign_machines
-from potluck.multijob.policies import Active, Policy, allocate
+from potluck.multijob.policies import DEFAULT_RESTART_S, Active, Policy, allocate
 from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan
 
 log = logging.getLogger(__name__)
 
 HOUR_S = 3600.0
-DEFAULT_RESTART_S = 120.0  # a (re)start: checkpoint load, rendezvous, first steps
 DONE_FRACTION = 1e-9  # a job with this share of its tokens left is done (float rounding)
 
 
@@ -145,8 +144,8 @@ class _State:
     def decide(self) -> None:
         while self.pending and self.pending[0].arrival_h * HOUR_S <= self.now_s:
             self.active.append(self.pending.pop(0))
-        entries = [Active(job, self._held(job)) for job in self.active]
-        decision = allocate(self.policy, entries, self.table)
+        entries = [Active(job, self._held(job), self.left[job.name]) for job in self.active]
+        decision = allocate(self.policy, entries, self.table, self.restart_s)
         previous = {name: run.machines for name, run in self.running.items()}
         machines = assign_machines(self.table.spec, previous, decision)
         for job in self.active:
