@@ -209,6 +209,19 @@ def test_whole_machines_of_a_group_are_left_out_when_the_network_is_too_slow():
     assert with_two.prediction.iteration_time_s == pytest.approx(with_one.prediction.iteration_time_s)
 
 
+def test_a_second_machine_never_makes_the_best_plan_slower():
+    """The search may leave a machine out, so it must find on two machines at least what
+    it finds on one: gpt3-125m on 4 A100s is fastest at tp=2 x dp=2, which on two machines
+    over 10 Gb/s ranks below a tp=2 family spanning both at the first pass."""
+    model = load_model("gpt3-125m")
+    box = ("nodes: [{{name: a, gpu: a100-80g-sxm, gpus_per_node: 4, count: {},"
+           " inter_bandwidth: 10Gb/s}}]")
+    shape = TrainingShape(8, 512)
+    with_two = search(parse_cluster(box.format(2)), model, shape).best
+    with_one = search(parse_cluster(box.format(1)), model, shape).best
+    assert with_two.prediction.iteration_time_s <= with_one.prediction.iteration_time_s * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("schedule", [Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE])
 def test_interleaved_plans_use_micro_batch_counts_torch_accepts(schedule):
     spec = parse_cluster(SMALL_CLUSTERS["three-types"])

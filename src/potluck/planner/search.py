@@ -193,7 +193,9 @@ class _Search:
         )
         self.candidates = 0
         # every stage order of a mixed family where that stays cheap: small clusters
-        self._exhaustive_orders = 4 if cluster.spec.num_gpus <= SMALL_CLUSTER_GPUS else 2
+        small = cluster.spec.num_gpus <= SMALL_CLUSTER_GPUS
+        self._exhaustive_orders = 4 if small else 2
+        self._by_machines = small  # families: the best TP choice on each machine subset
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
         self.rank_order = cost.execution.placement is Placement.RANK_ORDER
 
@@ -390,7 +392,7 @@ class _Search:
         if len(family) == 1:
             self._best_tps[(family[0].name, setting)] = list(
                 dict.fromkeys(tp for f in found for _, tp in f.groups))
-        return _beam_with_every_tp(found, options.family_beam)
+        return _beam_with_every_tp(found, options.family_beam, self._by_machines)
 
     def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
         """TP degrees to try for a group: in mixed families, those that served the group
@@ -557,23 +559,38 @@ def _lockstep(shares: list[list[int]] | None, ep: int) -> bool:
                for g in range(0, len(share), ep))
 
 
-def _beam_with_every_tp(found: list[FamilyOption], beam: int) -> list[FamilyOption]:
+def _beam_with_every_tp(found: list[FamilyOption], beam: int,
+                        by_machines: bool) -> list[FamilyOption]:
     """The ``beam`` best families (``found`` is sorted), and beyond them the best of every TP
     choice and the best of every replica count (not of every pair: on large clusters their
-    product crowds the combinations): the ranking is made at one micro-batch size, and a larger TP
-    degree or more replicas that lose there can win at the larger micro-batches the second
-    pass tries (8 A100s, llama2-7b: tp=4 x dp=2 ranks below three tp=2 families at
-    micro-batch 1 and wins at 8; four RTX 4090s: four replicas lose to a four-stage pipeline
-    whose transfers overlap at micro-batch 1 and win at 4)."""
+    product crowds the combinations): the ranking is made at one micro-batch size, and a
+    larger TP degree or more replicas that lose there can win at the larger micro-batches
+    the second pass tries (8 A100s, llama2-7b: tp=4 x dp=2 ranks below three tp=2 families
+    at micro-batch 1 and wins at 8; four RTX 4090s: four replicas lose to a four-stage
+    pipeline whose transfers overlap at micro-batch 1 and win at 4). With ``by_machines``
+    (small clusters) a TP choice counts apart on each number of machines its family spans
+    (two machines of 4 A100s over 10 Gb/s, gpt3-125m: the fastest plan, tp=2 x dp=2 on one
+    machine, ranks below a tp=2 family on both); on 1024 GPUs that multiplies the
+    candidates 7-fold."""
     kept = found[:beam]
-    groups = {family.groups for family in kept}
+    placed = _machines if by_machines else _no_machines
+    groups = {(family.groups, placed(family)) for family in kept}
     replicas = {family.dp for family in kept}
     for family in found[beam:]:
-        if family.groups not in groups or family.dp not in replicas:
-            groups.add(family.groups)
+        key = (family.groups, placed(family))
+        if key not in groups or family.dp not in replicas:
+            groups.add(key)
             replicas.add(family.dp)
             kept.append(family)
     return kept
+
+
+def _machines(family: FamilyOption) -> int:
+    return len({unit.node for pipeline in family.pipelines for unit in pipeline})
+
+
+def _no_machines(family: FamilyOption) -> int:
+    return 0
 
 
 def _least_micro_batches(families: tuple[FamilyOption, ...], setting: FamilySetting,
