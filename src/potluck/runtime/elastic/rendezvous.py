@@ -18,7 +18,8 @@ runs in every rank before it joins the job:
    plan file from someone else is);
 3. ranks whose device the plan leaves out stop at once (exit 0); the others join the job
    under new rank numbers and, after a restart, resume from the newest checkpoint that
-   verifies (a drill's failure is injected in the first start only).
+   verifies (rank 0 checks that one exists and tells the others through the store; a
+   drill's failure is injected in the first start only).
 
 The run directory must be one every machine sees (a shared file system), as resuming
 across machines already needs.
@@ -80,8 +81,8 @@ def elastic_start(started_with: Plan, options: TrainOptions) -> ElasticStart:
     plan = _agreed_plan(store, rank, _current_plan(started_with, options), devices, options)
     again = restarted()
     resumed = replace(options, inject_failure=None if again else options.inject_failure,
-                      resume=options.resume or (again and newest_verified(
-                          _run_dir(options), alone=True) is not None))
+                      resume=options.resume or (again and _checkpoint_to_resume(store, rank,
+                                                                                options)))
     if device not in plan.devices:
         log.info("rank %d (%s): the plan after the restart leaves this device out", rank, device)
         return ElasticStart(None, resumed)
@@ -89,6 +90,16 @@ def elastic_start(started_with: Plan, options: TrainOptions) -> ElasticStart:
     os.environ.update(RANK=str(members.index(rank)), WORLD_SIZE=str(len(members)),
                       POTLUCK_DEVICE=device)
     return ElasticStart(plan, resumed)
+
+
+def _checkpoint_to_resume(store: dist.Store, rank: int, options: TrainOptions) -> bool:
+    """Whether the run directory holds a checkpoint that verifies: rank 0 reads it, once for
+    every rank (a large checkpoint on a shared file system is not read by each), and all
+    ranks resume or start alike."""
+    if rank == 0:
+        found = newest_verified(_run_dir(options), alone=True) is not None
+        store.set("resume", "yes" if found else "no")
+    return store.get("resume") == b"yes"
 
 
 def _run_dir(options: TrainOptions) -> str:
