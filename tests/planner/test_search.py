@@ -141,12 +141,14 @@ nodes:
     same = parse_cluster("nodes: [{name: a100, gpu: a100-80g-sxm, gpus_per_node: 8}]")
 
     # a wider family beam than the default, so that both searches see the same layouts
-    # (dp=2 tp=4 with micro-batches of 8); the partition is what the test compares
+    # (dp=2 tp=4 with micro-batches of 8), and the same ZeRO stage: the partition is what
+    # the test compares
     def speedup(spec):
         beam = SearchOptions(family_beam=8)
-        balanced = search(spec, model, shape, beam).best.prediction.iteration_time_s
-        uniform = search(spec, model, shape, replace(beam, partition=Partition.UNIFORM))
-        return uniform.best.prediction.iteration_time_s / balanced
+        balanced = search(spec, model, shape, beam).best
+        uniform = search(spec, model, shape,
+                         replace(beam, partition=Partition.UNIFORM, zero=balanced.zero))
+        return uniform.best.prediction.iteration_time_s / balanced.prediction.iteration_time_s
 
     assert speedup(mixed) >= 1.3
     assert speedup(same) == pytest.approx(1.0, abs=0.005)
@@ -260,3 +262,16 @@ def test_a_tp_degree_that_wins_only_at_larger_micro_batches_is_found():
         except InfeasibleError:
             continue
         assert best.prediction.iteration_time_s <= pinned.prediction.iteration_time_s * (1 + 1e-9)
+
+
+def test_a_faster_layout_that_fits_only_with_sharded_states_is_found():
+    """Four RTX 3090s, llama2-7b: only an offloaded optimizer fits unsharded (a two-stage
+    pipeline); at ZeRO-2, two TP pairs as replicas fit and are faster. The search must go
+    on past the first ZeRO stage that fits while its best plan pays time for memory."""
+    spec = parse_cluster("nodes: [{name: r, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs}]")
+    model, training = load_model("llama2-7b"), TrainingShape(32, 2048)
+    best = search(spec, model, training).best
+    pinned = [search(spec, model, training, SearchOptions(zero=z)).best for z in (0, 1, 2, 3)]
+    assert best.prediction.iteration_time_s <= min(
+        p.prediction.iteration_time_s for p in pinned) * (1 + 1e-9)
+    assert best.zero > 0
