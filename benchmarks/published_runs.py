@@ -63,7 +63,7 @@ def eq3_flops(batch: int, layers: int, hidden: int) -> float:
 def predict(model: ModelSpec, gpus: int, batch: int, tp: int, pp: int, recompute: Recompute,
             schedule: Schedule):
     options = SearchOptions(tp=tp, pp=pp, dp=gpus // (tp * pp), recompute=recompute,
-                            schedule=schedule, top_k=1)
+                            schedule=schedule, zero=0, top_k=1)  # 2021: no distributed optimizer
     shape = TrainingShape(batch, SEQ, execution=preset(EXECUTION))
     return search(selene(gpus), model, shape, options).best
 
