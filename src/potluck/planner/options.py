@@ -46,6 +46,7 @@ class SearchOptions:
     structure_beam: int = 64
     exact_beam: int = 32
     max_micro_batch_size: int = 32
+    sharded_levels: bool = True  # go on through the ZeRO stages while sharding may pay (search)
 
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the search tries when none is pinned

@@ -555,7 +555,8 @@ def _seeks_sharded_layouts(cluster: Cluster, options: SearchOptions, level: Memo
     first; 4 RTX 3090s, llama2-7b: dp=2 tp=2 at ZeRO-2 5% faster than the offloaded
     pipeline. Elsewhere sharding would save only optimizer time, and each level costs a
     whole search pass."""
-    if cluster.spec.num_gpus > SMALL_CLUSTER_GPUS or options.zero is not None or level.zero >= 3:
+    if (cluster.spec.num_gpus > SMALL_CLUSTER_GPUS or options.zero is not None
+            or not options.sharded_levels or level.zero >= 3):
         return False
     best = min(found, key=_rank)
     improved = len(found) > len(latest) and any(plan is best for plan in latest)
