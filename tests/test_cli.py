@@ -88,7 +88,7 @@ def test_execution_flag_predicts_a_published_run_as_the_benchmark_does(tmp_path)
                                   "n_head": 24, "n_positions": 2048, "vocab_size": 51200}))
     result = potluck("plan", "-c", str(cluster), "-m", str(config), "--global-batch", "512",
                      "--seq-len", "2048", "--tp", "1", "--pp", "1", "--dp", "32",
-                     "--recompute", "full", "--execution", "megatron-lm-2021", "--top", "1",
+                     "--recompute", "full", "--zero", "0", "--execution", "megatron-lm-2021", "--top", "1",
                      "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
