@@ -49,7 +49,8 @@ def _cached_spec(config_json: str, name: str) -> ModelSpec:
                            final_norm=measured.final_norm, projection=measured.projection),
         block_flops=measured.flops, hf_config=dict(original),
         sdpa=bool(getattr(type(model), "_supports_sdpa", True)),
-        tp_refusal=tp_refusal(str(config.model_type), getattr(config, "base_model_tp_plan", None)),
+        tp_refusal=tp_refusal(str(config.model_type), getattr(config, "base_model_tp_plan", None),
+                              measured.experts),
     )
 
 

@@ -6,8 +6,17 @@ follows that plan where it is the Megatron pattern on whole heads: column-wise Q
 gate/up projections, row-wise output and down projections, and per-head norms whose
 weights are replicated with their gradients summed (Qwen3's ``q_norm``). Plans that gather
 outputs (a fused QKV split by the config's head count, a norm over all heads: Phi-3,
-OLMo 2) or split routed experts are refused, with the reason in one line, and such
-models are planned without tensor parallelism.
+OLMo 2) are refused, with the reason in one line, and such models are planned without
+tensor parallelism.
+
+A model with routed experts is refused whatever its plan lists, for the plan is no
+statement about the experts: transformers 5.24 listed the experts in Mixtral's and the
+Qwen MoEs' plans (``moe_tp_experts``), 5.25 dropped those entries (they moved to the
+expert-parallel plan), and a plan that names only attention would then have split
+attention and left the experts whole on every rank, each rank routing only its own
+sequence shard's tokens through them: training that silently differs from one process.
+The number of routed experts is read off the model itself
+(:func:`potluck.model.derived.expert_count`).
 
 Blocks run through potluck's block adapter only for the model types it has verified
 (``ADAPTED_MODEL_TYPES``, tested end to end); any other causal LM is cut into pipeline
@@ -38,9 +47,9 @@ def block_tp_plan(tp_plan: dict[str, str] | None) -> dict[str, str]:
             if key.startswith(BLOCK_PREFIX)}
 
 
-def tp_refusal(model_type: str, tp_plan: dict[str, Any] | None) -> str:
-    """Why a model of ``model_type`` with transformers' ``tp_plan`` cannot be split by tensor
-    parallelism here ('' when it can)."""
+def tp_refusal(model_type: str, tp_plan: dict[str, Any] | None, routed_experts: int) -> str:
+    """Why a model of ``model_type`` with transformers' ``tp_plan`` and ``routed_experts``
+    experts per block (0: dense) cannot be split by tensor parallelism here ('' when it can)."""
     if model_type in HAND_WRITTEN_TP:
         return ""
     if model_type not in ADAPTED_MODEL_TYPES:
@@ -49,8 +58,7 @@ def tp_refusal(model_type: str, tp_plan: dict[str, Any] | None) -> str:
     block = block_tp_plan(tp_plan)
     if not block:
         return f"transformers declares no tensor-parallel plan for {model_type}'s blocks"
-    experts = sorted(path for path, style in block.items() if style in _EXPERT_STYLES)
-    if experts:
+    if routed_experts or any(style in _EXPERT_STYLES for style in block.values()):
         return (f"{model_type}'s routed experts are not split by tensor parallelism yet; "
                 "pipeline and data parallelism split it")
     other = sorted(f"{style} on {path}" for path, style in block.items()

@@ -58,6 +58,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from potluck.errors import ConfigError
+from potluck.model.derived import expert_count
 from potluck.model.sharding import block_tp_plan, tp_refusal
 from potluck.runtime.models.adapters import Family, get_path, is_tied
 
@@ -314,7 +315,8 @@ def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> 
         return
     config = getattr(model, "config", None)
     model_type = str(getattr(config, "model_type", ""))
-    reason = tp_refusal(model_type, getattr(config, "base_model_tp_plan", None))
+    reason = tp_refusal(model_type, getattr(config, "base_model_tp_plan", None),
+                        expert_count(model))
     if family is None or reason:
         name = type(model).__name__
         raise ConfigError(
