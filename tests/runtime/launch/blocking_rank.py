@@ -21,9 +21,19 @@ def block_forever() -> None:
     store.wait(["never-set"], timedelta(hours=1))
 
 
+def all_started(rank: int, world: int, timeout_s: float = 600.0) -> None:
+    """Wait until every rank has returned from ``start``: until then another rank may still
+    be connecting its process groups to this one, and a death would fail that connection
+    (a named connect failure) instead of leaving the survivors blocked."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"test/started/{rank}", "1")
+    store.wait([f"test/started/{other}" for other in range(world)], timedelta(seconds=timeout_s))
+
+
 def main(plan_path: str, victim: int) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     session = start(load_plan(plan_path), timeout_s=3600)
+    all_started(session.rank, dist.get_world_size())
     if session.rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
     block_forever()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.local import STOP_WAIT_S, run_local
 from potluck.runtime.launch.watchdog import RankFailure
 
 pytestmark = [pytest.mark.slow,
@@ -196,6 +196,46 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert time.monotonic() - began < START_S
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C at its default action, as in a terminal's foreground job. Started in the
+    background of a non-interactive shell (``.ci/run &``, ``nohup``), the test run ignores
+    SIGINT, an ignored signal passes through exec, and the launcher then rightly ignores
+    Ctrl-C as well (Python installs its handler only where SIGINT is not ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _descendants(pid: int) -> list[int]:
+    found = _children(pid)
+    return found + [grandchild for child in found for grandchild in _descendants(child)]
+
+
+def _sigint(pid: int) -> str:
+    """How ``pid`` takes SIGINT (default, caught or ignored; blocked in its main thread)."""
+    try:
+        status = dict(line.split(":\t", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    except OSError:
+        return "gone"
+    bit = 1 << (signal.SIGINT - 1)
+    how = ("ignored" if int(status["SigIgn"], 16) & bit
+           else "caught" if int(status["SigCgt"], 16) & bit else "default")
+    return how + (", blocked" if int(status["SigBlk"], 16) & bit else "")
+
+
+def _still_running(pids: list[int]) -> str:
+    lines = []
+    for pid in filter(_alive, pids):
+        command = _cmdline(pid).replace(b"\0", b" ").decode(errors="replace")
+        lines.append(f"pid {pid} (SIGINT {_sigint(pid)}): {command[:120]}")
+    return "\n".join(lines)
+
+
+# What the launcher promises after Ctrl-C: it acts once every rank has started (a Ctrl-C
+# during the start is held back, :func:`potluck.runtime.launch.lifeline.starting_processes`),
+# then stops the ranks: SIGTERM, SIGKILL STOP_WAIT_S later, STOP_WAIT_S more to see them go.
+CTRL_C_STOPS_S = START_S + 2 * STOP_WAIT_S + GONE_S
+
+
 def test_ctrl_c_while_the_ranks_start_stops_them_without_a_traceback(tmp_path):
     """Ctrl-C reaches every process of the terminal's foreground group: the fork server, still
     importing torch, and the ranks must leave stopping to the launcher."""
@@ -205,7 +245,8 @@ def test_ctrl_c_while_the_ranks_start_stops_them_without_a_traceback(tmp_path):
         [sys.executable, "-m", "potluck", "train", "-c", str(cluster), "-m", "tiny-llama",
          "--steps", "100000", "--global-batch", "4", "--seq-len", "32"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
+        env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True,
+        preexec_fn=_as_in_a_terminal)
     started: list[int] = []
     try:
         deadline = time.monotonic() + START_S
@@ -214,7 +255,11 @@ def test_ctrl_c_while_the_ranks_start_stops_them_without_a_traceback(tmp_path):
             time.sleep(0.05)
         assert started, "no fork server started"
         os.killpg(launcher.pid, signal.SIGINT)
-        _, err = launcher.communicate(timeout=GONE_S)
+        try:
+            _, err = launcher.communicate(timeout=CTRL_C_STOPS_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {CTRL_C_STOPS_S:.0f} s after Ctrl-C:\n"
+                        + _still_running([launcher.pid, *_descendants(launcher.pid)]))
         assert _gone_soon(started + _children(started[0])) == []
     finally:
         with suppress(ProcessLookupError):
@@ -245,7 +290,7 @@ def test_ranks_log_torchs_cpp_warnings_only_when_asked_to(tmp_path, level):
     env.pop("TORCH_CPP_LOG_LEVEL", None)
     if level:
         env["TORCH_CPP_LOG_LEVEL"] = level
-    script = ("from potluck.runtime.launch.local import run_local\n"
+    script = ("from potluck.runtime.launch.local import STOP_WAIT_S, run_local\n"
               "from test_lifeline import _store_gone\n"
               "print(run_local(_store_gone, ['cpu.0:0'])[0])\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from blocking_rank import block_forever
+from blocking_rank import all_started, block_forever
 from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
 from potluck.cluster.spec import parse_cluster
@@ -40,8 +40,8 @@ def _two_rank_plan():
 
 def _one_dies_while_the_other_blocks(plan, victim: int, how: str) -> None:
     session = start(plan, timeout_s=3600, silence_s=SILENCE_S)
+    all_started(session.rank, plan.num_gpus)
     if session.rank == victim:
-        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         time.sleep(3600)
     block_forever()
