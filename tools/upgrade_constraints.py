@@ -110,8 +110,10 @@ def main() -> int:
     venv = Path(tempfile.mkdtemp(prefix="potluck-constraints-")) / "venv"
     new = _install(venv, torch)
     moved = changes(old, new)
-    print("\n".join(["changes against constraints.txt:", *moved] if moved
-                    else ["no release moved: constraints.txt is current"]), flush=True)
+    if not moved:
+        print("no release moved: constraints.txt is current", flush=True)
+        return 0
+    print("\n".join(["changes against constraints.txt:", *moved]), flush=True)
     tests = [] if args.all else list(FAMILY_TESTS)
     what = "the whole suite" if args.all else "the model-family tests"
     ran = _run([str(venv / "bin" / "python"), "-m", "pytest", "-n", "2", "-q", *tests],
