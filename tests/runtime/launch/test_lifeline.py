@@ -290,7 +290,7 @@ def test_ranks_log_torchs_cpp_warnings_only_when_asked_to(tmp_path, level):
     env.pop("TORCH_CPP_LOG_LEVEL", None)
     if level:
         env["TORCH_CPP_LOG_LEVEL"] = level
-    script = ("from potluck.runtime.launch.local import STOP_WAIT_S, run_local\n"
+    script = ("from potluck.runtime.launch.local import run_local\n"
               "from test_lifeline import _store_gone\n"
               "print(run_local(_store_gone, ['cpu.0:0'])[0])\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
