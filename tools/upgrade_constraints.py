@@ -108,7 +108,12 @@ def main() -> int:
         print("constraints.txt pins no torch; give one with --torch VERSION", file=sys.stderr)
         return 2
     venv = Path(tempfile.mkdtemp(prefix="potluck-constraints-")) / "venv"
-    new = _install(venv, torch)
+    try:
+        new = _install(venv, torch)
+    except subprocess.CalledProcessError as err:
+        print(f"{' '.join(map(str, err.cmd[:3]))} ... failed with exit code {err.returncode}: "
+              "constraints.txt is unchanged", file=sys.stderr)
+        return 1
     moved = changes(old, new)
     if not moved:
         print("no release moved: constraints.txt is current", flush=True)
