@@ -16,7 +16,16 @@ def _compositions(total, parts, low=1):
 
 
 def _period(slots, layers):
-    return max(s.extra_s + n * s.per_layer_s for s, n in zip(slots, layers, strict=True))
+    return max(s.time_s(n) for s, n in zip(slots, layers, strict=True))
+
+
+def _recomputing_slot(rng, layers):
+    """A stage that keeps activations while they fit and recomputes the fewest blocks else."""
+    kept, freed = rng.uniform(1, 3), rng.uniform(0.2, 0.9)
+    spare = rng.uniform(0, layers * kept)
+    return StageSlot(rng.uniform(0.5, 3.0), rng.uniform(0, 2), int(spare // (kept - freed)),
+                     recompute_s=rng.uniform(0.1, 1.5), spare_bytes=spare, kept_bytes=kept,
+                     freed_bytes=freed)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -35,6 +44,30 @@ def test_layer_split_minimizes_the_slowest_stage(seed):
     assert sum(result) == layers and all(n >= 1 for n in result)
     assert all(n <= s.max_layers for n, s in zip(result, slots, strict=True))
     assert _period(slots, result) == pytest.approx(best)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_layer_split_with_stages_that_recompute_what_must_is_exact(seed):
+    rng = random.Random(seed)
+    stages, layers = rng.randint(1, 4), rng.randint(4, 12)
+    slots = [_recomputing_slot(rng, layers) if rng.random() < 0.7 else
+             StageSlot(rng.uniform(0.5, 3.0), 0.0, rng.randint(1, layers)) for _ in range(stages)]
+    feasible = [c for c in _compositions(layers, stages)
+                if all(n <= s.max_layers for n, s in zip(c, slots, strict=True))]
+    result = split_layers(slots, layers)
+    if not feasible:
+        assert result is None
+        return
+    assert sum(result) == layers
+    assert _period(slots, result) == pytest.approx(min(_period(slots, c) for c in feasible))
+
+
+def test_a_stage_recomputes_only_the_blocks_that_do_not_fit():
+    # 10 bytes spare, 3 a block kept, 2 freed by recomputing one: 3 blocks fit as they are,
+    # a 4th needs one recomputed (12 - 2 <= 10), a 5th two (15 - 4 > 10: three)
+    slot = StageSlot(1.0, 0.5, 10, recompute_s=0.25, spare_bytes=10, kept_bytes=3, freed_bytes=2)
+    assert [slot.recomputed(n) for n in range(7)] == [0, 0, 0, 0, 1, 3, 4]
+    assert slot.time_s(5) == pytest.approx(0.5 + 5 * 1.0 + 3 * 0.25)
 
 
 def test_layers_go_in_proportion_to_speed():

@@ -45,6 +45,13 @@ class FamilySetting:
     offload: bool = False  # every stage's optimizer in host memory
     swap: bool = False  # every stage may swap all its blocks' saved activations off the device
     ep: int = 1  # expert parallelism over groups of this many of a family's pipelines
+    # under full recomputation left to the search: each stage recomputes only the blocks
+    # it must to fit, as the per-stage refinement will (priced so in layer splits and times)
+    least_recompute: bool = False
+
+    @property
+    def per_stage_recompute(self) -> bool:
+        return self.least_recompute and self.recompute is Recompute.FULL and not self.swap
 
     @property
     def zero1(self) -> bool:
@@ -156,7 +163,8 @@ class FamilyEvaluator:
             return None
         sends = self._sends_cached(pipelines, setting.micro_batch, sharing)
         works = tuple(self._work(pipelines[0][i], layers[i], i, pp, sends[i], setting,
-                                 _expert_peers(pipelines, i, setting.ep))
+                                 _expert_peers(pipelines, i, setting.ep),
+                                 self._recomputed(pipelines[0][i], i, pp, dp, setting, layers[i]))
                       for i in range(pp))
         fill, period = _fill_and_period(list(works), setting, self.cost.execution)
         dp_quick = self._dp_quick_s(pipelines, layers, works, setting.ep)
@@ -263,15 +271,17 @@ class FamilyEvaluator:
         self._splits[key] = layers
         return layers
 
+    def _recomputed(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting,
+                    layers: int) -> int | None:
+        """Blocks of stage ``i`` that recompute (None: all that the mode recomputes)."""
+        if not setting.per_stage_recompute:
+            return None
+        slot = self._slot(unit, i, pp, dp, setting)
+        return None if slot is None else slot.recomputed(layers)
+
     def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
         first, last = i == 0, i == pp - 1
-        key = (unit.group, unit.tp, first, last, pp, dp, setting)
-        coefficients = self._coefficient_cache.get(key)
-        if coefficients is None:
-            shape = self._with_comm(StageShape(0, first, last, pp, setting.micro_batch,
-                                               setting.recompute, ep=setting.ep), unit, setting)
-            coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
-            self._coefficient_cache[key] = coefficients
+        coefficients = self._coefficients(unit, first, last, pp, dp, setting)
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients
         in_flight = schedule_for(setting.schedule).in_flight(
             i, pp, setting.micro_batches, setting.virtual_stages)
@@ -281,7 +291,25 @@ class FamilyEvaluator:
             * per_layer_act
         if capacity < per_layer * setting.virtual_stages:
             return None
-        return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))
+        if not setting.per_stage_recompute:
+            return StageSlot(per_layer_s, extra_s, int(math.floor(capacity / per_layer)))
+        kept_s, _, _, _, _, kept_act = self._coefficients(
+            unit, first, last, pp, dp, replace(setting, recompute=Recompute.NONE))
+        return StageSlot(kept_s, extra_s, int(math.floor(capacity / per_layer)),
+                         recompute_s=per_layer_s - kept_s, spare_bytes=capacity,
+                         kept_bytes=per_layer_states + in_flight * kept_act,
+                         freed_bytes=in_flight * (kept_act - per_layer_act))
+
+    def _coefficients(self, unit: Unit, first: bool, last: bool, pp: int, dp: int,
+                      setting: FamilySetting) -> tuple[float, float, float, float, float, float]:
+        key = (unit.group, unit.tp, first, last, pp, dp, setting)
+        coefficients = self._coefficient_cache.get(key)
+        if coefficients is None:
+            shape = self._with_comm(StageShape(0, first, last, pp, setting.micro_batch,
+                                               setting.recompute, ep=setting.ep), unit, setting)
+            coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
+            self._coefficient_cache[key] = coefficients
+        return coefficients
 
     def _slot_coefficients(self, devices: tuple[Device, ...], shape: StageShape,
                            sharding: StateSharding) -> tuple[float, float, float, float, float, float]:
@@ -304,14 +332,17 @@ class FamilyEvaluator:
                 per_layer_activations)
 
     def _work(self, unit: Unit, layers: int, i: int, pp: int, send_s: float,
-              setting: FamilySetting, peers: tuple[str, ...] = ()) -> StageWork:
-        """``peers``: the devices the stage exchanges tokens with (expert parallelism)."""
+              setting: FamilySetting, peers: tuple[str, ...] = (),
+              recomputed: int | None = None) -> StageWork:
+        """``peers``: the devices the stage exchanges tokens with (expert parallelism);
+        ``recomputed``: its blocks that recompute (None: all the mode recomputes)."""
         key = (unit.group, unit.devices[0].local_index, unit.tp, layers, i == 0, i == pp - 1,
-               setting.micro_batch, setting.recompute, send_s, setting.ep, peers)
+               setting.micro_batch, setting.recompute, send_s, setting.ep, peers, recomputed)
         work = self._works.get(key)
         if work is None:
             shape = self._with_comm(StageShape(layers, i == 0, i == pp - 1, pp,
                                                setting.micro_batch, setting.recompute,
+                                               recompute_blocks=recomputed,
                                                ep=setting.ep, expert_peers=peers),
                                     unit, setting)
             work = self._works[key] = self.cost.stage_time(unit.devices, shape, send_s).work

@@ -3,10 +3,12 @@
 Both are min-max problems with identical items (blocks are identical; so are
 micro-batches), solved exactly by searching over the bottleneck value:
 
-- layers: stage ``i`` costs ``extra_i + n_i * per_layer_i`` per micro-batch and
-  holds at most ``max_i`` blocks in memory; the smallest period ``P`` such that
-  ``sum_i min(max_i, floor((P - extra_i) / per_layer_i)) >= L`` is optimal, and
-  the surplus is taken back from the stages closest to ``P``;
+- layers: stage ``i`` costs ``extra_i + n_i * per_layer_i`` per micro-batch (plus, where
+  it may recompute, ``recompute_i`` for each block that must recompute to fit:
+  :meth:`StageSlot.recomputed`) and holds at most ``max_i`` blocks in memory; its time
+  never falls as blocks are added, so the smallest period ``P`` such that the blocks
+  each stage takes within ``P`` sum to ``L`` is optimal, and the surplus is taken back
+  from the stages closest to ``P``;
 - micro-batches: pipeline ``k`` takes ``fill_k + m_k * period_k``; the
   smallest ``T`` with ``sum_k floor((T - fill_k) / period_k) >= M`` is optimal.
 
@@ -23,16 +25,43 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StageSlot:
-    """What one stage of a pipeline costs per block, with fixed extras and a memory cap."""
+    """What one stage of a pipeline costs per block, with fixed extras and a memory cap.
+
+    A stage that may recompute some of its blocks (``recompute_s`` > 0) keeps every block's
+    activations while they fit in ``spare_bytes`` (``kept_bytes`` a block) and recomputes
+    the fewest blocks that make the rest fit (each frees ``freed_bytes`` and costs
+    ``recompute_s``), as the per-stage refinement later chooses; ``max_layers`` is then
+    its cap with every block recomputed."""
 
     per_layer_s: float
     extra_s: float
     max_layers: int
+    recompute_s: float = 0.0
+    spare_bytes: float = 0.0
+    kept_bytes: float = 0.0
+    freed_bytes: float = 0.0
+
+    def recomputed(self, layers: int) -> int:
+        """The fewest of ``layers`` blocks that recompute for all of them to fit."""
+        if self.recompute_s <= 0 or self.freed_bytes <= 0:
+            return 0
+        over = layers * self.kept_bytes - self.spare_bytes
+        return min(layers, max(0, math.ceil(over / self.freed_bytes - 1e-9)))
+
+    def time_s(self, layers: int) -> float:
+        return (self.extra_s + layers * self.per_layer_s
+                + self.recomputed(layers) * self.recompute_s)
 
 
 def _layers_within(slot: StageSlot, period_s: float) -> int:
     if period_s < slot.extra_s:
         return 0
+    if slot.recompute_s > 0:  # the most blocks within the period: time never falls with more
+        low, high = 0, slot.max_layers
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if slot.time_s(mid) <= period_s * (1 + 1e-12) else (low, mid - 1)
+        return low
     if slot.per_layer_s <= 0:
         return slot.max_layers
     return min(slot.max_layers, int((period_s - slot.extra_s) / slot.per_layer_s + 1e-9))
@@ -47,7 +76,7 @@ def split_layers(slots: list[StageSlot], num_layers: int, *, uniform: bool = Fal
         return _even_layers(slots, num_layers)
     if sum(s.max_layers for s in slots) < num_layers or any(s.max_layers < min_layers for s in slots):
         return None
-    candidates = sorted({s.extra_s + n * s.per_layer_s
+    candidates = sorted({s.time_s(n)
                          for s in slots for n in range(min_layers, min(s.max_layers, num_layers) + 1)})
 
     def enough(period_s: float) -> bool:
@@ -77,7 +106,7 @@ def _trim(slots: list[StageSlot], period_s: float, num_layers: int, min_layers: 
 
 
 def _stage_s(slot: StageSlot, layers: int) -> float:
-    return slot.extra_s + layers * slot.per_layer_s
+    return slot.time_s(layers)
 
 
 def _even_layers(slots: list[StageSlot], num_layers: int) -> list[int] | None:

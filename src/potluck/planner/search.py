@@ -46,8 +46,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from potluck.cluster.spec import ClusterSpec, NodeGroup
@@ -61,6 +62,16 @@ from potluck.planner.comm.refine import refine_comm
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.grouping import (
+    EXHAUSTIVE_GROUPINGS,
+    Grouping,
+    all_groupings,
+    canonical,
+    greedy_seed,
+    grouping_count,
+    local_search,
+    memoized,
+)
 from potluck.planner.memory.refine import refine_memory
 from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
@@ -77,7 +88,6 @@ from potluck.planner.space import (
     Wrap,
     dp_candidates,
     machine_subsets,
-    set_partitions,
     stage_orders,
     tp_options,
 )
@@ -95,6 +105,7 @@ log = logging.getLogger(__name__)
 
 TP_CHOICES_IN_PAIRS = 2  # TP degrees per group in mixed families of up to three groups (one beyond)
 SMALL_CLUSTER_GPUS = 64  # up to this size mixed families try every order of their groups
+COMBINED_OPTIONS = 16  # option choices per grouping tried in full by the local search
 
 
 @dataclass(frozen=True)
@@ -223,12 +234,16 @@ class _Search:
             self._push_layouts(level, heap, self._rank_order_layouts())
             return self._plans(heap, level)
         structures = self._promising_structures(level)
-        for recompute in self._recomputes():
+        recomputes = self._recomputes()
+        beam = -(-self.options.exact_beam // len(recomputes))
+        for recompute in recomputes:  # each mode its own share of the exact beam: the quick
+            mode: list = []  # estimate prices recomputation plan-wide, the refinement per stage
             for setting in self._settings(level, recompute):
                 for structure in structures:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
-                        self._push(heap, combo)
+                        self._push(mode, combo, beam)
+            heap.extend(mode)
         if self._fully_pinned() or (not heap and self._pinned_shape()):
             self._push_pinned_layouts(level, heap)
         return self._plans(heap, level)
@@ -336,11 +351,57 @@ class _Search:
         return self._combine(setting, tuple(families))
 
     def _collect(self, setting: FamilySetting, heap: list) -> float:
-        """Score every combination of one setting into the heap; the best quick time."""
-        best = float("inf")
-        for combo in self._combos(setting):
-            best = min(best, combo.quick_s)
-            self._push(heap, combo, self.options.structure_beam)
+        """Score groupings of the node groups (:mod:`potluck.planner.grouping`) into the heap,
+        every one on a lab of a few groups, else by local search; the best quick time."""
+        names = tuple(g.name for g in self.groups)
+        complete = setting.uniform  # the uniform baseline uses every device, as Megatron would
+        families: dict[tuple[str, ...], list[FamilyOption]] = {}
+        if grouping_count(len(names)) <= EXHAUSTIVE_GROUPINGS:
+            return min((self._score(g, setting, heap, families, None)
+                        for g in all_groupings(names, complete)), default=math.inf)
+        for name in names:  # each group alone first: mixed families take their best TP degrees
+            self._options_of((name,), setting, families)
+
+        @memoized
+        def score(grouping: Grouping) -> float:
+            return self._score(grouping, setting, heap, families, COMBINED_OPTIONS)
+
+        found = local_search(names, score, self._seeds(names, score, families, complete),
+                             complete=complete)
+        return found[0][0] if found else math.inf
+
+    def _seeds(self, names: tuple[str, ...], score: Callable[[Grouping], float],
+               families: dict, complete: bool) -> list[Grouping]:
+        """Where the local search starts: every group in one family, every group alone (those
+        that train alone; every group when all must be used), and the groups inserted
+        fastest first where they score best."""
+        alone = [n for n in names if complete or families[(n,)]]
+        seeds = [canonical([names]), canonical([(n,) for n in alone])]
+        if not complete:
+            speed = {g.name: g.num_gpus * self.cost.compute.achievable_flops(
+                self.cluster.spec.device_type(g.gpu)) for g in self.groups}
+            seeds.append(greedy_seed(tuple(sorted(names, key=lambda n: (-speed[n], n))), score))
+        return seeds
+
+    def _options_of(self, family: tuple[str, ...], setting: FamilySetting,
+                    families: dict[tuple[str, ...], list[FamilyOption]]) -> list[FamilyOption]:
+        if family not in families:
+            groups = {g.name: g for g in self.groups}
+            families[family] = self._family_options(tuple(groups[n] for n in family), setting)
+        return families[family]
+
+    def _score(self, grouping: Grouping, setting: FamilySetting, heap: list,
+               families: dict[tuple[str, ...], list[FamilyOption]], limit: int | None) -> float:
+        """Every combination of the grouping's family options (at most about ``limit``: the
+        best of each, and each family's others beside the rest's best) pushed into the heap;
+        the best quick time, infinite when none is feasible."""
+        lists = [self._options_of(family, setting, families) for family in grouping]
+        best = math.inf
+        for chosen in _combinations(lists, limit):
+            combo = self._combine(setting, chosen)
+            if combo is not None:
+                best = min(best, combo.quick_s)
+                self._push(heap, combo, self.options.structure_beam)
         return best
 
     def _push(self, heap: list, combo: _Combo, beam: int | None = None) -> None:
@@ -374,10 +435,11 @@ class _Search:
         swap = level.swap_families and (recompute is Recompute.NONE or bool(options.recompute))
         if level.swap_families and not swap:
             return  # swapping stands in for recomputation: its families recompute nothing
+        least = options.recompute is None and not uniform  # the refinement picks per stage
         for ep in expert_degrees(self.cost.model, options, self.cluster.spec.num_gpus):
             for b in sizes:
                 yield FamilySetting(b, recompute, options.schedule, virtual, level.zero,
-                                    uniform, batch // b, level.offload, swap, ep)
+                                    uniform, batch // b, level.offload, swap, ep, least)
 
     def _family_options(self, family: tuple[NodeGroup, ...],
                         setting: FamilySetting) -> list[FamilyOption]:
@@ -389,25 +451,82 @@ class _Search:
         orders = stage_orders(family, memory, speed, self._exhaustive_orders)
         if len(family) == 1 and not setting.uniform:
             orders = [(sub,) for sub in machine_subsets(family[0])]
-        for order in orders:
-            tps = [self._tp_choices(g, setting, len(family)) for g in order]
-            for tp_choice in itertools.product(*tps):
-                found.extend(self._family_layouts(tuple(zip(order, tp_choice, strict=True)),
-                                                  setting))
-        found.sort(key=lambda f: f.fill_s + -(-setting.micro_batches // f.dp) * f.period_s
-                   + f.dp_quick_s)
+        found = self._over_orders_and_degrees(orders, setting)
+        found.sort(key=lambda f: _family_quick_s(f, setting))
         if len(family) == 1:
             self._best_tps[(family[0].name, setting)] = list(
                 dict.fromkeys(tp for f in found for _, tp in f.groups))
         return _beam_with_every_tp(found, options.family_beam, self._by_machines)
 
-    def _tp_choices(self, group: NodeGroup, setting: FamilySetting, family_size: int) -> list[int]:
-        """TP degrees to try for a group: in mixed families, those that served the group
-        best on its own (all of them when it cannot train alone)."""
-        allowed = tp_options(group, self.cost.model, self._pinned_tp(group))
+    def _over_orders_and_degrees(self, orders: list[tuple[NodeGroup, ...]],
+                                 setting: FamilySetting) -> list[FamilyOption]:
+        """A family's layouts: every order at each starting vector of TP degrees
+        (:meth:`_tp_vectors`); in a mixed family then, from the best of them, one group's
+        degree changed at a time while that makes the family faster, and the vector found
+        tried in every order."""
+        tried: dict[tuple, list[FamilyOption]] = {}
+
+        def layouts(order: tuple[NodeGroup, ...], vector: tuple[int, ...]) -> list[FamilyOption]:
+            if (order, vector) not in tried:
+                tried[(order, vector)] = self._family_layouts(
+                    tuple(zip(order, vector, strict=True)), setting)
+            return tried[(order, vector)]
+
+        def quick_s(order: tuple[NodeGroup, ...], vector: tuple[int, ...]) -> float:
+            return min((_family_quick_s(f, setting) for f in layouts(order, vector)),
+                       default=math.inf)
+
+        allowed = {g.name: tp_options(g, self.cost.model, self._pinned_tp(g)) for g in orders[0]}
+        starts = [(order, vector) for order in orders
+                  for vector in self._tp_vectors(order, [allowed[g.name] for g in order], setting)]
+        if not starts:
+            return []
+        order, best = min(starts, key=lambda start: quick_s(*start))
+        if len(order) > 1 and math.isfinite(quick_s(order, best)):
+            best = self._descend(order, best, [allowed[g.name] for g in order],
+                                 lambda vector: quick_s(order, vector))
+            by_name = dict(zip((g.name for g in order), best, strict=True))
+            for other in orders:
+                layouts(other, tuple(by_name[g.name] for g in other))
+        return [f for options in tried.values() for f in options]
+
+    @staticmethod
+    def _descend(order: tuple[NodeGroup, ...], vector: tuple[int, ...],
+                 allowed: list[list[int]], quick_s: Callable[[tuple[int, ...]], float]
+                 ) -> tuple[int, ...]:
+        """From ``vector``, one group's TP degree changed at a time while that is faster."""
+        while True:
+            steps = [(*vector[:i], t, *vector[i + 1:]) for i, degrees in enumerate(allowed)
+                     for t in degrees if t != vector[i]]
+            step = min(steps, key=quick_s, default=vector)
+            if quick_s(step) >= quick_s(vector):
+                return vector
+            vector = step
+
+    def _tp_vectors(self, order: tuple[NodeGroup, ...], allowed: list[list[int]],
+                    setting: FamilySetting) -> list[tuple[int, ...]]:
+        """Where a family's TP degrees start: alone, every allowed degree; in mixed families,
+        the degrees that served each group best on its own (two each up to three groups, one
+        beyond; where a group cannot train alone, all of them up to three groups, its
+        smallest beyond), and the family at one degree throughout, each group at the allowed
+        degree nearest it (a long pipeline over many groups often runs fastest at tp=1
+        where each group alone wants more: the 13B lab of issue 29 planned 48.9 s at
+        tp=[1,2] against 42.7 s at tp=1)."""
+        if len(order) == 1:
+            return [(t,) for t in allowed[0]]
+        choices = [self._tp_choices(g, a, setting, len(order)) for g, a in zip(order, allowed,
+                                                                                strict=True)]
+        vectors = list(itertools.product(*choices))
+        for degree in sorted({t for degrees in allowed for t in degrees}):
+            vectors.append(tuple(_nearest(degrees, degree) for degrees in allowed))
+        return list(dict.fromkeys(v for v in vectors if all(v)))
+
+    def _tp_choices(self, group: NodeGroup, allowed: list[int], setting: FamilySetting,
+                    family_size: int) -> list[int]:
+        """A group's TP degrees in a mixed family (see :meth:`_tp_vectors`)."""
         alone = self._best_tps.get((group.name, setting))
-        if family_size == 1 or not alone:
-            return allowed
+        if not alone:
+            return allowed if family_size <= 3 else allowed[:1]
         return alone[:TP_CHOICES_IN_PAIRS if family_size <= 3 else 1]
 
     def _family_layouts(self, order: tuple[tuple[NodeGroup, int], ...],
@@ -445,25 +564,6 @@ class _Search:
         if self.cost.model.tied_embeddings:
             wraps.append(Wrap.NODE)
         return tuple(wraps)
-
-    def _combos(self, setting: FamilySetting):
-        by_family: dict[tuple[str, ...], list[FamilyOption]] = {}
-        names = tuple(g.name for g in self.groups)
-        groups = {g.name: g for g in self.groups}
-        sizes = [len(names)] if setting.uniform else range(1, len(names) + 1)
-        for size in sizes:  # the uniform baseline uses every device, as Megatron would
-            for used in itertools.combinations(names, size):
-                for partition in _partitions(used):
-                    lists = []
-                    for family in partition:
-                        if family not in by_family:
-                            members = tuple(groups[n] for n in family)
-                            by_family[family] = self._family_options(members, setting)
-                        lists.append(by_family[family])
-                    for chosen in itertools.product(*lists):
-                        combo = self._combine(setting, chosen)
-                        if combo is not None:
-                            yield combo
 
     def _combine(self, setting: FamilySetting, families: tuple[FamilyOption, ...],
                  most: int | None = None) -> _Combo | None:
@@ -643,8 +743,31 @@ def _least_micro_batches(families: tuple[FamilyOption, ...], setting: FamilySett
     return max(1, most)
 
 
-def _partitions(names: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
-    return [[tuple(sorted(block)) for block in p] for p in set_partitions(names)]
+def _family_quick_s(family: FamilyOption, setting: FamilySetting) -> float:
+    """A family's quick time with the whole batch to itself: how its options are ranked."""
+    return (family.fill_s + -(-setting.micro_batches // family.dp) * family.period_s
+            + family.dp_quick_s)
+
+
+def _nearest(degrees: list[int], degree: int) -> int:
+    """The allowed degree nearest ``degree`` (the smaller of two as near); 0 if none."""
+    return min(degrees, key=lambda t: (abs(t - degree), t), default=0)
+
+
+def _combinations(lists: list[list[FamilyOption]], limit: int | None
+                  ) -> Iterator[tuple[FamilyOption, ...]]:
+    """Every choice of one option per family (``limit`` None, or their number within it);
+    else the best of each, then each family's other options beside the others' best."""
+    if any(not options for options in lists):
+        return
+    if limit is None or math.prod(len(options) for options in lists) <= limit:
+        yield from itertools.product(*lists)
+        return
+    best = tuple(options[0] for options in lists)
+    yield best
+    for i, options in enumerate(lists):
+        for other in options[1:]:
+            yield (*best[:i], other, *best[i + 1:])
 
 
 def _layer_ranges(layers: tuple[int, ...], virtual: int) -> list[tuple[tuple[int, int], ...]]:
