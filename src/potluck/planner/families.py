@@ -109,6 +109,7 @@ class FamilyEvaluator:
         self._rings: dict[int, tuple] = {}
         self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
+        self._slots: dict[tuple, StageSlot | None] = {}
         self._params_cache: dict[tuple, float] = {}
         self._comm_cache: dict[tuple, StageComm] = {}
         # quick estimates: every GPU of a machine crosses its card at once
@@ -280,6 +281,13 @@ class FamilyEvaluator:
         return None if slot is None else slot.recomputed(layers)
 
     def _slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting) -> StageSlot | None:
+        key = (unit.group, unit.tp, i, pp, dp, setting)
+        if key not in self._slots:
+            self._slots[key] = self._new_slot(unit, i, pp, dp, setting)
+        return self._slots[key]
+
+    def _new_slot(self, unit: Unit, i: int, pp: int, dp: int, setting: FamilySetting
+                  ) -> StageSlot | None:
         first, last = i == 0, i == pp - 1
         coefficients = self._coefficients(unit, first, last, pp, dp, setting)
         per_layer_s, extra_s, fixed, per_layer_states, per_flight, per_layer_act = coefficients

@@ -21,6 +21,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,25 @@ class StageSlot:
         return min(layers, max(0, math.ceil(over / self.freed_bytes - 1e-9)))
 
     def time_s(self, layers: int) -> float:
+        if self.recompute_s > 0 and 0 <= layers <= self.max_layers:
+            return self._times[layers]
+        return self._time_s(layers)
+
+    def _time_s(self, layers: int) -> float:
         return (self.extra_s + layers * self.per_layer_s
                 + self.recomputed(layers) * self.recompute_s)
+
+    @cached_property
+    def _times(self) -> tuple[float, ...]:
+        """The time of every block count it holds (a stage that recomputes some)."""
+        return tuple(self._time_s(n) for n in range(self.max_layers + 1))
 
 
 def _layers_within(slot: StageSlot, period_s: float) -> int:
     if period_s < slot.extra_s:
         return 0
     if slot.recompute_s > 0:  # the most blocks within the period: time never falls with more
-        low, high = 0, slot.max_layers
-        while low < high:
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if slot.time_s(mid) <= period_s * (1 + 1e-12) else (low, mid - 1)
-        return low
+        return max(0, bisect.bisect_right(slot._times, period_s * (1 + 1e-12)) - 1)
     if slot.per_layer_s <= 0:
         return slot.max_layers
     return min(slot.max_layers, int((period_s - slot.extra_s) / slot.per_layer_s + 1e-9))

@@ -372,12 +372,14 @@ class _Search:
 
     def _seeds(self, names: tuple[str, ...], score: Callable[[Grouping], float],
                families: dict, complete: bool) -> list[Grouping]:
-        """Where the local search starts: every group in one family, every group alone (those
-        that train alone; every group when all must be used), and the groups inserted
-        fastest first where they score best."""
+        """Where the local search starts: every group in one family, every group a family
+        of its own (those that train alone; every group when all must be used), each group
+        that trains alone by itself (on slow networks one machine often beats them all),
+        and the groups inserted fastest first where they score best."""
         alone = [n for n in names if complete or families[(n,)]]
         seeds = [canonical([names]), canonical([(n,) for n in alone])]
         if not complete:
+            seeds += [((n,),) for n in alone]
             speed = {g.name: g.num_gpus * self.cost.compute.achievable_flops(
                 self.cluster.spec.device_type(g.gpu)) for g in self.groups}
             seeds.append(greedy_seed(tuple(sorted(names, key=lambda n: (-speed[n], n))), score))
@@ -463,37 +465,43 @@ class _Search:
         """A family's layouts: every order at each starting vector of TP degrees
         (:meth:`_tp_vectors`); in a mixed family then, from the best of them, one group's
         degree changed at a time while that makes the family faster, and the vector found
-        tried in every order."""
+        tried in every order. Wrap-around orders are tried for each order's best vector
+        (they move a few units to the far end, not the degrees' balance)."""
         tried: dict[tuple, list[FamilyOption]] = {}
 
-        def layouts(order: tuple[NodeGroup, ...], vector: tuple[int, ...]) -> list[FamilyOption]:
-            if (order, vector) not in tried:
-                tried[(order, vector)] = self._family_layouts(
-                    tuple(zip(order, vector, strict=True)), setting)
-            return tried[(order, vector)]
+        def layouts(order: tuple[NodeGroup, ...], vector: tuple[int, ...],
+                    wraps: bool = False) -> list[FamilyOption]:
+            if (order, vector, wraps) not in tried:
+                tried[(order, vector, wraps)] = self._family_layouts(
+                    tuple(zip(order, vector, strict=True)), setting, wraps)
+            return tried[(order, vector, wraps)]
 
         def quick_s(order: tuple[NodeGroup, ...], vector: tuple[int, ...]) -> float:
             return min((_family_quick_s(f, setting) for f in layouts(order, vector)),
                        default=math.inf)
 
         allowed = {g.name: tp_options(g, self.cost.model, self._pinned_tp(g)) for g in orders[0]}
-        starts = [(order, vector) for order in orders
-                  for vector in self._tp_vectors(order, [allowed[g.name] for g in order], setting)]
-        if not starts:
+        starts = {order: self._tp_vectors(order, [allowed[g.name] for g in order], setting)
+                  for order in orders}
+        best_of = {order: min(vectors, key=lambda v, o=order: quick_s(o, v))
+                   for order, vectors in starts.items() if vectors}
+        if not best_of:
             return []
-        order, best = min(starts, key=lambda start: quick_s(*start))
-        if len(order) > 1 and math.isfinite(quick_s(order, best)):
-            best = self._descend(order, best, [allowed[g.name] for g in order],
-                                 lambda vector: quick_s(order, vector))
-            by_name = dict(zip((g.name for g in order), best, strict=True))
+        order = min(best_of, key=lambda o: quick_s(o, best_of[o]))
+        if len(order) > 1 and math.isfinite(quick_s(order, best_of[order])):
+            found = self._descend(best_of[order], [allowed[g.name] for g in order],
+                                  lambda vector: quick_s(order, vector))
+            by_name = dict(zip((g.name for g in order), found, strict=True))
             for other in orders:
-                layouts(other, tuple(by_name[g.name] for g in other))
-        return [f for options in tried.values() for f in options]
+                layouts(other, tuple(by_name[g.name] for g in other), wraps=True)
+        for other, vector in best_of.items():
+            layouts(other, vector, wraps=True)
+        unique = {f.key: f for options in tried.values() for f in options}
+        return list(unique.values())
 
     @staticmethod
-    def _descend(order: tuple[NodeGroup, ...], vector: tuple[int, ...],
-                 allowed: list[list[int]], quick_s: Callable[[tuple[int, ...]], float]
-                 ) -> tuple[int, ...]:
+    def _descend(vector: tuple[int, ...], allowed: list[list[int]],
+                 quick_s: Callable[[tuple[int, ...]], float]) -> tuple[int, ...]:
         """From ``vector``, one group's TP degree changed at a time while that is faster."""
         while True:
             steps = [(*vector[:i], t, *vector[i + 1:]) for i, degrees in enumerate(allowed)
@@ -530,7 +538,7 @@ class _Search:
         return alone[:TP_CHOICES_IN_PAIRS if family_size <= 3 else 1]
 
     def _family_layouts(self, order: tuple[tuple[NodeGroup, int], ...],
-                        setting: FamilySetting) -> list[FamilyOption]:
+                        setting: FamilySetting, wraps: bool = True) -> list[FamilyOption]:
         counts = [len(self.families.units(g, tp)) for g, tp in order]
         found = []
         for dp in dp_candidates(counts, setting.micro_batches):
@@ -542,9 +550,9 @@ class _Search:
             if (self.options.pp and pp != self.options.pp) or (self.options.dp and dp > self.options.dp):
                 continue
             layouts = tuple(UnitLayout) if dp > 1 and pp > 1 else (UnitLayout.PIPELINE,)
-            wraps = self._wraps(len(order)) if pp > 2 else (Wrap.NONE,)
+            ends = self._wraps(len(order)) if pp > 2 and wraps else (Wrap.NONE,)
             options = [self.families.evaluate(order, dp, layout, setting, wrap)
-                       for layout, wrap in itertools.product(layouts, wraps)]
+                       for layout, wrap in itertools.product(layouts, ends)]
             feasible = [o for o in options if o is not None]
             if not feasible and not self.options.pp and setting.zero < 2:
                 break  # fewer, fuller stages only need more memory (ZeRO-2/3: more replicas

@@ -105,18 +105,3 @@ def dp_candidates(unit_counts: list[int], max_pipelines: int) -> list[int]:
     limit = min(min(unit_counts), max_pipelines)
     values = {d for count in unit_counts for d in range(1, count + 1) if count % d == 0}
     return sorted(d for d in values if d <= limit)
-
-
-def set_partitions(items: tuple[str, ...]) -> list[list[tuple[str, ...]]]:
-    """All ways to split ``items`` into non-empty, unordered blocks."""
-    if not items:
-        return [[]]
-    first, rest = items[0], items[1:]
-    result = []
-    for partition in set_partitions(rest):
-        result.append([(first,), *partition])
-        for index in range(len(partition)):
-            merged = list(partition)
-            merged[index] = (first, *partition[index])
-            result.append(merged)
-    return result
