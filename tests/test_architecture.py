@@ -100,6 +100,14 @@ def test_no_two_folders_import_each_other():
     assert _cycle(graph) is None
 
 
+def test_the_cli_reaches_the_runtime_and_the_planner_only_through_the_api():
+    """The CLI parses and prints: it builds the options through :mod:`potluck.api`, which
+    plans and trains; of the planner it names only the options' vocabulary."""
+    reached = {module for module in _imports("potluck.cli")
+               if module.startswith(("potluck.runtime", "potluck.planner"))}
+    assert reached <= {"potluck.planner.options"}
+
+
 def test_every_module_says_what_it_is_for():
     undocumented = [name for name in _modules()
                     if name != "potluck.__main__" and not ast.get_docstring(_tree(name))]
