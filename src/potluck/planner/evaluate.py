@@ -86,12 +86,6 @@ class GradientGroup:
     def bytes_per_ring(self) -> float:
         return self.grad_bytes / len(self.rings)
 
-    def sync_s(self, cost: CostModel, ring: list[Device], sharing: NicSharing) -> float:
-        """One ring's gradient collective: an all-reduce, or (``scatter``) a reduce-scatter."""
-        if not self.scatter:
-            return cost.network.allreduce_s(self.bytes_per_ring, ring, sharing)
-        return cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
-
     def terms(self, cost: CostModel) -> tuple[float, float]:
         """The collective's latency (its slowest ring's) and the bytes each hop carries: the
         two terms of a ring collective (:func:`formulas.ring_terms`), an all-reduce or

@@ -46,11 +46,6 @@ class FamilySetting:
     swap: bool = False  # every stage may swap all its blocks' saved activations off the device
     ep: int = 1  # expert parallelism over groups of this many of a family's pipelines
 
-    @property
-    def zero1(self) -> bool:
-        """ZeRO-1 or higher."""
-        return self.zero >= 1
-
     def sharding(self, dp: int) -> StateSharding:
         return StateSharding.of(dp, int(self.zero), self.offload)
 
