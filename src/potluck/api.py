@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from potluck.multijob.executor import Progress, RunOutcome
     from potluck.multijob.trace import MixEntry
     from potluck.profiler import ProfileOutcome
-    from potluck.runtime.elastic.supervisor import ElasticSettings
+    from potluck.runtime.checkpoints.export import Exported
+    from potluck.runtime.elastic.supervisor import ElasticSettings, Report
+    from potluck.runtime.launch.torchrun import NodeCommand
     from potluck.runtime.loop.metrics import StepMetrics
     from potluck.runtime.options import TrainOptions
     from potluck.sim.compare import TraceComparison
@@ -92,6 +94,7 @@ def as_dtype(dtype: str | DType) -> DType:
 
 
 def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
+         options: SearchOptions | None = None,
          global_batch: int | None = None, seq_len: int | None = None,
          dtype: str | DType = DType.BF16, tp: int | None = None, pp: int | None = None,
          dp: int | None = None, micro_batch_size: int | None = None, ep: int | None = None,
@@ -108,15 +111,20 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     per token (priced by ``pricing``); ``deadline_hours`` requires ``tokens`` to be trained
     by then (for either objective). ``execution`` is the framework that will train (a
     preset name such as ``megatron-lm``, a YAML file of traits, or :class:`Execution`);
-    by default the cluster file's ``execution:`` section, else potluck's runtime.
+    by default the cluster file's ``execution:`` section, else potluck's runtime. The
+    search's pins are ``options`` (built once by :func:`search_options`, as ``potluck plan``
+    does) or the keywords ``tp`` to ``top_k``, not both.
     """
     spec, model_spec = as_cluster(cluster), as_model(model)
-    options = SearchOptions(
-        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
-        recompute=_pin(recompute, Recompute), partition=Partition(partition),
-        schedule=Schedule(schedule), zero=zero, swap=_pin(swap, Swap),
-        offload=_pin(offload, Offload), top_k=top_k,
+    pins = search_options(
+        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
+        partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload,
+        top_k=top_k,
     )
+    if options is not None and pins != SearchOptions():
+        raise ConfigError("give the search's pins as options= or as keywords (tp=, pp=, ...), "
+                          "not both")
+    options = pins if options is None else options
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution, spec))
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if _objective(objective) is Objective.COST:
@@ -124,6 +132,23 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     result = search(spec, model_spec, shape, options, progress)
     check_deadline(result, count, deadline_hours)
     return result
+
+
+def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | None = None,
+                   micro_batch_size: int | None = None, ep: int | None = None,
+                   recompute: str | Recompute | None = None,
+                   partition: str | Partition = Partition.BALANCED,
+                   schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero: int | None = None,
+                   swap: str | Swap | None = None, offload: str | Offload | None = None,
+                   top_k: int = 5) -> SearchOptions:
+    """:class:`~potluck.planner.options.SearchOptions` from the pins of ``potluck plan``
+    (``None`` or ``auto``: left to the search); a ConfigError for a technique it does not know."""
+    return SearchOptions(
+        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
+        recompute=_pin(recompute, Recompute), partition=Partition(partition),
+        schedule=Schedule(schedule), zero=zero, swap=_pin(swap, Swap),
+        offload=_pin(offload, Offload), top_k=top_k,
+    )
 
 
 def _pin(value: str | Enum | None, kind: type[Enum]) -> Any:
@@ -199,6 +224,12 @@ class TrainResult:
 
     plan: Plan
     history: list[StepMetrics]
+
+    def summary(self) -> str:
+        """One line about the run: loss, throughput, measured against predicted step time."""
+        from potluck.runtime.loop.metrics import summarize
+
+        return summarize(self.history)
 
 
 def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
@@ -293,6 +324,67 @@ def run_plan(chosen: Plan, options: TrainOptions, *,
 
         chosen = load_plan(Path(options.out_dir) / PLAN_FILE)
     return TrainResult(chosen, history)
+
+
+def check_launch(chosen: Plan, options: TrainOptions) -> None:
+    """What must hold before any rank starts or any torchrun command is printed: potluck's
+    runtime runs the plan's execution traits, and one backend serves every rank."""
+    from potluck.runtime.launch.checks import check_execution
+    from potluck.runtime.launch.gpus import world_backend
+
+    check_execution(chosen)
+    world_backend(chosen, options.emulate)
+
+
+def needs_torchrun(chosen: Plan, options: TrainOptions) -> bool:
+    """Whether ``chosen`` spans machines that torchrun must start, one command each (an
+    emulated run starts all its ranks on this machine)."""
+    from potluck.runtime.launch.torchrun import plan_nodes
+
+    return len(plan_nodes(chosen)) > 1 and not options.emulate
+
+
+def torchrun_commands(chosen: Plan, plan_path: str | Path, options: TrainOptions, *,
+                      master_addr: str, master_port: int,
+                      max_restarts: int | None = None) -> list[NodeCommand]:
+    """One torchrun command per machine training ``chosen`` (read from ``plan_path`` there)
+    with ``options``; with ``max_restarts``, an elastic run's
+    (:func:`potluck.runtime.launch.torchrun.torchrun_commands`)."""
+    from potluck.runtime.launch.torchrun import torchrun_commands as commands
+    from potluck.runtime.worker import worker_args
+
+    return commands(chosen, str(plan_path), master_addr, master_port, worker_args(options),
+                    max_restarts)
+
+
+def elastic_settings(max_restarts: int, replan_margin: float,
+                     report: Report | None = None) -> ElasticSettings:
+    """How an elastic run replans: after up to ``max_restarts`` failures, to a plan with
+    joined devices at least ``replan_margin`` faster; ``report`` hears of each replan."""
+    from potluck.runtime.elastic.supervisor import ElasticSettings
+
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be 0 or more, not {max_restarts}")
+    if not 0.0 <= replan_margin < 1.0:
+        raise ConfigError(f"--replan-margin is a fraction from 0 to below 1, such as 0.1, "
+                          f"not {replan_margin}")
+    return ElasticSettings(replan_margin, max_restarts, report)
+
+
+def calibration_steps(options: TrainOptions) -> int:
+    """The steps an emulated run times unpadded to set its dilation before it trains (none
+    when ``options.dilation`` is given)."""
+    from potluck.runtime.timing.dilation import CALIBRATION_STEPS
+
+    return CALIBRATION_STEPS if options.dilation is None else 0
+
+
+def export(run_dir: str | Path, out: str | Path) -> Exported:
+    """Export the newest checkpoint of a run that verifies as a Hugging Face model
+    (:func:`potluck.runtime.checkpoints.export.export_run`)."""
+    from potluck.runtime.checkpoints.export import export_run
+
+    return export_run(run_dir, out)
 
 
 def join(run_dir: str | Path, devices: list[str]) -> list[str]:

@@ -138,14 +138,15 @@ def plan(
     _check_choice("--objective", objective, api.Objective)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
                        electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
+    options = api.search_options(
+        tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
+        partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload, top_k=top,
+    )
     with _progress("planning", enabled=not as_json) as report:
         result = api.plan(
-            cluster, model, global_batch=global_batch, seq_len=seq_len, dtype=dtype, tp=tp,
-            pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
-            partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload,
-            top_k=top, objective=objective,
-            tokens=tokens, deadline_hours=deadline_hours, pricing=pricing, execution=execution,
-            progress=report,
+            cluster, model, options=options, global_batch=global_batch, seq_len=seq_len,
+            dtype=dtype, objective=objective, tokens=tokens, deadline_hours=deadline_hours,
+            pricing=pricing, execution=execution, progress=report,
         )
     if output is not None:
         save_plan(result.best, output)
@@ -532,11 +533,9 @@ def demo(
 
 
 def _print_dry_run_summary(plan, result) -> None:
-    from potluck.runtime.loop.metrics import summarize
-
     console.rule("summary")
     console.print(f"plan: {plan.layout()} on {plan.num_gpus} emulated GPUs; "
-                  + summarize(result.history), highlight=False)
+                  + result.summary(), highlight=False)
     dilated = result.history[-1].predicted_step_time_s if result.history else None
     if dilated:
         real = plan.prediction.iteration_time_s
@@ -691,10 +690,6 @@ def train(
     gradient reduction, FP32 or 16-bit gradients on the wire, SDPA or eager attention);
     a plan asking for others (fused kernels, 16-bit weights, blocking sends) is refused.
     """
-    from potluck.runtime.launch.checks import check_execution
-    from potluck.runtime.launch.gpus import world_backend
-    from potluck.runtime.launch.torchrun import plan_nodes
-
     if resume and out is None:
         raise PotluckError("--resume needs --out DIR (the run directory to continue)")
     if elastic and checkpoint_every <= 0:
@@ -708,36 +703,22 @@ def train(
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
         inject_failure=inject_failure,
     )
-    settings = _elastic_settings(max_restarts, replan_margin) if elastic else None
+    settings = api.elastic_settings(max_restarts, replan_margin, _say_replan) if elastic else None
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
-    check_execution(chosen)
-    world_backend(chosen, emulate)  # one backend for every rank, before any command is printed
-    if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
+    api.check_launch(chosen, options)  # before any command is printed
+    if print_commands or api.needs_torchrun(chosen, options):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
                                  max_restarts if elastic else None)
         return
     result = api.run_plan(chosen, options, before_launch=_before_launch, elastic=settings)
-    from potluck.runtime.loop.metrics import summarize  # torch: only once a run has run
-
-    console.print(summarize(result.history), highlight=False)
+    console.print(result.summary(), highlight=False)
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
                       highlight=False)
 
 
 ELASTIC_CHECKPOINTS = 10  # --elastic without --checkpoint-every: about this many a run
-
-
-def _elastic_settings(max_restarts: int, margin: float):
-    from potluck.runtime.elastic.supervisor import ElasticSettings
-
-    if max_restarts < 0:
-        raise ConfigError(f"--max-restarts must be 0 or more, not {max_restarts}")
-    if not 0.0 <= margin < 1.0:
-        raise ConfigError(f"--replan-margin is a fraction from 0 to below 1, such as 0.1, "
-                          f"not {margin}")
-    return ElasticSettings(margin, max_restarts, _say_replan)
 
 
 def _say_replan(record) -> None:
@@ -786,9 +767,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
 ) -> None:
     """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)."""
-    from potluck.runtime.checkpoints.export import export_run
-
-    done = export_run(run, out)
+    done = api.export(run, out)
     console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: "
                   f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})", highlight=False)
 
@@ -807,11 +786,9 @@ SLOW_UNPADDED_STEP_S = 60.0  # an emulation's unpadded steps this long get a war
 
 def _emulation_line(chosen, options) -> str:
     """How an emulated run spends its time, said before its ranks start."""
-    from potluck.runtime.timing.dilation import CALIBRATION_STEPS
-
     computing = f"computing {options.stand_in}" if options.stand_in else "computing the model"
-    first = (f"time {CALIBRATION_STEPS} steps unpadded to set the dilation, then "
-             if options.dilation is None else "")
+    unpadded = api.calibration_steps(options)
+    first = f"time {unpadded} steps unpadded to set the dilation, then " if unpadded else ""
     line = (f"dry run: {chosen.num_gpus} CPU ranks stand for the plan's devices, {computing}; "
             f"once started they {first}say how long the {options.steps} steps will take")
     if options.stand_in is None and options.dilation is None:
@@ -844,8 +821,6 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
                              master_port: int, max_restarts: int | None = None) -> None:
     """One torchrun command per machine; the plan is written where they can read it."""
     from potluck.plans import save_plan
-    from potluck.runtime.launch.torchrun import torchrun_commands
-    from potluck.runtime.worker import worker_args
 
     path = plan_file
     if path is None:
@@ -854,8 +829,8 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
         path.parent.mkdir(parents=True, exist_ok=True)
         save_plan(chosen, path)
         console.print(f"# plan written to {path}; copy it to every machine", highlight=False)
-    for node in torchrun_commands(chosen, str(path), master_addr, master_port,
-                                  worker_args(options), max_restarts):
+    for node in api.torchrun_commands(chosen, path, options, master_addr=master_addr,
+                                      master_port=master_port, max_restarts=max_restarts):
         console.print(f"# machine {node.node} ({node.nproc} ranks)", highlight=False)
         console.print(node.command, highlight=False, markup=False, soft_wrap=True)
 

@@ -85,12 +85,6 @@ class StageComm:
     tp_overlap_chunks: PositiveInt = 1
     recompute_keeps_comm: bool = False
 
-    @property
-    def explicit_tp(self) -> bool:
-        """Whether the stage's blocks run potluck's explicit TP executor (all-reduces it
-        issues itself) rather than DTensor's sequence-parallel styles."""
-        return self.tp_overlap_chunks > 1 or self.recompute_keeps_comm
-
 
 PLAIN_COMM = StageComm()
 

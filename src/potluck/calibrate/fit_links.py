@@ -36,6 +36,7 @@ from potluck.calibrate.solve import log_bisect
 from potluck.cluster.nodes import PathKind
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, Device, Link
+from potluck.planner import formulas
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import gradient_groups, predict
 from potluck.plans import Plan
@@ -86,9 +87,8 @@ def _ring_terms(cluster: Cluster, ring: list[Device], num_bytes: float, *, scatt
     (ZeRO-1's ``scatter``) a reduce-scatter, half of one."""
     hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
     slowest = min(hops, key=lambda hop: cluster.link(*hop).bandwidth_bytes_per_s)
-    passes = 1.0 if scatter else 2.0
-    steps = len(ring) - 1
-    return {link_key(cluster, *slowest): (passes * steps / len(ring) * num_bytes, passes * steps)}
+    passes = formulas.HALF_RING_PASSES if scatter else formulas.ALLREDUCE_PASSES
+    return {link_key(cluster, *slowest): formulas.ring_terms(num_bytes, len(ring), passes)}
 
 
 def device_terms(plan: Plan) -> tuple[dict[str, Terms], Cluster]:

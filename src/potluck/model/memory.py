@@ -96,12 +96,6 @@ class StageMemory:
             return 0
         return min(num_blocks, round(self.swap_fraction * num_blocks))
 
-    def recomputed_blocks(self, num_blocks: int) -> int:
-        """How many of a stage's ``num_blocks`` blocks recompute (its first ones)."""
-        if self.recompute_blocks is None:
-            return num_blocks
-        return min(num_blocks, self.recompute_blocks)
-
     @property
     def swaps(self) -> bool:
         return self.swap is not Swap.NONE and self.swap_fraction > 0.0

@@ -20,7 +20,6 @@ the very ones the prediction adds up.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -87,29 +86,25 @@ class GradientGroup:
     def bytes_per_ring(self) -> float:
         return self.grad_bytes / len(self.rings)
 
-    def sync_s(self, cost: CostModel, ring: list[Device], sharing: NicSharing) -> float:
-        """One ring's gradient collective: an all-reduce, or (``scatter``) a reduce-scatter."""
-        if not self.scatter:
-            return cost.network.allreduce_s(self.bytes_per_ring, ring, sharing)
-        return cost.network.reduce_scatter_s(self.bytes_per_ring, ring, sharing)
-
     def terms(self, cost: CostModel) -> tuple[float, float]:
         """The collective's latency (its slowest ring's) and the bytes each hop carries: the
-        two terms of :meth:`sync_s`, ``latency + bytes / bandwidth``, over its ``rounds``."""
-        collective = (formulas.ring_allgather_time_s if self.scatter
-                      else formulas.ring_allreduce_time_s)
-        g = len(self.rings[0])
-        latency = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
-        return (collective(self.bytes_per_ring, g, math.inf, latency),
-                self.rounds * collective(self.bytes_per_ring, g, 1.0, 0.0))
+        two terms of a ring collective (:func:`formulas.ring_terms`), an all-reduce or
+        (``scatter``) a reduce-scatter, over its ``rounds``."""
+        passes = formulas.HALF_RING_PASSES if self.scatter else formulas.ALLREDUCE_PASSES
+        latency_s, hop_bytes = self._ring_terms(cost, passes)
+        return latency_s, self.rounds * hop_bytes
 
     def gather_terms(self, cost: CostModel) -> tuple[float, float]:
         """ZeRO-1/2: the owners' updated parameters all-gathered, as :meth:`terms` gives a
         collective: its latency (the slowest ring's) and the bytes each hop carries."""
-        g = len(self.rings[0])
-        latency = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
-        return (formulas.ring_allgather_time_s(self.bytes_per_ring, g, math.inf, latency),
-                formulas.ring_allgather_time_s(self.bytes_per_ring, g, 1.0, 0.0))
+        return self._ring_terms(cost, formulas.HALF_RING_PASSES)
+
+    def _ring_terms(self, cost: CostModel, passes: float) -> tuple[float, float]:
+        """One collective of ``passes`` over the rings: its latency and each hop's bytes."""
+        latency_s = max(cost.network.ring_link(ring).latency_s for ring in self.rings)
+        hop_bytes, latencies = formulas.ring_terms(self.bytes_per_ring, len(self.rings[0]),
+                                                   passes)
+        return latencies * latency_s, hop_bytes
 
 
 @dataclass(frozen=True)

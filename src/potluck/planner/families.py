@@ -53,11 +53,6 @@ class FamilySetting:
     def per_stage_recompute(self) -> bool:
         return self.least_recompute and self.recompute is Recompute.FULL and not self.swap
 
-    @property
-    def zero1(self) -> bool:
-        """ZeRO-1 or higher."""
-        return self.zero >= 1
-
     def sharding(self, dp: int) -> StateSharding:
         return StateSharding.of(dp, int(self.zero), self.offload)
 

@@ -7,7 +7,8 @@ change; the shape of each formula stays.
 
 Sources (see ``shared/reference/formulas.md`` of the design notes):
 - ring all-reduce: ``2(g-1)/g * n/W + 2(g-1)*alpha`` (Patarasuk & Yuan 2009;
-  NCCL's bus-bandwidth convention);
+  NCCL's bus-bandwidth convention), a reduce-scatter or all-gather half of it: the one
+  form (:func:`ring_terms`) the cost model, the simulator, calibration and the profiler use;
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
   (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
   multiprocessors, 256 x 128 tiles for large GEMMs, partial tiles and partial waves
@@ -44,6 +45,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
 LARGE_GEMM_TILE = (256, 128)  # cuBLAS's largest 16-bit tile (NVIDIA GEMM guide's A100 example)
@@ -52,19 +54,48 @@ ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
 KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
 
 
+ALLREDUCE_PASSES = 2.0  # a ring all-reduce: a reduce-scatter, then an all-gather
+HALF_RING_PASSES = 1.0  # a reduce-scatter or an all-gather alone
+
+
+class RingTerms(NamedTuple):
+    """The two terms of a ring collective: ``hop_bytes / W + latencies * alpha``."""
+
+    hop_bytes: float  # bytes every hop of the ring carries
+    latencies: float  # latencies paid one after the other
+
+
+def ring_terms(num_bytes: float, ranks: int, passes: float = ALLREDUCE_PASSES) -> RingTerms:
+    """A ring collective of ``num_bytes`` over ``ranks`` ranks: ``passes`` times ``ranks - 1``
+    steps, each moving ``1/ranks`` of the bytes over every hop and paying one latency
+    (Patarasuk & Yuan 2009). ``passes``: 2 for an all-reduce, 1 for a reduce-scatter or an
+    all-gather of a ``num_bytes`` result. Nothing to move, or one rank, is no collective
+    (no bytes, no latency). ``hop_bytes`` over a measured time is NCCL's bus bandwidth."""
+    if ranks <= 1 or num_bytes <= 0:
+        return RingTerms(0.0, 0.0)
+    steps = ranks - 1
+    return RingTerms(passes * steps / ranks * num_bytes, passes * steps)
+
+
+def ring_collective_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                           latency_s: float, passes: float = ALLREDUCE_PASSES) -> float:
+    """A ring collective (:func:`ring_terms`) on links of the given bandwidth and latency."""
+    hop_bytes, latencies = ring_terms(num_bytes, ranks, passes)
+    return hop_bytes / bandwidth_bytes_per_s + latencies * latency_s
+
+
 def ring_allreduce_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
                           latency_s: float) -> float:
     """Ring all-reduce of ``num_bytes`` over ``ranks`` ranks on links of the given bandwidth."""
-    if ranks <= 1 or num_bytes <= 0:
-        return 0.0
-    steps = ranks - 1
-    return 2.0 * steps / ranks * num_bytes / bandwidth_bytes_per_s + 2.0 * steps * latency_s
+    return ring_collective_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s,
+                                  ALLREDUCE_PASSES)
 
 
 def ring_allgather_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
                           latency_s: float) -> float:
     """All-gather (or reduce-scatter) of a ``num_bytes`` result: half a ring all-reduce."""
-    return 0.5 * ring_allreduce_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s)
+    return ring_collective_time_s(num_bytes, ranks, bandwidth_bytes_per_s, latency_s,
+                                  HALF_RING_PASSES)
 
 
 def pairwise_alltoall_time_s(num_bytes: float, ranks: int, bandwidth_bytes_per_s: float,

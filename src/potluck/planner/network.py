@@ -11,8 +11,7 @@ are computed in one place:
   of the link (:class:`NicSharing`);
 - a *ring* runs at its slowest hop's bandwidth and pays its worst hop's
   latency (:meth:`Network.ring_link`); a ring all-reduce, reduce-scatter or
-  all-gather over it takes :func:`potluck.planner.formulas.ring_allreduce_time_s`
-  (or half of it);
+  all-gather over it takes :func:`potluck.planner.formulas.ring_collective_time_s`;
 - an *all-to-all* (expert parallelism's token exchange) sends ``1/g`` of each
   member's bytes to every other member: a member's sends inside its machine
   share its own link, and every member's sends leaving a machine share that

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from potluck.planner import formulas
 from potluck.profiler.compute import synchronize
 
 PING_BYTES = 4
@@ -43,8 +44,7 @@ class AllReduceMeasurement:
 
     @property
     def bus_bandwidth_bytes_per_s(self) -> float:
-        g = self.ranks
-        return 2.0 * (g - 1) / g * self.num_bytes / self.seconds
+        return formulas.ring_terms(self.num_bytes, self.ranks).hop_bytes / self.seconds
 
 
 def hosts() -> list[str]:

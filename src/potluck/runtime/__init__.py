@@ -5,10 +5,11 @@ A few lines turn a single-device script into multi-device training::
     with potluck.runtime.meta_init():             # parameters cost nothing yet
         model = LlamaForCausalLM(config)
     session = potluck.runtime.start(plan)          # process groups from the plan
-    model = potluck.runtime.parallel_model(model, session)  # TP, PP, init, recompute, DP
+    model = potluck.runtime.parallelize(model, session)  # TP, PP, init, recompute, DP
     trainer = potluck.runtime.Trainer(model, lr=3e-4)
-    for step in range(steps):
+    for step in range(steps):                      # data: a BatchSource (TokenDataset)
         trainer.step(data.replica_rows(step, *session.layout.batch_rows))
+    session.close()
 
 Run it under torchrun (one command per machine: :func:`torchrun_commands`),
 or let :func:`train` start the ranks of one machine. Checkpoints

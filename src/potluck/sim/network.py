@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from potluck.cluster.nodes import PathKind
 from potluck.cluster.topology import Cluster, Device
+from potluck.planner import formulas
 
 Resource = tuple[str, ...]
 SATURATED = 1e-9  # relative residual below which a resource counts as full
@@ -94,14 +95,14 @@ class Network:
         """Ring all-reduces of ``num_bytes_per_ring`` over each ring, all at once.
 
         Every hop carries ``2(g-1)/g`` of the bytes and the ring pays ``2(g-1)``
-        latencies (Patarasuk & Yuan 2009, as :func:`potluck.planner.formulas.ring_allreduce_time_s`);
+        latencies (the cost model's :func:`potluck.planner.formulas.ring_terms`);
         a reduce-scatter (``scatter``) is the first half of that.
         """
         g = len(rings[0])
         pairs = [(ring[i], ring[(i + 1) % g]) for ring in rings for i in range(g)]
-        passes = 1.0 if scatter else 2.0
-        lane_bytes = passes * (g - 1) / g * num_bytes_per_ring
-        return self.lanes_flow(pairs, lane_bytes, latency_factor=passes * (g - 1))
+        passes = formulas.HALF_RING_PASSES if scatter else formulas.ALLREDUCE_PASSES
+        hop_bytes, latencies = formulas.ring_terms(num_bytes_per_ring, g, passes)
+        return self.lanes_flow(pairs, hop_bytes, latency_factor=latencies)
 
 
 def max_min_rates(flows: dict[int, Flow], capacity: dict[Resource, float]) -> dict[int, float]:

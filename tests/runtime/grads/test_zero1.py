@@ -1,6 +1,6 @@
 """ZeRO-1: optimizer states sharded over replicas, same numbers as the unsharded optimizer.
 
-Each layout trains with and without ``plan.zero1``: the loss curves are
+Each layout trains with and without ZeRO-1 (``zero=1``): the loss curves are
 identical, each rank keeps about ``1/d`` of the optimizer state, and the
 states of all ranks together are one replica's. Checkpoints taken with
 sharded states resume under plans without ZeRO-1 and back.

@@ -1,8 +1,8 @@
 """ZeRO-1: optimizer states sharded over the replicas that hold the same parameters.
 
 Every pipeline holds every unit (the embedding, each block, the head), laid
-out its own way. With ``plan.zero1`` each parameter gets one **owner
-pipeline**, and only the owner's rank(s) holding the parameter keep its
+out its own way. With ``plan.shards_optimizer`` (ZeRO-1 or higher) each parameter gets one
+**owner pipeline**, and only the owner's rank(s) holding the parameter keep its
 optimizer state (AdamW's moments and step) and update it:
 
 - owners are chosen per holder set (the stages holding a unit, one per

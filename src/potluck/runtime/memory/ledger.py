@@ -21,8 +21,8 @@ non-reentrant checkpoint saves its inputs under the hooks around it).
 Model states not on the device (ZeRO-Offload's optimizer states and master weights)
 are counted as host bytes once registered with :meth:`MemoryLedger.add_host_tensors`.
 Model states that are neither parameters, their ``.grad`` nor ``optimizer.state`` (a
-sharded gradient's buffer, an offloaded master copy) come from the callables given to
-:meth:`MemoryLedger.add_state_source`, asked each time states are counted; a transient
+sharded gradient's buffer, an offloaded master copy) are the ``extra`` tensors given to
+:meth:`MemoryLedger.count_states` each time states are counted; a transient
 buffer (a ZeRO-3 block's gathered weights) is counted while it lives with
 :meth:`MemoryLedger.track`.
 """
@@ -30,7 +30,7 @@ buffer (a ZeRO-3 block's gathered weights) is counted while it lives with
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -100,7 +100,6 @@ class MemoryLedger:
 
     def __init__(self) -> None:
         self._states: dict[int, _Entry] = {}
-        self._state_sources: list[Callable[[], Iterable[torch.Tensor]]] = []
         self._live: dict[int, _Live] = {}
         self._device_bytes = self._host_bytes = 0
         self._peer_bytes: dict[str, int] = {}
@@ -117,10 +116,6 @@ class MemoryLedger:
             tensor = local_tensor(tensor)
             self._host_keys[storage_key(tensor)] = StorageWeakRef(tensor.untyped_storage())
 
-    def add_state_source(self, source: Callable[[], Iterable[torch.Tensor]]) -> None:
-        """``source()`` gives more model-state tensors each time states are counted."""
-        self._state_sources.append(source)
-
     def count_states(self, parameters: Iterable[torch.Tensor],
                      optimizer: torch.optim.Optimizer | None = None,
                      extra: Iterable[torch.Tensor] = ()) -> None:
@@ -135,7 +130,7 @@ class MemoryLedger:
                 self._register(local_tensor(param.grad), Kind.GRADIENTS)
         for tensor in _optimizer_tensors(optimizer):
             self._register(tensor, Kind.OPTIMIZER)
-        for tensor in [*extra, *(t for source in self._state_sources for t in source())]:
+        for tensor in extra:
             self._register(local_tensor(tensor), Kind.OPTIMIZER)
         self._state_totals = _totals(self._states.values())
         self.sample()

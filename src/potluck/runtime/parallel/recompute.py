@@ -1,8 +1,8 @@
 """Activation recomputation and swapping, applied to one rank's pipeline stages.
 
 Each stage's own :class:`~potluck.model.memory.StageMemory` (``plan.stage_memory(k, j)``)
-decides: its first ``recomputed_blocks(n)`` blocks, in layer order over the rank's
-virtual chunks, use the stage's recompute mode and the rest none; its first
+decides: its first ``recompute_blocks`` blocks (all, when unset), in layer order over the
+rank's virtual chunks, use the stage's recompute mode and the rest none; its first
 ``swapped_blocks(n)`` blocks swap their saved tensors
 (:mod:`potluck.runtime.memory.swap`). ``full`` keeps only each block's input and runs
 the block's forward again in the backward pass; ``selective`` does that for the
@@ -67,7 +67,3 @@ def apply_memory(stages: Sequence[nn.Module], memory: StageMemory, plan_recomput
         stage.swapped = frozenset(name for name in stage.blocks if (id(stage), name) in swapped)
         stage.swap = swap if stage.swapped else None
 
-
-def apply_recompute(stages: Sequence[nn.Module], recompute: Recompute) -> None:
-    """Recompute activations of every block of ``stages`` the same way."""
-    apply_memory(stages, StageMemory(recompute), recompute)
