@@ -27,7 +27,7 @@ Grouping = tuple[tuple[str, ...], ...]
 Score = Callable[[Grouping], float]
 
 EXHAUSTIVE_GROUPINGS = 250  # up to five node groups (202 groupings): score every grouping
-LOCAL_BEAM = 4  # groupings carried from one round of moves to the next
+LOCAL_BEAM = 6  # groupings carried from one round of moves to the next
 
 
 def canonical(families: Sequence[Sequence[str]]) -> Grouping:
@@ -126,19 +126,20 @@ def memoized(score: Score) -> Score:
 
 
 def local_search(names: tuple[str, ...], score: Score, seeds: Sequence[Grouping], *,
-                 complete: bool = False, beam: int = LOCAL_BEAM,
+                 complete: bool = False, beam: int = LOCAL_BEAM, rounds: int | None = None,
                  progress: Callable[[float], None] | None = None
                  ) -> list[tuple[float, Grouping]]:
     """The best groupings (score, grouping), best first, reached by moves from ``seeds``:
     each round scores every neighbour of the beam's groupings and keeps the ``beam`` best
-    seen; it stops when a round improves none of them. Infinite scores are infeasible
-    groupings; give a :func:`memoized` score, as a grouping is reached many times."""
+    seen; it stops when a round improves none of them (or after ``rounds``). Infinite
+    scores are infeasible groupings; give a :func:`memoized` score, as a grouping is
+    reached many times."""
     current = _best(((score(s), s) for s in dict.fromkeys(seeds)), beam)
-    rounds = 0
-    while current:
-        rounds += 1
+    done = 0
+    while current and (rounds is None or done < rounds):
+        done += 1
         if progress:
-            progress(1.0 - 0.5 ** rounds)
+            progress(1.0 - 0.5 ** done)
         frontier = [(score(n), n) for _, g in current for n in neighbours(g, names, complete)]
         improved = _best([*current, *frontier], beam)
         if improved == current:

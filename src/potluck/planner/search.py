@@ -106,6 +106,7 @@ log = logging.getLogger(__name__)
 TP_CHOICES_IN_PAIRS = 2  # TP degrees per group in mixed families of up to three groups (one beyond)
 SMALL_CLUSTER_GPUS = 64  # up to this size mixed families try every order of their groups
 COMBINED_OPTIONS = 16  # option choices per grouping tried in full by the local search
+SEEDED_ROUNDS = 1  # moves around the last memory level's best groupings at the next level
 
 
 @dataclass(frozen=True)
@@ -143,14 +144,18 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     cost = CostModel.for_training(cluster, model, training)
     candidates = 0
     found: list[Plan] = []
+    groupings: dict[tuple, list[Grouping]] = {}  # the best of the last level with plans
     for level in memory_levels(options):
         if found and level.swap_families:
             continue  # layouts that fit only by swapping: for when nothing else fits
         plans: list[Plan] = []
         for pinned in _runs(cluster, model, options):
-            runner = _Search(cluster, cost, training, pinned, progress)
+            runner = _Search(cluster, cost, training, pinned, progress,
+                             groupings.get(_run_key(pinned), []))
             plans.extend(runner.run(level))
             candidates += runner.candidates
+            if runner.best_groupings:
+                groupings[_run_key(pinned)] = runner.best_groupings
         found += plans
         if found and not (_seeks_expert_layouts(found, model, options, level)
                           or _seeks_sharded_layouts(cluster, options, level, found, plans)):
@@ -197,9 +202,14 @@ def _runs(cluster: Cluster, model: ModelSpec, options: SearchOptions) -> list[Se
     return [replace(options, tp=t) for t in degrees]
 
 
+def _run_key(options: SearchOptions) -> tuple:
+    return (options.tp,)  # the uniform baseline's runs differ by their TP degree
+
+
 class _Search:
     def __init__(self, cluster: Cluster, cost: CostModel, training: TrainingShape,
-                 options: SearchOptions, progress: Callable[[float], None] | None) -> None:
+                 options: SearchOptions, progress: Callable[[float], None] | None,
+                 seeds: list[Grouping] | None = None) -> None:
         self.cluster = cluster
         self.cost = cost
         self.training = training
@@ -215,7 +225,13 @@ class _Search:
         self._exhaustive_orders = 4 if small else 2
         self._by_machines = small  # families: the best TP choice on each machine subset
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
+        # each group's degree in the last mixed family's descent: where the next one starts
+        self._tp_hints: dict[tuple[str, FamilySetting], int] = {}
         self.rank_order = cost.execution.placement is Placement.RANK_ORDER
+        # the local search starts from these when given (the previous memory level's best:
+        # a further ZeRO stage moves the best groupings little), and records its own
+        self.seeds = list(seeds or [])
+        self.best_groupings: list[Grouping] = []
 
     def refusal(self) -> str | None:
         """Why the pins (or the rank order) leave no layout, with numbers; None if unknown."""
@@ -355,7 +371,7 @@ class _Search:
         every one on a lab of a few groups, else by local search; the best quick time."""
         names = tuple(g.name for g in self.groups)
         complete = setting.uniform  # the uniform baseline uses every device, as Megatron would
-        families: dict[tuple[str, ...], list[FamilyOption]] = {}
+        families: dict[tuple, list[FamilyOption]] = {}
         if grouping_count(len(names)) <= EXHAUSTIVE_GROUPINGS:
             return min((self._score(g, setting, heap, families, None)
                         for g in all_groupings(names, complete)), default=math.inf)
@@ -363,12 +379,15 @@ class _Search:
             self._options_of((name,), setting, families)
 
         @memoized
-        def score(grouping: Grouping) -> float:
-            return self._score(grouping, setting, heap, families, COMBINED_OPTIONS)
+        def score(grouping: Grouping) -> float:  # mixed families in their first order only
+            return self._score(grouping, setting, heap, families, COMBINED_OPTIONS, False)
 
-        found = local_search(names, score, self._seeds(names, score, families, complete),
-                             complete=complete)
-        return found[0][0] if found else math.inf
+        seeds = self.seeds or self._seeds(names, score, families, complete)
+        found = local_search(names, score, seeds, complete=complete,
+                             rounds=SEEDED_ROUNDS if self.seeds else None)
+        self.best_groupings += [g for _, g in found if g not in self.best_groupings]
+        return min((self._score(g, setting, heap, families, COMBINED_OPTIONS)
+                    for _, g in found), default=math.inf)
 
     def _seeds(self, names: tuple[str, ...], score: Callable[[Grouping], float],
                families: dict, complete: bool) -> list[Grouping]:
@@ -376,7 +395,7 @@ class _Search:
         of its own (those that train alone; every group when all must be used), each group
         that trains alone by itself (on slow networks one machine often beats them all),
         and the groups inserted fastest first where they score best."""
-        alone = [n for n in names if complete or families[(n,)]]
+        alone = [n for n in names if complete or families[((n,), True)]]
         seeds = [canonical([names]), canonical([(n,) for n in alone])]
         if not complete:
             seeds += [((n,),) for n in alone]
@@ -386,18 +405,26 @@ class _Search:
         return seeds
 
     def _options_of(self, family: tuple[str, ...], setting: FamilySetting,
-                    families: dict[tuple[str, ...], list[FamilyOption]]) -> list[FamilyOption]:
-        if family not in families:
+                    families: dict[tuple, list[FamilyOption]], thorough: bool = True
+                    ) -> list[FamilyOption]:
+        """A family's options (memoized): ``thorough``, every order and a descent over TP
+        degrees; else its first order at the starting degrees (how the local search compares
+        groupings; the best it finds are then scored thoroughly)."""
+        if (family, True) in families:
+            return families[(family, True)]
+        if (family, thorough) not in families:
             groups = {g.name: g for g in self.groups}
-            families[family] = self._family_options(tuple(groups[n] for n in family), setting)
-        return families[family]
+            families[(family, thorough)] = self._family_options(
+                tuple(groups[n] for n in family), setting, thorough)
+        return families[(family, thorough)]
 
     def _score(self, grouping: Grouping, setting: FamilySetting, heap: list,
-               families: dict[tuple[str, ...], list[FamilyOption]], limit: int | None) -> float:
+               families: dict[tuple, list[FamilyOption]], limit: int | None,
+               thorough: bool = True) -> float:
         """Every combination of the grouping's family options (at most about ``limit``: the
         best of each, and each family's others beside the rest's best) pushed into the heap;
         the best quick time, infinite when none is feasible."""
-        lists = [self._options_of(family, setting, families) for family in grouping]
+        lists = [self._options_of(family, setting, families, thorough) for family in grouping]
         best = math.inf
         for chosen in _combinations(lists, limit):
             combo = self._combine(setting, chosen)
@@ -443,8 +470,8 @@ class _Search:
                 yield FamilySetting(b, recompute, options.schedule, virtual, level.zero,
                                     uniform, batch // b, level.offload, swap, ep, least)
 
-    def _family_options(self, family: tuple[NodeGroup, ...],
-                        setting: FamilySetting) -> list[FamilyOption]:
+    def _family_options(self, family: tuple[NodeGroup, ...], setting: FamilySetting,
+                        thorough: bool = True) -> list[FamilyOption]:
         options = self.options
         memory = {g.name: self.cost.cluster.spec.device_type(g.gpu).memory_bytes for g in family}
         speed = {g.name: self.cost.compute.achievable_flops(self.cost.cluster.spec.device_type(g.gpu))
@@ -453,7 +480,9 @@ class _Search:
         orders = stage_orders(family, memory, speed, self._exhaustive_orders)
         if len(family) == 1 and not setting.uniform:
             orders = [(sub,) for sub in machine_subsets(family[0])]
-        found = self._over_orders_and_degrees(orders, setting)
+        elif not thorough:
+            orders = orders[:1]
+        found = self._over_orders_and_degrees(orders, setting, thorough)
         found.sort(key=lambda f: _family_quick_s(f, setting))
         if len(family) == 1:
             self._best_tps[(family[0].name, setting)] = list(
@@ -461,7 +490,8 @@ class _Search:
         return _beam_with_every_tp(found, options.family_beam, self._by_machines)
 
     def _over_orders_and_degrees(self, orders: list[tuple[NodeGroup, ...]],
-                                 setting: FamilySetting) -> list[FamilyOption]:
+                                 setting: FamilySetting, descend: bool = True
+                                 ) -> list[FamilyOption]:
         """A family's layouts: every order at each starting vector of TP degrees
         (:meth:`_tp_vectors`); in a mixed family then, from the best of them, one group's
         degree changed at a time while that makes the family faster, and the vector found
@@ -481,17 +511,23 @@ class _Search:
                        default=math.inf)
 
         allowed = {g.name: tp_options(g, self.cost.model, self._pinned_tp(g)) for g in orders[0]}
-        starts = {order: self._tp_vectors(order, [allowed[g.name] for g in order], setting)
-                  for order in orders}
-        best_of = {order: min(vectors, key=lambda v, o=order: quick_s(o, v))
-                   for order, vectors in starts.items() if vectors}
-        if not best_of:
+        first = orders[0]  # every starting vector in one order, the best two in every order
+        starts = self._tp_vectors(first, [allowed[g.name] for g in first], setting)
+        ranked = sorted(starts, key=lambda v: quick_s(first, v))[:2]
+        if not ranked:
             return []
+        names = [g.name for g in first]
+        best_of = {}
+        for order in orders:
+            vectors = [tuple(dict(zip(names, v, strict=True))[g.name] for g in order)
+                       for v in ranked]
+            best_of[order] = min(vectors, key=lambda v, o=order: quick_s(o, v))
         order = min(best_of, key=lambda o: quick_s(o, best_of[o]))
-        if len(order) > 1 and math.isfinite(quick_s(order, best_of[order])):
+        if descend and len(order) > 1 and math.isfinite(quick_s(order, best_of[order])):
             found = self._descend(best_of[order], [allowed[g.name] for g in order],
                                   lambda vector: quick_s(order, vector))
             by_name = dict(zip((g.name for g in order), found, strict=True))
+            self._tp_hints.update({(name, setting): t for name, t in by_name.items()})
             for other in orders:
                 layouts(other, tuple(by_name[g.name] for g in other), wraps=True)
         for other, vector in best_of.items():
@@ -502,14 +538,18 @@ class _Search:
     @staticmethod
     def _descend(vector: tuple[int, ...], allowed: list[list[int]],
                  quick_s: Callable[[tuple[int, ...]], float]) -> tuple[int, ...]:
-        """From ``vector``, one group's TP degree changed at a time while that is faster."""
-        while True:
-            steps = [(*vector[:i], t, *vector[i + 1:]) for i, degrees in enumerate(allowed)
-                     for t in degrees if t != vector[i]]
-            step = min(steps, key=quick_s, default=vector)
-            if quick_s(step) >= quick_s(vector):
-                return vector
-            vector = step
+        """From ``vector``, one group's TP degree changed at a time, each change taken as soon
+        as it is faster, until a whole round of changes finds none."""
+        steps = [(i, t) for i, degrees in enumerate(allowed) for t in degrees]
+        unchanged, k = 0, 0
+        while unchanged < len(steps):
+            i, degree = steps[k % len(steps)]
+            k, unchanged = k + 1, unchanged + 1
+            if degree != vector[i]:
+                step = (*vector[:i], degree, *vector[i + 1:])
+                if quick_s(step) < quick_s(vector):
+                    vector, unchanged = step, 0
+        return vector
 
     def _tp_vectors(self, order: tuple[NodeGroup, ...], allowed: list[list[int]],
                     setting: FamilySetting) -> list[tuple[int, ...]]:
@@ -527,6 +567,9 @@ class _Search:
         vectors = list(itertools.product(*choices))
         for degree in sorted({t for degrees in allowed for t in degrees}):
             vectors.append(tuple(_nearest(degrees, degree) for degrees in allowed))
+        hinted = [self._tp_hints.get((g.name, setting)) for g in order]
+        vectors.append(tuple(h if h in a else (c or [0])[0]
+                             for h, a, c in zip(hinted, allowed, choices, strict=True)))
         return list(dict.fromkeys(v for v in vectors if all(v)))
 
     def _tp_choices(self, group: NodeGroup, allowed: list[int], setting: FamilySetting,

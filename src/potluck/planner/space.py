@@ -81,10 +81,12 @@ def stage_orders(groups: tuple[NodeGroup, ...], memory_of: dict[str, float],
     """Orders of a family's groups along its pipelines.
 
     Up to ``exhaustive_up_to`` groups, every order; beyond that the orders by memory
-    (first stages hold the most activations) and by speed, each way round.
+    (first stages hold the most activations) and by speed, each way round. The order by
+    memory comes first either way.
     """
+    by_memory = tuple(sorted(groups, key=lambda g: (-memory_of[g.name], g.name)))
     if len(groups) <= exhaustive_up_to:
-        return list(itertools.permutations(groups))
+        return list(dict.fromkeys([by_memory, *itertools.permutations(groups)]))
     orders = []
     for key in (memory_of, speed_of):
         ranked = tuple(sorted(groups, key=lambda g, key=key: (-key[g.name], g.name)))
