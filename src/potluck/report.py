@@ -21,6 +21,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
+from potluck.schedules import schedule_for
 from potluck.tables import compact_table
 from potluck.units import format_duration
 
@@ -69,6 +70,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                          "capacity_gb": round(h.capacity_bytes / GB, 3)}
                         for h in prediction.host_memory],
         "schedule": plan.schedule.value,
+        "schedule_notes": schedule_notes(plan),
         "execution": describe(plan.training.execution),
         "communication": comm_text(plan),
         "model_notes": model_notes(plan.model, plan.ep),
@@ -141,6 +143,13 @@ def model_notes(model: ModelSpec, ep: int = 1) -> list[str]:
     return notes
 
 
+def schedule_notes(plan: Plan) -> list[str]:
+    """How the plan's pipelines run its schedule, where more than its name says it."""
+    schedule = schedule_for(plan.schedule)
+    notes = {schedule.how_it_runs(p.pp, p.num_micro_batches) for p in plan.pipelines}
+    return sorted(note for note in notes if note)
+
+
 def render_plan(console: Console, plan: Plan) -> None:
     prediction = _prediction(plan)
     shape = plan.training
@@ -151,6 +160,8 @@ def render_plan(console: Console, plan: Plan) -> None:
         f"{zero_text(plan)}schedule {plan.schedule.value}; global batch {shape.global_batch} x "
         f"{shape.seq_len} tokens, {shape.dtype.value}"
     )
+    for note in schedule_notes(plan):
+        console.print(f"schedule: {note}", highlight=False)
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
     console.print(f"communication: {comm_text(plan)}", highlight=False)
     for note in model_notes(plan.model, plan.ep):

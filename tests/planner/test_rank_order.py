@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from potluck.cluster import parse_cluster
-from potluck.errors import InfeasibleError
+from potluck.errors import ConfigError, InfeasibleError
 from potluck.model.loading import load_model, model_from_hf_config
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import (
@@ -165,12 +165,13 @@ def test_a_layout_the_schedule_runs_only_at_a_larger_micro_batch_is_kept():
     assert best.layout() == "dp=1 pp=3 tp=1" and best.pipelines[0].micro_batch_size == 2
 
 
-def test_pins_whose_batch_the_framework_cannot_split_say_so_for_each_layout():
+def test_a_batch_the_framework_cannot_split_is_said_and_its_1f1b_fills_and_drains():
+    """One micro-batch of 8 over two stages: the framework's 1F1B runs it as fill and drain
+    (issue 29: refused before, as torch's Schedule1F1B refuses it); two replicas of one
+    stage cannot split the batch of 8 into micro-batches of 8."""
     spec = parse_cluster("nodes: [{name: a, gpu: t4, gpus_per_node: 1, count: 2}]", "two.yaml")
     shape = TrainingShape(8, 128, DType.FP16, RANK_ORDER)
-    with pytest.raises(InfeasibleError) as err:
-        search(spec, load_model("tiny-llama"), shape, SearchOptions(micro_batch_size=8))
-    message = str(err.value)
-    assert "dp 2 (tp 1 x pp 1)" in message and "multiple of 16" in message
-    assert "dp 1 (tp 1 x pp 2)" in message and "1F1B needs at least" in message
-    assert "memory" not in message
+    plan = search(spec, load_model("tiny-llama"), shape, SearchOptions(micro_batch_size=8)).best
+    assert plan.layout() == "dp=1 pp=2 tp=1" and plan.pipelines[0].num_micro_batches == 1
+    with pytest.raises(ConfigError, match=r"global batch 8 cannot be split over --dp 2 "):
+        search(spec, load_model("tiny-llama"), shape, SearchOptions(micro_batch_size=8, dp=2))

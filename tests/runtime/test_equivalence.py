@@ -60,9 +60,12 @@ CASES = {
         TIED_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4), pipe([(2, (0, 4))], 2, 1)], {}),
     "qwen2 (qkv bias, tied), pp=2 x tp=2": (
         TINY_QWEN2, [pipe([(2, (0, 2)), (2, (2, 4))], 1, 4)], {}),
-    "mistral, dp=2 x pp=2": (TINY_MISTRAL, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2),
-                                            pipe([(1, (0, 3)), (1, (3, 4))], 2, 1)],
-                             {"schedule": Schedule.GPIPE}),  # 1F1B needs m >= p
+    # 1F1B over fewer micro-batches than stages fills and drains (torch's schedule runtime)
+    "mistral, dp=2 x pp=2, one micro-batch on the second": (
+        TINY_MISTRAL, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2),
+                       pipe([(1, (0, 3)), (1, (3, 4))], 2, 1)], {}),
+    "pp=3, 1f1b over 2 micro-batches": (
+        TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 3)), (1, (3, 4))], 2, 2)], {}),
     "gpt2, tp=2 (fused qkv)": (TINY_GPT2, [pipe([(2, (0, 4))], 2, 2)], {}),
     "gpt2, heterogeneous with tied head": (
         TINY_GPT2, [pipe([(1, (0, 3)), (1, (3, 4))], 1, 3), pipe([(2, (0, 4))], 1, 2)], {}),

@@ -106,11 +106,16 @@ def test_every_chunk_and_micro_batch_runs_each_pass_exactly_once(schedule: str, 
                 assert position[(OpKind.FORWARD, chunk, mb)] < position[(kind, chunk, mb)]
 
 
-def test_1f1b_with_fewer_micro_batches_than_stages_is_refused_as_torch_refuses_it() -> None:
-    with pytest.raises(ConfigError, match="at least as many micro-batches"):
-        schedule_orders("1f1b", 4, 2)
+def test_1f1b_with_fewer_micro_batches_than_stages_fills_and_drains() -> None:
+    """torch's Schedule1F1B refuses it; potluck runs the order Megatron-LM's 1F1B runs then
+    (every micro-batch in the warm-up where it fits, the backwards after) on torch's schedule
+    runtime."""
     with pytest.raises(ValueError, match="must be greater than or equal to the number of stages"):
         schedules.Schedule1F1B(_FakeStage(4), 2)
+    F, B = OpKind.FORWARD, OpKind.BACKWARD
+    orders = schedule_orders("1f1b", 4, 2)
+    assert orders[0] == [(F, 0, 0), (F, 0, 1), (B, 0, 0), (B, 0, 1)]  # first: both in flight
+    assert orders[3] == [(F, 0, 0), (B, 0, 0), (F, 0, 1), (B, 0, 1)]  # last: one at a time
 
 
 class _FakeStage:

@@ -27,7 +27,9 @@ def test_a_pipeline_of_one_stage_runs_forward_then_backward_per_micro_batch(name
 
 
 def test_what_torch_cannot_run_is_said_in_one_line():
-    assert schedule_for("1f1b").problem(3, 4) is not None  # torch's Schedule1F1B needs m >= p
+    assert schedule_for("1f1b").problem(3, 4) is None  # fill and drain, as Megatron-LM runs it
+    assert not schedule_for("1f1b").single_stage_class(4, 3)  # on torch's schedule runtime
+    assert schedule_for("1f1b").single_stage_class(4, 4)  # torch's Schedule1F1B
     assert schedule_for("1f1b").problem(4, 4) is None
     assert schedule_for("1f1b").problem(1, 1) is None  # one stage: the runtime's own loop
     assert schedule_for("gpipe").problem(1, 8) is None
@@ -69,8 +71,7 @@ def _plan(schedule: Schedule, micro_batches: int, tps: tuple[int, ...], virtual:
 
 def test_plans_torch_cannot_run_as_written_are_refused():
     check_plan(_plan(Schedule.GPIPE, 1, (1, 1)))
-    with pytest.raises(ConfigError, match="pipeline 0: torch's 1F1B needs at least as many"):
-        check_plan(_plan(Schedule.ONE_F_ONE_B, 1, (1, 1)))
+    check_plan(_plan(Schedule.ONE_F_ONE_B, 1, (1, 1)))  # fill and drain
     check_plan(_plan(Schedule.INTERLEAVED, 4, (1, 2), virtual=2))
     with pytest.raises(ConfigError, match="different tensor-parallel degrees"):
         check_plan(_plan(Schedule.ZERO_BUBBLE, 4, (1, 2), virtual=2))

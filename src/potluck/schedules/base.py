@@ -162,6 +162,17 @@ class PipelineSchedule(ABC):
 
     single_stage_torch: bool = False  # torch's single-stage class: batched, blocking sends
 
+    def how_it_runs(self, stages: int, micro_batches: int) -> str:
+        """What a plan's reader should know of how a pipeline runs this schedule ('' when
+        nothing beyond its name)."""
+        return ""
+
+    def single_stage_class(self, stages: int, micro_batches: int) -> bool:
+        """Whether torch's single-stage class runs a pipeline of ``stages`` over
+        ``micro_batches`` (else this schedule's rank orders run on torch's schedule runtime,
+        :mod:`potluck.schedules.lowering`, one send or receive at a time)."""
+        return self.single_stage_torch and stages > 1
+
     def post_p2p(self, calls: P2PCalls, stage: int, stages: int, micro_batches: int,
                  forward_s: float, backward_s: float) -> None:
         """The compute ops and send/receive batches of one rank of a single-stage torch

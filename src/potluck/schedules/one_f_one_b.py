@@ -11,11 +11,13 @@
 - order: ``p - 1 - i`` warm-up forwards on rank ``i``, then forward and
   backward in turn, then the remaining backwards;
 - torch: ``Schedule1F1B`` (single-stage), whose send/receive batches
-  :meth:`OneFOneB.post_p2p` reproduces. It needs at least as many
-  micro-batches as stages: with fewer, plan GPipe instead (it computes the
-  same gradients). With split P2P channels this order runs on torch's
-  schedule runtime instead, one batch per transfer
-  (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`).
+  :meth:`OneFOneB.post_p2p` reproduces. That class refuses fewer micro-batches
+  than stages, which Megatron-LM's and DeepSpeed's 1F1B run as fill and drain
+  (the warm-up takes every micro-batch, then the backwards drain): such a
+  pipeline runs this same order on torch's schedule runtime, one batch per
+  transfer, as split P2P channels do
+  (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`); it
+  holds ``min(m, p - i)`` micro-batches, fewer than GPipe's ``m``, in the same time.
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ class OneFOneB(PipelineSchedule):
     name = Schedule.ONE_F_ONE_B
     single_stage_torch = True
 
-    def problem(self, micro_batches: int, stages: int, virtual_stages: int = 1, *,
-                mixed_tp: bool = False) -> str | None:
-        problem = super().problem(micro_batches, stages, virtual_stages, mixed_tp=mixed_tp)
-        if problem is None and micro_batches < stages:
-            return (f"torch's 1F1B needs at least as many micro-batches ({micro_batches}) as "
-                    f"pipeline stages ({stages}); use schedule gpipe, a smaller micro-batch or "
-                    "fewer stages")
-        return problem
+    def single_stage_class(self, stages: int, micro_batches: int) -> bool:
+        return super().single_stage_class(stages, micro_batches) and micro_batches >= stages
+
+    def how_it_runs(self, stages: int, micro_batches: int) -> str:
+        if stages > 1 and micro_batches < stages:
+            return (f"fill and drain: {micro_batches} micro-batches over {stages} stages (the "
+                    "warm-up takes them all), as Megatron-LM and DeepSpeed run it; potluck runs "
+                    "it on torch's schedule runtime")
+        return ""
 
     def torch_schedule(self, stages: Sequence[Any], micro_batches: int, loss_fn: LossFn) -> Any:
+        if not self.single_stage_class(stages[0].num_stages, micro_batches):  # fill and drain
+            return self.torch_schedule_split(stages, micro_batches, loss_fn)
         from torch.distributed.pipelining import Schedule1F1B
 
         return Schedule1F1B(stages[0], micro_batches, loss_fn=loss_fn, scale_grads=False)
@@ -54,12 +59,14 @@ class OneFOneB(PipelineSchedule):
 
     def pipeline_time(self, stages: list[StageWork], micro_batches: int, virtual_stages: int = 1,
                       *, overlap_p2p: bool = True, split_channels: bool = False) -> PipelineTime:
-        # torch's Schedule1F1B waits on every fused batch; with split channels the same order
-        # runs on torch's schedule runtime, sends posted at once and waited at the step's end
-        # the steady state's micro-batches in flight (torch's 1F1B needs m >= p); the fewer
-        # the micro-batches, the less that state lasts, which the fill already prices
+        # torch's Schedule1F1B waits on every fused batch; with split channels, or fewer
+        # micro-batches than stages, the same order runs on torch's schedule runtime, sends
+        # posted at once and waited at the step's end. The steady state's micro-batches in
+        # flight: the fewer the micro-batches, the less that state lasts, which the fill
+        # already prices
         in_flight = [float(len(stages) - i) for i in range(len(stages))]
-        return pipeline_time(stages, micro_batches, chunks=1, blocking=not split_channels,
+        blocking = not split_channels and self.single_stage_class(len(stages), micro_batches)
+        return pipeline_time(stages, micro_batches, chunks=1, blocking=blocking,
                              in_flight=in_flight)
 
     def _rank_orders(self, stages: int, micro_batches: int, virtual_stages: int) -> list[RankOrder]:

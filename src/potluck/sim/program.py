@@ -83,11 +83,12 @@ def _flow(work: PipelineWorkload, src: int, dst: int, network: Network,
     return network.lanes_flow(pairs, sender.send_bytes / lanes, serial_pairs=serial_pairs)
 
 
-def runs_torch_calls(schedule: PipelineSchedule, stages: int, split_channels: bool) -> bool:
-    """Whether a pipeline of ``stages`` runs a single-stage torch schedule with its fused
-    send/receive batches (else torch's schedule runtime: one op at a time, receives posted
-    ahead; split channels run every schedule there)."""
-    return stages > 1 and schedule.single_stage_torch and not split_channels
+def runs_torch_calls(schedule: PipelineSchedule, stages: int, micro_batches: int,
+                     split_channels: bool) -> bool:
+    """Whether a pipeline of ``stages`` over ``micro_batches`` runs a single-stage torch
+    schedule with its fused send/receive batches (else torch's schedule runtime: one op at a
+    time, receives posted ahead; split channels run every schedule there)."""
+    return schedule.single_stage_class(stages, micro_batches) and not split_channels
 
 
 def build(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual_stages: int,
@@ -103,7 +104,7 @@ def build(workloads: list[PipelineWorkload], schedule: PipelineSchedule, virtual
     built = PipelineProgram()
     for position, work in enumerate(workloads):
         adder = _PipelineAdder(built, position, work, network, virtual_stages)
-        if runs_torch_calls(schedule, len(work.stages), split_channels):
+        if runs_torch_calls(schedule, len(work.stages), work.micro_batches, split_channels):
             adder.add_torch_calls(schedule)
         else:
             adder.add_eager(schedule, overlap_p2p=overlap_p2p, serial_pairs=not split_channels)

@@ -152,8 +152,8 @@ def run_pipelines(workloads: list[PipelineWorkload], schedule: PipelineSchedule,
     shared the same way); the twins of a set that ran share its result.
     """
     flows = [program.boundary_flows(w, virtual, network, serial_pairs=not split_channels
-                                    and not program.runs_torch_calls(schedule, len(w.stages),
-                                                                     split_channels))
+                                    and not program.runs_torch_calls(
+                                        schedule, len(w.stages), w.micro_batches, split_channels))
              for w in workloads]
     runs: dict[int, PipelineRun] = {}
     done: dict[tuple, list[int]] = {}
