@@ -25,8 +25,10 @@ from potluck.model.loading import load_model
 from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.multijob.simulation import DEFAULT_RESTART_S
+from potluck.planner.checks import check_seq_len, pin_notes
 from potluck.planner.options import Partition, SearchOptions
-from potluck.planner.search import SearchResult, search
+from potluck.planner.requests.host_limit import search_explained
+from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.units import parse_count
 
@@ -118,12 +120,24 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
         offload=_pin(offload, Offload), top_k=top_k,
     )
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution, spec))
+    warning = check_seq_len(model_spec, shape.seq_len)
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if _objective(objective) is Objective.COST:
-        return plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours, progress)
-    result = search(spec, model_spec, shape, options, progress)
-    check_deadline(result, count, deadline_hours)
-    return result
+        result = plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours,
+                               progress)
+    else:
+        result = search_explained(spec, model_spec, shape, options, progress)
+        check_deadline(result, count, deadline_hours)
+    return _with_notes(result, options, warning)
+
+
+def _with_notes(result: SearchResult, options: SearchOptions, warning: str | None) -> SearchResult:
+    """Every plan with what the request means for it: a sequence beyond the model's positions
+    (``warning``), a pin with no effect on it (:func:`~potluck.planner.checks.pin_notes`)."""
+    plans = tuple(replace(p, notes=(*p.notes, *([warning] if warning else []),
+                                    *pin_notes(p.dp, options)))
+                  for p in result.plans)
+    return replace(result, plans=plans)
 
 
 def _pin(value: str | Enum | None, kind: type[Enum]) -> Any:
@@ -161,7 +175,9 @@ def cost(model: str | Path | ModelSpec, tokens: int | str, *,
     else:
         candidates = offers if isinstance(offers, list) else load_offers(offers)
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution))
-    return cost_study(model_spec, shape, candidates, request, progress=progress)
+    warning = check_seq_len(model_spec, shape.seq_len)
+    study = cost_study(model_spec, shape, candidates, request, progress=progress)
+    return replace(study, notes=(warning,)) if warning else study
 
 
 def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,

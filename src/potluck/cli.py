@@ -713,6 +713,8 @@ def train(
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
     check_execution(chosen)
     world_backend(chosen, emulate)  # one backend for every rank, before any command is printed
+    for note in chosen.notes:  # what the plan says of itself (a sequence beyond the positions)
+        err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if print_commands or (len(plan_nodes(chosen)) > 1 and not emulate):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
                                  max_restarts if elastic else None)

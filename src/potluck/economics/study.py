@@ -33,6 +33,7 @@ class CostStudy:
     candidates: tuple[Candidate, ...]
     skipped: tuple[Skipped, ...]
     search_time_s: float
+    notes: tuple[str, ...] = ()  # what the request means for every candidate
 
     @property
     def best(self) -> Candidate:

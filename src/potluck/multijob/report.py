@@ -30,6 +30,7 @@ def schedule_json(result: ScheduleResult) -> dict[str, Any]:
         "makespan_h": result.makespan_h,
         "restart_s": result.restart_s,
         "jobs": [_job_json(outcome, result.cluster) for outcome in result.outcomes],
+        "notes": list(result.notes),
     }
 
 
