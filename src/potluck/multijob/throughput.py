@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from potluck.cluster.spec import ClusterSpec
@@ -29,7 +30,7 @@ from potluck.multijob.allocations import (
 )
 from potluck.multijob.jobs import JobShape
 from potluck.planner.options import SearchOptions
-from potluck.planner.search import search
+from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import Plan
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class Planned:
     refusal: str = ""
 
 
+PlanProgress = Callable[[int, int, str], None]  # (searches done, at most, the last; 0 first)
+
+
 class ThroughputTable:
     """Plans, and their throughputs, of job shapes on allocations of one cluster."""
 
@@ -56,13 +60,30 @@ class ThroughputTable:
         self.options = options
         self.candidates = candidate_allocations(spec)
         self._planned: dict[tuple[JobShape, Allocation], Planned] = {}
+        self._memo = PlanMemo()  # allocations of the same shape are searched once
+        self._progress: PlanProgress | None = None
+        self._searched, self._bound = 0, 0
         self.planner_calls = 0
         self.planner_time_s = 0.0
+
+    def expect(self, shapes: Iterable[JobShape], progress: PlanProgress | None) -> None:
+        """Report every search from now on to ``progress(done, bound, what)``: ``bound`` is
+        how many there can be, every pair of one of ``shapes`` and a candidate allocation
+        (the policies ask for those they need, often fewer)."""
+        left = {(shape, allocation) for shape in shapes for allocation in self.candidates
+                if (shape, allocation) not in self._planned}
+        self._progress, self._bound = progress, self._searched + len(left)
+        if progress is not None and left:
+            progress(self._searched, self._bound, "")
 
     def planned(self, shape: JobShape, allocation: Allocation) -> Planned:
         key = (shape, allocation)
         if key not in self._planned:
             self._planned[key] = self._plan(shape, allocation)
+            self._searched += 1
+            if self._progress is not None:
+                self._progress(self._searched, max(self._bound, self._searched),
+                               f"{shape.model.name} on {allocation.label()}")
         return self._planned[key]
 
     def tokens_per_s(self, shape: JobShape, allocation: Allocation | None) -> float:
@@ -95,8 +116,8 @@ class ThroughputTable:
         started = time.perf_counter()
         self.planner_calls += 1
         try:
-            result = search(subcluster(self.spec, allocation), shape.model, shape.training,
-                            self.options)
+            result = self._memo.search(subcluster(self.spec, allocation), shape.model,
+                                       shape.training, self.options)
         except PotluckError as err:
             return Planned(None, refusal=str(err))
         finally:
