@@ -258,3 +258,20 @@ def test_schedule_says_which_columns_a_narrow_terminal_leaves_out(write):
     header = next(line for line in narrow.stdout.splitlines() if line.startswith("job "))
     assert left_out and all(name not in header for name in left_out)
     assert "…" not in narrow.stdout and "pretraining-run" in narrow.stdout
+
+
+def test_cost_names_host_memory_for_an_offer_and_its_host_memory_key_lifts_it(
+        monkeypatch, capsys, write):
+    """The catalog's 4 RTX 2080 Ti machine (88 GB of host memory by default) cannot hold
+    llama2-7b's offloaded optimizer; the same offer with host_memory given plans."""
+    short = write("short.yaml", "offers:\n  - {name: ti, gpu: rtx2080ti, gpus_per_node: 4, "
+                                "nvlink: pairs}\n")
+    code, _, err = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+                       "--offers", str(short))
+    line = error_line(err.splitlines()[-1])
+    assert code == 3 and "host memory is the limit" in line and "which has 88 GB" in line
+    needed = line.split("host_memory: ")[1].split(" or more")[0]
+    enough = write("enough.yaml", short.read_text().replace("}", f", host_memory: {needed}}}"))
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+                       "--offers", str(enough), "--json")
+    assert code == 0 and [c["name"] for c in json.loads(out)["candidates"]] == ["ti"]

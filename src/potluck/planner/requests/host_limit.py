@@ -88,8 +88,8 @@ def _message(spec: ClusterSpec, model: ModelSpec, plan: Plan) -> str | None:
     machines += f"; and {more} more machines" if more > 0 else ""
     return (f"no layout of {model.name} fits: host memory is the limit. The fastest layout "
             f"that fits the GPUs ({plan.layout()}, {_host_use(plan)}) needs {machines}; if the "
-            f"machines have more, give host_memory in the cluster file "
-            f"({_settings(short)}), else add GPUs or machines")
+            f"machines have more, say so in the cluster (or offers) file: {_settings(short)}; "
+            "else add GPUs or machines")
 
 
 def _machine_text(cluster: Cluster, host: HostMemory) -> str:
