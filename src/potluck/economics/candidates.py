@@ -1,6 +1,7 @@
 """Plan each offer with the planner and keep its cheapest plan: the candidates of a cost study.
 
-For every offer the search returns its best few plans (fastest first); the
+For every offer the search returns its best few plans (fastest first; offers of the same
+hardware share one search, :class:`~potluck.planner.requests.memo.PlanMemo`); the
 candidate takes the one with the lowest USD per token that finishes the
 tokens by the deadline, or, when none does, the fastest, marked as missing
 it. An offer that cannot train the model (memory, divisibility), has no price

@@ -3,9 +3,13 @@
 :class:`ThroughputTable` plans a job shape on the sub-cluster of an allocation with
 :func:`potluck.planner.search.search` (the same search as ``potluck plan``) and keeps the
 best plan under ``(shape, allocation)``: every policy and every event of a simulation asks
-again for the same pairs, and one search takes 0.1 to a few seconds. Tokens per second
-are ``global_batch * seq_len`` over the plan's predicted iteration time; an allocation the
-job does not fit on (memory) has none.
+again for the same pairs, and one search takes 0.1 to a few seconds. The searches go
+through a :class:`~potluck.planner.requests.memo.PlanMemo`: allocations of node groups
+built alike (two racks of the same machines) are searched once, and the reason a shape
+fits nowhere names host memory where that is the limit. :meth:`ThroughputTable.expect`
+says which shapes will be asked for, so that each search can be reported against how many
+there can be. Tokens per second are ``global_batch * seq_len`` over the plan's predicted
+iteration time; an allocation the job does not fit on (memory) has none.
 
 :meth:`ThroughputTable.per_machine` is a job's rate on one node group when its throughput
 there is counted as if linear in machines (the smallest allocation of the group it fits
@@ -30,6 +34,7 @@ from potluck.multijob.allocations import (
 )
 from potluck.multijob.jobs import JobShape
 from potluck.planner.options import SearchOptions
+from potluck.planner.requests.host_limit import host_memory_limit
 from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import Plan
 
@@ -60,7 +65,9 @@ class ThroughputTable:
         self.options = options
         self.candidates = candidate_allocations(spec)
         self._planned: dict[tuple[JobShape, Allocation], Planned] = {}
-        self._memo = PlanMemo()  # allocations of the same shape are searched once
+        # allocations of the same shape are searched once; only a shape that fits nowhere
+        # needs its reason explained (refusal)
+        self.memo = PlanMemo(explain=False)
         self._progress: PlanProgress | None = None
         self._searched, self._bound = 0, 0
         self.planner_calls = 0
@@ -110,13 +117,16 @@ class ThroughputTable:
         (the planner's reason on the whole cluster)."""
         if any(self.tokens_per_s(shape, a) > 0 for a in self.candidates):
             return None
-        return self.planned(shape, whole_cluster(self.spec)).refusal or "no plan fits"
+        whole = whole_cluster(self.spec)
+        reason = host_memory_limit(subcluster(self.spec, whole), shape.model, shape.training,
+                                   self.options)
+        return reason or self.planned(shape, whole).refusal or "no plan fits"
 
     def _plan(self, shape: JobShape, allocation: Allocation) -> Planned:
         started = time.perf_counter()
         self.planner_calls += 1
         try:
-            result = self._memo.search(subcluster(self.spec, allocation), shape.model,
+            result = self.memo.search(subcluster(self.spec, allocation), shape.model,
                                        shape.training, self.options)
         except PotluckError as err:
             return Planned(None, refusal=str(err))
