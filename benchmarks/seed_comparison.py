@@ -22,6 +22,7 @@ from potluck.economics.prices import HOURS_PER_YEAR, PriceMode, Pricing
 from potluck.economics.study import CostStudy, cost_study
 from potluck.model.loading import load_model
 from potluck.planner.options import SearchOptions
+from potluck.planner.requests.memo import PlanMemo
 
 OFFERS_FILE = Path(__file__).with_name("seed_offers.yaml")
 MODELS = ("llama2-7b", "gpt3-1.3b")
@@ -30,10 +31,13 @@ GLOBAL_BATCH = 64
 SEQ_LEN = 2048
 
 
-def study(model_name: str, pricing: Pricing, options: SearchOptions | None = None) -> CostStudy:
+def study(model_name: str, pricing: Pricing, memo: PlanMemo,
+          options: SearchOptions | None = None) -> CostStudy:
+    """The offers priced under ``pricing``; ``memo`` plans each offer once for every pricing."""
     model = load_model(model_name)
     shape = training_shape(model, GLOBAL_BATCH, SEQ_LEN)
-    return cost_study(model, shape, load_offers(OFFERS_FILE), CostRequest(TOKENS, pricing), options)
+    return cost_study(model, shape, load_offers(OFFERS_FILE), CostRequest(TOKENS, pricing),
+                      options or SearchOptions(), memo=memo)
 
 
 def headline_table(result: CostStudy) -> str:
@@ -88,10 +92,10 @@ def break_even_purchase(result: CostStudy, candidate: Candidate) -> float:
     return (break_even(result, candidate) - electricity) * hours
 
 
-def pricing_table(model_name: str) -> str:
+def pricing_table(model_name: str, memo: PlanMemo) -> str:
     modes = {"on-demand": Pricing(), "spot": Pricing(spot=True),
              "buy (3 y, 50 % use)": Pricing(PriceMode.BUY)}
-    studies = {label: study(model_name, pricing) for label, pricing in modes.items()}
+    studies = {label: study(model_name, pricing, memo) for label, pricing in modes.items()}
     head = "| offer | " + " | ".join(f"$/M tokens, {label}" for label in modes) + \
         " | on-demand $/GPU-h to match the best | purchase $/GPU to match the best (buy) |"
     rows = [head, "|---" * (len(modes) + 3) + "|"]
@@ -112,14 +116,15 @@ def main() -> None:
     parser.parse_args()
     print(f"Global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens, bf16, {TOKENS:.0e} tokens; "
           "catalog prices (RunPod via aggregator, 2026-03).\n")
+    memo = PlanMemo()  # every pricing of an offer shares its search
     for model_name in MODELS:
-        result = study(model_name, Pricing())
+        result = study(model_name, Pricing(), memo)
         print(f"### {model_name}, rented on demand\n\n{headline_table(result)}\n")
         print(f"Plans behind the figures (times per iteration, seconds on the critical path):\n\n"
               f"{plans_table(result)}\n")
-        print(f"Under other prices:\n\n{pricing_table(model_name)}\n")
+        print(f"Under other prices:\n\n{pricing_table(model_name, memo)}\n")
     for model_name in MODELS:
-        pinned = study(model_name, Pricing(), SearchOptions(tp=2))
+        pinned = study(model_name, Pricing(), memo, SearchOptions(tp=2))
         print(f"### {model_name}, tensor parallel pinned to 2 (the strategy NVLink pairs serve)\n\n"
               f"{headline_table(pinned)}\n\n{plans_table(pinned)}\n")
 

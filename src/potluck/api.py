@@ -25,8 +25,10 @@ from potluck.model.loading import load_model
 from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.multijob.simulation import DEFAULT_RESTART_S
+from potluck.planner.checks import check_seq_len, pin_notes
 from potluck.planner.options import Partition, SearchOptions
-from potluck.planner.search import SearchResult, search
+from potluck.planner.requests.host_limit import search_explained
+from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.units import parse_count
 
@@ -126,12 +128,24 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
                           "not both")
     options = pins if options is None else options
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution, spec))
+    warning = check_seq_len(model_spec, shape.seq_len)
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if _objective(objective) is Objective.COST:
-        return plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours, progress)
-    result = search(spec, model_spec, shape, options, progress)
-    check_deadline(result, count, deadline_hours)
-    return result
+        result = plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours,
+                               progress)
+    else:
+        result = search_explained(spec, model_spec, shape, options, progress)
+        check_deadline(result, count, deadline_hours)
+    return _with_notes(result, options, warning)
+
+
+def _with_notes(result: SearchResult, options: SearchOptions, warning: str | None) -> SearchResult:
+    """Every plan with what the request means for it: a sequence beyond the model's positions
+    (``warning``), a pin with no effect on it (:func:`~potluck.planner.checks.pin_notes`)."""
+    plans = tuple(replace(p, notes=(*p.notes, *([warning] if warning else []),
+                                    *pin_notes(p.dp, options)))
+                  for p in result.plans)
+    return replace(result, plans=plans)
 
 
 def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | None = None,
@@ -174,10 +188,12 @@ def cost(model: str | Path | ModelSpec, tokens: int | str, *,
          max_usd_per_hour: float | None = None, deadline_hours: float | None = None,
          pricing: Pricing | None = None, global_batch: int | None = None, seq_len: int | None = None,
          dtype: str | DType = DType.BF16, execution: str | Path | Execution | None = None,
-         progress: Callable[[float], None] | None = None) -> CostStudy:
+         progress: Callable[[int, int, str], None] | None = None) -> CostStudy:
     """Rank offers (an offers file, or the catalog's GPUs up to ``max_gpus``) for training
     ``tokens`` tokens of ``model``: by USD per million tokens, with time to train and RCC.
-    ``execution``: the framework that will train (as for :func:`plan`; default potluck's)."""
+    ``execution``: the framework that will train (as for :func:`plan`; default potluck's).
+    ``progress(done, offers, name)`` hears of each offer planned (offers of the same
+    hardware are searched once)."""
     model_spec = as_model(model)
     request = CostRequest(parse_count(tokens, "--tokens"), pricing or Pricing(), deadline_hours,
                           max_usd_per_hour, max_gpus)
@@ -186,7 +202,9 @@ def cost(model: str | Path | ModelSpec, tokens: int | str, *,
     else:
         candidates = offers if isinstance(offers, list) else load_offers(offers)
     shape = training_shape(model_spec, global_batch, seq_len, dtype, as_execution(execution))
-    return cost_study(model_spec, shape, candidates, request, progress=progress)
+    warning = check_seq_len(model_spec, shape.seq_len)
+    study = cost_study(model_spec, shape, candidates, request, progress=progress)
+    return replace(study, notes=(warning,)) if warning else study
 
 
 def simulate(plan: str | Path | Plan, *, schedule: str | Schedule | None = None,
@@ -494,24 +512,34 @@ def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
 
 def schedule(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job], *,
              policy: str = "fair", restart_s: float = DEFAULT_RESTART_S,
-             execution: str | Path | Execution | None = None) -> ScheduleResult:
+             execution: str | Path | Execution | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> ScheduleResult:
     """Share ``cluster`` among ``jobs`` (a jobs file, or :class:`potluck.multijob.Job`
     values) under ``policy`` (fifo, equal, throughput, fair or jct): each job planned by the
     planner on its allocations, the schedule simulated from arrival to completion. A
     jobs file with problems raises one :class:`potluck.multijob.JobsFileError` that lists
-    them all (``problems``: one line each)."""
+    them all (``problems``: one line each). ``progress(done, at_most, what)`` hears of each
+    search of a job shape on an allocation."""
     from potluck.multijob import ThroughputTable, load_jobs, simulate
 
     spec = as_cluster(cluster)
     chosen = _schedule_policy(policy)
+    restart = _restart_s(restart_s)
     table = ThroughputTable(spec)
+
+    def prepare(found: Sequence[Job]) -> None:
+        table.expect((job.shape for job in found), progress)
+
     hosts: dict[str, tuple[str, ...]] = {}
+    notes: tuple[str, ...] = ()
     if isinstance(jobs, str | Path):
         read = load_jobs(jobs, spec, lambda job: table.refusal(job.shape),
-                         as_execution(execution, spec))
-        jobs, hosts = read.jobs, read.hosts
-    result = simulate(tuple(jobs), table, chosen, _restart_s(restart_s))
-    return replace(result, hosts=hosts)
+                         as_execution(execution, spec), before_checks=prepare)
+        jobs, hosts, notes = read.jobs, read.hosts, read.notes
+    else:
+        prepare(jobs)
+    result = simulate(tuple(jobs), table, chosen, restart)
+    return replace(result, hosts=hosts, notes=notes)
 
 
 def schedule_run(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[Job], *,
@@ -543,17 +571,23 @@ def schedule_run(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[
 def schedule_trace(cluster: str | Path | ClusterSpec, num_jobs: int, *, seed: int = 0,
                    restart_s: float = DEFAULT_RESTART_S,
                    execution: str | Path | Execution | None = None,
-                   mix: tuple[MixEntry, ...] | None = None) -> PolicyComparison:
+                   mix: tuple[MixEntry, ...] | None = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> PolicyComparison:
     """Every scheduling policy on a synthetic trace of ``num_jobs`` jobs (Poisson arrivals,
     a size mix of presets, ``potluck.multijob.trace.MIX`` unless ``mix`` is given) on
-    ``cluster``."""
+    ``cluster``; ``progress(done, at_most, what)`` hears of each search of a job shape on
+    an allocation."""
     from potluck.multijob import ThroughputTable, compare_policies, synthetic_trace
-    from potluck.multijob.trace import MIX
+    from potluck.multijob.trace import MIX, check_trace_size, mix_shapes
 
     spec = as_cluster(cluster)
+    chosen_mix, traits = mix or MIX, as_execution(execution, spec)
+    restart = _restart_s(restart_s)
+    check_trace_size(num_jobs)
     table = ThroughputTable(spec)
-    jobs = synthetic_trace(table, num_jobs, seed, as_execution(execution, spec), mix or MIX)
-    return compare_policies(jobs, table, seed, restart_s=_restart_s(restart_s))
+    table.expect(mix_shapes(chosen_mix, traits).values(), progress)
+    jobs = synthetic_trace(table, num_jobs, seed, traits, chosen_mix)
+    return compare_policies(jobs, table, seed, restart_s=restart)
 
 
 def _schedule_policy(policy: str) -> Any:

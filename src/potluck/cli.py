@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
+from potluck.console.progress import Steps, step_progress
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
@@ -54,6 +55,9 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
+OFFERS = Steps("offer", "offers", "a search each; offers of the same hardware share one")
+SEARCHES = Steps("search", "searches", "a job shape on an allocation each; as many as the "
+                 "policy asks for", bounded=True)
 ClusterOpt = Annotated[Path, typer.Option("--cluster", "-c", help="Cluster YAML file.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, config.json or HF model dir.")]
 TokensOpt = Annotated[str | None, typer.Option(help="Tokens to train: 2B, 300M or 1e9.")]
@@ -196,7 +200,7 @@ def cost(
     _check_choice("--dtype", dtype, DType)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
                        electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
-    with _progress("planning offers", enabled=not as_json) as report:
+    with step_progress(err_console, OFFERS) as report:
         study = api.cost(
             model, tokens, offers=offers, max_gpus=max_gpus, max_usd_per_hour=max_usd_per_hour,
             deadline_hours=deadline_hours, pricing=pricing, global_batch=global_batch,
@@ -275,8 +279,9 @@ def schedule(
     if trace is not None:
         if gantt is not None or slurm is not None:
             raise PotluckError("--gantt and --slurm draw and launch a jobs file; give --jobs")
-        comparison = api.schedule_trace(cluster, trace, seed=seed, restart_s=restart_s,
-                                        execution=execution)
+        with step_progress(err_console, SEARCHES) as report:
+            comparison = api.schedule_trace(cluster, trace, seed=seed, restart_s=restart_s,
+                                            execution=execution, progress=report)
         spec = comparison.runs[0].result.cluster
         if as_json:
             sys.stdout.write(json.dumps(comparison_json(comparison, spec)) + "\n")
@@ -284,8 +289,9 @@ def schedule(
             render_comparison(console, comparison, spec)
         return
     try:
-        result = api.schedule(cluster, jobs, policy=policy, restart_s=restart_s,
-                              execution=execution)
+        with step_progress(err_console, SEARCHES) as report:
+            result = api.schedule(cluster, jobs, policy=policy, restart_s=restart_s,
+                                  execution=execution, progress=report)
     except JobsFileError as err:
         _jobs_file_problems(err)
     _write_schedule_files(result, gantt, slurm, quiet=as_json)
@@ -707,6 +713,8 @@ def train(
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
     api.check_launch(chosen, options)  # before any command is printed
+    for note in chosen.notes:  # what the plan says of itself (a sequence beyond the positions)
+        err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if print_commands or api.needs_torchrun(chosen, options):
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
                                  max_restarts if elastic else None)

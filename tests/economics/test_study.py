@@ -13,6 +13,7 @@ from potluck.economics.offers import parse_offers
 from potluck.economics.prices import PriceMode, Pricing
 from potluck.economics.study import cost_study
 from potluck.errors import ConfigError, InfeasibleError
+from potluck.planner.requests.memo import PlanMemo
 
 TOKENS = 10**9
 
@@ -170,3 +171,20 @@ def test_without_offers_the_catalog_supplies_the_candidates(model):
     assert {c.offer.group.gpu for c in study.candidates} >= {"rtx4090", "rtx3090", "h100-sxm"}
     assert all(c.offer.num_gpus <= 2 for c in study.candidates)
     assert all(c.offer.source.startswith("catalog") for c in study.candidates)
+
+
+def test_offers_of_the_same_hardware_are_searched_once_and_priced_each(model, shape, offers):
+    """"four" and "four-dear" differ only in price: one search, two prices; a second study of
+    the same offers under other prices searches nothing again."""
+    memo = PlanMemo()
+    rent = cost_study(model, shape, offers, CostRequest(TOKENS), memo=memo)
+    assert memo.searches == len(offers) - 1
+    by_name = {c.name: c for c in rent.candidates}
+    four, dear = by_name["four"], by_name["four-dear"]
+    assert four.plan.layout() == dear.plan.layout()
+    assert dear.figures.usd_per_million_tokens == pytest.approx(
+        2 * four.figures.usd_per_million_tokens)
+    assert dear.plan.cluster.name == "four-dear"
+    bought = cost_study(model, shape, offers, CostRequest(TOKENS, Pricing(PriceMode.BUY)), memo=memo)
+    assert len(bought.candidates) == len(rent.candidates)
+    assert memo.searches == len(offers) - 1

@@ -1,6 +1,7 @@
 """Plan each offer with the planner and keep its cheapest plan: the candidates of a cost study.
 
-For every offer the search returns its best few plans (fastest first); the
+For every offer the search returns its best few plans (fastest first; offers of the same
+hardware share one search, :class:`~potluck.planner.requests.memo.PlanMemo`); the
 candidate takes the one with the lowest USD per token that finishes the
 tokens by the deadline, or, when none does, the fastest, marked as missing
 it. An offer that cannot train the model (memory, divisibility), has no price
@@ -20,7 +21,7 @@ from potluck.economics.prices import Pricing, cluster_usd_per_hour
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.spec import ModelSpec
 from potluck.planner.options import SearchOptions
-from potluck.planner.search import search
+from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import Plan, TrainingShape
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,9 @@ class Skipped:
 
 
 def evaluate_offer(offer: Offer, model: ModelSpec, training: TrainingShape, request: CostRequest,
-                   options: SearchOptions | None = None) -> Candidate | Skipped:
-    """Plan one offer and price its cheapest plan."""
+                   options: SearchOptions | None = None,
+                   memo: PlanMemo | None = None) -> Candidate | Skipped:
+    """Plan one offer (through ``memo``: once per cluster shape) and price its cheapest plan."""
     if request.max_gpus is not None and offer.num_gpus > request.max_gpus:
         return Skipped(offer.name, f"{offer.num_gpus} GPUs, more than --max-gpus {request.max_gpus}")
     try:
@@ -79,7 +81,8 @@ def evaluate_offer(offer: Offer, model: ModelSpec, training: TrainingShape, requ
         return Skipped(offer.name, f"${offered_usd_per_hour:.2f}/h, over --max-usd-per-hour "
                                    f"{request.max_usd_per_hour:g}")
     try:
-        result = search(offer.spec, model, training, options)
+        result = (memo or PlanMemo()).search(offer.spec, model, training,
+                                              options or SearchOptions())
     except PotluckError as err:
         return Skipped(offer.name, str(err))
     priced = [(plan, plan_figures(plan, request.pricing, request.tokens)) for plan in result.plans]
@@ -90,20 +93,27 @@ def evaluate_offer(offer: Offer, model: ModelSpec, training: TrainingShape, requ
     return Candidate(offer.name, offer, chosen[0], chosen[1])
 
 
+OfferProgress = Callable[[int, int, str], None]  # (offers done, offers, the last one; 0 first)
+
+
 def evaluate_offers(offers: list[Offer], model: ModelSpec, training: TrainingShape,
                     request: CostRequest, options: SearchOptions | None = None,
-                    progress: Callable[[float], None] | None = None
+                    progress: OfferProgress | None = None, memo: PlanMemo | None = None
                     ) -> tuple[list[Candidate], list[Skipped]]:
-    """Plan every offer; the candidates and the offers skipped, in the offers' order."""
+    """Plan every offer, each cluster shape once (``memo``, one for these offers unless
+    given); the candidates and the offers skipped, in the offers' order."""
+    memo = memo or PlanMemo()
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
+    if progress is not None:
+        progress(0, len(offers), "")
     for index, offer in enumerate(offers):
-        outcome = evaluate_offer(offer, model, training, request, options)
+        outcome = evaluate_offer(offer, model, training, request, options, memo)
         if isinstance(outcome, Candidate):
             candidates.append(outcome)
         else:
             log.info("offer %s skipped: %s", offer.name, outcome.reason)
             skipped.append(outcome)
         if progress is not None:
-            progress((index + 1) / len(offers))
+            progress(index + 1, len(offers), offer.name)
     return candidates, skipped

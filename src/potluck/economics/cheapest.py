@@ -30,6 +30,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.planner.options import SearchOptions
+from potluck.planner.requests.host_limit import search_explained
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
 
@@ -61,7 +62,7 @@ def plan_cheapest(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     found, searched = _search_all(spec, subs, model, training, options, pricing,
                                   tokens or PER_TOKEN_ONLY_TOKENS, progress)
     if not found:
-        search(spec, model, training, options)  # raises the search's own explanation
+        search_explained(spec, model, training, options)  # raises the search's explanation
         raise InfeasibleError(f"no plan of {model.name} fits any part of cluster {spec.name!r}")
     best = cheapest([(o, o.figures) for o in found], deadline_hours)
     if best is None:

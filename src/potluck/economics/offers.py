@@ -14,6 +14,7 @@ An offers file lists machines on offer, each a homogeneous cluster::
         purchase_price: 1499      # USD per GPU
         power_w: 350
         source: "RunPod, 2026-03"  # where the prices come from; default: file and line
+        host_memory: 256GB        # per machine; default as in cluster files
 
 Any price left out comes from the catalog, except that an offer stating an
 on-demand price without a spot price has no spot price (its catalog spot
@@ -45,7 +46,7 @@ from potluck.cluster.spec import (
     parse_nvlink_topology,
 )
 from potluck.errors import ConfigError
-from potluck.units import non_negative_number, parse_bandwidth_bytes_per_s
+from potluck.units import non_negative_number, parse_bandwidth_bytes_per_s, parse_size_bytes
 from potluck.yamlio import Fields, load_yaml, non_empty_str, parse_yaml, positive_int
 
 MAX_GPUS_PER_NODE = 8
@@ -55,7 +56,7 @@ CONSUMER_NETWORK_BYTES_PER_S = DEFAULT_INTER_BANDWIDTH_BYTES_PER_S  # 10 Gb/s Et
 _OFFER_KEYS = (
     "name", "gpu", "gpus_per_node", "nodes", "count", "nvlink", "nvlink_bandwidth",
     "intra_bandwidth", "network", "price_per_hour", "spot_price_per_hour", "purchase_price",
-    "power_w", "source",
+    "power_w", "source", "host_memory",
 )
 _PRICE_KEYS = {
     "price_per_hour": "price_per_hour_usd",
@@ -128,6 +129,7 @@ def _offer(fields: Fields) -> Offer:
         intra_bandwidth_bytes_per_s=fields.optional("intra_bandwidth", parse_bandwidth_bytes_per_s),
         inter_bandwidth_bytes_per_s=fields.get(
             "network", parse_bandwidth_bytes_per_s, DEFAULT_INTER_BANDWIDTH_BYTES_PER_S),
+        host_memory_bytes=fields.optional("host_memory", parse_size_bytes),
     )
     priced = _priced_type(fields, device_type, source)
     if not any(fields.has(key) for key in _PRICE_KEYS):

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from potluck.cluster.topology import Cluster
@@ -74,7 +75,7 @@ def study_json(study: CostStudy) -> dict[str, Any]:
         "candidates": [candidate_json(c, ranks, c.name in front) for c in study.candidates],
         "pareto": [c.name for c in study.pareto],
         "skipped": [{"name": s.name, "reason": s.reason} for s in study.skipped],
-        "search_time_s": study.search_time_s,
+        "search_time_s": study.search_time_s, "notes": list(study.notes),
     }
 
 
@@ -89,8 +90,8 @@ def render_study(console: Console, study: CostStudy, rows: int = DEFAULT_ROWS) -
         console.print(f"[dim]{len(study.candidates) - rows} more candidates: --top or --json[/dim]")
     for line in summary_lines(study):
         console.print(line)
-    for note in study_dtype_notes(study):
-        console.print(f"[yellow]note:[/yellow] {note}")
+    for note in [*study.notes, *study_dtype_notes(study)]:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if study.skipped:
         example = study.skipped[0]
         console.print(f"[dim]{len(study.skipped)} offers skipped (--json says why), e.g. {example.name}: "

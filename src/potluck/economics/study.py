@@ -9,15 +9,21 @@ the Pareto front of time against cost. ``potluck cost`` renders it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from potluck.economics import rank
-from potluck.economics.candidates import Candidate, CostRequest, Skipped, evaluate_offers
+from potluck.economics.candidates import (
+    Candidate,
+    CostRequest,
+    OfferProgress,
+    Skipped,
+    evaluate_offers,
+)
 from potluck.economics.offers import Offer
 from potluck.errors import InfeasibleError
 from potluck.model.spec import ModelSpec
 from potluck.planner.options import SearchOptions
+from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import TrainingShape
 
 MAX_REASONS_SHOWN = 3  # offers named in the error when none can train the model
@@ -33,6 +39,7 @@ class CostStudy:
     candidates: tuple[Candidate, ...]
     skipped: tuple[Skipped, ...]
     search_time_s: float
+    notes: tuple[str, ...] = ()  # what the request means for every candidate
 
     @property
     def best(self) -> Candidate:
@@ -48,11 +55,13 @@ class CostStudy:
 
 
 def cost_study(model: ModelSpec, training: TrainingShape, offers: list[Offer], request: CostRequest,
-               options: SearchOptions | None = None,
-               progress: Callable[[float], None] | None = None) -> CostStudy:
-    """Plan and price every offer; raise InfeasibleError when none can train the model."""
+               options: SearchOptions | None = None, progress: OfferProgress | None = None,
+               memo: PlanMemo | None = None) -> CostStudy:
+    """Plan and price every offer; raise InfeasibleError when none can train the model.
+    ``memo`` shares the searches with other studies of the same offers (other prices)."""
     started = time.perf_counter()
-    candidates, skipped = evaluate_offers(offers, model, training, request, options, progress)
+    candidates, skipped = evaluate_offers(offers, model, training, request, options, progress,
+                                          memo)
     if not candidates:
         raise InfeasibleError(_nothing_left(model, offers, skipped))
     return CostStudy(model, training, request, tuple(rank.by_cost(candidates)), tuple(skipped),

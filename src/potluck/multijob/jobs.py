@@ -43,6 +43,7 @@ from potluck.cluster.spec import ClusterSpec, check_name
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.loading import load_model
 from potluck.model.spec import ModelSpec
+from potluck.planner.checks import check_seq_len
 from potluck.plans import TrainingShape
 from potluck.units import parse_count
 from potluck.yamlio import load_yaml
@@ -125,26 +126,32 @@ class JobsFile:
 
     jobs: tuple[Job, ...]
     hosts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # warnings, one line each (a sequence beyond a model's positions)
 
 
 Refusal = Callable[[Job], str | None]  # why a job fits nowhere on the cluster, or None
 
 
 def load_jobs(path: str | Path, cluster: ClusterSpec, refusal: Refusal,
-              execution: Execution | None = None) -> JobsFile:
-    """Read and check a jobs file against ``cluster``; every problem in one JobsFileError."""
+              execution: Execution | None = None,
+              before_checks: Callable[[list[Job]], None] | None = None) -> JobsFile:
+    """Read and check a jobs file against ``cluster``; every problem in one JobsFileError.
+    ``before_checks`` hears of the jobs read before ``refusal`` checks each (to plan them
+    all at once, with progress)."""
     path = Path(path)
     data = load_yaml(path, "jobs file")
     reader = _Reader(str(path), path.parent, execution or Execution())
     document = reader.document(data)
     items = data["jobs"] if document is not None and isinstance(data.get("jobs"), list) else []
     jobs = reader.jobs(items, getattr(data, "key_lines", {}))  # the YAML list: item lines
+    if before_checks is not None:
+        before_checks([job for job, _ in jobs])
     for job, line in jobs:
         reader.check_fits(job, line, refusal)
     hosts = reader.hosts(document.hosts if document else None, cluster, data)
     if reader.problems:
         raise JobsFileError(reader.problems)
-    return JobsFile(tuple(job for job, _ in jobs), hosts)
+    return JobsFile(tuple(job for job, _ in jobs), hosts, tuple(reader.notes))
 
 
 class _Reader:
@@ -155,6 +162,7 @@ class _Reader:
         self.folder = folder
         self.execution = execution
         self.problems: list[str] = []
+        self.notes: list[str] = []  # what is allowed but worth a warning
 
     def problem(self, line: int, where: str, message: str) -> None:
         at = f"{self.label}:{line}: " if line else f"{self.label}: "
@@ -204,6 +212,13 @@ class _Reader:
         except PotluckError as err:
             self.problem(_line_of(item, "model", line), f"{where}.model", str(err))
             return None
+        try:
+            warning = check_seq_len(model, entry.seq_len, flag="seq_len")
+        except ConfigError as err:
+            self.problem(_line_of(item, "seq_len", line), f"{where}.seq_len", str(err))
+            return None
+        if warning is not None:
+            self.notes.append(f"{self.label}:{line}: {where}: {warning}")
         training = TrainingShape(entry.global_batch, entry.seq_len, execution=self.execution)
         return Job(entry.name, JobShape(model, training), entry.tokens, entry.arrival_h,
                    entry.priority, entry.deadline_h, entry.model)

@@ -17,7 +17,7 @@ from potluck.cluster.topology import device_id
 from potluck.multijob.machines import Machine, machine_name
 from potluck.multijob.simulation import HOUR_S, JobOutcome, ScheduleResult, Segment
 from potluck.multijob.trace import PolicyComparison
-from potluck.tables import compact_table
+from potluck.tables import compact_table, fitting_columns
 
 
 def schedule_json(result: ScheduleResult) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def schedule_json(result: ScheduleResult) -> dict[str, Any]:
         "makespan_h": result.makespan_h,
         "restart_s": result.restart_s,
         "jobs": [_job_json(outcome, result.cluster) for outcome in result.outcomes],
+        "notes": list(result.notes),
     }
 
 
@@ -65,28 +66,49 @@ def devices(machines: tuple[Machine, ...], spec: ClusterSpec) -> tuple[str, ...]
                  for group, index in machines for local in range(per_node[group]))
 
 
+SCHEDULE_COLUMNS = ("job", "machines", "GPUs", "layout", "tokens/s", "arrive h", "start h",
+                    "end h", "JCT h", "moves")
+# What a narrow console leaves out first: the job's name, its completion time and where and
+# how it ran stay longest.
+SCHEDULE_DROPS = ("moves", "arrive h", "start h", "GPUs", "tokens/s", "end h", "layout",
+                  "machines")
+
+
 def render_schedule(console: Console, result: ScheduleResult) -> None:
-    """The per-job table and the averages."""
+    """The per-job table (the columns that fit the console; a line names the others) and
+    the averages."""
     spec = result.cluster
-    table = compact_table(
-        f"Schedule ({result.policy.value}) on {spec.name}: {spec.num_gpus} GPUs",
-        ("job", "machines", "GPUs", "layout", "tokens/s", "arrive h", "start h", "end h",
-         "JCT h", "moves"), left=("job", "machines", "layout"))
-    for outcome in result.outcomes:
-        main = outcome.main
-        table.add_row(outcome.job.name, main.allocation.label(), str(main.allocation.num_gpus(spec)),
-                      main.plan.layout(),
-                      f"{main.tokens_per_s:,.0f}", f"{outcome.job.arrival_h:.2f}",
-                      f"{outcome.start_h:.2f}", f"{outcome.end_h:.2f}",
-                      f"{outcome.completion_h:.2f}" + _deadline_mark(outcome),
-                      str(len(outcome.segments) - 1))
+    rows = [_schedule_row(outcome, spec) for outcome in result.outcomes]
+    kept = fitting_columns(SCHEDULE_COLUMNS, rows, console.width, SCHEDULE_DROPS)
+    table = compact_table(f"Schedule ({result.policy.value}) on {spec.name}: {spec.num_gpus} GPUs",
+                          kept, left=("job", "machines", "layout"))
+    for row in rows:
+        table.add_row(*(cell for name, cell in zip(SCHEDULE_COLUMNS, row, strict=True)
+                        if name in kept))
     console.print(table)
+    left_out = [name for name in SCHEDULE_COLUMNS if name not in kept]
+    if left_out:
+        console.print(f"left out at {console.width} columns: {', '.join(left_out)} (a wider "
+                      "terminal or --json shows them)", highlight=False, markup=False,
+                      soft_wrap=True)
     console.print(f"average job completion time {result.avg_completion_h:.2f} h, makespan "
                   f"{result.makespan_h:.2f} h ({result.policy.value}; each start or move "
                   f"costs {result.restart_s:.0f} s)", highlight=False)
     missed = [o.job.name for o in result.outcomes if o.deadline_met is False]
     if missed:
         console.print(f"missed deadlines: {', '.join(missed)}", highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _schedule_row(outcome: JobOutcome, spec: ClusterSpec) -> tuple[str, ...]:
+    """One job's cells, in :data:`SCHEDULE_COLUMNS` order."""
+    main = outcome.main
+    return (outcome.job.name, main.allocation.label(), str(main.allocation.num_gpus(spec)),
+            main.plan.layout(), f"{main.tokens_per_s:,.0f}", f"{outcome.job.arrival_h:.2f}",
+            f"{outcome.start_h:.2f}", f"{outcome.end_h:.2f}",
+            f"{outcome.completion_h:.2f}" + _deadline_mark(outcome),
+            str(len(outcome.segments) - 1))
 
 
 def _deadline_mark(outcome: JobOutcome) -> str:

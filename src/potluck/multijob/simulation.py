@@ -89,6 +89,7 @@ class ScheduleResult:
     outcomes: tuple[JobOutcome, ...]
     restart_s: float
     hosts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the jobs file's, for sbatch
+    notes: tuple[str, ...] = ()  # the jobs file's warnings
 
     @property
     def avg_completion_h(self) -> float:

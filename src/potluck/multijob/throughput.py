@@ -3,9 +3,13 @@
 :class:`ThroughputTable` plans a job shape on the sub-cluster of an allocation with
 :func:`potluck.planner.search.search` (the same search as ``potluck plan``) and keeps the
 best plan under ``(shape, allocation)``: every policy and every event of a simulation asks
-again for the same pairs, and one search takes 0.1 to a few seconds. Tokens per second
-are ``global_batch * seq_len`` over the plan's predicted iteration time; an allocation the
-job does not fit on (memory) has none.
+again for the same pairs, and one search takes 0.1 to a few seconds. The searches go
+through a :class:`~potluck.planner.requests.memo.PlanMemo`: allocations of node groups
+built alike (two racks of the same machines) are searched once, and the reason a shape
+fits nowhere names host memory where that is the limit. :meth:`ThroughputTable.expect`
+says which shapes will be asked for, so that each search can be reported against how many
+there can be. Tokens per second are ``global_batch * seq_len`` over the plan's predicted
+iteration time; an allocation the job does not fit on (memory) has none.
 
 :meth:`ThroughputTable.per_machine` is a job's rate on one node group when its throughput
 there is counted as if linear in machines (the smallest allocation of the group it fits
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from potluck.cluster.spec import ClusterSpec
@@ -29,7 +34,8 @@ from potluck.multijob.allocations import (
 )
 from potluck.multijob.jobs import JobShape
 from potluck.planner.options import SearchOptions
-from potluck.planner.search import search
+from potluck.planner.requests.host_limit import host_memory_limit
+from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import Plan
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,9 @@ class Planned:
     refusal: str = ""
 
 
+PlanProgress = Callable[[int, int, str], None]  # (searches done, at most, the last; 0 first)
+
+
 class ThroughputTable:
     """Plans, and their throughputs, of job shapes on allocations of one cluster."""
 
@@ -56,13 +65,32 @@ class ThroughputTable:
         self.options = options
         self.candidates = candidate_allocations(spec)
         self._planned: dict[tuple[JobShape, Allocation], Planned] = {}
+        # allocations of the same shape are searched once; only a shape that fits nowhere
+        # needs its reason explained (refusal)
+        self.memo = PlanMemo(explain=False)
+        self._progress: PlanProgress | None = None
+        self._searched, self._bound = 0, 0
         self.planner_calls = 0
         self.planner_time_s = 0.0
+
+    def expect(self, shapes: Iterable[JobShape], progress: PlanProgress | None) -> None:
+        """Report every search from now on to ``progress(done, bound, what)``: ``bound`` is
+        how many there can be, every pair of one of ``shapes`` and a candidate allocation
+        (the policies ask for those they need, often fewer)."""
+        left = {(shape, allocation) for shape in shapes for allocation in self.candidates
+                if (shape, allocation) not in self._planned}
+        self._progress, self._bound = progress, self._searched + len(left)
+        if progress is not None and left:
+            progress(self._searched, self._bound, "")
 
     def planned(self, shape: JobShape, allocation: Allocation) -> Planned:
         key = (shape, allocation)
         if key not in self._planned:
             self._planned[key] = self._plan(shape, allocation)
+            self._searched += 1
+            if self._progress is not None:
+                self._progress(self._searched, max(self._bound, self._searched),
+                               f"{shape.model.name} on {allocation.label()}")
         return self._planned[key]
 
     def tokens_per_s(self, shape: JobShape, allocation: Allocation | None) -> float:
@@ -89,14 +117,17 @@ class ThroughputTable:
         (the planner's reason on the whole cluster)."""
         if any(self.tokens_per_s(shape, a) > 0 for a in self.candidates):
             return None
-        return self.planned(shape, whole_cluster(self.spec)).refusal or "no plan fits"
+        whole = whole_cluster(self.spec)
+        reason = host_memory_limit(subcluster(self.spec, whole), shape.model, shape.training,
+                                   self.options)
+        return reason or self.planned(shape, whole).refusal or "no plan fits"
 
     def _plan(self, shape: JobShape, allocation: Allocation) -> Planned:
         started = time.perf_counter()
         self.planner_calls += 1
         try:
-            result = search(subcluster(self.spec, allocation), shape.model, shape.training,
-                            self.options)
+            result = self.memo.search(subcluster(self.spec, allocation), shape.model,
+                                       shape.training, self.options)
         except PotluckError as err:
             return Planned(None, refusal=str(err))
         finally:

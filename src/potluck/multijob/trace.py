@@ -54,8 +54,7 @@ def synthetic_trace(table: ThroughputTable, n: int, seed: int = 0,
                     execution: Execution | None = None,
                     mix: tuple[MixEntry, ...] = MIX) -> tuple[Job, ...]:
     """``n`` jobs drawn from ``mix`` with Poisson arrivals (see the module docstring)."""
-    if n < 1:
-        raise InfeasibleError(f"--trace needs at least one job, not {n}")
+    check_trace_size(n)
     shapes = _fitting_shapes(table, execution or Execution(), mix)
     rng = random.Random(seed)
     machines = sum(group.count for group in table.spec.nodes)
@@ -72,14 +71,23 @@ def synthetic_trace(table: ThroughputTable, n: int, seed: int = 0,
     return tuple(jobs)
 
 
+def check_trace_size(n: int) -> None:
+    """A trace has at least one job."""
+    if n < 1:
+        raise InfeasibleError(f"--trace needs at least one job, not {n}")
+
+
+def mix_shapes(mix: tuple[MixEntry, ...], execution: Execution) -> dict[MixEntry, JobShape]:
+    """What each kind of job of ``mix`` trains."""
+    return {entry: JobShape(load_model(entry.model),
+                            TrainingShape(entry.global_batch, entry.seq_len, execution=execution))
+            for entry in mix}
+
+
 def _fitting_shapes(table: ThroughputTable, execution: Execution,
                     mix: tuple[MixEntry, ...]) -> dict[MixEntry, JobShape]:
-    shapes = {}
-    for entry in mix:
-        shape = JobShape(load_model(entry.model),
-                         TrainingShape(entry.global_batch, entry.seq_len, execution=execution))
-        if table.refusal(shape) is None:
-            shapes[entry] = shape
+    shapes = {entry: shape for entry, shape in mix_shapes(mix, execution).items()
+              if table.refusal(shape) is None}
     if not shapes:
         names = ", ".join(entry.model for entry in mix)
         raise InfeasibleError(f"no model of the trace's mix ({names}) fits on the cluster; "

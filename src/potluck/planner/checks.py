@@ -8,6 +8,8 @@ from __future__ import annotations
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
+from potluck.model.counts import Recompute
+from potluck.model.memory import Offload
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
@@ -55,6 +57,26 @@ def _check_ep(model: ModelSpec, options: SearchOptions) -> None:
         raise ConfigError(f"--ep {ep} does not divide --dp {options.dp}; use a divisor of it")
 
 
+def check_seq_len(model: ModelSpec, seq_len: int, flag: str = "--seq-len") -> str | None:
+    """The one rule for a sequence longer than the model's positions (``max_seq_len``): a
+    model with a learned table of positions (GPT-2 and GPT-3) has no embedding for a
+    position beyond it, so the request is refused; a model with rotary positions (LLaMA,
+    Qwen) runs at any length but was trained no further, so the returned warning says so
+    (None within the positions). ``flag`` names the setting in the messages."""
+    if seq_len <= model.max_seq_len:
+        return None
+    if model.learned_positions:
+        raise ConfigError(
+            f"{flag} {seq_len} exceeds {model.name}'s {model.max_seq_len} learned positions "
+            f"(it has no embedding beyond them); use {flag} {model.max_seq_len} or less"
+        )
+    return (f"{flag} {seq_len} is beyond {model.name}'s {model.max_seq_len} positions: its "
+            "rotary positions run at any length, but it was not trained on sequences this "
+            "long and its quality falls unless its RoPE is scaled (rope_scaling in its "
+            f"config.json) and it is trained on them; {flag} {model.max_seq_len} or less "
+            "keeps within them")
+
+
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions) -> None:
     """Reject requests that no plan could satisfy, before searching."""
@@ -64,11 +86,7 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
     for flag, pin in (("--pp", options.pp), ("--dp", options.dp),
                       ("--micro-batch-size", options.micro_batch_size)):
         _check_at_least_one(flag, pin)
-    if training.seq_len > model.max_seq_len and model.learned_positions:
-        raise ConfigError(
-            f"--seq-len {training.seq_len} exceeds {model.name}'s {model.max_seq_len} learned "
-            "positions; use a shorter sequence"
-        )
+    check_seq_len(model, training.seq_len)
     _check_tp(cluster, model, options.tp)
     _check_ep(model, options)
     if options.pp is not None and options.pp > model.num_layers:
@@ -84,10 +102,35 @@ def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
     _check_explicit_tp(model, training)
     if options.dp is not None:
         _check_batch_over_replicas(batch, options)
+    _check_zero_replicas(options)
     if options.groups is not None and not options.groups:
         raise ConfigError("no node groups left to plan on")
     _check_device_count(cluster, options)
     _check_units(cluster, model, options)
+
+
+ZERO_SHARDS = {1: "optimizer states", 2: "optimizer states and gradients",
+               3: "optimizer states, gradients and parameters"}
+
+
+def _check_zero_replicas(options: SearchOptions) -> None:
+    """ZeRO shards over data-parallel replicas: pinned with ``--dp 1`` it cannot do anything."""
+    if options.zero and options.dp == 1:
+        raise ConfigError(
+            f"--zero {options.zero} shards the {ZERO_SHARDS[options.zero]} over data-parallel "
+            "replicas and --dp 1 leaves one replica, so it would do nothing; drop --zero, or "
+            "pin --dp 2 or more"
+        )
+
+
+def pin_notes(plan_dp: int, options: SearchOptions) -> tuple[str, ...]:
+    """What a pin does not do on a plan of ``plan_dp`` data-parallel replicas: ``--zero N``
+    over one replica shards nothing (the plan is as it would be without the pin)."""
+    if options.zero and plan_dp == 1:
+        return (f"--zero {options.zero} has no effect on this plan: it has one data-parallel "
+                f"replica (dp=1), so there is nothing to shard the {ZERO_SHARDS[options.zero]} "
+                "over (its memory and time are those without ZeRO)",)
+    return ()
 
 
 def _check_batch_over_replicas(batch: int, options: SearchOptions) -> None:
@@ -178,21 +221,28 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
+def states_fit_gpus(cluster: Cluster, model: ModelSpec, training: TrainingShape) -> bool:
+    """Whether the devices could hold the model's weights and gradients at the least (the
+    optimizer offloaded, everything sharded): below that no plan fits, whatever host
+    memory there is."""
+    return _least_states_bytes(cluster, model, training) <= _usable_bytes(cluster)
+
+
 def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingShape,
                        options: SearchOptions) -> str:
     """Why no plan fits, with how much memory is missing and what would help: the states
     left on the devices at the least (16-bit weights and gradients, the optimizer offloaded
-    and everything sharded, ZeRO-3 with ZeRO-Offload) against all devices' memory."""
+    and everything sharded, ZeRO-3 with ZeRO-Offload) against all devices' memory. What it
+    suggests leaves out what the search has tried already (a technique left to it) and
+    what is pinned; it names the pins that keep lighter choices out."""
     params = counts.total_params(model)
     cost = CostModel.for_training(cluster, model, training)
-    layout = cost.state_layout(cluster.devices[0].type)
-    least = cost.state_layout(cluster.devices[0].type, offload=True)
-    states = params * (least.weights + least.grads)
-    states_unsharded = params * layout.total
-    usable = sum(max(0.0, d.type.memory_bytes - _overhead(d)) for d in cluster.devices)
-    largest = max(cluster.devices, key=lambda d: d.type.memory_bytes).type
+    states_unsharded = params * cost.state_layout(cluster.devices[0].type).total
+    states = _least_states_bytes(cluster, model, training)
+    usable = _usable_bytes(cluster)
     if states > usable:
         missing = states - usable
+        largest = max(cluster.devices, key=lambda d: d.type.memory_bytes).type
         return (
             f"{model.name} ({params / 1e9:.1f}B parameters) needs {states / GB:.0f} GB for its "
             f"weights and gradients even with the optimizer offloaded and ZeRO-3 "
@@ -201,15 +251,55 @@ def explain_infeasible(cluster: Cluster, model: ModelSpec, training: TrainingSha
             f"(e.g. {max(1, int(-(-missing // largest.memory_bytes)))} more "
             f"{largest.name}) or choose a smaller model"
         )
-    pins = _pins(options)
-    hint = f"; drop the pins ({pins}) or" if pins else ";"
+    limiting, lighter = _limiting_pins(options)
+    hint = f"drop the pins that keep lighter choices out ({limiting}), or " if limiting else ""
+    hint += f"pin the lightest instead ({lighter}), or " if lighter else ""
     return (
         f"no layout of {model.name} fits in memory with global batch {training.global_batch} "
-        f"and sequence length {training.seq_len} ({states_unsharded / GB:.0f} GB of model states "
-        f"over {usable / GB:.0f} GB usable){hint} try --recompute full, --swap host, --zero 3, "
-        "--offload optimizer, a shorter --seq-len, or more GPUs (or more host memory: "
-        "host_memory in the cluster file)"
+        f"and sequence length {training.seq_len} (model states: {states_unsharded / GB:.0f} GB "
+        f"with Adam states on the GPUs, {states / GB:.0f} GB with the optimizer offloaded and "
+        f"sharded; the GPUs have {usable / GB:.0f} GB usable, and none of the layouts tried "
+        f"fit with {_what_was_tried(options)}); {hint}use a shorter --seq-len or more GPUs"
     )
+
+
+def _least_states_bytes(cluster: Cluster, model: ModelSpec, training: TrainingShape) -> float:
+    """16-bit weights and gradients of the whole model: what stays on the devices with the
+    optimizer offloaded and everything sharded."""
+    cost = CostModel.for_training(cluster, model, training)
+    least = cost.state_layout(cluster.devices[0].type, offload=True)
+    return counts.total_params(model) * (least.weights + least.grads)
+
+
+def _usable_bytes(cluster: Cluster) -> float:
+    return sum(max(0.0, d.type.memory_bytes - _overhead(d)) for d in cluster.devices)
+
+
+def _limiting_pins(options: SearchOptions) -> tuple[str, str]:
+    """The pins that keep a lighter choice from the search (every layout pin, every
+    technique pinned to other than its lightest setting; any swap pin leaves the other
+    swaps out), and those techniques' lightest settings, each as flags."""
+    lightest = {"recompute": Recompute.FULL, "zero": 3, "offload": Offload.OPTIMIZER}
+    pinned, lighter = [], []
+    for name in ("tp", "pp", "dp", "micro_batch_size", "recompute", "zero", "swap", "offload"):
+        value = getattr(options, name)
+        if value is not None and lightest.get(name) != value:
+            pinned.append(f"--{name.replace('_', '-')} {getattr(value, 'value', value)}")
+            if name in lightest:
+                lighter.append(f"--{name} {getattr(lightest[name], 'value', lightest[name])}")
+    return ", ".join(pinned), ", ".join(lighter)
+
+
+def _what_was_tried(options: SearchOptions) -> str:
+    """The memory techniques the search used, as pinned or as it chose them."""
+    def technique(name: str, auto: str) -> str:
+        value = getattr(options, name)
+        return auto if value is None else f"--{name} {getattr(value, 'value', value)}"
+
+    return ", ".join((technique("recompute", "recomputation up to full"),
+                      technique("swap", "activation swapping"),
+                      technique("zero", "ZeRO up to 3"),
+                      technique("offload", "the optimizer offloaded where needed")))
 
 
 def _overhead(device) -> float:

@@ -42,7 +42,9 @@ A stage's memory choices (its :class:`~potluck.model.memory.StageMemory`) enter 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from potluck.cluster.catalog import DeviceType
 from potluck.cluster.nodes import PathKind
@@ -59,6 +61,7 @@ from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape
 from potluck.schedules import StageWork
 
+T = TypeVar("T")
 GPU_RUNTIME_OVERHEAD_BYTES = 1.0e9  # CUDA context, cuBLAS and NCCL workspaces
 MEMORY_HEADROOM = 0.95  # plans leave 5% of device memory for allocator fragmentation
 
@@ -216,6 +219,18 @@ class CostModel:
         self._tp_cache: dict[tuple, float] = {}
         self._params_cache: dict[tuple, float] = {}
         self._block_bytes_cache: dict[tuple, float] = {}
+        # a search asks for the same stage many times (every memory level, every refinement)
+        self._stage_time_cache: dict[tuple, StageTime] = {}
+        self._stage_memory_cache: dict[tuple, float] = {}
+        self._derived: dict[tuple, Any] = {}
+
+    def remembered(self, key: tuple, compute: Callable[[], T]) -> T:
+        """``compute()``, once per ``key``: for what callers derive from this cost model alone
+        (the refinements of a candidate plan, which a search builds again at several
+        levels); ``key`` holds every other input."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
     @classmethod
     def for_training(cls, cluster: Cluster, model: ModelSpec, training: TrainingShape) -> CostModel:
@@ -341,7 +356,16 @@ class CostModel:
         """Time per micro-batch of a stage on ``devices`` (its TP group), TP comms included;
         ``send_s``: its transfer to the next stage; ``neighbours``: the adjacent stages'
         devices (whose transfers may share a swap's link); ``gather_s``: one ZeRO-3
-        all-gather of the stage's weights over its replicas, once per pass."""
+        all-gather of the stage's weights over its replicas, once per pass (cached: the
+        search asks again for the same stages)."""
+        key = (tuple(devices), shape, send_s, tuple(neighbours), gather_s)
+        cached = self._stage_time_cache.get(key)
+        if cached is None:
+            cached = self._stage_time_cache[key] = self._stage_time(*key)
+        return cached
+
+    def _stage_time(self, devices: tuple[Device, ...], shape: StageShape, send_s: float,
+                    neighbours: tuple[Device, ...], gather_s: float) -> StageTime:
         device_type, tp, b = devices[0].type, len(devices), shape.micro_batch
         n = shape.num_layers
         passes = (self._explicit_passes(devices, shape) if shape.explicit_tp(tp)
@@ -555,7 +579,16 @@ class CostModel:
 
     def stage_memory_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                            in_flight: float, sharding: StateSharding) -> float:
-        """Peak bytes on one device of a stage: model states, activations, runtime overhead."""
+        """Peak bytes on one device of a stage: model states, activations, runtime overhead
+        (cached as :meth:`stage_time`)."""
+        key = (device_type, tp, shape, in_flight, sharding)
+        cached = self._stage_memory_cache.get(key)
+        if cached is None:
+            cached = self._stage_memory_cache[key] = self._stage_memory_bytes(*key)
+        return cached
+
+    def _stage_memory_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
+                            in_flight: float, sharding: StateSharding) -> float:
         params = self.stage_params(shape, tp)
         own = self.stage_sharding(shape, sharding)
         states = self.model_state_bytes(device_type, params, own)

@@ -82,6 +82,10 @@ def refine_comm(plan: Plan, cost: CostModel) -> Plan | None:
     full cost model (see the module docstring), and its prediction; None where what the
     execution forces cannot apply (sub-batches that do not divide the micro-batch) or the
     plan does not fit."""
+    return cost.remembered(("refine_comm", plan), lambda: _refined(plan, cost))
+
+
+def _refined(plan: Plan, cost: CostModel) -> Plan | None:
     best = _consistent(plan, cost.execution)
     predicted = _fitting_prediction(best, cost)
     if predicted is None:

@@ -60,8 +60,8 @@ def refine_memory(plan: Plan, cost: CostModel, options: SearchOptions, offload: 
                   ) -> Plan | None:
     """``plan`` with every stage's lightest memory choice that fits, None if some stage
     fits none (``offload``: stages may offload their optimizer)."""
-    refiner = _Refiner(plan, cost, options, offload)
-    return refiner.run()
+    return cost.remembered(("refine_memory", plan, options, offload),
+                           lambda: _Refiner(plan, cost, options, offload).run())
 
 
 class _Refiner:

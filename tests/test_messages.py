@@ -1,0 +1,277 @@
+"""Messages that lead to a fix, as a user meets them on the command line: the real limit named
+with numbers and the key that lifts it, no suggestion of what is already pinned, a pin that
+does nothing said so, sequences beyond a model's positions warned of or refused, and
+progress from the commands that plan many clusters when their output is not a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from potluck import cli
+from potluck.examples import __file__ as examples_init
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+HUNG_S = 600  # a command this slow is hung, not slow (see tests/test_cli.py)
+MIXED = Path(examples_init).with_name("mixed.yaml")  # the demo cluster: 3090s, 4090s, A100s
+SEVENTY_B = ("-m", "llama2-70b", "--offload", "optimizer", "--zero", "3", "--recompute", "full")
+ONE_GPU = "nodes: [{name: desk, gpu: rtx3060, gpus_per_node: 1}]\n"
+ONE_A100 = "nodes: [{name: box, gpu: a100-80g-sxm, gpus_per_node: 1}]\n"
+TWO_OFFERS = """\
+offers:
+  - {name: seller-a, gpu: rtx4090, gpus_per_node: 2, price_per_hour: 0.50}
+  - {name: seller-b, gpu: rtx4090, gpus_per_node: 2, price_per_hour: 0.70}
+  - {name: pairs, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs}
+"""
+
+
+def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``potluck ARGS`` in this process (stdout and stderr not terminals)."""
+    monkeypatch.setattr(sys, "argv", ["potluck", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exited.value.code or 0, out, err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("potluck: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return _write
+
+
+# ---- the real limit, with numbers ------------------------------------------------------------
+
+def test_host_memory_as_the_limit_is_named_with_numbers_and_its_key(monkeypatch, capsys):
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(MIXED), *SEVENTY_B)
+    line = error_line(err)
+    assert code == 3
+    assert "host memory is the limit" in line and "host_memory" in line
+    # the machine short of it, what it needs against what it has (the default: 2 x 4 x 24 GB)
+    assert "GB of host memory on box4090.0" in line and "which has 192 GB" in line
+    assert "for node group box4090" in line
+    assert "GPU memory" not in line and "model states" not in line
+
+
+def test_the_host_memory_the_message_asks_for_is_enough(monkeypatch, capsys, write):
+    _, _, err = run(monkeypatch, capsys, "plan", "-c", str(MIXED), *SEVENTY_B)
+    needed = error_line(err).split("host_memory: ")[1].split(" or more for node group box4090")[0]
+    text = MIXED.read_text().replace("    gpu: rtx4090\n",
+                                     f"    gpu: rtx4090\n    host_memory: {needed}\n")
+    code, out, err = run(monkeypatch, capsys, "plan", "-c", str(write("more.yaml", text)),
+                         *SEVENTY_B, "--json", "--top", "1")
+    assert code == 0, err
+    box4090 = next(h for h in json.loads(out)["host_memory"] if h["node"] == "box4090.0")
+    assert box4090["used_gb"] + box4090["reserve_gb"] <= box4090["capacity_gb"]
+
+
+def test_no_pinned_flag_is_suggested_and_lightest_pins_are_not_to_be_dropped(
+        monkeypatch, capsys, write):
+    cluster = write("desk.yaml", ONE_GPU)
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "qwen2.5-0.5b",
+                       "--seq-len", "32768", "--recompute", "full", "--zero", "3",
+                       "--offload", "optimizer")
+    suggestions = error_line(err).rsplit(");", 1)[1]
+    assert code == 3
+    assert "drop the pins" not in suggestions
+    for flag in ("--recompute", "--zero", "--offload"):
+        assert flag not in suggestions
+    assert "shorter --seq-len" in suggestions
+
+
+def test_a_pin_that_keeps_a_lighter_choice_out_is_named_with_the_lighter_one(
+        monkeypatch, capsys, write):
+    cluster = write("desk.yaml", ONE_GPU)
+    _, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "qwen2.5-0.5b",
+                    "--seq-len", "32768", "--recompute", "none")
+    suggestions = error_line(err).rsplit(");", 1)[1]
+    assert "drop the pins that keep lighter choices out (--recompute none)" in suggestions
+    assert "--recompute full" in suggestions
+
+
+# ---- a pin with no effect ----------------------------------------------------------------------
+
+def test_zero_over_a_single_replica_is_noted_in_the_table_and_the_json(monkeypatch, capsys, write):
+    cluster = write("one.yaml", ONE_A100)
+    code, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--zero", "2", "--top", "1")
+    assert code == 0
+    assert "note: --zero 2 has no effect on this plan: it has one data-parallel replica" in out
+    code, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--zero", "2", "--top", "1", "--json")
+    summary = json.loads(out)
+    assert summary["layout"].startswith("dp=1 ")
+    assert any(note.startswith("--zero 2 has no effect") for note in summary["notes"])
+
+
+def test_a_plan_over_replicas_has_no_such_note(monkeypatch, capsys, write):
+    cluster = write("two.yaml", ONE_A100.replace("gpus_per_node: 1", "gpus_per_node: 2"))
+    code, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--zero", "1", "--dp", "2", "--top", "1", "--json")
+    assert code == 0
+    assert not any("no effect" in note for note in json.loads(out)["notes"])
+
+
+def test_zero_pinned_with_one_replica_pinned_is_refused(monkeypatch, capsys, write):
+    cluster = write("two.yaml", ONE_A100.replace("gpus_per_node: 1", "gpus_per_node: 2"))
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--zero", "3", "--dp", "1")
+    line = error_line(err)
+    assert code == 2
+    assert "--zero 3 shards" in line and "--dp 1 leaves one replica" in line
+    assert "drop --zero, or pin --dp 2 or more" in line
+
+
+# ---- sequences beyond the model's positions ---------------------------------------------------
+
+def test_plan_warns_of_a_sequence_beyond_rotary_positions(monkeypatch, capsys, write):
+    cluster = write("one.yaml", ONE_A100)
+    warning = "--seq-len 512 is beyond tiny-llama's 256 positions"
+    code, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "tiny-llama",
+                       "--seq-len", "512", "--top", "1")
+    assert code == 0
+    assert [line for line in out.splitlines() if warning in line]
+    code, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "tiny-llama",
+                       "--seq-len", "512", "--top", "1", "--json")
+    assert any(note.startswith(warning) for note in json.loads(out)["notes"])
+    _, out, _ = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "tiny-llama",
+                    "--seq-len", "256", "--top", "1", "--json")
+    assert not any("positions" in note for note in json.loads(out)["notes"])
+
+
+def test_plan_refuses_a_sequence_beyond_learned_positions(monkeypatch, capsys, write):
+    cluster = write("one.yaml", ONE_A100)
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--seq-len", "4096")
+    line = error_line(err)
+    assert code == 2
+    assert "--seq-len 4096 exceeds gpt3-125m's 2048 learned positions" in line
+    assert "use --seq-len 2048 or less" in line
+
+
+def test_cost_warns_once_and_refuses_once(monkeypatch, capsys, write):
+    offers = write("offers.yaml", TWO_OFFERS)
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "tiny-llama", "--tokens", "1B",
+                       "--offers", str(offers), "--seq-len", "512")
+    assert code == 0
+    assert [line for line in out.splitlines()
+            if line.startswith("note: --seq-len 512 is beyond tiny-llama's 256 positions")]
+    code, _, err = run(monkeypatch, capsys, "cost", "-m", "gpt3-125m", "--tokens", "1B",
+                       "--offers", str(offers), "--seq-len", "4096")
+    assert code == 2 and "2048 learned positions" in error_line(err)
+
+
+SCHEDULE_CLUSTER = """
+nodes:
+  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 2}
+  - {name: slow, gpu: rtx3090, gpus_per_node: 2}
+"""
+
+
+def test_schedule_warns_of_a_job_beyond_its_model_positions(monkeypatch, capsys, write):
+    cluster = write("lab.yaml", SCHEDULE_CLUSTER)
+    jobs = write("jobs.yaml", "jobs:\n  - {name: long, model: tiny-llama, global_batch: 8, "
+                              "seq_len: 512, tokens: 1B}\n")
+    code, out, _ = run(monkeypatch, capsys, "schedule", "-c", str(cluster), "--jobs", str(jobs))
+    assert code == 0
+    assert "note: " in out and "jobs[0] (long): seq_len 512 is beyond tiny-llama's 256" in out
+    bad = write("bad.yaml", "jobs:\n  - {name: long, model: gpt3-125m, global_batch: 8, "
+                            "seq_len: 4096, tokens: 1B}\n")
+    code, _, err = run(monkeypatch, capsys, "schedule", "-c", str(cluster), "--jobs", str(bad))
+    line = error_line(err)
+    assert code == 2 and "jobs[0] (long).seq_len: seq_len 4096 exceeds" in line
+
+
+def test_train_says_the_plans_warning_before_it_starts(monkeypatch, capsys, write, tmp_path):
+    cluster = write("one.yaml", ONE_A100)
+    code, out, err = run(monkeypatch, capsys, "train", "-c", str(cluster), "-m", "tiny-llama",
+                         "--seq-len", "512", "--print-commands", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    assert "note: --seq-len 512 is beyond tiny-llama's 256 positions" in err
+    assert "torchrun" in out
+
+
+# ---- progress when the output is not a terminal -----------------------------------------------
+
+def test_cost_shows_progress_lines_and_searches_the_same_hardware_once(monkeypatch, capsys, write):
+    offers = write("offers.yaml", TWO_OFFERS)
+    code, out, err = run(monkeypatch, capsys, "cost", "-m", "gpt3-125m", "--tokens", "1B",
+                         "--offers", str(offers), "--json")
+    assert code == 0
+    lines = err.splitlines()
+    assert lines[0].startswith("planning 3 offers (a search each")
+    assert lines[-1].startswith("planned 3 offers in ")
+    candidates = {c["name"]: c for c in json.loads(out)["candidates"]}
+    a, b = candidates["seller-a"], candidates["seller-b"]
+    assert a["tokens_per_s"] == b["tokens_per_s"] and a["plan"]["layout"] == b["plan"]["layout"]
+    assert b["usd_per_hour"] == pytest.approx(a["usd_per_hour"] * 0.70 / 0.50)
+
+
+def test_schedule_shows_progress_lines(monkeypatch, capsys, write):
+    cluster = write("lab.yaml", SCHEDULE_CLUSTER)
+    jobs = write("jobs.yaml", "jobs:\n  - {name: a, model: tiny-llama, global_batch: 8, "
+                              "seq_len: 256, tokens: 1B}\n")
+    code, _, err = run(monkeypatch, capsys, "schedule", "-c", str(cluster), "--jobs", str(jobs),
+                       "--json")
+    lines = err.splitlines()
+    assert code == 0
+    assert lines[0].startswith("planning up to 3 searches (a job shape on an allocation each")
+    assert lines[-1].startswith("planned ") and " searches in " in lines[-1]
+
+
+# ---- a narrow terminal ---------------------------------------------------------------------------
+
+def potluck_at(columns: int, *args: str) -> subprocess.CompletedProcess:
+    """``potluck ARGS`` in its own process, its output ``columns`` wide."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": str(columns)}
+    return subprocess.run([sys.executable, "-m", "potluck", *args], capture_output=True,
+                          text=True, env=env, timeout=HUNG_S)
+
+
+def test_schedule_says_which_columns_a_narrow_terminal_leaves_out(write):
+    cluster = write("lab.yaml", SCHEDULE_CLUSTER)
+    jobs = write("jobs.yaml", "jobs:\n  - {name: pretraining-run, model: tiny-llama, "
+                              "global_batch: 8, seq_len: 256, tokens: 1B}\n")
+    wide = potluck_at(200, "schedule", "-c", str(cluster), "--jobs", str(jobs))
+    assert wide.returncode == 0, wide.stderr
+    assert "left out" not in wide.stdout
+    narrow = potluck_at(60, "schedule", "-c", str(cluster), "--jobs", str(jobs))
+    assert narrow.returncode == 0, narrow.stderr
+    said = [line for line in narrow.stdout.splitlines() if line.startswith("left out at 60 ")]
+    assert len(said) == 1
+    left_out = said[0].split("columns: ")[1].split(" (")[0].split(", ")
+    header = next(line for line in narrow.stdout.splitlines() if line.startswith("job "))
+    assert left_out and all(name not in header for name in left_out)
+    assert "…" not in narrow.stdout and "pretraining-run" in narrow.stdout
+
+
+def test_cost_names_host_memory_for_an_offer_and_its_host_memory_key_lifts_it(
+        monkeypatch, capsys, write):
+    """The catalog's 4 RTX 2080 Ti machine (88 GB of host memory by default) cannot hold
+    llama2-7b's offloaded optimizer; the same offer with host_memory given plans."""
+    short = write("short.yaml", "offers:\n  - {name: ti, gpu: rtx2080ti, gpus_per_node: 4, "
+                                "nvlink: pairs}\n")
+    code, _, err = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+                       "--offers", str(short))
+    line = error_line(err.splitlines()[-1])
+    assert code == 3 and "host memory is the limit" in line and "which has 88 GB" in line
+    needed = line.split("host_memory: ")[1].split(" or more")[0]
+    enough = write("enough.yaml", short.read_text().replace("}", f", host_memory: {needed}}}"))
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+                       "--offers", str(enough), "--json")
+    assert code == 0 and [c["name"] for c in json.loads(out)["candidates"]] == ["ti"]
