@@ -105,6 +105,7 @@ class FamilyEvaluator:
         self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
         self._slots: dict[tuple, StageSlot | None] = {}
+        self._gradient_cache: dict[tuple, list[tuple[float, float]]] = {}
         self._params_cache: dict[tuple, float] = {}
         self._comm_cache: dict[tuple, StageComm] = {}
         # quick estimates: every GPU of a machine crosses its card at once
@@ -423,20 +424,34 @@ class FamilyEvaluator:
         of the slowest link between families, shared by every GPU of a machine."""
         if len(families) <= 1:
             return 0.0
-        ring = [f.pipelines[0][0].devices[0] for f in families]
-        link = self.cost.network.ring_link(ring, self._whole_machines)
+        ring = tuple(f.pipelines[0][0].devices[0] for f in families)
+        key = tuple(d.id for d in ring)
+        link = self._ring_cache.get(key)
+        if link is None:
+            link = self._ring_cache[key] = self.cost.network.ring_link(list(ring),
+                                                                       self._whole_machines)
         ranks = sum(f.dp for f in families)
-        worst = 0.0
-        for family in families:
-            pp = family.pp
-            for i, unit in enumerate(family.pipelines[0]):
-                params = self._params(family.layers[i], i, pp, unit.tp)
-                num_bytes = params * self.cost.grad_bytes(unit.devices[0].type)
-                allreduce = formulas.ring_allreduce_time_s(num_bytes, ranks, link.bandwidth_bytes_per_s,
-                                                           link.latency_s)
-                overlap = family.works[i].backward_s if self.cost.execution.overlap_grad_reduce else 0.0
-                worst = max(worst, allreduce - overlap)
+        # the ring's time is affine in the bytes: its latencies plus bytes over the bandwidth
+        one, two = (formulas.ring_allreduce_time_s(b, ranks, link.bandwidth_bytes_per_s,
+                                                   link.latency_s) for b in (1.0, 2.0))
+        per_byte, fixed = two - one, 2 * one - two
+        worst = max(fixed + per_byte * num_bytes - overlap
+                    for family in families for num_bytes, overlap in self._gradients(family))
         return max(0.0, worst)
+
+    def _gradients(self, family: FamilyOption) -> list[tuple[float, float]]:
+        """Per stage of ``family``, its gradient bytes and the backward time that hides their
+        reduction (cached: a family recurs in many combinations)."""
+        key = (family.pipelines[0], family.layers, family.works)
+        found = self._gradient_cache.get(key)
+        if found is None:
+            pp, overlaps = family.pp, self.cost.execution.overlap_grad_reduce
+            found = self._gradient_cache[key] = [
+                (self._params(family.layers[i], i, pp, unit.tp)
+                 * self.cost.grad_bytes(unit.devices[0].type),
+                 family.works[i].backward_s if overlaps else 0.0)
+                for i, unit in enumerate(family.pipelines[0])]
+        return found
 
 
 def _expert_peers(pipelines: tuple[tuple[Unit, ...], ...], stage: int, ep: int

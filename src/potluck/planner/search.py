@@ -224,6 +224,8 @@ class _Search:
         small = cluster.spec.num_gpus <= SMALL_CLUSTER_GPUS
         self._exhaustive_orders = 4 if small else 2
         self._by_machines = small  # families: the best TP choice on each machine subset
+        # mixed families (labs): start also at one degree throughout, descend over the degrees
+        self._descends = small
         self._best_tps: dict[tuple[str, FamilySetting], list[int]] = {}
         # each group's degree in the last mixed family's descent: where the next one starts
         self._tp_hints: dict[tuple[str, FamilySetting], int] = {}
@@ -250,16 +252,12 @@ class _Search:
             self._push_layouts(level, heap, self._rank_order_layouts())
             return self._plans(heap, level)
         structures = self._promising_structures(level)
-        recomputes = self._recomputes()
-        beam = -(-self.options.exact_beam // len(recomputes))
-        for recompute in recomputes:  # each mode its own share of the exact beam: the quick
-            mode: list = []  # estimate prices recomputation plan-wide, the refinement per stage
+        for recompute in self._recomputes():
             for setting in self._settings(level, recompute):
                 for structure in structures:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
-                        self._push(mode, combo, beam)
-            heap.extend(mode)
+                        self._push(heap, combo)
         if self._fully_pinned() or (not heap and self._pinned_shape()):
             self._push_pinned_layouts(level, heap)
         return self._plans(heap, level)
@@ -523,7 +521,8 @@ class _Search:
                        for v in ranked]
             best_of[order] = min(vectors, key=lambda v, o=order: quick_s(o, v))
         order = min(best_of, key=lambda o: quick_s(o, best_of[o]))
-        if descend and len(order) > 1 and math.isfinite(quick_s(order, best_of[order])):
+        if (descend and self._descends and len(order) > 1
+                and math.isfinite(quick_s(order, best_of[order]))):
             found = self._descend(best_of[order], [allowed[g.name] for g in order],
                                   lambda vector: quick_s(order, vector))
             by_name = dict(zip((g.name for g in order), found, strict=True))
@@ -565,6 +564,8 @@ class _Search:
         choices = [self._tp_choices(g, a, setting, len(order)) for g, a in zip(order, allowed,
                                                                                 strict=True)]
         vectors = list(itertools.product(*choices))
+        if not self._descends:  # large clusters: the degrees each group chose alone
+            return list(dict.fromkeys(v for v in vectors if all(v)))
         for degree in sorted({t for degrees in allowed for t in degrees}):
             vectors.append(tuple(_nearest(degrees, degree) for degrees in allowed))
         hinted = [self._tp_hints.get((g.name, setting)) for g in order]

@@ -17,6 +17,7 @@ cost model (:class:`~potluck.planner.cost.CostModel`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -69,6 +70,7 @@ class _Refiner:
         self.plan, self.cost, self.options = plan, cost, options
         self.offloads = _offloads(options, offload)
         self.stages = list(self._stages())
+        self.ranks_on = Counter(d.node for s in self.stages for d in s.devices)  # per machine
         self.host_used: dict[str, float] = {}
         self.held: dict[str, float] = {}
         self.need: dict[str, float] = {}
@@ -164,9 +166,8 @@ class _Refiner:
                 - self.held.get(device.id, 0.0))
 
     def _host_room(self, node: str) -> float:
-        ranks = sum(1 for s in self.stages for d in s.devices if d.node == node)
         return (self.cost.cluster.host_memory_bytes(node) - HOST_OS_RESERVE_BYTES
-                - ranks * HOST_RANK_RESERVE_BYTES - self.host_used.get(node, 0.0))
+                - self.ranks_on[node] * HOST_RANK_RESERVE_BYTES - self.host_used.get(node, 0.0))
 
     def _best(self, stage: _Stage, swaps: list[Swap], peer: Device | None) -> _Choice | None:
         best: _Choice | None = None
