@@ -433,3 +433,20 @@ def test_simulate_defines_its_bubble_beside_the_plans_and_lists_stages_in_order(
             and line.split()[0] in devices]
     stages = [int(row[2]) for row in rows]
     assert len(rows) == len(devices) and stages == sorted(stages)  # stage 2 before stage 3
+
+
+def test_a_framework_preset_says_its_placement_and_what_it_costs(cluster_file):
+    """Issue 29: the presets placed ranks in rank order with an even split and nothing said
+    so. The plan names the placement, the hostfile order it assumes where it is not the
+    cluster file's, and the framework's placement against potluck's with the same traits."""
+    result = potluck("plan", "--cluster", str(cluster_file), "--model", "llama2-7b",
+                     "--global-batch", "32", "--execution", "megatron-lm", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["placement"].startswith("rank order, even layer split, as Megatron-LM launches")
+    cost = [n for n in data["notes"] if "the framework's placement" in n]
+    assert len(cost) == 1 and ("costs nothing here" in cost[0] or "x: placed by potluck" in cost[0])
+    plain = json.loads(potluck("plan", "--cluster", str(cluster_file), "--model", "llama2-7b",
+                               "--global-batch", "32", "--json").stdout)
+    assert plain["placement"].startswith("planned")
+    assert not [n for n in plain["notes"] if "the framework's placement" in n]

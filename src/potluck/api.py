@@ -28,6 +28,7 @@ from potluck.multijob.simulation import DEFAULT_RESTART_S
 from potluck.planner.checks import check_seq_len, pin_notes
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.requests.host_limit import search_explained
+from potluck.planner.requests.placement_cost import placement_cost_note
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.units import parse_count
@@ -136,6 +137,10 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     else:
         result = search_explained(spec, model_spec, shape, options, progress)
         check_deadline(result, count, deadline_hours)
+        placement = placement_cost_note(spec, model_spec, shape, options, result.best)
+        if placement:
+            best = replace(result.best, notes=(*result.best.notes, placement))
+            result = replace(result, plans=(best, *result.plans[1:]))
     return _with_notes(result, options, warning)
 
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from potluck.cluster.catalog import DeviceType
-from potluck.cluster.execution import describe
+from potluck.cluster.execution import describe, placement_text
 from potluck.cluster.topology import Cluster
 from potluck.model.counts import Recompute, active_params, total_params
 from potluck.model.memory import Offload, StageMemory, Swap
@@ -72,6 +72,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "schedule": plan.schedule.value,
         "schedule_notes": schedule_notes(plan),
         "execution": describe(plan.training.execution),
+        "placement": placement_text(plan.training.execution),
         "communication": comm_text(plan),
         "model_notes": model_notes(plan.model, plan.ep),
         "dtype": plan.training.dtype.value,
@@ -163,6 +164,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     for note in schedule_notes(plan):
         console.print(f"schedule: {note}", highlight=False)
     console.print(f"execution: {describe(plan.training.execution)}", highlight=False)
+    console.print(f"placement: {placement_text(plan.training.execution)}", highlight=False)
     console.print(f"communication: {comm_text(plan)}", highlight=False)
     for note in model_notes(plan.model, plan.ep):
         console.print(f"[dim]{escape(note)}[/dim]")

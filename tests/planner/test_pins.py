@@ -5,12 +5,13 @@ from dataclasses import replace
 
 import pytest
 
-from potluck.cluster import parse_cluster
+from potluck.cluster import Cluster, parse_cluster
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.loading import model_from_hf_config
 from potluck.model.memory import Offload, Swap
+from potluck.planner.cost import usable_memory_bytes
 from potluck.planner.exhaustive import fitting_shapes
 from potluck.planner.search import Partition, SearchOptions, search
 from potluck.plans import DType, Schedule, TrainingShape, check_plan
@@ -62,8 +63,9 @@ def test_every_pinned_replica_runs(gpt2_medium):
 
 
 def test_gpipe_holds_only_its_pipelines_share_in_memory():
-    """GPipe keeps every micro-batch of its pipeline in flight: 8 of micro-batch 2 per
-    pipeline fit on an RTX 3090, the whole batch's 32 would not."""
+    """GPipe keeps every micro-batch of its pipeline in flight, counted against its own
+    devices: 8 of micro-batch 2 fit on an RTX 3090 unrecomputed, the whole batch's 32 not;
+    the plan may give an A100 pipeline more, recomputing where they need it."""
     spec = parse_cluster("""
 nodes:
   - {name: r3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
@@ -71,7 +73,14 @@ nodes:
 """)
     options = SearchOptions(tp=1, pp=1, dp=4, micro_batch_size=2, schedule=Schedule.GPIPE)
     plan = _plan(load_model("gpt3-1.3b"), options, spec, TrainingShape(64, 2048))
-    assert plan.dp == 4 and max(p.num_micro_batches for p in plan.pipelines) <= 8
+    assert plan.dp == 4 and max(p.num_micro_batches for p in plan.pipelines) < 32
+    cluster = Cluster(spec)
+    assert all(m.total_bytes <= usable_memory_bytes(cluster.device(m.device).type)
+               for m in plan.prediction.memory)
+    for pipeline in plan.pipelines:
+        if pipeline.stages[0].devices[0].startswith("r3090") and pipeline.num_micro_batches > 8:
+            assert plan.stage_memory(plan.pipelines.index(pipeline), 0).resolved(
+                plan.recompute).recompute is not Recompute.NONE
 
 
 def test_a_pinned_stage_over_its_memory_names_device_and_gib():

@@ -90,17 +90,35 @@ def _expected(plan, devices):
             for d in range(dp)]
 
 
-def test_search_returns_only_rank_order_layouts_over_every_device(gpt2_small):
+def test_search_returns_only_rank_order_layouts_over_a_hostfile(gpt2_small):
+    """Every plan is the framework's rank order over a hostfile a user could write: the node
+    groups in the cluster file's order or fastest first (here both: the V100s, then the
+    T4s), cut after a group, the groups left out not launched."""
     devices = ["a.0:0", "a.0:1", "a.1:0", "a.1:1", "b.0:0", "b.0:1"]
     plans = search(MIXED, gpt2_small, SHAPE, SearchOptions(top_k=5)).plans
     assert len(plans) > 1
     for plan in plans:
         check_plan(plan)
-        assert _stages(plan) == _expected(plan, devices)
+        launched = len(plan.devices)
+        assert launched in (4, 6) and set(plan.unused_devices) == set(devices[launched:])
+        assert _stages(plan) == _expected(plan, devices[:launched])
         layers = {tuple(s.num_layers for s in p.stages) for p in plan.pipelines}
         assert len(layers) == 1 and max(*layers) - min(*layers) <= 1
         assert len({p.num_micro_batches for p in plan.pipelines}) == 1
-        assert not plan.unused_devices
+
+
+def test_the_hostfile_may_put_the_fastest_machines_first():
+    """T4s listed first in the cluster file: a framework user would list the V100s first
+    (or alone), and the plan says which hostfile order it assumes."""
+    spec = parse_cluster("""
+nodes:
+  - {name: slow, gpu: t4, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: fast, gpu: a100-80g-sxm, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+""", "slow-first.yaml")
+    model = load_model("gpt3-350m")
+    plan = search(spec, model, SHAPE, SearchOptions(top_k=1)).best
+    assert plan.pipelines[0].stages[0].devices[0].startswith("fast.")
+    assert any("hostfile order fast" in note for note in plan.notes)
 
 
 def test_tp_groups_never_span_machines(gpt2_small):
@@ -116,9 +134,11 @@ nodes:
         search(spec, gpt2_small, SHAPE, SearchOptions(tp=4))
 
 
-def test_pins_that_do_not_multiply_to_the_cluster_are_refused(gpt2_small):
-    with pytest.raises(InfeasibleError, match="multiplies to the 6 devices"):
-        search(MIXED, gpt2_small, SHAPE, SearchOptions(pp=4))
+def test_pins_that_multiply_to_no_hostfile_are_refused(gpt2_small):
+    """The hostfiles hold 4 (the V100s) or 6 devices: pp=5 divides neither."""
+    assert search(MIXED, gpt2_small, SHAPE, SearchOptions(pp=4)).best.num_gpus == 4
+    with pytest.raises(InfeasibleError, match="multiplies to the 4 or 6 devices"):
+        search(MIXED, gpt2_small, SHAPE, SearchOptions(pp=5))
 
 
 TWO_MACHINES = parse_cluster(

@@ -244,6 +244,16 @@ def choose_execution(flag: str | None, from_cluster: Execution | None = None) ->
                       f"give one of {', '.join(PRESETS)} or a YAML file of traits")
 
 
+def placement_text(execution: Execution) -> str:
+    """Who places the ranks and splits the layers, in words for a plan's reader."""
+    if execution.placement is Placement.PLANNED:
+        return "planned: devices chosen per stage, layers split by speed (potluck's runtime)"
+    name = describe(execution).split(" ")[0]
+    framework = "DeepSpeed" if name.startswith("deepspeed") else "Megatron-LM"
+    return (f"rank order, even layer split, as {framework} launches (tensor-parallel ranks "
+            "fastest, then data, then pipeline)")
+
+
 def describe(execution: Execution) -> str:
     """The nearest preset's name and the traits that differ from it:
     ``megatron-lm``, ``megatron-lm-2021 + overlap_p2p=true``."""

@@ -12,17 +12,22 @@ parallelism, then the pipeline. Replica ``d`` of stage ``s`` holds the ``tp`` ra
 - DeepSpeed ``runtime/pipe/topology.PipeModelDataParallelTopology`` (axes ``pipe``,
   ``data``, ``model`` in row-major order: the same ranks).
 
-Here launch order is the cluster file's order: node groups as listed, their machines,
-their GPUs (:attr:`potluck.cluster.topology.Cluster.devices`). A pinned layout runs on the
-first ``tp x pp x dp`` devices of that order (the framework launched on that many);
-an unpinned one uses every device. The blocks are split evenly, the batch too
-(``FamilySetting.uniform``); pipelines whose stages sit on different GPU types are
-timed as separate families that share that even split. ``--partition`` and TP pinned per
-node group do not apply: the framework decides both.
+Launch order is the hostfile's, which the user writes: :func:`launch_orders` tries the
+cluster file's order (node groups as listed, their machines, their GPUs:
+:attr:`potluck.cluster.topology.Cluster.devices`) and the node groups fastest first (then
+by memory), each cut after every group, since a framework user may leave the slower
+machines out of the hostfile. A pinned layout runs on the first ``tp x pp x dp`` devices
+of an order (the framework launched on that many); an unpinned one on all of a cut. The
+blocks are split evenly, the batch too (``FamilySetting.uniform``); pipelines whose stages
+sit on different GPU types are timed as separate families that share that even split.
+``--partition`` and TP pinned per node group do not apply: the framework decides both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from potluck.cluster.catalog import DeviceType
 from potluck.cluster.topology import Cluster, Device
 from potluck.model.spec import ModelSpec
 from potluck.planner.options import SearchOptions, micro_batch_sizes
@@ -34,9 +39,26 @@ Pipelines = tuple[tuple[Unit, ...], ...]
 
 
 def launch_order(cluster: Cluster, options: SearchOptions) -> tuple[Device, ...]:
-    """The devices in launch order, only those of the node groups ``options`` allows."""
+    """The devices in the cluster file's order, only those of the node groups ``options``
+    allows."""
     return tuple(d for d in cluster.devices
                  if options.groups is None or d.group in options.groups)
+
+
+def launch_orders(cluster: Cluster, options: SearchOptions,
+                  speed: Callable[[DeviceType], float]) -> list[tuple[Device, ...]]:
+    """Hostfiles the framework could be launched with: the node groups in the cluster file's
+    order and fastest first (``speed`` per GPU, then memory), each cut after every group; a
+    layout pinned in full takes the first devices of the two whole orders."""
+    devices = launch_order(cluster, options)
+    groups = list(dict.fromkeys(d.group for d in devices))
+    kind = {g.name: cluster.spec.device_type(g.gpu) for g in cluster.spec.nodes}
+    fastest = sorted(groups, key=lambda g: (-speed(kind[g]), -kind[g].memory_bytes, g))
+    pinned = bool(options.tp and options.pp and options.dp)
+    cuts = [len(groups)] if pinned else range(1, len(groups) + 1)
+    orders = [tuple(d for g in ranked[:k] for d in devices if d.group == g)
+              for ranked in (groups, fastest) for k in cuts]
+    return list(dict.fromkeys(orders))
 
 
 def rank_order_shapes(devices: tuple[Device, ...], model: ModelSpec, options: SearchOptions,
@@ -110,11 +132,14 @@ def rank_order_pipelines(devices: tuple[Device, ...], shape: PinnedShape) -> Pip
     return tuple(tuple(unit(s, d) for s in range(pp)) for d in range(dp))
 
 
-def rank_order_refusal(devices: tuple[Device, ...], model: ModelSpec,
+def rank_order_refusal(orders: list[tuple[Device, ...]], model: ModelSpec,
                        options: SearchOptions, global_batch: int) -> str | None:
-    """Why no layout in rank order exists, before memory is looked at; None when some does."""
-    if rank_order_shapes(devices, model, options, global_batch):
+    """Why no layout in rank order exists over any of the hostfiles ``orders``, before memory
+    is looked at (said of the largest); None when some does."""
+    if any(rank_order_shapes(devices, model, options, global_batch) for devices in orders):
         return None
+    devices = max(orders, key=len)
+    sizes = sorted({len(order) for order in orders})
     products = _products(devices, model, options)
     if products:
         reasons = "; ".join(str(_batch_problem(shape, global_batch, options)) for shape in products)
@@ -131,6 +156,9 @@ def rank_order_refusal(devices: tuple[Device, ...], model: ModelSpec,
         return (f"rank order: tensor-parallel groups of {options.tp} consecutive ranks span "
                 "two machines in the cluster file's order; pin a --tp that divides every "
                 "machine's GPU count")
-    return (f"rank order: no tp x pp x dp with the pins multiplies to the {world} devices "
-            "in the cluster file (the framework uses every rank it launches); pin degrees "
-            f"whose product is {world}")
+    counts = " or ".join(str(n) for n in sizes) if not options.dp or not options.pp \
+        else str(world)
+    return (f"rank order: no tp x pp x dp with the pins multiplies to the {counts} devices "
+            "of a hostfile (the framework uses every rank it launches: the node groups in "
+            "order or fastest first, cut after a group); pin degrees whose product is one "
+            "of them")

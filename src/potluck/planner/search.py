@@ -77,7 +77,7 @@ from potluck.planner.options import Partition, SearchOptions, micro_batch_sizes
 from potluck.planner.partition import PipelineSlot, split_micro_batches
 from potluck.planner.pinned import arrangements, pinned_families, pinned_refusal, pinned_shapes
 from potluck.planner.rank_order import (
-    launch_order,
+    launch_orders,
     rank_order_pipelines,
     rank_order_refusal,
     rank_order_shapes,
@@ -239,7 +239,8 @@ class _Search:
         """Why the pins (or the rank order) leave no layout, with numbers; None if unknown."""
         batch = self.training.global_batch
         if self.rank_order:
-            return rank_order_refusal(launch_order(self.cluster, self.options), self.cost.model,
+            orders = launch_orders(self.cluster, self.options, self.cost.compute.achievable_flops)
+            return rank_order_refusal(orders, self.cost.model,
                                       self.options, batch)
         return pinned_refusal(self.families, self.groups, batch, self.options)
 
@@ -314,10 +315,13 @@ class _Search:
 
     def _rank_order_layouts(self) -> list[tuple[tuple[Unit, ...], ...]]:
         """Every (tp, pp, dp) the pins allow, laid out in the framework's rank order."""
-        devices = launch_order(self.cluster, self.options)
-        shapes = rank_order_shapes(devices, self.cost.model, self.options,
-                                   self.training.global_batch)
-        return [rank_order_pipelines(devices, shape) for shape in shapes]
+        layouts = []
+        for devices in launch_orders(self.cluster, self.options,
+                                     self.cost.compute.achievable_flops):
+            shapes = rank_order_shapes(devices, self.cost.model, self.options,
+                                       self.training.global_batch)
+            layouts += [rank_order_pipelines(devices, shape) for shape in shapes]
+        return list(dict.fromkeys(layouts))
 
     def _push_layouts(self, level: MemoryLevel, heap: list,
                       layouts: list[tuple[tuple[Unit, ...], ...]]) -> None:
@@ -680,7 +684,8 @@ class _Search:
             virtual_stages=setting.virtual_stages, recompute=setting.recompute,
             zero=setting.zero if len(pipelines) > 1 else 0, expert_parallel=setting.ep,
             unused_devices=unused,
-            notes=_launch_notes(unused) if self.rank_order else _unused_notes(self.cluster, unused),
+            notes=(_launch_notes(self.cluster, pipelines, unused) if self.rank_order
+                   else _unused_notes(self.cluster, unused)),
         )
 
 
@@ -697,22 +702,31 @@ def _seeks_expert_layouts(found: list[Plan], model: ModelSpec, options: SearchOp
 
 def _seeks_sharded_layouts(cluster: Cluster, options: SearchOptions, level: MemoryLevel,
                            found: list[Plan], latest: list[Plan]) -> bool:
-    """Whether the search goes on to the next ZeRO stage although it has plans: on clusters
-    of up to ``SMALL_CLUSTER_GPUS`` GPUs, with the stage left to it, up to ZeRO-3 (offloading
-    the optimizer only where nothing fits without), while the best plan so far pays time
-    for memory (it recomputes, swaps or offloads) or came from the ``latest`` level after
-    an earlier one had plans (sharding paid once: a further stage may fit a layout with
-    less TP or fewer stages). 8 A100s, llama2-13b: dp=2 pp=2 tp=2 swapping to the host
+    """Whether the search goes on to the next memory level although it has plans: on
+    clusters of up to ``SMALL_CLUSTER_GPUS`` GPUs, with the stage left to it, up to ZeRO-3
+    while the best plan so far pays time for memory (it recomputes, swaps or offloads) or
+    came from the ``latest`` level after an earlier one had plans (sharding paid once: a
+    further stage may fit a layout with less TP or fewer stages); then, where the best
+    still pays for memory or gathers its parameters (ZeRO-3), to the optimizer offloaded,
+    through its ZeRO stages alike. 8 A100s, llama2-13b: dp=2 pp=2 tp=2 swapping to the host
     unsharded, then better at ZeRO-1 and 2, and dp=4 tp=2 at ZeRO-3 8% faster than the
     first; 4 RTX 3090s, llama2-7b: dp=2 tp=2 at ZeRO-2 5% faster than the offloaded
     pipeline. Elsewhere sharding would save only optimizer time, and each level costs a
     whole search pass."""
     if (cluster.spec.num_gpus > SMALL_CLUSTER_GPUS or options.zero is not None
-            or not options.sharded_levels or level.zero >= 3):
+            or not options.sharded_levels):
         return False
     best = min(found, key=_rank)
     improved = len(found) > len(latest) and any(plan is best for plan in latest)
-    return improved or _pays_for_memory(best)
+    if level.zero < 3:
+        return improved or _pays_for_memory(best)
+    if level.offload:
+        return False
+    # every ZeRO stage tried on the device: where the best still pays for memory, or shards
+    # its parameters (ZeRO-3 gathers them every micro-batch), offloading the optimizer may
+    # cost less (issue 29's lab under megatron-lm: ZeRO-3 over 10 Gb/s 244 s, dp=1 with the
+    # optimizer offloaded 109 s)
+    return options.offload is None and (_pays_for_memory(best) or best.zero >= 3)
 
 
 def _pays_for_memory(plan: Plan) -> bool:
@@ -849,11 +863,28 @@ def _unused_notes(cluster: Cluster, unused: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
-def _launch_notes(unused: tuple[str, ...]) -> tuple[str, ...]:
-    if not unused:
+def _launch_notes(cluster: Cluster, pipelines: list[Pipeline],
+                  unused: tuple[str, ...]) -> tuple[str, ...]:
+    """Which hostfile the framework is launched with, where it is not the cluster file's
+    every machine in order: the framework numbers its ranks in hostfile order."""
+    launched = sorted({d for p in pipelines for d in p.devices}, key=_rank_of(pipelines))
+    groups = list(dict.fromkeys(cluster.device(d).group for d in launched))
+    in_file = [g.name for g in cluster.spec.nodes if g.name in groups]
+    if not unused and groups == in_file:
         return ()
-    return (f"rank order: {len(unused)} devices of the cluster file are not launched "
-            "(the framework launches tp x pp x dp ranks, the first in the file)",)
+    left = list(dict.fromkeys(cluster.device(d).group for d in unused))
+    return (f"rank order: launch on {len(launched)} devices, hostfile order "
+            f"{', '.join(groups)}" + (f"; not launched: {', '.join(left)}" if left else ""),)
+
+
+def _rank_of(pipelines: list[Pipeline]) -> Callable[[str], int]:
+    """A device's rank in the framework's order: replica ``d`` of stage ``s`` at
+    ``(s * dp + d) * tp`` on (:mod:`potluck.planner.rank_order`)."""
+    dp = len(pipelines)
+    ranks = {device: (s * dp + d) * len(stage.devices) + j
+             for d, pipeline in enumerate(pipelines) for s, stage in enumerate(pipeline.stages)
+             for j, device in enumerate(stage.devices)}
+    return lambda device: ranks[device]
 
 
 def _rank(plan: Plan) -> tuple[float, int]:
