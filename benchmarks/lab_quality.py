@@ -8,8 +8,9 @@ default plan's time (target: at least 0.98 on every lab; above 1 where no pin fi
 what the default did). The exhaustive reference (:mod:`potluck.planner.exhaustive`) runs
 only on labs of at most eight tensor-parallel units, none of these.
 
-Usage: python benchmarks/lab_quality.py [--labs N ...] [--quick]
-(--quick pins tp and pp only; the full grid takes several minutes a lab on 2 cores)
+Usage: python benchmarks/lab_quality.py [--labs N ...] [--quick] [--execution PRESET]
+(--quick pins tp and pp only; the full grid takes several minutes a lab on 2 cores;
+--execution plans every search, default and pinned, for that framework, e.g. megatron-lm)
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labs import LABS, Lab  # noqa: E402
 
 from potluck.cluster import parse_cluster  # noqa: E402
+from potluck.cluster.execution import PRESETS  # noqa: E402
 from potluck.errors import PotluckError  # noqa: E402
 from potluck.model import load_model  # noqa: E402
 from potluck.model.counts import Recompute  # noqa: E402
 from potluck.model.loading import model_from_hf_config  # noqa: E402
-from potluck.model.memory import Offload, Swap  # noqa: E402
 from potluck.planner.options import SearchOptions  # noqa: E402
 from potluck.planner.search import search  # noqa: E402
 from potluck.plans import Plan, TrainingShape  # noqa: E402
+from potluck.plans.memory import Offload, Swap  # noqa: E402
 
 PP_PINS = (2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24)
 
@@ -75,10 +77,10 @@ def best_pinned(lab: Lab, spec, model, shape: TrainingShape, quick: bool
     return best, label, runs
 
 
-def row(lab: Lab, quick: bool) -> str:
+def row(lab: Lab, quick: bool, execution: str) -> str:
     spec = parse_cluster(lab.cluster)
     model = lab_model(lab)
-    shape = TrainingShape(lab.global_batch, lab.seq_len)
+    shape = TrainingShape(lab.global_batch, lab.seq_len, execution=PRESETS[execution])
     began = time.process_time()
     default = search(spec, model, shape).best
     search_s = time.process_time() - began
@@ -98,13 +100,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--labs", type=int, nargs="*", help="lab numbers (from 0)")
     parser.add_argument("--quick", action="store_true", help="pin tp and pp only")
+    parser.add_argument("--execution", default="potluck", choices=sorted(PRESETS),
+                        help="the framework every plan is made for")
     args = parser.parse_args()
     chosen = [LABS[i] for i in args.labs] if args.labs is not None else LABS
     print("| lab | model | GPUs | default plan | best pinned plan | quality | search CPU | "
           "pinned searches |")
     print("|---|---|---:|---|---|---:|---:|---:|")
     for lab in chosen:
-        print(row(lab, args.quick), flush=True)
+        print(row(lab, args.quick, args.execution), flush=True)
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ def gains_table(plans: dict[str, Plan], steps: int, emulate: bool) -> None:
 
 def keep_everything(plan: Plan) -> Plan:
     """``plan`` with no stage recomputing or swapping, re-predicted (it need not fit)."""
-    from potluck.model.memory import Offload, StageMemory
     from potluck.planner.evaluate import predict
+    from potluck.plans.memory import Offload, StageMemory
 
     kept = StageMemory(Recompute.NONE, offload=Offload.OPTIMIZER)
     pipelines = tuple(replace(p, stages=tuple(replace(s, memory=kept) for s in p.stages))

@@ -7,8 +7,8 @@ from potluck import api
 from potluck.errors import ConfigError
 from potluck.examples import example_path
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition, SearchOptions
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 

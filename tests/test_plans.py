@@ -122,8 +122,8 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
 
     from potluck.cluster.execution import Execution
     from potluck.model.counts import Recompute
-    from potluck.model.memory import StageMemory, Swap
     from potluck.plans import StageComm
+    from potluck.plans.memory import StageMemory, Swap
 
     comm = StageComm(chunks, keeps)
     memory = StageMemory(swap=Swap(swap)) if swap else StageMemory()

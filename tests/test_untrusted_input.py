@@ -194,13 +194,15 @@ def test_the_search_benchmarks_clusters_are_well_inside_the_bound():
 
 
 def test_rank_order_pins_that_leave_ranks_idle_say_so_not_out_of_memory(tmp_path):
+    """No hostfile runs --pp 2 on a batch of 3: the T4s alone are 3 ranks, the 3090 alone 1,
+    all of them 4 (two replicas, which cannot split 3 micro-batches evenly)."""
     cluster = tmp_path / "lab.yaml"
-    cluster.write_text("nodes:\n  - {name: a, gpu: t4, gpus_per_node: 2}\n"
+    cluster.write_text("nodes:\n  - {name: a, gpu: t4, gpus_per_node: 3}\n"
                        "  - {name: b, gpu: rtx3090, gpus_per_node: 1}\n")
-    result = potluck("plan", "-c", cluster, "-m", "tiny-llama", "--global-batch", 8, "--seq-len",
-                     128, "--pp", 1, "--execution", "megatron-lm")
-    line = one_line_error(result, "uses all 3 ranks", "dp 3 (tp 1 x pp 1)",
-                          "multiple of 3")
+    result = potluck("plan", "-c", cluster, "-m", "tiny-llama", "--global-batch", 3, "--seq-len",
+                     128, "--pp", 2, "--execution", "megatron-lm")
+    line = one_line_error(result, "uses all 4 ranks", "dp 2 (tp 1 x pp 2)",
+                          "multiple of 2")
     assert "memory" not in line
 
 

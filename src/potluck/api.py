@@ -22,7 +22,6 @@ from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.model.loading import load_model
-from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.multijob.simulation import DEFAULT_RESTART_S
 from potluck.planner.checks import check_seq_len, pin_notes
@@ -31,6 +30,7 @@ from potluck.planner.requests.host_limit import search_explained
 from potluck.planner.requests.placement_cost import placement_cost_note
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
+from potluck.plans.memory import Offload, Swap
 from potluck.units import parse_count
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from potluck.console.progress import Steps, step_progress
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition
 from potluck.plans import DType
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from potluck.cluster.catalog import DeviceType
 from potluck.cluster.execution import describe, placement_text
 from potluck.cluster.topology import Cluster
 from potluck.model.counts import Recompute, active_params, total_params
-from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.compute import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
+from potluck.plans.memory import Offload, StageMemory, Swap
 from potluck.schedules import schedule_for
 from potluck.tables import compact_table
 from potluck.units import format_duration

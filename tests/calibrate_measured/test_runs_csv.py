@@ -7,9 +7,9 @@ import pytest
 from potluck.calibrate.measured.runs import read_runs
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition
 from potluck.plans import DType
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 HEADER = "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s"

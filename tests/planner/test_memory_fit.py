@@ -18,7 +18,6 @@ from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.loading import load_model
-from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner import formulas
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
 from potluck.planner.evaluate import gradient_groups, predict, zero3_refusal
@@ -26,6 +25,7 @@ from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
 from potluck.plans import Pipeline, Plan, Stage, TrainingShape, plan_from_dict, plan_to_dict
+from potluck.plans.memory import Offload, StageMemory, Swap
 
 BOX = "nodes: [{name: box, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs, host_memory: 256GB}]"
 SEQ = 1024

@@ -10,11 +10,11 @@ from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.loading import model_from_hf_config
-from potluck.model.memory import Offload, Swap
 from potluck.planner.cost import usable_memory_bytes
 from potluck.planner.exhaustive import fitting_shapes
 from potluck.planner.search import Partition, SearchOptions, search
 from potluck.plans import DType, Schedule, TrainingShape, check_plan
+from potluck.plans.memory import Offload, Swap
 
 V100_T4 = parse_cluster("""
 nodes:

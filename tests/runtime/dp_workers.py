@@ -90,7 +90,7 @@ def _host_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def with_offload(plan: Plan) -> Plan:
     """``plan`` with every stage's optimizer offloaded to host memory."""
-    from potluck.model.memory import Offload
+    from potluck.plans.memory import Offload
 
     pipelines = tuple(replace(p, stages=tuple(replace(s, memory=replace(s.memory,
                                                                         offload=Offload.OPTIMIZER))

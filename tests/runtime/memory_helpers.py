@@ -8,8 +8,8 @@ from typing import Any
 
 from runtime_helpers import LR, STEPS
 
-from potluck.model.memory import StageMemory
 from potluck.plans import Plan
+from potluck.plans.memory import StageMemory
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.training import train_rank

@@ -29,9 +29,9 @@ from tp_workers import held_bytes, input_grad_only, step_reports, with_comm
 
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
-from potluck.model.memory import StageMemory
 from potluck.ops import OpKind
 from potluck.plans import Plan, Schedule, StageComm
+from potluck.plans.memory import StageMemory
 from potluck.runtime.grads.buckets import Bucket, SyncedParam
 from potluck.runtime.grads.grad_ready import GradReady
 from potluck.runtime.launch.checks import check_execution, check_explicit_tp

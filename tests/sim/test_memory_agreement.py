@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 from simkit import INSTANT_LINKS, cluster, flat_model, make_plan
 
-from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan
+from potluck.plans.memory import Offload, StageMemory, Swap
 from potluck.sim import simulate
 from potluck.sim.result import StateTransferKind
 

@@ -9,12 +9,12 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
 from potluck.plans import TrainingShape
+from potluck.plans.memory import Offload
 
 GB = 1e9
 

@@ -16,7 +16,7 @@ one of the two. Calibration changes the inputs (device efficiency, link
 bandwidth), never the shape. Formulas live in :mod:`potluck.planner.formulas`
 and :mod:`potluck.model.counts`.
 
-A stage's memory choices (its :class:`~potluck.model.memory.StageMemory`) enter here:
+A stage's memory choices (its :class:`~potluck.plans.memory.StageMemory`) enter here:
 
 - **recomputation of some blocks** (Korthikanti et al. 2022): the stage's first
   ``recompute_blocks`` blocks keep what their mode keeps and pay its backward, the
@@ -52,13 +52,13 @@ from potluck.cluster.topology import Cluster, Device
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
-from potluck.model.memory import Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes, effective_dtype
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape
+from potluck.plans.memory import Swap
 from potluck.schedules import StageWork
 
 T = TypeVar("T")

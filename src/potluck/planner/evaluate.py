@@ -27,7 +27,6 @@ from potluck import placement
 from potluck.cluster.topology import Device
 from potluck.errors import ConfigError
 from potluck.model import counts
-from potluck.model.memory import Offload
 from potluck.placement import StageRef
 from potluck.planner import compute, formulas
 from potluck.planner.comm.sparse import expected_unique_tokens, sparse_exchange_bytes
@@ -47,6 +46,7 @@ from potluck.plans import (
     TiedGradSync,
     TimeBreakdown,
 )
+from potluck.plans.memory import Offload
 from potluck.schedules import PipelineTime, StageWork, schedule_for
 
 # Host memory a machine keeps for its OS and the ranks' processes, outside what plans

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 

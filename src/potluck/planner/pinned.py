@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from potluck.cluster.spec import NodeGroup
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import StageShape, usable_memory_bytes
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
 from potluck.planner.space import MAX_TP, Unit, tp_options
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import schedule_for
 
 GIB = 2**30

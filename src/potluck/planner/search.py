@@ -55,7 +55,6 @@ from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.comm.refine import refine_comm
@@ -99,6 +98,7 @@ from potluck.plans import (
     TrainingShape,
     expert_parallel_problem,
 )
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)

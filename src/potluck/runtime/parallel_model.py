@@ -57,10 +57,10 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
-from potluck.model.memory import StageMemory, Swap
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit, expert_shard
 from potluck.plans import explicit_tp
+from potluck.plans.memory import StageMemory, Swap
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.gather import (

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from potluck.cluster.topology import Device
-from potluck.model.memory import Swap
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.evaluate import (
     PlanEvaluation,
@@ -25,6 +24,7 @@ from potluck.planner.evaluate import (
     stage_sharding,
 )
 from potluck.plans import Pipeline, Plan
+from potluck.plans.memory import Swap
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def test_states_registered_as_host_tensors_are_host_bytes():
 
 
 def test_a_stash_splits_into_fixed_pieces_and_hybrid_sends_its_share_to_host():
-    from potluck.model.memory import Swap
+    from potluck.plans.memory import Swap
     from potluck.runtime.memory.ledger import Place
     from potluck.runtime.memory.swap import SwapTarget
 

@@ -12,7 +12,7 @@ from memory_helpers import run_with_memory, with_memory
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, reference_losses, run_plan
 
 from potluck.model.counts import Recompute
-from potluck.model.memory import StageMemory, Swap
+from potluck.plans.memory import StageMemory, Swap
 
 STEPS = 20
 TOLERANCE = 2e-3

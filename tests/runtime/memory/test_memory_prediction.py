@@ -21,10 +21,10 @@ from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 from potluck.cluster.topology import Cluster
 from potluck.model import counts
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner.compute import ComputeModel
 from potluck.planner.evaluate import predict
 from potluck.plans import DeviceMemory, Plan
+from potluck.plans.memory import Offload, StageMemory, Swap
 from potluck.schedules import schedule_for
 
 TOLERANCE = 0.10

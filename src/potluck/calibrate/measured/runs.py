@@ -24,9 +24,9 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, Swap
 from potluck.planner.options import Partition, SearchOptions
 from potluck.plans import DType, Execution, TrainingShape
+from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")

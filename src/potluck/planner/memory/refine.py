@@ -4,7 +4,7 @@ The search lays plans out with plan-wide settings (one recomputation mode, ZeRO 
 offload, whether stages may swap); pipeline schedules make memory uneven (under 1F1B
 the first of ``p`` stages holds ``p`` micro-batches, the last one), so
 :func:`refine_memory` then gives every stage its own
-:class:`~potluck.model.memory.StageMemory`: for each recomputation mode the fewest
+:class:`~potluck.plans.memory.StageMemory`: for each recomputation mode the fewest
 recomputed blocks that fit, for each swap kind the fewest swapped blocks that fit
 (alone, or on top of full recomputation), with or without the optimizer offloaded, and
 keeps the one whose iteration share (``m`` micro-batches of stage time, plus its
@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 
 from potluck.cluster.topology import Device
 from potluck.model.counts import Recompute
-from potluck.model.memory import Offload, StageMemory, Swap
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
 from potluck.planner.evaluate import (
     HOST_OS_RESERVE_BYTES,
@@ -33,6 +32,7 @@ from potluck.planner.evaluate import (
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
 from potluck.plans import Pipeline, Plan
+from potluck.plans.memory import Offload, StageMemory, Swap
 from potluck.schedules import schedule_for
 
 

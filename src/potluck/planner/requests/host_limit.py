@@ -20,12 +20,12 @@ from potluck.cluster.nodes import MIN_DEFAULT_HOST_MEMORY_BYTES
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
-from potluck.model.memory import Offload, Swap
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import states_fit_gpus
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import HostMemory, Plan, TrainingShape
+from potluck.plans.memory import Offload, Swap
 
 UNLIMITED_HOST_BYTES = 1e15  # the what-if's host memory per machine: more than any plan uses
 MACHINES_NAMED = 3  # machines a message names; the rest are counted

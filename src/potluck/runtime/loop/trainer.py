@@ -50,8 +50,8 @@ import torch
 import torch.distributed as dist
 
 from potluck.errors import TrainingError
-from potluck.model.memory import Offload
 from potluck.ops import OpKind
+from potluck.plans.memory import Offload
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from potluck.model.memory import Swap
+from potluck.plans.memory import Swap
 from potluck.runtime.memory.ledger import Kind, MemoryLedger, Place, local_tensor, storage_key
 
 CHUNK_BYTES = 8 << 20  # pieces of a large storage copied one after the other

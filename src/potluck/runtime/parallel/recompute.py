@@ -1,6 +1,6 @@
 """Activation recomputation and swapping, applied to one rank's pipeline stages.
 
-Each stage's own :class:`~potluck.model.memory.StageMemory` (``plan.stage_memory(k, j)``)
+Each stage's own :class:`~potluck.plans.memory.StageMemory` (``plan.stage_memory(k, j)``)
 decides: its first ``recompute_blocks`` blocks (all, when unset), in layer order over the
 rank's virtual chunks, use the stage's recompute mode and the rest none; its first
 ``swapped_blocks(n)`` blocks swap their saved tensors
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from potluck.model.counts import Recompute
-from potluck.model.memory import StageMemory
+from potluck.plans.memory import StageMemory
 from potluck.runtime.memory.ledger import MemoryLedger
 from potluck.runtime.memory.swap import ActivationSwap
 from potluck.runtime.parallel.pipeline import StageModule, counted_recomputation
