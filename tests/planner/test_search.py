@@ -211,16 +211,19 @@ def test_whole_machines_of_a_group_are_left_out_when_the_network_is_too_slow():
     assert with_two.prediction.iteration_time_s == pytest.approx(with_one.prediction.iteration_time_s)
 
 
-def test_a_second_machine_never_makes_the_best_plan_slower():
+@pytest.mark.parametrize("zero", [None, 1])
+def test_a_second_machine_never_makes_the_best_plan_slower(zero):
     """The search may leave a machine out, so it must find on two machines at least what
     it finds on one: gpt3-125m on 4 A100s is fastest at tp=2 x dp=2, which on two machines
-    over 10 Gb/s ranks below a tp=2 family spanning both at the first pass."""
+    over 10 Gb/s ranks below a tp=2 family spanning both at the first pass; at ZeRO-1 it
+    is fastest at dp=4 tp=1, which the two machines find only if one machine alone tries
+    every TP degree, not only the degrees best on both."""
     model = load_model("gpt3-125m")
     box = ("nodes: [{{name: a, gpu: a100-80g-sxm, gpus_per_node: 4, count: {},"
            " inter_bandwidth: 10Gb/s}}]")
-    shape = TrainingShape(8, 512)
-    with_two = search(parse_cluster(box.format(2)), model, shape).best
-    with_one = search(parse_cluster(box.format(1)), model, shape).best
+    shape, options = TrainingShape(8, 512), SearchOptions(zero=zero)
+    with_two = search(parse_cluster(box.format(2)), model, shape, options).best
+    with_one = search(parse_cluster(box.format(1)), model, shape, options).best
     assert with_two.prediction.iteration_time_s <= with_one.prediction.iteration_time_s * (1 + 1e-9)
 
 
@@ -275,3 +278,24 @@ def test_a_faster_layout_that_fits_only_with_sharded_states_is_found():
     assert best.prediction.iteration_time_s <= min(
         p.prediction.iteration_time_s for p in pinned) * (1 + 1e-9)
     assert best.zero > 0
+
+
+@pytest.mark.parametrize(("model_name", "gpu", "shaped"), [
+    ("gpt3-125m", "a100-80g-sxm", False),  # tp=2 for speed: 2 GB of states fit any device
+    ("llama3.2-3b", "rtx3090", True),  # 51 GB of states fit no 24 GB device whole
+])
+def test_rank_order_splits_are_memory_shaped_where_no_device_holds_the_states(
+        model_name, gpu, shaped):
+    """Under an even split in rank order, a pipeline or TP split of a model no device could
+    hold is memory's doing, so the search goes on to sharded and offloaded levels."""
+    from potluck.cluster.execution import PRESETS
+    from potluck.planner.cost import CostModel
+    from potluck.planner.search import _memory_shaped, _pays_for_memory
+
+    spec = parse_cluster(f"nodes: [{{name: a, gpu: {gpu}, gpus_per_node: 4}}]")
+    model = load_model(model_name)
+    shape = TrainingShape(8, 512, execution=PRESETS["megatron-lm"])
+    plan = search(spec, model, shape, SearchOptions(tp=2, zero=0)).best
+    assert not _pays_for_memory(plan)
+    cost = CostModel.for_training(Cluster(spec), model, shape)
+    assert _memory_shaped(cost, plan) is shaped

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import InfeasibleError
+from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
@@ -61,6 +62,7 @@ from potluck.planner.comm.refine import refine_comm
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
+from potluck.planner.formulas import NOT_SHARDED
 from potluck.planner.grouping import (
     EXHAUSTIVE_GROUPINGS,
     Grouping,
@@ -158,7 +160,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
                 groupings[_run_key(pinned)] = runner.best_groupings
         found += plans
         if found and not (_seeks_expert_layouts(found, model, options, level)
-                          or _seeks_sharded_layouts(cluster, options, level, found, plans)):
+                          or _seeks_sharded_layouts(cost, options, level, found, plans)):
             found.sort(key=_rank)
             best = tuple(_distinct(found, options.top_k))
             return SearchResult(best, candidates, time.perf_counter() - started)
@@ -515,6 +517,10 @@ class _Search:
         allowed = {g.name: tp_options(g, self.cost.model, self._pinned_tp(g)) for g in orders[0]}
         first = orders[0]  # every starting vector in one order, the best two in every order
         starts = self._tp_vectors(first, [allowed[g.name] for g in first], setting)
+        if len(first) == 1:  # one group's machine subsets: each its own fastest degree
+            for order, vector in itertools.product(orders, starts):
+                layouts(order, vector, wraps=True)
+            return list({f.key: f for options in tried.values() for f in options}.values())
         ranked = sorted(starts, key=lambda v: quick_s(first, v))[:2]
         if not ranked:
             return []
@@ -535,8 +541,7 @@ class _Search:
                 layouts(other, tuple(by_name[g.name] for g in other), wraps=True)
         for other, vector in best_of.items():
             layouts(other, vector, wraps=True)
-        unique = {f.key: f for options in tried.values() for f in options}
-        return list(unique.values())
+        return list({f.key: f for options in tried.values() for f in options}.values())
 
     @staticmethod
     def _descend(vector: tuple[int, ...], allowed: list[list[int]],
@@ -700,33 +705,55 @@ def _seeks_expert_layouts(found: list[Plan], model: ModelSpec, options: SearchOp
     return all(plan.ep == 1 for plan in found)
 
 
-def _seeks_sharded_layouts(cluster: Cluster, options: SearchOptions, level: MemoryLevel,
+def _seeks_sharded_layouts(cost: CostModel, options: SearchOptions, level: MemoryLevel,
                            found: list[Plan], latest: list[Plan]) -> bool:
     """Whether the search goes on to the next memory level although it has plans: on
     clusters of up to ``SMALL_CLUSTER_GPUS`` GPUs, with the stage left to it, up to ZeRO-3
-    while the best plan so far pays time for memory (it recomputes, swaps or offloads) or
-    came from the ``latest`` level after an earlier one had plans (sharding paid once: a
-    further stage may fit a layout with less TP or fewer stages); then, where the best
-    still pays for memory or gathers its parameters (ZeRO-3), to the optimizer offloaded,
-    through its ZeRO stages alike. 8 A100s, llama2-13b: dp=2 pp=2 tp=2 swapping to the host
+    while memory shaped the best plan so far (:func:`_memory_shaped`) or it came from the
+    ``latest`` level after an earlier one had plans (sharding paid once: a further stage
+    may fit a layout with less TP or fewer stages); then, where memory still shaped the
+    best or it gathers its parameters (ZeRO-3), to the optimizer offloaded, through its
+    ZeRO stages alike. 8 A100s, llama2-13b: dp=2 pp=2 tp=2 swapping to the host
     unsharded, then better at ZeRO-1 and 2, and dp=4 tp=2 at ZeRO-3 8% faster than the
     first; 4 RTX 3090s, llama2-7b: dp=2 tp=2 at ZeRO-2 5% faster than the offloaded
     pipeline. Elsewhere sharding would save only optimizer time, and each level costs a
     whole search pass."""
-    if (cluster.spec.num_gpus > SMALL_CLUSTER_GPUS or options.zero is not None
+    if (cost.cluster.spec.num_gpus > SMALL_CLUSTER_GPUS or options.zero is not None
             or not options.sharded_levels):
         return False
     best = min(found, key=_rank)
     improved = len(found) > len(latest) and any(plan is best for plan in latest)
     if level.zero < 3:
-        return improved or _pays_for_memory(best)
+        return improved or _memory_shaped(cost, best)
     if level.offload:
         return False
-    # every ZeRO stage tried on the device: where the best still pays for memory, or shards
-    # its parameters (ZeRO-3 gathers them every micro-batch), offloading the optimizer may
-    # cost less (issue 29's lab under megatron-lm: ZeRO-3 over 10 Gb/s 244 s, dp=1 with the
-    # optimizer offloaded 109 s)
-    return options.offload is None and (_pays_for_memory(best) or best.zero >= 3)
+    # every ZeRO stage tried on the device: where memory shaped the best plan, the
+    # optimizer's 12 bytes a parameter offloaded may fit a faster layout (issue 29's lab
+    # under megatron-lm: ZeRO-3 over 10 Gb/s 244 s, dp=1 offloaded 109 s; sixteen machines:
+    # tp=2 pp=17 51.6 s, tp=1 dp=2 offloaded 47.2 s)
+    return options.offload is None and (_memory_shaped(cost, best) or best.zero >= 3)
+
+
+def _memory_shaped(cost: CostModel, plan: Plan) -> bool:
+    """Whether memory shaped ``plan``: it pays time for memory (:func:`_pays_for_memory`),
+    or, placed in rank order, splits the model (tensor or pipeline parallelism) over
+    devices none of which could hold the whole model's weights, gradients and Adam states.
+    An even layer split in rank order sizes every stage by its smallest device, so sharded
+    or offloaded states may let it split less (the sixteen-machine lab under megatron-lm:
+    tp=2 pp=17 51.6 s, tp=1 dp=2 offloaded 47.2 s); potluck's placement already gives
+    each device the layers its memory holds, and on the eight labs of
+    ``benchmarks/lab_quality.py`` the further levels found no faster plan while taking
+    up to ten times the search time. A split chosen for speed (gpt3-125m at tp=2 on
+    A100s) is not memory's doing either way."""
+    if _pays_for_memory(plan):
+        return True
+    if cost.execution.placement is not Placement.RANK_ORDER:
+        return False
+    splits = {d for p in plan.pipelines if p.pp > 1 or any(s.tp > 1 for s in p.stages)
+              for d in p.devices}
+    params = counts.total_params(plan.model)
+    return any(cost.model_state_bytes(d.type, params, NOT_SHARDED) > d.type.memory_bytes
+               for d in cost.cluster.devices if d.id in splits)
 
 
 def _pays_for_memory(plan: Plan) -> bool:
