@@ -275,3 +275,32 @@ def test_cost_names_host_memory_for_an_offer_and_its_host_memory_key_lifts_it(
     code, out, _ = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
                        "--offers", str(enough), "--json")
     assert code == 0 and [c["name"] for c in json.loads(out)["candidates"]] == ["ti"]
+
+
+# ---- the schedule --schedule auto chose --------------------------------------------------------
+
+TWO_BOXES_ONE_GB = ("nodes: [{name: desk, gpu: rtx3060, gpus_per_node: 1, count: 2, "
+                    "inter_bandwidth: 1Gb/s}]\n")
+
+
+@pytest.mark.parametrize("pinned", [(), ("--schedule", "1f1b")])
+def test_the_schedule_auto_chose_is_said_and_a_pinned_one_is_not(monkeypatch, capsys, write,
+                                                                    pinned):
+    cluster = write("desks.yaml", TWO_BOXES_ONE_GB)
+    code, out, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                         "--pp", "2", "--global-batch", "8", "--seq-len", "512", "--top", "1",
+                         "--json", *pinned)
+    assert code == 0, err
+    summary = json.loads(out)
+    said = [note for note in summary["notes"] if "--schedule auto" in note]
+    assert len(said) == (0 if pinned else 1)
+    assert summary["layout"].startswith("dp=1 pp=2")
+
+
+def test_a_schedule_that_is_no_choice_is_refused_with_auto_among_the_choices(
+        monkeypatch, capsys, write):
+    cluster = write("desks.yaml", TWO_BOXES_ONE_GB)
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), "-m", "gpt3-125m",
+                       "--schedule", "2f2b")
+    assert code != 0
+    assert "auto" in error_line(err) and "1f1b" in error_line(err)

@@ -102,7 +102,7 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
          dtype: str | DType = DType.BF16, tp: int | None = None, pp: int | None = None,
          dp: int | None = None, micro_batch_size: int | None = None, ep: int | None = None,
          recompute: str | Recompute | None = None, partition: str | Partition = Partition.BALANCED,
-         schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero: int | None = None,
+         schedule: str | Schedule = AUTO, zero: int | None = None,
          swap: str | Swap | None = None, offload: str | Offload | None = None,
          top_k: int = 5, objective: str | Objective = Objective.TIME,
          tokens: int | str | None = None, deadline_hours: float | None = None,
@@ -148,7 +148,7 @@ def _with_notes(result: SearchResult, options: SearchOptions, warning: str | Non
     """Every plan with what the request means for it: a sequence beyond the model's positions
     (``warning``), a pin with no effect on it (:func:`~potluck.planner.checks.pin_notes`)."""
     plans = tuple(replace(p, notes=(*p.notes, *([warning] if warning else []),
-                                    *pin_notes(p.dp, options)))
+                                    *pin_notes(p, options)))
                   for p in result.plans)
     return replace(result, plans=plans)
 
@@ -157,7 +157,7 @@ def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | No
                    micro_batch_size: int | None = None, ep: int | None = None,
                    recompute: str | Recompute | None = None,
                    partition: str | Partition = Partition.BALANCED,
-                   schedule: str | Schedule = Schedule.ONE_F_ONE_B, zero: int | None = None,
+                   schedule: str | Schedule = AUTO, zero: int | None = None,
                    swap: str | Swap | None = None, offload: str | Offload | None = None,
                    top_k: int = 5) -> SearchOptions:
     """:class:`~potluck.planner.options.SearchOptions` from the pins of ``potluck plan``
@@ -165,7 +165,7 @@ def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | No
     return SearchOptions(
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
         recompute=_pin(recompute, Recompute), partition=Partition(partition),
-        schedule=Schedule(schedule), zero=zero, swap=_pin(swap, Swap),
+        schedule=_pin(schedule, Schedule), zero=zero, swap=_pin(swap, Swap),
         offload=_pin(offload, Offload), top_k=top_k,
     )
 

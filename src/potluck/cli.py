@@ -109,7 +109,8 @@ def plan(
         help=f"Host offload: {'|'.join(_names(Offload))}|auto.")] = "auto",
     partition: Annotated[str, typer.Option(help="balanced, or uniform (even-split baseline).")] = "balanced",
     schedule: Annotated[str, typer.Option(
-        help=f"Pipeline schedule: {_or(Schedule)}.")] = Schedule.ONE_F_ONE_B.value,
+        help=f"Pipeline schedule: {_or(Schedule)} or auto (auto: 1f1b, run as fill and "
+             "drain where a pipeline has fewer micro-batches than stages).")] = "auto",
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     output: Annotated[Path | None, typer.Option(
@@ -134,7 +135,7 @@ def plan(
 
     _check_choice("--dtype", dtype, DType)
     _check_choice("--partition", partition, Partition)
-    _check_choice("--schedule", schedule, Schedule)
+    _check_choice("--schedule", schedule, Schedule, "auto")
     _check_choice("--recompute", recompute, Recompute, "auto")
     _check_choice("--swap", swap, Swap, "auto")
     _check_choice("--offload", offload, Offload, "auto")

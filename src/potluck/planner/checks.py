@@ -13,8 +13,9 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
-from potluck.plans import TrainingShape
+from potluck.plans import Plan, TrainingShape
 from potluck.plans.memory import Offload
+from potluck.schedules import AUTO_NOTE
 
 GB = 1e9
 
@@ -123,14 +124,19 @@ def _check_zero_replicas(options: SearchOptions) -> None:
         )
 
 
-def pin_notes(plan_dp: int, options: SearchOptions) -> tuple[str, ...]:
-    """What a pin does not do on a plan of ``plan_dp`` data-parallel replicas: ``--zero N``
-    over one replica shards nothing (the plan is as it would be without the pin)."""
-    if options.zero and plan_dp == 1:
-        return (f"--zero {options.zero} has no effect on this plan: it has one data-parallel "
-                f"replica (dp=1), so there is nothing to shard the {ZERO_SHARDS[options.zero]} "
-                "over (its memory and time are those without ZeRO)",)
-    return ()
+def pin_notes(plan: Plan, options: SearchOptions) -> tuple[str, ...]:
+    """What the request means for ``plan``: a pin it does not act on (``--zero N`` over one
+    data-parallel replica shards nothing: the plan is as it would be without the pin), and
+    the schedule ``--schedule auto`` chose where some pipeline has stages to schedule."""
+    notes = []
+    if options.zero and plan.dp == 1:
+        notes.append(f"--zero {options.zero} has no effect on this plan: it has one "
+                     f"data-parallel replica (dp=1), so there is nothing to shard the "
+                     f"{ZERO_SHARDS[options.zero]} over (its memory and time are those "
+                     "without ZeRO)")
+    if options.schedule is None and any(p.pp > 1 for p in plan.pipelines):
+        notes.append(AUTO_NOTE)
+    return tuple(notes)
 
 
 def _check_batch_over_replicas(batch: int, options: SearchOptions) -> None:

@@ -13,7 +13,7 @@ from enum import Enum
 
 from potluck.model.counts import Recompute
 from potluck.plans.memory import Offload, Swap
-from potluck.schedules import Schedule
+from potluck.schedules import AUTO_SCHEDULE, Schedule
 
 
 class Partition(str, Enum):
@@ -33,7 +33,7 @@ class SearchOptions:
     micro_batch_size: int | None = None
     recompute: Recompute | None = None
     partition: Partition = Partition.BALANCED
-    schedule: Schedule = Schedule.ONE_F_ONE_B
+    schedule: Schedule | None = None  # None: auto (AUTO_SCHEDULE, said in each plan's notes)
     virtual_stages: int = 2
     zero: int | None = None  # ZeRO stage 0-3
     ep: int | None = None  # expert-parallel degree (mixtures of experts)
@@ -47,6 +47,11 @@ class SearchOptions:
     exact_beam: int = 32
     max_micro_batch_size: int = 32
     sharded_levels: bool = True  # go on through the ZeRO stages while sharding may pay (search)
+
+    @property
+    def pipeline_schedule(self) -> Schedule:
+        """The schedule every plan runs: the pinned one, else ``--schedule auto``'s."""
+        return self.schedule or AUTO_SCHEDULE
 
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the search tries when none is pinned

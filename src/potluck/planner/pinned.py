@@ -48,7 +48,7 @@ def pinned_shapes(groups: tuple[NodeGroup, ...], model: ModelSpec, options: Sear
     """Every (tp, pp, dp) the pins allow and the cluster's units hold; an unpinned ``pp``
     takes every depth the model allows, an unpinned ``dp`` as many replicas as the units
     hold and the schedule runs with their share of the batch."""
-    schedule = schedule_for(options.schedule)
+    schedule = schedule_for(options.pipeline_schedule)
     virtual = schedule.chunks(options.virtual_stages)
     micro_batches = global_batch // (options.micro_batch_size or 1)
     shapes = []
@@ -124,7 +124,7 @@ def pinned_refusal(evaluator: FamilyEvaluator, groups: tuple[NodeGroup, ...],
     if options.tp is None and options.pp is None and options.dp is None:
         return None
     cost = evaluator.cost
-    schedule = schedule_for(options.schedule)
+    schedule = schedule_for(options.pipeline_schedule)
     virtual = schedule.chunks(options.virtual_stages)
     shapes = pinned_shapes(groups, cost.model, options, global_batch)
     if not shapes:
@@ -146,7 +146,7 @@ def pinned_refusal(evaluator: FamilyEvaluator, groups: tuple[NodeGroup, ...],
 
 def _schedule_problem(shape: PinnedShape, num_layers: int, global_batch: int,
                       options: SearchOptions, virtual: int) -> str | None:
-    schedule = schedule_for(options.schedule)
+    schedule = schedule_for(options.pipeline_schedule)
     micro_batch = options.micro_batch_size or 1
     if shape.pp * virtual > num_layers:
         return (f"schedule {schedule.name.value} runs {virtual} chunks per stage, and "
@@ -180,7 +180,7 @@ def _memory_problem(evaluator: FamilyEvaluator, pipelines: tuple[tuple[Unit, ...
             device_type = unit.devices[0].type
             stage = StageShape(layers[i], i == 0, i == shape.pp - 1, shape.pp, micro_batch,
                                recompute)
-            in_flight = schedule_for(options.schedule).in_flight(i, shape.pp, micro_batches,
+            in_flight = schedule_for(options.pipeline_schedule).in_flight(i, shape.pp, micro_batches,
                                                                  virtual)
             needed = cost.stage_memory_bytes(device_type, unit.tp, stage, in_flight, sharding)
             usable = usable_memory_bytes(device_type)

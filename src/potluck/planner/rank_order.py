@@ -73,7 +73,7 @@ def rank_order_shapes(devices: tuple[Device, ...], model: ModelSpec, options: Se
 def _products(devices: tuple[Device, ...], model: ModelSpec,
               options: SearchOptions) -> list[PinnedShape]:
     """The (tp, pp, dp) whose product is the ranks launched, before the batch is looked at."""
-    virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
+    virtual = schedule_for(options.pipeline_schedule).chunks(options.virtual_stages)
     pinned = options.tp and options.pp and options.dp
     world = options.tp * options.pp * options.dp if pinned else len(devices)
     if world > len(devices):
@@ -95,7 +95,7 @@ def _batch_problem(shape: PinnedShape, global_batch: int, options: SearchOptions
     """Why the framework cannot split ``global_batch`` over the shape's replicas: evenly,
     into micro-batches its schedule runs, at any micro-batch size the search tries (the
     reason at the smallest); None when one size works."""
-    schedule = schedule_for(options.schedule)
+    schedule = schedule_for(options.pipeline_schedule)
     virtual = schedule.chunks(options.virtual_stages)
     split = f"dp {shape.dp} (tp {shape.tp} x pp {shape.pp})"
     reasons = []

@@ -463,7 +463,7 @@ class _Search:
         the pinned mode)."""
         options, batch = self.options, self.training.global_batch
         sizes = micro_batch_sizes(options, batch)
-        virtual = schedule_for(options.schedule).chunks(options.virtual_stages)
+        virtual = schedule_for(options.pipeline_schedule).chunks(options.virtual_stages)
         uniform = options.partition is Partition.UNIFORM or self.rank_order
         swap = level.swap_families and (recompute is Recompute.NONE or bool(options.recompute))
         if level.swap_families and not swap:
@@ -471,7 +471,7 @@ class _Search:
         least = options.recompute is None and not uniform  # the refinement picks per stage
         for ep in expert_degrees(self.cost.model, options, self.cluster.spec.num_gpus):
             for b in sizes:
-                yield FamilySetting(b, recompute, options.schedule, virtual, level.zero,
+                yield FamilySetting(b, recompute, options.pipeline_schedule, virtual, level.zero,
                                     uniform, batch // b, level.offload, swap, ep, least)
 
     def _family_options(self, family: tuple[NodeGroup, ...], setting: FamilySetting,

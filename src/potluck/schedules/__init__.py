@@ -30,6 +30,17 @@ SCHEDULES: dict[Schedule, PipelineSchedule] = {
 }
 
 
+# What ``--schedule auto`` runs: 1F1B is as fast as GPipe (the same bubble, Narayanan et al.
+# SC'21, Sec. 2.2) and holds at most one activation per stage still ahead instead of every
+# micro-batch's; with fewer micro-batches than stages it runs as fill and drain, GPipe's
+# order, as Megatron-LM's and DeepSpeed's 1F1B do. Interleaved and zero bubble trade more
+# P2P traffic and micro-batch constraints for a smaller bubble: pinned, not automatic.
+AUTO_SCHEDULE = Schedule.ONE_F_ONE_B
+AUTO_NOTE = (f"schedule {AUTO_SCHEDULE.value} chosen by --schedule auto (GPipe's speed, fewer "
+             "activations held; fill and drain where a pipeline has fewer micro-batches "
+             "than stages); pin another with --schedule")
+
+
 def schedule_for(name: Schedule | str) -> PipelineSchedule:
     """The schedule called ``name`` (a :class:`Schedule` or its value, e.g. ``"1f1b"``)."""
     found = SCHEDULES.get(name)  # type: ignore[call-overload]  # a member, or its value
@@ -37,6 +48,6 @@ def schedule_for(name: Schedule | str) -> PipelineSchedule:
 
 
 __all__ = [
-    "SCHEDULES", "Action", "P2PCalls", "PipelineSchedule", "PipelineTime", "RankOrder", "Schedule",
-    "StageWork", "local_order", "schedule_for",
+    "AUTO_NOTE", "AUTO_SCHEDULE", "SCHEDULES", "Action", "P2PCalls", "PipelineSchedule",
+    "PipelineTime", "RankOrder", "Schedule", "StageWork", "local_order", "schedule_for",
 ]
