@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from potluck import cli
+from potluck.console import progress
+from potluck.console.progress import QUIET_ENV
 from potluck.examples import __file__ as examples_init
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -209,6 +211,7 @@ def test_train_says_the_plans_warning_before_it_starts(monkeypatch, capsys, writ
 # ---- progress when the output is not a terminal -----------------------------------------------
 
 def test_cost_shows_progress_lines_and_searches_the_same_hardware_once(monkeypatch, capsys, write):
+    monkeypatch.setenv(QUIET_ENV, "1")
     offers = write("offers.yaml", TWO_OFFERS)
     code, out, err = run(monkeypatch, capsys, "cost", "-m", "gpt3-125m", "--tokens", "1B",
                          "--offers", str(offers), "--json")
@@ -223,6 +226,7 @@ def test_cost_shows_progress_lines_and_searches_the_same_hardware_once(monkeypat
 
 
 def test_schedule_shows_progress_lines(monkeypatch, capsys, write):
+    monkeypatch.setenv(QUIET_ENV, "1")
     cluster = write("lab.yaml", SCHEDULE_CLUSTER)
     jobs = write("jobs.yaml", "jobs:\n  - {name: a, model: tiny-llama, global_batch: 8, "
                               "seq_len: 256, tokens: 1B}\n")
@@ -232,6 +236,55 @@ def test_schedule_shows_progress_lines(monkeypatch, capsys, write):
     assert code == 0
     assert lines[0].startswith("planning up to 3 searches (a job shape on an allocation each")
     assert lines[-1].startswith("planned ") and " searches in " in lines[-1]
+
+
+REAL_PLAN = cli.api.plan
+
+
+class _Clock:
+    """``time.monotonic`` as the test sets it."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _plan_lines(monkeypatch, capsys, fractions_at: list[tuple[float, float]]) -> list[str]:
+    """What ``potluck plan`` writes off a terminal while its search reports ``fraction`` at
+    ``seconds`` (pairs) and then finds a plan."""
+    clock = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+
+    def slow_plan(*args, progress=None, **kwargs):
+        for seconds, fraction in fractions_at:
+            clock.now_s = 100.0 + seconds
+            progress(fraction)
+        return REAL_PLAN(*args, **kwargs)
+
+    monkeypatch.setattr(cli.api, "plan", slow_plan)
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(MIXED), "-m", "gpt3-125m",
+                       "--top", "1")
+    assert code == 0, err
+    return err.splitlines()
+
+
+def test_a_search_says_how_far_it_is_and_how_long_it_may_take_after_two_seconds(
+        monkeypatch, capsys):
+    monkeypatch.setenv(QUIET_ENV, "1")
+    lines = _plan_lines(monkeypatch, capsys, [(1.0, 0.05), (4.0, 0.2), (5.0, 0.25), (8.0, 0.5)])
+    assert lines[0].startswith("planning: 20% after 4 s, at most about 16 s left (the bound")
+    assert lines[1] == "planning: 50% after 8 s, at most about 8 s left"  # a tenth later
+    assert lines[-1].startswith("planning: done in ")
+    assert len(lines) == 3
+
+
+def test_a_quick_search_and_a_silenced_one_write_no_progress(monkeypatch, capsys):
+    monkeypatch.setenv(QUIET_ENV, "1")
+    assert _plan_lines(monkeypatch, capsys, [(0.5, 0.1), (1.5, 0.9)]) == []
+    monkeypatch.setenv(QUIET_ENV, "0")
+    assert _plan_lines(monkeypatch, capsys, [(4.0, 0.2), (8.0, 0.5)]) == []
 
 
 # ---- a narrow terminal ---------------------------------------------------------------------------

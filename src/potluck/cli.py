@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from potluck import api
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
-from potluck.console.progress import Steps, step_progress
+from potluck.console.progress import Steps, fraction_progress, step_progress
 from potluck.economics import prices
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
@@ -147,7 +146,7 @@ def plan(
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
         partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload, top_k=top,
     )
-    with _progress("planning", enabled=not as_json) as report:
+    with fraction_progress(err_console, "planning", enabled=not as_json) as report:
         result = api.plan(
             cluster, model, options=options, global_batch=global_batch, seq_len=seq_len,
             dtype=dtype, objective=objective, tokens=tokens, deadline_hours=deadline_hours,
@@ -880,33 +879,6 @@ def _zero_stage(zero: int | None, zero1: bool | None) -> int | None:
         raise PotluckError(f"--zero {zero} and --{'' if zero1 else 'no-'}zero1 disagree; "
                            "give one of them")
     return alias
-
-
-class _progress:
-    """A progress bar on stderr for long searches; silent when disabled or not a terminal."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label = label
-        self.enabled = enabled and err_console.is_terminal
-        self.bar: Progress | None = None
-        self.task = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        self.bar = Progress(TextColumn(self.label), BarColumn(), TimeElapsedColumn(),
-                            console=err_console, transient=True)
-        self.bar.start()
-        self.task = self.bar.add_task(self.label, total=1.0)
-        return self._update
-
-    def _update(self, fraction: float) -> None:
-        assert self.bar is not None
-        self.bar.update(self.task, completed=fraction)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def main() -> None:

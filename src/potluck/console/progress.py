@@ -11,10 +11,18 @@ The work reports through a callback ``progress(done, total, what)``: ``done`` st
 ``total`` are done, ``what`` names the last one (``done`` 0 at the start). Where ``total``
 is a bound (:attr:`Steps.bounded`: a schedule searches only what its policy asks for),
 the lines say "up to" and the work may end below it.
+
+Work that reports a fraction of a bound instead (one search: ``progress(fraction)`` of
+every memory level it may try, :func:`fraction_progress`) is silent off a terminal for its
+first :data:`QUIET_FOR_S` seconds, then says how far it is and, at most, how long it will
+take, and again after each further tenth.
+
+``POTLUCK_PROGRESS=0`` in the environment silences the lines (not the bar on a terminal).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,7 +41,15 @@ from rich.progress import (
 ESTIMATE_AFTER_S = 1.0  # the first estimate, unless a tenth of the steps comes sooner
 LINES = 10  # lines between the first and the last: one per tenth
 
+QUIET_FOR_S = 2.0  # a fraction-reporting search says nothing off a terminal before this
+QUIET_ENV = "POTLUCK_PROGRESS"  # "0": no progress lines off a terminal
+
 StepCallback = Callable[[int, int, str], None]
+
+
+def lines_wanted() -> bool:
+    """Whether progress lines may be written off a terminal (see :data:`QUIET_ENV`)."""
+    return os.environ.get(QUIET_ENV, "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,34 @@ def step_progress(console: Console, steps: Steps) -> Iterator[StepCallback]:
         with _bar(console, steps) as update:
             yield update
         return
+    if not lines_wanted():
+        yield lambda done, total, what: None
+        return
     lines = _Lines(console, steps)
+    yield lines.update
+    lines.finish()
+
+
+@contextmanager
+def fraction_progress(console: Console, label: str, *, enabled: bool = True
+                      ) -> Iterator[Callable[[float], None] | None]:
+    """A ``progress(fraction)`` callback for work that reports the fraction done of a bound
+    (see the module docstring); None where ``enabled`` is False."""
+    if not enabled:
+        yield None
+        return
+    if console.is_terminal:
+        bar = Progress(TextColumn(label), BarColumn(), TimeElapsedColumn(),
+                       TextColumn("at most"), TimeRemainingColumn(), console=console,
+                       transient=True)
+        task = bar.add_task(label, total=1.0)
+        with bar:
+            yield lambda fraction: bar.update(task, completed=fraction)
+        return
+    if not lines_wanted():
+        yield lambda fraction: None
+        return
+    lines = _FractionLines(console, label)
     yield lines.update
     lines.finish()
 
@@ -124,3 +167,32 @@ class _Lines:
 
     def _say(self, line: str) -> None:
         self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+class _FractionLines:
+    """The lines of a fraction-reporting run off a terminal, after :data:`QUIET_FOR_S`."""
+
+    def __init__(self, console: Console, label: str) -> None:
+        self.console, self.label = console, label
+        self.started = time.monotonic()
+        self.tenths_said = -1
+
+    def update(self, fraction: float) -> None:
+        elapsed_s = time.monotonic() - self.started
+        tenths = int(fraction * LINES)
+        if elapsed_s < QUIET_FOR_S or fraction <= 0 or tenths <= self.tenths_said:
+            return
+        left_s = elapsed_s / fraction * (1 - fraction)
+        first = self.tenths_said < 0
+        self.tenths_said = tenths
+        bound = (" (the bound: it stops at the first memory level whose plans the next "
+                 "could not better)") if first else ""
+        self.console.print(f"{self.label}: {fraction:.0%} after {elapsed_s:.0f} s, at most "
+                           f"about {left_s:.0f} s left{bound}", highlight=False, markup=False,
+                           soft_wrap=True)
+
+    def finish(self) -> None:
+        """The last line, where the run said anything before."""
+        if self.tenths_said >= 0:
+            self.console.print(f"{self.label}: done in {time.monotonic() - self.started:.0f} s",
+                               highlight=False, markup=False, soft_wrap=True)

@@ -147,12 +147,15 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     candidates = 0
     found: list[Plan] = []
     groupings: dict[tuple, list[Grouping]] = {}  # the best of the last level with plans
-    for level in memory_levels(options):
+    levels, runs = memory_levels(options), _runs(cluster, model, options)
+    for index, level in enumerate(levels):
         if found and level.swap_families:
             continue  # layouts that fit only by swapping: for when nothing else fits
         plans: list[Plan] = []
-        for pinned in _runs(cluster, model, options):
-            runner = _Search(cluster, cost, training, pinned, progress,
+        for run, pinned in enumerate(runs):
+            share = _share(progress, (index * len(runs) + run) / (len(levels) * len(runs)),
+                           1 / (len(levels) * len(runs)))
+            runner = _Search(cluster, cost, training, pinned, share,
                              groupings.get(_run_key(pinned), []))
             plans.extend(runner.run(level))
             candidates += runner.candidates
@@ -171,6 +174,16 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     runner = _Search(cluster, cost, training, options, progress)
     reason = runner.refusal()
     raise InfeasibleError(reason or explain_infeasible(cluster, model, training, options))
+
+
+def _share(progress: Callable[[float], None] | None, start: float, width: float
+           ) -> Callable[[float], None] | None:
+    """``progress`` for one pass of the search: its fraction ``f`` of the pass reported as
+    ``start + f * width`` of every pass the search may run (it stops at the first memory
+    level whose plans the next could not better, so the whole is a bound)."""
+    if progress is None:
+        return None
+    return lambda fraction: progress(start + fraction * width)
 
 
 @dataclass(frozen=True)
@@ -253,26 +266,36 @@ class _Search:
         heap: list[tuple[float, int, _Combo]] = []
         if self.rank_order:
             self._push_layouts(level, heap, self._rank_order_layouts())
-            return self._plans(heap, level)
+            self._report(0.5)
+            return self._plans(heap, level, 0.5)
         structures = self._promising_structures(level)
-        for recompute in self._recomputes():
+        recomputes = self._recomputes()
+        for index, recompute in enumerate(recomputes):
             for setting in self._settings(level, recompute):
                 for structure in structures:
                     combo = self._rebuild(structure, setting)
                     if combo is not None:
                         self._push(heap, combo)
+            self._report(0.6 + 0.2 * (index + 1) / len(recomputes))
         if self._fully_pinned() or (not heap and self._pinned_shape()):
             self._push_pinned_layouts(level, heap)
-        return self._plans(heap, level)
+        return self._plans(heap, level, 0.8)
 
-    def _plans(self, heap: list, level: MemoryLevel) -> list[Plan]:
+    def _report(self, fraction: float) -> None:
+        """This pass's ``fraction`` done, to the progress callback if there is one."""
+        if self.progress:
+            self.progress(fraction)
+
+    def _plans(self, heap: list, level: MemoryLevel, done: float) -> list[Plan]:
         """The best combos built as plans, each stage given its lightest memory choice
         (:func:`~potluck.planner.memory.refine.refine_memory`) and its communication scheduling
         (:func:`~potluck.planner.comm.refine.refine_comm`), priced by the full cost model; plans
-        over a device's or a machine's host memory are dropped."""
+        over a device's or a machine's host memory are dropped. ``done``: the fraction of the
+        pass done before (progress)."""
         combos = sorted((item[2] for item in heap), key=lambda c: c.quick_s)
         plans = []
-        for combo in combos:
+        for index, combo in enumerate(combos):
+            self._report(done + (1 - done) * index / len(combos))
             plan = refine_memory(self._build(combo), self.cost, self._refining(combo),
                                  level.offload)
             if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
@@ -356,8 +379,7 @@ class _Search:
             for setting in self._settings(level, recompute):
                 if setting.ep not in shown and self._collect(setting, heap) < float("inf"):
                     shown.add(setting.ep)  # the smallest micro-batch that fits shows them
-            if self.progress:
-                self.progress(0.8 * (index + 1) / len(recomputes))
+            self._report(0.6 * (index + 1) / len(recomputes))
         structures = {tuple(f.key for f in item[2].families) for item in heap}
         return sorted(structures, key=repr)
 

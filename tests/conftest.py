@@ -1,0 +1,14 @@
+"""Settings every test shares: no progress lines off a terminal (``POTLUCK_PROGRESS=0``), so
+that a command slowed by a busy machine writes the same stderr as on an idle one; the tests
+of progress lines turn them back on."""
+
+from __future__ import annotations
+
+import pytest
+
+from potluck.console.progress import QUIET_ENV
+
+
+@pytest.fixture(autouse=True)
+def _no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(QUIET_ENV, "0")
