@@ -203,3 +203,25 @@ def test_communication_decisions_round_trip_and_old_plans_load_plain(plan):
             del stage["comm"]
     old = plan_from_dict(data)
     assert old.comm == CommSchedule() and old.pipelines[0].stages[0].comm == PLAIN_COMM
+
+
+def _replicas(micro_batches, schedule=None, zero=3):
+    """Two one-stage replicas of gpt3-350m on the A100s with these micro-batch counts."""
+    from dataclasses import replace
+
+    from potluck.plans import Schedule
+
+    pipelines = [_pipeline([([f"a.0:{k}"], (0, 24))], m) for k, m in enumerate(micro_batches)]
+    return replace(_plan(*pipelines), zero=zero, schedule=schedule or Schedule.ONE_F_ONE_B)
+
+
+def test_zero3_replicas_run_alike_and_in_lockstep_or_the_plan_is_refused():
+    from potluck.plans import Schedule
+
+    check_plan(_replicas([4, 4]))
+    check_plan(_replicas([4, 2], zero=2))
+    with pytest.raises(ConfigError, match="the plan: zero 3 needs every replica to run the same "
+                                          "number of micro-batches"):
+        check_plan(_replicas([4, 2]))
+    with pytest.raises(ConfigError, match="zero 3 does not run zero bubble"):
+        check_plan(_replicas([4, 4], Schedule.ZERO_BUBBLE))

@@ -14,6 +14,7 @@ from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
 from potluck.plans import TrainingShape
+from potluck.plans.feasibility import zero3_schedule_problem
 from potluck.plans.memory import Offload
 
 GB = 1e9
@@ -114,13 +115,17 @@ ZERO_SHARDS = {1: "optimizer states", 2: "optimizer states and gradients",
 
 
 def _check_zero_replicas(options: SearchOptions) -> None:
-    """ZeRO shards over data-parallel replicas: pinned with ``--dp 1`` it cannot do anything."""
+    """ZeRO shards over data-parallel replicas: pinned with ``--dp 1`` it cannot do anything;
+    ZeRO-3 over several pinned replicas needs a schedule FSDP2 runs."""
     if options.zero and options.dp == 1:
         raise ConfigError(
             f"--zero {options.zero} shards the {ZERO_SHARDS[options.zero]} over data-parallel "
             "replicas and --dp 1 leaves one replica, so it would do nothing; drop --zero, or "
             "pin --dp 2 or more"
         )
+    problem = zero3_schedule_problem(options.schedule) if options.zero == 3 else None
+    if problem and options.dp is not None and options.dp > 1:
+        raise ConfigError(f"--dp {options.dp}: {problem}")
 
 
 def pin_notes(plan_dp: int, options: SearchOptions) -> tuple[str, ...]:

@@ -46,6 +46,8 @@ from potluck.plans.feasibility import (
     check_plan_matches,
     expert_parallel_problem,
     explicit_tp,
+    shards_parameters,
+    zero3_problem,
 )
 from potluck.plans.files import (
     load_plan,
@@ -63,5 +65,5 @@ __all__ = [
     "StageComm", "TiedGradSync", "TimeBreakdown", "TrainingShape", "ZeroStage",
     "check_pipeline_schedule", "check_plan", "check_plan_matches", "expert_parallel_problem",
     "explicit_tp", "load_plan", "mixed_tp", "plan_from_dict", "plan_json_schema",
-    "plan_to_dict", "plan_to_json", "save_plan",
+    "plan_to_dict", "plan_to_json", "save_plan", "shards_parameters", "zero3_problem",
 ]

@@ -40,9 +40,47 @@ def check_plan(plan: Plan) -> None:
     for index, pipeline in enumerate(plan.pipelines):
         _check_pipeline(plan, index, pipeline, cluster)
     _check_comm(plan)
-    problem = expert_parallel_problem(plan)
+    for problem in (zero3_problem(plan), expert_parallel_problem(plan)):
+        if problem:
+            raise ConfigError(f"the plan: {problem}")
+
+
+def shards_parameters(plan: Plan) -> bool:
+    """Whether ``plan`` shards its parameters with FSDP2 (ZeRO-3 over more than one
+    replica; with one replica there is nothing to shard and the plan runs as ZeRO-2)."""
+    return plan.zero >= 3 and plan.dp > 1
+
+
+ZERO3_UNIFORM = ("zero 3 needs every replica to hold the same layers with the same TP; "
+                 "use --zero 2 or a uniform layout")
+
+
+def zero3_schedule_problem(schedule: Schedule) -> str | None:
+    """Why ZeRO-3 over several replicas cannot run under ``schedule``, if it cannot."""
+    if schedule is Schedule.ZERO_BUBBLE:
+        return ("zero 3 does not run zero bubble's split backward (FSDP2 reduces in the full "
+                "backward); use --zero 2 or another schedule")
+    return None
+
+
+def zero3_problem(plan: Plan) -> str | None:
+    """Why FSDP2 cannot run ``plan``'s ZeRO-3, if it cannot: it shards each module the same
+    way on every replica and gathers it once per micro-batch, so every replica holds each
+    stage's layers alike (same splits, same TP) and runs as many micro-batches; and zero
+    bubble's weight pass writes gradients outside the hooks FSDP2 reduces in."""
+    if not shards_parameters(plan):
+        return None
+    problem = zero3_schedule_problem(plan.schedule)
     if problem:
-        raise ConfigError(f"the plan: {problem}")
+        return problem
+    shapes = {tuple((s.tp, s.layer_ranges) for s in p.stages) for p in plan.pipelines}
+    if len(shapes) > 1:
+        return ZERO3_UNIFORM
+    if len({p.num_micro_batches for p in plan.pipelines}) > 1:
+        return ("zero 3 needs every replica to run the same number of micro-batches (FSDP2 "
+                "gathers each block once per micro-batch on every replica); use --zero 2 or "
+                "equal micro-batch counts")
+    return None
 
 
 def expert_parallel_problem(plan: Plan) -> str | None:
