@@ -9,6 +9,7 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
+from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
@@ -202,12 +203,9 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
     if tp > 1 and model.tp_refusal:
         raise ConfigError(f"--tp {tp}: {model.name} is planned without tensor parallelism "
                           f"({model.tp_refusal}); use --tp 1")
-    if model.num_heads % tp or model.num_kv_heads % tp:
-        raise ConfigError(
-            f"--tp {tp} does not divide {model.name}'s {model.num_heads} attention heads "
-            f"and {model.num_kv_heads} key/value heads; pick a divisor of "
-            f"{_gcd(model.num_heads, model.num_kv_heads)}"
-        )
+    problem = heads_problem(tp, model.num_heads, model.num_kv_heads, f"{model.name}'s")
+    if problem:
+        raise ConfigError(f"--tp {tp} {problem}")
     if not any(g.gpus_per_node % tp == 0 for g in cluster.spec.nodes):
         sizes = sorted({g.gpus_per_node for g in cluster.spec.nodes})
         raise ConfigError(
@@ -218,12 +216,6 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
 
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, at_most + 1) if n % d == 0)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def states_fit_gpus(cluster: Cluster, model: ModelSpec, training: TrainingShape) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.plans.data import Pipeline, Plan, Stage, mixed_tp
 from potluck.schedules import Schedule, schedule_for
@@ -269,11 +270,9 @@ def _check_tp(stage: Stage, model: ModelSpec, index: int, cluster: Any) -> None:
     if tp > 1 and model.tp_refusal:
         raise ConfigError(f"pipeline {index}: a stage of tensor parallel {tp}, but "
                           f"{model.name} cannot be split so ({model.tp_refusal})")
-    if model.num_heads % tp or model.num_kv_heads % tp:
-        raise ConfigError(
-            f"pipeline {index}: tensor parallel {tp} does not divide the model's "
-            f"{model.num_heads} heads and {model.num_kv_heads} key/value heads"
-        )
+    problem = heads_problem(tp, model.num_heads, model.num_kv_heads)
+    if problem:
+        raise ConfigError(f"pipeline {index}: tensor parallel {tp} {problem}")
     nodes = {cluster.device(d).node for d in stage.devices}
     if len(nodes) > 1:
         raise ConfigError(f"pipeline {index}: a tensor-parallel group spans machines {sorted(nodes)}")
