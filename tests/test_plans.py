@@ -225,3 +225,28 @@ def test_zero3_replicas_run_alike_and_in_lockstep_or_the_plan_is_refused():
         check_plan(_replicas([4, 2]))
     with pytest.raises(ConfigError, match="zero 3 does not run zero bubble"):
         check_plan(_replicas([4, 4], Schedule.ZERO_BUBBLE))
+
+
+def test_a_stage_that_keeps_communication_but_recomputes_no_block_runs_plain_tp():
+    """Recomputation of none of its blocks has no collective to keep: the plans' rule, the
+    cost model's stage (whole, and each chunk of it) and the runtime agree it runs plain TP."""
+    from dataclasses import replace
+
+    from potluck.model.counts import Recompute
+    from potluck.planner.evaluate import stage_shape
+    from potluck.plans import explicit_tp
+    from potluck.plans.memory import StageMemory
+
+    plan = _tp_plan(keeps=True, recompute=Recompute.FULL)
+    first = plan.pipelines[0].stages[0]
+    none_recomputed = replace(first, memory=StageMemory(recompute_blocks=0))
+    plan = replace(plan, pipelines=(replace(plan.pipelines[0], stages=(
+        none_recomputed, *plan.pipelines[0].stages[1:])),))
+    check_plan(plan)
+    shape = stage_shape(plan, 0, 0)
+    assert shape.keeps_comm and shape.recompute is Recompute.FULL and shape.recomputed == 0
+    assert not explicit_tp(plan, 0, 0) and not shape.explicit_tp(2)
+    assert explicit_tp(plan, 0, 1) and stage_shape(plan, 0, 1).explicit_tp(2)
+    whole = stage_shape(plan, 0, 1)
+    chunk = replace(whole, recompute_blocks=4).with_layers(6, offset=6)  # recomputes none itself
+    assert chunk.recomputed == 0 and chunk.explicit_tp(2)  # its stage runs the executor

@@ -46,7 +46,9 @@ from potluck.plans.feasibility import (
     check_plan_matches,
     expert_parallel_problem,
     explicit_tp,
+    runs_explicit_tp,
     shards_parameters,
+    stage_recomputes,
     zero3_problem,
 )
 from potluck.plans.files import (
@@ -65,5 +67,6 @@ __all__ = [
     "StageComm", "TiedGradSync", "TimeBreakdown", "TrainingShape", "ZeroStage",
     "check_pipeline_schedule", "check_plan", "check_plan_matches", "expert_parallel_problem",
     "explicit_tp", "load_plan", "mixed_tp", "plan_from_dict", "plan_json_schema",
-    "plan_to_dict", "plan_to_json", "save_plan", "shards_parameters", "zero3_problem",
+    "plan_to_dict", "plan_to_json", "save_plan", "runs_explicit_tp", "shards_parameters",
+    "stage_recomputes", "zero3_problem",
 ]

@@ -128,15 +128,28 @@ def _lockstep_problem(plan: Plan, group: range) -> str | None:
     return None
 
 
+def runs_explicit_tp(tp: int, overlap_chunks: int, keeps_comm: bool, recomputes: bool) -> bool:
+    """The one rule for whether a stage of ``tp`` devices runs its blocks through potluck's
+    explicit TP executor (runtime/parallel/tp_overlap.py: sub-batches overlapping their
+    all-reduces, recomputed segments that keep their collectives' results) instead of
+    DTensor's sequence-parallel styles: with sub-batches (``overlap_chunks`` > 1), or where
+    recomputation keeps communication and the stage ``recomputes`` a block at all (with none
+    recomputed there is nothing to keep)."""
+    return tp > 1 and (overlap_chunks > 1 or (keeps_comm and recomputes))
+
+
+def stage_recomputes(plan: Plan, pipeline: int, stage: int) -> bool:
+    """Whether any block of stage ``stage`` of pipeline ``pipeline`` recomputes."""
+    memory = plan.stage_memory(pipeline, stage)
+    return memory.recompute is not Recompute.NONE and memory.recompute_blocks != 0
+
+
 def explicit_tp(plan: Plan, pipeline: int, stage: int) -> bool:
-    """Whether stage ``stage`` of pipeline ``pipeline`` runs its blocks through potluck's
-    explicit TP executor (sub-batches overlapping their all-reduces, recomputed segments
-    that keep their collectives' results) instead of DTensor's sequence-parallel styles."""
+    """Whether stage ``stage`` of pipeline ``pipeline`` runs the explicit TP executor
+    (:func:`runs_explicit_tp`)."""
     comm = plan.stage_comm(pipeline, stage)
-    if plan.pipelines[pipeline].stages[stage].tp == 1:
-        return False
-    recomputes = plan.stage_memory(pipeline, stage).recompute is not Recompute.NONE
-    return comm.tp_overlap_chunks > 1 or (comm.recompute_keeps_comm and recomputes)
+    return runs_explicit_tp(plan.pipelines[pipeline].stages[stage].tp, comm.tp_overlap_chunks,
+                            comm.recompute_keeps_comm, stage_recomputes(plan, pipeline, stage))
 
 
 def _check_comm(plan: Plan) -> None:
@@ -182,8 +195,7 @@ def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
         raise ConfigError(f"{where}: tp_overlap_chunks {chunks} does not divide the micro-batch "
                           f"size {plan.pipelines[k].micro_batch_size}; use a micro-batch size "
                           f"that is a multiple of {chunks}")
-    elif (plan.stage_memory(k, j).recompute is not Recompute.NONE
-          and not stage.comm.recompute_keeps_comm):
+    elif stage_recomputes(plan, k, j) and not stage.comm.recompute_keeps_comm:
         raise ConfigError(f"{where}: with tp_overlap_chunks {chunks} recomputation always keeps "
                           "its collectives' results; set recompute_keeps_comm true")
     else:

@@ -28,6 +28,7 @@ from potluck.plans import (
     Schedule,
     StageComm,
     check_plan,
+    stage_recomputes,
 )
 
 OVERLAP_CHUNKS = (1, 2, 4)  # sub-batches the search tries
@@ -124,9 +125,9 @@ def _consistent(plan: Plan, execution: Execution) -> Plan:
     for k, pipeline in enumerate(plan.pipelines):
         stages = []
         for j, stage in enumerate(pipeline.stages):
-            recomputes = plan.stage_memory(k, j).recompute is not Recompute.NONE
             comm = stage.comm if stage.tp > 1 else StageComm()
-            if comm.tp_overlap_chunks > 1 and recomputes and not comm.recompute_keeps_comm:
+            if (comm.tp_overlap_chunks > 1 and stage_recomputes(plan, k, j)
+                    and not comm.recompute_keeps_comm):
                 comm = replace(comm, recompute_keeps_comm=True)
             stages.append(replace(stage, comm=comm))
         pipelines.append(replace(pipeline, stages=tuple(stages)))
