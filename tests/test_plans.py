@@ -117,7 +117,7 @@ def test_the_documented_schema_file_is_current():
 
 
 def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None, execution=None,
-             swap=None):
+             swap=None, model=None):
     from dataclasses import replace
 
     from potluck.cluster.execution import Execution
@@ -130,7 +130,9 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
     stages = (Stage(("a.0:0", "a.0:1"), ((0, 12),), memory=memory, comm=comm),
               Stage(("b.0:0", "b.0:1"), ((12, 24),), comm=comm))
     shape = TrainingShape(micro_batch * 4, 1024, execution=execution or Execution())
-    plan = Plan(CLUSTER, load_model("gpt3-350m"), shape, (Pipeline(stages, micro_batch, 4),),
+    # the explicit executor runs no dropout: gpt3-350m without it, unless a model is named
+    model = load_model(model) if model else replace(load_model("gpt3-350m"), dropout=False)
+    plan = Plan(CLUSTER, model, shape, (Pipeline(stages, micro_batch, 4),),
                 recompute=recompute or Recompute.NONE)
     return replace(plan, schedule=schedule) if schedule else plan
 
@@ -141,6 +143,7 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
     ({"keeps": True, "recompute": "full", "schedule": "zb"}, "zero-bubble schedule"),
     ({"chunks": 2, "swap": "host"}, "pipeline 0 stage 0: the explicit TP executor .* does not "
                                     "swap activations"),
+    ({"chunks": 2, "model": "gpt3-350m"}, "does not run models with dropout"),
 ])
 def test_stage_communication_that_cannot_run_is_one_line(kwargs, fragment):
     from potluck.model.counts import Recompute

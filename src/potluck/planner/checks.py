@@ -15,7 +15,7 @@ from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
 from potluck.plans import TrainingShape
-from potluck.plans.feasibility import zero3_schedule_problem
+from potluck.plans.feasibility import explicit_tp_model_problem, zero3_schedule_problem
 from potluck.plans.memory import Offload
 
 GB = 1e9
@@ -36,11 +36,11 @@ def _check_explicit_tp(model: ModelSpec, training: TrainingShape) -> None:
     explicit TP executor runs."""
     execution = training.execution
     forced = (execution.tp_overlap_chunks or 1) > 1 or execution.recompute_keeps_comm
-    if forced and not model.runs_explicit_tp:
+    problem = explicit_tp_model_problem(model) if forced else None
+    if problem:
         raise ConfigError(
-            f"the execution forces TP overlap or recomputation keeping communication, which "
-            f"run LLaMA-style and GPT-2 blocks, not {model.name}'s ({model.family}); set "
-            "tp_overlap_chunks and recompute_keeps_comm to auto")
+            f"the execution forces TP overlap or recomputation keeping communication, but "
+            f"{problem}; set tp_overlap_chunks and recompute_keeps_comm to auto")
 
 
 def _check_ep(model: ModelSpec, options: SearchOptions) -> None:

@@ -205,18 +205,49 @@ def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
         raise ConfigError(f"{where}: {problem}")
 
 
-def _explicit_tp_problem(plan: Plan, k: int, j: int) -> str | None:
-    """What the explicit TP executor (TP overlap, recomputation keeping communication) cannot
-    run on stage ``j`` of pipeline ``k``, if anything. Mixed-TP pipelines are fine: the
-    executor takes and gives sequence shards like any TP stage."""
+EXPLICIT_TP = "the explicit TP executor (TP overlap, recomputation keeping communication)"
+EXPLICIT_TP_OFF = ("make the plan with tp_overlap_chunks 1 and recompute_keeps_comm false in "
+                   "the execution section")
+
+
+def explicit_tp_model_problem(model: ModelSpec) -> str | None:
+    """What keeps the explicit TP executor from ``model``'s blocks, if anything: it runs
+    LLaMA-style and GPT-2 blocks, without dropout (its partial outputs would be dropped out
+    before they are summed)."""
+    if not model.runs_explicit_tp:
+        return f"{EXPLICIT_TP} runs LLaMA-style and GPT-2 blocks, not {model.family}'s"
+    if model.dropout:
+        return (f"{EXPLICIT_TP} does not run models with dropout; train {model.name} without "
+                "dropout or turn it off")
+    return None
+
+
+def explicit_tp_plan_problem(plan: Plan) -> str | None:
+    """What keeps the explicit TP executor from every stage of ``plan``, if anything: the
+    model's blocks, ZeRO-3 (FSDP2 gathers a block's weights around the block's forward,
+    which the executor runs in parts) and the zero-bubble schedule (it splits each backward
+    into input and weight passes, which the executor does not)."""
+    problem = explicit_tp_model_problem(plan.model)
+    if problem:
+        return problem
+    if plan.zero >= 3:
+        return f"zero 3 does not run with {EXPLICIT_TP}; use zero 2 or turn it off"
     if plan.schedule is Schedule.ZERO_BUBBLE:
-        return ("the zero-bubble schedule splits each backward into input and weight passes, "
-                "which the explicit TP executor (TP overlap, recomputation keeping "
-                "communication) does not; use schedule interleaved or turn them off")
+        return (f"the zero-bubble schedule splits each backward into input and weight passes, "
+                f"which {EXPLICIT_TP} does not; use schedule interleaved or turn it off")
+    return None
+
+
+def _explicit_tp_problem(plan: Plan, k: int, j: int) -> str | None:
+    """What the explicit TP executor cannot run on stage ``j`` of pipeline ``k``, if anything.
+    Mixed-TP pipelines are fine: the executor takes and gives sequence shards like any TP
+    stage."""
+    problem = explicit_tp_plan_problem(plan)
+    if problem:
+        return problem
     if plan.stage_memory(k, j).swaps:
-        return ("the explicit TP executor (TP overlap, recomputation keeping communication) "
-                "does not swap activations; turn swapping off for this stage or set "
-                "tp_overlap_chunks 1 and recompute_keeps_comm false")
+        return (f"{EXPLICIT_TP} does not swap activations; turn swapping off for this stage "
+                "or set tp_overlap_chunks 1 and recompute_keeps_comm false")
     return None
 
 
