@@ -117,7 +117,7 @@ def test_the_documented_schema_file_is_current():
 
 
 def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None, execution=None,
-             swap=None):
+             swap=None, model=None):
     from dataclasses import replace
 
     from potluck.cluster.execution import Execution
@@ -130,7 +130,9 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
     stages = (Stage(("a.0:0", "a.0:1"), ((0, 12),), memory=memory, comm=comm),
               Stage(("b.0:0", "b.0:1"), ((12, 24),), comm=comm))
     shape = TrainingShape(micro_batch * 4, 1024, execution=execution or Execution())
-    plan = Plan(CLUSTER, load_model("gpt3-350m"), shape, (Pipeline(stages, micro_batch, 4),),
+    # the explicit executor runs no dropout: gpt3-350m without it, unless a model is named
+    model = load_model(model) if model else replace(load_model("gpt3-350m"), dropout=False)
+    plan = Plan(CLUSTER, model, shape, (Pipeline(stages, micro_batch, 4),),
                 recompute=recompute or Recompute.NONE)
     return replace(plan, schedule=schedule) if schedule else plan
 
@@ -141,6 +143,7 @@ def _tp_plan(chunks=1, keeps=False, micro_batch=2, recompute=None, schedule=None
     ({"keeps": True, "recompute": "full", "schedule": "zb"}, "zero-bubble schedule"),
     ({"chunks": 2, "swap": "host"}, "pipeline 0 stage 0: the explicit TP executor .* does not "
                                     "swap activations"),
+    ({"chunks": 2, "model": "gpt3-350m"}, "does not run models with dropout"),
 ])
 def test_stage_communication_that_cannot_run_is_one_line(kwargs, fragment):
     from potluck.model.counts import Recompute
@@ -203,3 +206,50 @@ def test_communication_decisions_round_trip_and_old_plans_load_plain(plan):
             del stage["comm"]
     old = plan_from_dict(data)
     assert old.comm == CommSchedule() and old.pipelines[0].stages[0].comm == PLAIN_COMM
+
+
+def _replicas(micro_batches, schedule=None, zero=3):
+    """Two one-stage replicas of gpt3-350m on the A100s with these micro-batch counts."""
+    from dataclasses import replace
+
+    from potluck.plans import Schedule
+
+    pipelines = [_pipeline([([f"a.0:{k}"], (0, 24))], m) for k, m in enumerate(micro_batches)]
+    return replace(_plan(*pipelines), zero=zero, schedule=schedule or Schedule.ONE_F_ONE_B)
+
+
+def test_zero3_replicas_run_alike_and_in_lockstep_or_the_plan_is_refused():
+    from potluck.plans import Schedule
+
+    check_plan(_replicas([4, 4]))
+    check_plan(_replicas([4, 2], zero=2))
+    with pytest.raises(ConfigError, match="the plan: zero 3 needs every replica to run the same "
+                                          "number of micro-batches"):
+        check_plan(_replicas([4, 2]))
+    with pytest.raises(ConfigError, match="zero 3 does not run zero bubble"):
+        check_plan(_replicas([4, 4], Schedule.ZERO_BUBBLE))
+
+
+def test_a_stage_that_keeps_communication_but_recomputes_no_block_runs_plain_tp():
+    """Recomputation of none of its blocks has no collective to keep: the plans' rule, the
+    cost model's stage (whole, and each chunk of it) and the runtime agree it runs plain TP."""
+    from dataclasses import replace
+
+    from potluck.model.counts import Recompute
+    from potluck.planner.evaluate import stage_shape
+    from potluck.plans import explicit_tp
+    from potluck.plans.memory import StageMemory
+
+    plan = _tp_plan(keeps=True, recompute=Recompute.FULL)
+    first = plan.pipelines[0].stages[0]
+    none_recomputed = replace(first, memory=StageMemory(recompute_blocks=0))
+    plan = replace(plan, pipelines=(replace(plan.pipelines[0], stages=(
+        none_recomputed, *plan.pipelines[0].stages[1:])),))
+    check_plan(plan)
+    shape = stage_shape(plan, 0, 0)
+    assert shape.keeps_comm and shape.recompute is Recompute.FULL and shape.recomputed == 0
+    assert not explicit_tp(plan, 0, 0) and not shape.explicit_tp(2)
+    assert explicit_tp(plan, 0, 1) and stage_shape(plan, 0, 1).explicit_tp(2)
+    whole = stage_shape(plan, 0, 1)
+    chunk = replace(whole, recompute_blocks=4).with_layers(6, offset=6)  # recomputes none itself
+    assert chunk.recomputed == 0 and chunk.explicit_tp(2)  # its stage runs the executor

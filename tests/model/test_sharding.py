@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig
 
 from potluck.errors import ConfigError
 from potluck.model.loading import model_from_hf_config
-from potluck.model.sharding import tp_refusal
+from potluck.model.sharding import heads_problem, tp_refusal
 from potluck.runtime.models.adapters import detect_family
 from potluck.runtime.parallel.tensor_parallel import check_tp
 
@@ -54,3 +54,39 @@ def test_mixtral_spec_and_runtime_refuse_tp_under_either_transformers_plan(
     with pytest.raises(ConfigError, match="routed experts") as err:
         check_tp(model, detect_family(model), 2, seq_len=8)
     assert "\n" not in str(err.value)
+
+
+TINY_GQA_LLAMA = dict(model_type="llama", hidden_size=48, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                      vocab_size=64)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4])
+def test_every_layer_splits_the_heads_by_the_one_rule(tp: int):
+    """Six query heads and two key/value heads: TP 2 splits both, 3 and 4 do not; the spec,
+    the search's pins, the plan checks and the runtime all ask :func:`heads_problem`."""
+    from transformers import LlamaConfig
+
+    from potluck.cluster import Cluster, parse_cluster
+    from potluck.planner.checks import check_request
+    from potluck.planner.options import SearchOptions
+    from potluck.plans import Pipeline, Plan, Stage, TrainingShape, check_plan
+
+    spec = model_from_hf_config(TINY_GQA_LLAMA, "tiny-gqa-llama")
+    problem = heads_problem(tp, 6, 2)
+    assert (problem is None) == (tp == 2) and spec.splits_by(tp) == (tp == 2)
+    cluster = parse_cluster("nodes: [{name: a, gpu: a100-80g-sxm, gpus_per_node: 4}]")
+    stage = Stage(tuple(f"a.0:{i}" for i in range(tp)), ((0, 2),))
+    plan = Plan(cluster, spec, TrainingShape(4, 64), (Pipeline((stage,), 1, 4),))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**{
+            key: value for key, value in TINY_GQA_LLAMA.items() if key != "model_type"}))
+    checks = [lambda: check_request(Cluster(cluster), spec, plan.training, SearchOptions(tp=tp)),
+              lambda: check_plan(plan), lambda: check_tp(model, detect_family(model), tp, 12)]
+    for check in checks:
+        if problem is None:
+            check()
+            continue
+        with pytest.raises(ConfigError, match="does not divide .*6 attention heads and 2 "
+                                              "key/value heads; use a divisor of 2"):
+            check()

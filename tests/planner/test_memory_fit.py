@@ -20,11 +20,19 @@ from potluck.model.counts import Recompute
 from potluck.model.loading import load_model
 from potluck.planner import formulas
 from potluck.planner.cost import CostModel, StageShape, usable_memory_bytes
-from potluck.planner.evaluate import gradient_groups, predict, zero3_refusal
+from potluck.planner.evaluate import gradient_groups, predict
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
-from potluck.plans import Pipeline, Plan, Stage, TrainingShape, plan_from_dict, plan_to_dict
+from potluck.plans import (
+    Pipeline,
+    Plan,
+    Stage,
+    TrainingShape,
+    plan_from_dict,
+    plan_to_dict,
+    zero3_problem,
+)
 from potluck.plans.memory import Offload, StageMemory, Swap
 
 BOX = "nodes: [{name: box, gpu: rtx3090, gpus_per_node: 4, nvlink: pairs, host_memory: 256GB}]"
@@ -193,8 +201,8 @@ def test_zero3_is_refused_where_replicas_hold_a_stage_differently():
     moved = (Stage(first.stages[0].devices, ((0, 1),)), Stage(first.stages[1].devices,
                                                                 ((1, plan.model.num_layers),)))
     uneven = replace(plan, pipelines=(replace(first, stages=moved), plan.pipelines[1]))
-    assert zero3_refusal(plan) is None
-    assert "--zero 3" in zero3_refusal(uneven)
+    assert zero3_problem(plan) is None
+    assert "zero 3 needs every replica" in zero3_problem(uneven)
     with pytest.raises(ConfigError, match="zero 3"):
         predict(uneven)
 

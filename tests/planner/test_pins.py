@@ -172,3 +172,34 @@ nodes:
         options = SearchOptions(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch, top_k=1)
         plan = _plan(model, options, spec, shape)
         assert (plan.dp, {p.pp for p in plan.pipelines}) == (dp, {pp})
+
+
+FAST_AND_SLOW = parse_cluster("""
+nodes:
+  - {name: fast, gpu: a100-80g-pcie, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: slow, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
+""", "fast-and-slow.yaml")
+
+
+def test_zero3_pinned_on_fast_and_slow_gpus_plans_replicas_in_lockstep():
+    """FSDP2 gathers each block once per micro-batch on every replica: the search splits the
+    batch evenly under ZeRO-3 (it used to give the A100s 7 micro-batches, the 3090s 1)."""
+    from potluck import api
+    from potluck.runtime.grads.zero3 import check_zero3
+
+    plans = api.plan(FAST_AND_SLOW, "llama2-7b", zero=3, dp=4).plans
+    for plan in plans:
+        check_plan(plan)
+        check_zero3(plan)
+    assert {p.zero for p in plans} == {3}
+
+
+def test_zero3_with_zero_bubble_plans_one_replica_or_refuses_several():
+    from potluck import api
+    from potluck.runtime.grads.zero3 import check_zero3
+
+    with pytest.raises(ConfigError, match="--dp 2: zero 3 does not run zero bubble"):
+        api.plan(FAST_AND_SLOW, "llama2-7b", zero=3, schedule="zb", dp=2)
+    for plan in api.plan(FAST_AND_SLOW, "llama2-7b", zero=3, schedule="zb").plans:
+        check_plan(plan)
+        check_zero3(plan)

@@ -25,6 +25,7 @@ stages by tracing, which cannot shard weights, so it is planned with tp=1.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # Causal LMs laid out as model.embed_tokens, model.layers, (model.rotary_emb), model.norm and
@@ -45,6 +46,17 @@ def block_tp_plan(tp_plan: dict[str, str] | None) -> dict[str, str]:
     (empty when the plan has no block entries); see :func:`tp_refusal` for the others."""
     return {key[len(BLOCK_PREFIX):]: style for key, style in (tp_plan or {}).items()
             if key.startswith(BLOCK_PREFIX)}
+
+
+def heads_problem(tp: int, heads: int, kv_heads: int, whose: str = "the model's") -> str | None:
+    """Why tensor parallelism of degree ``tp`` cannot split ``heads`` attention heads and
+    ``kv_heads`` key/value heads (each rank holds whole heads of both), if it cannot: the
+    words after the degree, e.g. ``does not divide the model's 12 attention heads ...``;
+    ``whose`` names the model in them."""
+    if heads % tp == 0 and kv_heads % tp == 0:
+        return None
+    return (f"does not divide {whose} {heads} attention heads and {kv_heads} key/value "
+            f"heads; use a divisor of {math.gcd(heads, kv_heads)}")
 
 
 def tp_refusal(model_type: str, tp_plan: dict[str, Any] | None, routed_experts: int) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model import byte_vocab
+from potluck.model.sharding import heads_problem
 
 EXPLICIT_TP_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gpt2"})
 # config keys of dropout probabilities, as transformers' configs spell them
@@ -128,8 +129,8 @@ class ModelSpec:
 
     def splits_by(self, tp: int) -> bool:
         """Whether tensor parallelism of degree ``tp`` can split this model's heads."""
-        return tp == 1 or (not self.tp_refusal and self.num_heads % tp == 0
-                           and self.num_kv_heads % tp == 0)
+        return tp == 1 or (not self.tp_refusal
+                           and heads_problem(tp, self.num_heads, self.num_kv_heads) is None)
 
     @property
     def runs_explicit_tp(self) -> bool:

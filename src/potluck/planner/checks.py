@@ -9,11 +9,13 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
+from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
 from potluck.plans import Plan, TrainingShape
+from potluck.plans.feasibility import explicit_tp_model_problem, zero3_schedule_problem
 from potluck.plans.memory import Offload
 from potluck.schedules import AUTO_NOTE
 
@@ -35,11 +37,11 @@ def _check_explicit_tp(model: ModelSpec, training: TrainingShape) -> None:
     explicit TP executor runs."""
     execution = training.execution
     forced = (execution.tp_overlap_chunks or 1) > 1 or execution.recompute_keeps_comm
-    if forced and not model.runs_explicit_tp:
+    problem = explicit_tp_model_problem(model) if forced else None
+    if problem:
         raise ConfigError(
-            f"the execution forces TP overlap or recomputation keeping communication, which "
-            f"run LLaMA-style and GPT-2 blocks, not {model.name}'s ({model.family}); set "
-            "tp_overlap_chunks and recompute_keeps_comm to auto")
+            f"the execution forces TP overlap or recomputation keeping communication, but "
+            f"{problem}; set tp_overlap_chunks and recompute_keeps_comm to auto")
 
 
 def _check_ep(model: ModelSpec, options: SearchOptions) -> None:
@@ -115,13 +117,17 @@ ZERO_SHARDS = {1: "optimizer states", 2: "optimizer states and gradients",
 
 
 def _check_zero_replicas(options: SearchOptions) -> None:
-    """ZeRO shards over data-parallel replicas: pinned with ``--dp 1`` it cannot do anything."""
+    """ZeRO shards over data-parallel replicas: pinned with ``--dp 1`` it cannot do anything;
+    ZeRO-3 over several pinned replicas needs a schedule FSDP2 runs."""
     if options.zero and options.dp == 1:
         raise ConfigError(
             f"--zero {options.zero} shards the {ZERO_SHARDS[options.zero]} over data-parallel "
             "replicas and --dp 1 leaves one replica, so it would do nothing; drop --zero, or "
             "pin --dp 2 or more"
         )
+    problem = zero3_schedule_problem(options.pipeline_schedule) if options.zero == 3 else None
+    if problem and options.dp is not None and options.dp > 1:
+        raise ConfigError(f"--dp {options.dp}: {problem}")
 
 
 def pin_notes(plan: Plan, options: SearchOptions) -> tuple[str, ...]:
@@ -203,12 +209,9 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
     if tp > 1 and model.tp_refusal:
         raise ConfigError(f"--tp {tp}: {model.name} is planned without tensor parallelism "
                           f"({model.tp_refusal}); use --tp 1")
-    if model.num_heads % tp or model.num_kv_heads % tp:
-        raise ConfigError(
-            f"--tp {tp} does not divide {model.name}'s {model.num_heads} attention heads "
-            f"and {model.num_kv_heads} key/value heads; pick a divisor of "
-            f"{_gcd(model.num_heads, model.num_kv_heads)}"
-        )
+    problem = heads_problem(tp, model.num_heads, model.num_kv_heads, f"{model.name}'s")
+    if problem:
+        raise ConfigError(f"--tp {tp} {problem}")
     if not any(g.gpus_per_node % tp == 0 for g in cluster.spec.nodes):
         sizes = sorted({g.gpus_per_node for g in cluster.spec.nodes})
         raise ConfigError(
@@ -219,12 +222,6 @@ def _check_tp(cluster: Cluster, model: ModelSpec, tp: int | None) -> None:
 
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, at_most + 1) if n % d == 0)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def states_fit_gpus(cluster: Cluster, model: ModelSpec, training: TrainingShape) -> bool:

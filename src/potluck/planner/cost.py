@@ -57,7 +57,7 @@ from potluck.planner import formulas
 from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes, effective_dtype
 from potluck.planner.formulas import StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
-from potluck.plans import DType, Execution, Plan, TrainingShape
+from potluck.plans import DType, Execution, Plan, TrainingShape, runs_explicit_tp
 from potluck.plans.memory import Swap
 from potluck.schedules import StageWork
 
@@ -92,11 +92,21 @@ class StageShape:
     keeps_comm: bool = False  # recomputation keeps its collectives' results (explicit executor)
     ep: int = 1  # its routed experts split over this many replicas' stages
     expert_peers: tuple[str, ...] = ()  # those stages' devices (itself included): the exchange
+    # whether its whole stage recomputes a block, where this shape is a part of the stage
+    # (:meth:`with_layers`: a chunk, a coefficient probe); None: the shape is the whole stage
+    stage_recomputes: bool | None = None
 
     def explicit_tp(self, tp: int) -> bool:
-        """Whether the stage runs the explicit TP executor on ``tp`` devices
-        (:func:`potluck.plans.explicit_tp`)."""
-        return tp > 1 and (self.tp_overlap_chunks > 1 or (self.keeps_comm and self.recomputed > 0))
+        """Whether the stage runs the explicit TP executor on ``tp`` devices: the plans' rule
+        (:func:`potluck.plans.runs_explicit_tp`), decided for the whole stage."""
+        return runs_explicit_tp(tp, self.tp_overlap_chunks, self.keeps_comm, self.recomputes)
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether any block of the stage this shape is (or is a part of) recomputes."""
+        if self.stage_recomputes is not None:
+            return self.stage_recomputes
+        return self.recompute is not Recompute.NONE and self.recompute_blocks != 0
 
     def with_layers(self, num_layers: int, *, first: bool | None = None,
                     last: bool | None = None, offset: int = 0) -> StageShape:
@@ -104,7 +114,7 @@ class StageShape:
         the stage, or a coefficient probe), and with or without the embedding and the head
         when ``first``/``last`` are given; recomputed and swapped blocks are the chunk's
         share of the stage's first ones."""
-        return replace(self, num_layers=num_layers,
+        return replace(self, num_layers=num_layers, stage_recomputes=self.recomputes,
                        first=self.first if first is None else first,
                        last=self.last if last is None else last,
                        recompute_blocks=None if self.recompute_blocks is None else

@@ -45,6 +45,7 @@ from potluck.plans import (
     Prediction,
     TiedGradSync,
     TimeBreakdown,
+    zero3_problem,
 )
 from potluck.plans.memory import Offload
 from potluck.schedules import PipelineTime, StageWork, schedule_for
@@ -244,18 +245,6 @@ def _shard_divisors(plan: Plan) -> dict[StageRef, float]:
     return divisors
 
 
-def zero3_refusal(plan: Plan) -> str | None:
-    """Why ``plan``'s layout cannot use ZeRO-3 (FSDP2 shards a module the same way on every
-    replica): replicas holding a stage's layers differently, or with other TP degrees."""
-    if plan.zero < 3 or plan.dp <= 1:
-        return None
-    splits = {tuple((s.layer_ranges, s.tp) for s in p.stages) for p in plan.pipelines}
-    if len(splits) > 1:
-        return ("--zero 3 (FSDP2) needs every replica to hold each stage's layers alike, and "
-                "this plan's pipelines split them differently; use --zero 2 or fewer")
-    return None
-
-
 def gradient_groups(cost: CostModel, plan: Plan) -> list[GradientGroup]:
     """The gradient groups of ``plan`` (stage replicas, tied embeddings) :func:`predict` prices."""
     evaluation = PlanEvaluation(cost, plan)
@@ -307,7 +296,7 @@ class PlanEvaluation:
         self.devices = stage_devices(self.cost, self.plan)
 
     def prediction(self) -> Prediction:
-        refusal = zero3_refusal(self.plan)
+        refusal = zero3_problem(self.plan)
         if refusal:
             raise ConfigError(refusal)
         schedule = schedule_for(self.plan.schedule)

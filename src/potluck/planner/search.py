@@ -60,7 +60,6 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.comm.refine import refine_comm
 from potluck.planner.cost import CostModel
-from potluck.planner.evaluate import zero3_refusal
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
 from potluck.planner.formulas import NOT_SHARDED
 from potluck.planner.grouping import (
@@ -99,7 +98,9 @@ from potluck.plans import (
     Stage,
     TrainingShape,
     expert_parallel_problem,
+    zero3_problem,
 )
+from potluck.plans.feasibility import zero3_schedule_problem
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import schedule_for
 
@@ -298,10 +299,8 @@ class _Search:
             self._report(done + (1 - done) * index / len(combos))
             plan = refine_memory(self._build(combo), self.cost, self._refining(combo),
                                  level.offload)
-            if plan is None or (plan.zero >= 3 and zero3_refusal(plan)):
-                continue
-            if expert_parallel_problem(plan):  # its replicas no longer in lockstep
-                continue
+            if plan is None or zero3_problem(plan) or expert_parallel_problem(plan):
+                continue  # replicas no longer alike or in lockstep
             plan = refine_comm(plan, self.cost)  # predicted, and None where it cannot fit
             if plan is not None:
                 plans.append(plan)
@@ -655,12 +654,16 @@ class _Search:
         pipelines = sum(f.dp for f in families)
         if self.options.dp and pipelines != self.options.dp:
             return None
+        sharded = setting.zero >= 3 and pipelines > 1  # FSDP2: replicas alike, in lockstep
+        if sharded and zero3_schedule_problem(setting.schedule):
+            return None
+        even = setting.uniform or sharded
         slots = [PipelineSlot(f.fill_s, f.period_s, f.dp, most) for f in families]
-        shares = split_micro_batches(slots, setting.micro_batches, setting.uniform)
+        shares = split_micro_batches(slots, setting.micro_batches, even)
         if self.options.dp and not self._all_run(families, shares, setting):
             # every pinned replica runs: each takes at least what its schedule needs
             least = _least_micro_batches(families, setting, setting.micro_batches // pipelines)
-            shares = split_micro_batches(slots, setting.micro_batches, setting.uniform, least)
+            shares = split_micro_batches(slots, setting.micro_batches, even, least)
             if not self._all_run(families, shares, setting):
                 return None
         if not self._accepted(families, shares, setting) or not _lockstep(shares, setting.ep):

@@ -46,6 +46,12 @@ from potluck.plans.feasibility import (
     check_plan_matches,
     expert_parallel_problem,
     explicit_tp,
+    explicit_tp_model_problem,
+    explicit_tp_plan_problem,
+    runs_explicit_tp,
+    shards_parameters,
+    stage_recomputes,
+    zero3_problem,
 )
 from potluck.plans.files import (
     load_plan,
@@ -62,6 +68,8 @@ __all__ = [
     "HostMemory", "Pipeline", "Placement", "Plan", "Prediction", "Schedule", "Stage",
     "StageComm", "TiedGradSync", "TimeBreakdown", "TrainingShape", "ZeroStage",
     "check_pipeline_schedule", "check_plan", "check_plan_matches", "expert_parallel_problem",
-    "explicit_tp", "load_plan", "mixed_tp", "plan_from_dict", "plan_json_schema",
-    "plan_to_dict", "plan_to_json", "save_plan",
+    "explicit_tp", "explicit_tp_model_problem", "explicit_tp_plan_problem",
+    "load_plan", "mixed_tp", "plan_from_dict", "plan_json_schema",
+    "plan_to_dict", "plan_to_json", "save_plan", "runs_explicit_tp", "shards_parameters",
+    "stage_recomputes", "zero3_problem",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
+from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.plans.data import Pipeline, Plan, Stage, mixed_tp
 from potluck.schedules import Schedule, schedule_for
@@ -40,9 +41,47 @@ def check_plan(plan: Plan) -> None:
     for index, pipeline in enumerate(plan.pipelines):
         _check_pipeline(plan, index, pipeline, cluster)
     _check_comm(plan)
-    problem = expert_parallel_problem(plan)
+    for problem in (zero3_problem(plan), expert_parallel_problem(plan)):
+        if problem:
+            raise ConfigError(f"the plan: {problem}")
+
+
+def shards_parameters(plan: Plan) -> bool:
+    """Whether ``plan`` shards its parameters with FSDP2 (ZeRO-3 over more than one
+    replica; with one replica there is nothing to shard and the plan runs as ZeRO-2)."""
+    return plan.zero >= 3 and plan.dp > 1
+
+
+ZERO3_UNIFORM = ("zero 3 needs every replica to hold the same layers with the same TP; "
+                 "use --zero 2 or a uniform layout")
+
+
+def zero3_schedule_problem(schedule: Schedule) -> str | None:
+    """Why ZeRO-3 over several replicas cannot run under ``schedule``, if it cannot."""
+    if schedule is Schedule.ZERO_BUBBLE:
+        return ("zero 3 does not run zero bubble's split backward (FSDP2 reduces in the full "
+                "backward); use --zero 2 or another schedule")
+    return None
+
+
+def zero3_problem(plan: Plan) -> str | None:
+    """Why FSDP2 cannot run ``plan``'s ZeRO-3, if it cannot: it shards each module the same
+    way on every replica and gathers it once per micro-batch, so every replica holds each
+    stage's layers alike (same splits, same TP) and runs as many micro-batches; and zero
+    bubble's weight pass writes gradients outside the hooks FSDP2 reduces in."""
+    if not shards_parameters(plan):
+        return None
+    problem = zero3_schedule_problem(plan.schedule)
     if problem:
-        raise ConfigError(f"the plan: {problem}")
+        return problem
+    shapes = {tuple((s.tp, s.layer_ranges) for s in p.stages) for p in plan.pipelines}
+    if len(shapes) > 1:
+        return ZERO3_UNIFORM
+    if len({p.num_micro_batches for p in plan.pipelines}) > 1:
+        return ("zero 3 needs every replica to run the same number of micro-batches (FSDP2 "
+                "gathers each block once per micro-batch on every replica); use --zero 2 or "
+                "equal micro-batch counts")
+    return None
 
 
 def expert_parallel_problem(plan: Plan) -> str | None:
@@ -89,15 +128,28 @@ def _lockstep_problem(plan: Plan, group: range) -> str | None:
     return None
 
 
+def runs_explicit_tp(tp: int, overlap_chunks: int, keeps_comm: bool, recomputes: bool) -> bool:
+    """The one rule for whether a stage of ``tp`` devices runs its blocks through potluck's
+    explicit TP executor (runtime/parallel/tp_overlap.py: sub-batches overlapping their
+    all-reduces, recomputed segments that keep their collectives' results) instead of
+    DTensor's sequence-parallel styles: with sub-batches (``overlap_chunks`` > 1), or where
+    recomputation keeps communication and the stage ``recomputes`` a block at all (with none
+    recomputed there is nothing to keep)."""
+    return tp > 1 and (overlap_chunks > 1 or (keeps_comm and recomputes))
+
+
+def stage_recomputes(plan: Plan, pipeline: int, stage: int) -> bool:
+    """Whether any block of stage ``stage`` of pipeline ``pipeline`` recomputes."""
+    memory = plan.stage_memory(pipeline, stage)
+    return memory.recompute is not Recompute.NONE and memory.recompute_blocks != 0
+
+
 def explicit_tp(plan: Plan, pipeline: int, stage: int) -> bool:
-    """Whether stage ``stage`` of pipeline ``pipeline`` runs its blocks through potluck's
-    explicit TP executor (sub-batches overlapping their all-reduces, recomputed segments
-    that keep their collectives' results) instead of DTensor's sequence-parallel styles."""
+    """Whether stage ``stage`` of pipeline ``pipeline`` runs the explicit TP executor
+    (:func:`runs_explicit_tp`)."""
     comm = plan.stage_comm(pipeline, stage)
-    if plan.pipelines[pipeline].stages[stage].tp == 1:
-        return False
-    recomputes = plan.stage_memory(pipeline, stage).recompute is not Recompute.NONE
-    return comm.tp_overlap_chunks > 1 or (comm.recompute_keeps_comm and recomputes)
+    return runs_explicit_tp(plan.pipelines[pipeline].stages[stage].tp, comm.tp_overlap_chunks,
+                            comm.recompute_keeps_comm, stage_recomputes(plan, pipeline, stage))
 
 
 def _check_comm(plan: Plan) -> None:
@@ -143,8 +195,7 @@ def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
         raise ConfigError(f"{where}: tp_overlap_chunks {chunks} does not divide the micro-batch "
                           f"size {plan.pipelines[k].micro_batch_size}; use a micro-batch size "
                           f"that is a multiple of {chunks}")
-    elif (plan.stage_memory(k, j).recompute is not Recompute.NONE
-          and not stage.comm.recompute_keeps_comm):
+    elif stage_recomputes(plan, k, j) and not stage.comm.recompute_keeps_comm:
         raise ConfigError(f"{where}: with tp_overlap_chunks {chunks} recomputation always keeps "
                           "its collectives' results; set recompute_keeps_comm true")
     else:
@@ -154,18 +205,49 @@ def _check_stage_comm(plan: Plan, k: int, j: int, stage: Stage) -> None:
         raise ConfigError(f"{where}: {problem}")
 
 
-def _explicit_tp_problem(plan: Plan, k: int, j: int) -> str | None:
-    """What the explicit TP executor (TP overlap, recomputation keeping communication) cannot
-    run on stage ``j`` of pipeline ``k``, if anything. Mixed-TP pipelines are fine: the
-    executor takes and gives sequence shards like any TP stage."""
+EXPLICIT_TP = "the explicit TP executor (TP overlap, recomputation keeping communication)"
+EXPLICIT_TP_OFF = ("make the plan with tp_overlap_chunks 1 and recompute_keeps_comm false in "
+                   "the execution section")
+
+
+def explicit_tp_model_problem(model: ModelSpec) -> str | None:
+    """What keeps the explicit TP executor from ``model``'s blocks, if anything: it runs
+    LLaMA-style and GPT-2 blocks, without dropout (its partial outputs would be dropped out
+    before they are summed)."""
+    if not model.runs_explicit_tp:
+        return f"{EXPLICIT_TP} runs LLaMA-style and GPT-2 blocks, not {model.family}'s"
+    if model.dropout:
+        return (f"{EXPLICIT_TP} does not run models with dropout; train {model.name} without "
+                "dropout or turn it off")
+    return None
+
+
+def explicit_tp_plan_problem(plan: Plan) -> str | None:
+    """What keeps the explicit TP executor from every stage of ``plan``, if anything: the
+    model's blocks, ZeRO-3 (FSDP2 gathers a block's weights around the block's forward,
+    which the executor runs in parts) and the zero-bubble schedule (it splits each backward
+    into input and weight passes, which the executor does not)."""
+    problem = explicit_tp_model_problem(plan.model)
+    if problem:
+        return problem
+    if plan.zero >= 3:
+        return f"zero 3 does not run with {EXPLICIT_TP}; use zero 2 or turn it off"
     if plan.schedule is Schedule.ZERO_BUBBLE:
-        return ("the zero-bubble schedule splits each backward into input and weight passes, "
-                "which the explicit TP executor (TP overlap, recomputation keeping "
-                "communication) does not; use schedule interleaved or turn them off")
+        return (f"the zero-bubble schedule splits each backward into input and weight passes, "
+                f"which {EXPLICIT_TP} does not; use schedule interleaved or turn it off")
+    return None
+
+
+def _explicit_tp_problem(plan: Plan, k: int, j: int) -> str | None:
+    """What the explicit TP executor cannot run on stage ``j`` of pipeline ``k``, if anything.
+    Mixed-TP pipelines are fine: the executor takes and gives sequence shards like any TP
+    stage."""
+    problem = explicit_tp_plan_problem(plan)
+    if problem:
+        return problem
     if plan.stage_memory(k, j).swaps:
-        return ("the explicit TP executor (TP overlap, recomputation keeping communication) "
-                "does not swap activations; turn swapping off for this stage or set "
-                "tp_overlap_chunks 1 and recompute_keeps_comm false")
+        return (f"{EXPLICIT_TP} does not swap activations; turn swapping off for this stage "
+                "or set tp_overlap_chunks 1 and recompute_keeps_comm false")
     return None
 
 
@@ -231,11 +313,9 @@ def _check_tp(stage: Stage, model: ModelSpec, index: int, cluster: Any) -> None:
     if tp > 1 and model.tp_refusal:
         raise ConfigError(f"pipeline {index}: a stage of tensor parallel {tp}, but "
                           f"{model.name} cannot be split so ({model.tp_refusal})")
-    if model.num_heads % tp or model.num_kv_heads % tp:
-        raise ConfigError(
-            f"pipeline {index}: tensor parallel {tp} does not divide the model's "
-            f"{model.num_heads} heads and {model.num_kv_heads} key/value heads"
-        )
+    problem = heads_problem(tp, model.num_heads, model.num_kv_heads)
+    if problem:
+        raise ConfigError(f"pipeline {index}: tensor parallel {tp} {problem}")
     nodes = {cluster.device(d).node for d in stage.devices}
     if len(nodes) > 1:
         raise ConfigError(f"pipeline {index}: a tensor-parallel group spans machines {sorted(nodes)}")

@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from potluck import placement
 from potluck.errors import ConfigError
-from potluck.plans import Plan, check_plan
+from potluck.plans import Plan, check_plan, shards_parameters
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ class Layout:
             return None
         if self._tp_mesh is None:
             ranks = self.stage_ranks(role.pipeline, role.stage)
-            if self.plan.zero == 3 and self.plan.dp > 1:
+            if shards_parameters(self.plan):
                 self._tp_mesh = self._dp_tp_mesh(device_type)["tp"]
             else:
                 # torch refuses a mesh whose order is not the group's: TP index = coordinate
@@ -379,7 +379,7 @@ class Layout:
     def _dp_tp_mesh(self, device_type: str) -> DeviceMesh:
         """ZeRO-3 with TP: this stage's ``(dp, tp)`` mesh (row ``p``: pipeline ``p``'s ranks
         of the stage), whose ``tp`` slice is the TP mesh and ``dp`` slice FSDP2's; every
-        replica holds the stage alike (:func:`potluck.runtime.grads.zero3.check_zero3`)."""
+        replica holds the stage alike (:func:`potluck.plans.zero3_problem`)."""
         role = self.role
         rows = [self.stage_ranks(p, role.stage) for p in range(self.plan.dp)]
         dp = tuple(row[role.tp_rank] for row in rows)

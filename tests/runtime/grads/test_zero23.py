@@ -21,10 +21,11 @@ from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
 from potluck.placement import block_unit
 from potluck.plans import Schedule
+from potluck.plans.feasibility import ZERO3_UNIFORM
 from potluck.runtime import TrainOptions
 from potluck.runtime.grads.buckets import SyncedParam
 from potluck.runtime.grads.zero import assign_owners
-from potluck.runtime.grads.zero3 import UNIFORM, check_zero3
+from potluck.runtime.grads.zero3 import check_zero3
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
 from potluck.runtime.training import train_rank
@@ -84,7 +85,7 @@ def test_zero3_refuses_replicas_that_hold_layers_differently():
     hetero = make_plan(TINY_LLAMA, [pipe([(1, (0, 1)), (1, (1, 4))], 2, 2), pipe([(2, (0, 4))], 1, 2)])
     with pytest.raises(ConfigError, match="zero 3 needs every replica") as err:
         check_zero3(with_options(hetero, zero=3))
-    assert str(err.value) == UNIFORM
+    assert str(err.value) == ZERO3_UNIFORM
     check_zero3(with_options(hetero, zero=2))
     zero_bubble = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4)] * 2,
                             schedule=Schedule.ZERO_BUBBLE)

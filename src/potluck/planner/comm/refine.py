@@ -28,6 +28,9 @@ from potluck.plans import (
     Schedule,
     StageComm,
     check_plan,
+    explicit_tp_model_problem,
+    explicit_tp_plan_problem,
+    stage_recomputes,
 )
 
 OVERLAP_CHUNKS = (1, 2, 4)  # sub-batches the search tries
@@ -63,7 +66,7 @@ def choose_stage_comm(cost: CostModel, devices: tuple[Device, ...], shape: Stage
     if len(devices) == 1:
         return StageComm()
     options = stage_comm_options(cost.execution, shape.micro_batch, shape.recompute, schedule,
-                                 cost.model.runs_explicit_tp)
+                                 explicit_tp_model_problem(cost.model) is None)
     if len(options) == 1:
         return options[0]
 
@@ -87,12 +90,13 @@ def refine_comm(plan: Plan, cost: CostModel) -> Plan | None:
 
 def _refined(plan: Plan, cost: CostModel) -> Plan | None:
     best = _consistent(plan, cost.execution)
+    explicit = explicit_tp_plan_problem(best) is None
     predicted = _fitting_prediction(best, cost)
     if predicted is None:
         return None
     trials = [(signature, comm) for signature in _signatures(best, cost)
               for comm in stage_comm_options(cost.execution, signature[3], signature[6],
-                                             best.schedule, cost.model.runs_explicit_tp)]
+                                             best.schedule, explicit)]
     for signature, comm in trials:
         trial = _with_stage_comm(best, cost, signature, comm)
         best, predicted = _faster(best, predicted, trial, cost)
@@ -116,17 +120,19 @@ def _faster(best: Plan, predicted: Prediction, trial: Plan, cost: CostModel
 def _consistent(plan: Plan, execution: Execution) -> Plan:
     """The plan-wide methods as the execution forces them, and every stage's setting one
     the plan checks accept (a stage that recomputes with sub-batches keeps communication;
-    single-device stages none)."""
+    single-device stages, and every stage of a plan the explicit TP executor cannot run,
+    :func:`~potluck.plans.explicit_tp_plan_problem`, none)."""
     forced = {name: getattr(execution, name) for name in PLAN_TRAITS
               if getattr(execution, name) is not None}
     plan = replace(plan, comm=replace(plan.comm, **forced)) if forced else plan
     pipelines = []
+    explicit = explicit_tp_plan_problem(plan) is None
     for k, pipeline in enumerate(plan.pipelines):
         stages = []
         for j, stage in enumerate(pipeline.stages):
-            recomputes = plan.stage_memory(k, j).recompute is not Recompute.NONE
-            comm = stage.comm if stage.tp > 1 else StageComm()
-            if comm.tp_overlap_chunks > 1 and recomputes and not comm.recompute_keeps_comm:
+            comm = stage.comm if stage.tp > 1 and explicit else StageComm()
+            if (comm.tp_overlap_chunks > 1 and stage_recomputes(plan, k, j)
+                    and not comm.recompute_keeps_comm):
                 comm = replace(comm, recompute_keeps_comm=True)
             stages.append(replace(stage, comm=comm))
         pipelines.append(replace(pipeline, stages=tuple(stages)))

@@ -23,7 +23,8 @@ local shards in the norm. A tied embedding/head stays out of FSDP
 FSDP2 assumes every member of the mesh runs the same modules the same number of
 times, so a plan whose replicas hold a stage's layers differently (other
 splits or TP degrees), or run different numbers of micro-batches, is refused
-in one line (:func:`check_zero3`), as is zero bubble's split backward (its
+in one line (:func:`check_zero3`, whose rule :func:`potluck.plans.zero3_problem`
+the plan checks and the search share), as is zero bubble's split backward (its
 weight pass writes ``.grad`` outside the autograd hooks FSDP2 reduces in).
 Tensor parallelism composes as torchtitan's 2-D parallelism: the TP mesh is a slice of a ``(dp, tp)`` mesh
 (:meth:`~potluck.runtime.layout.Layout.tp_mesh`) and FSDP2 shards the TP
@@ -39,31 +40,17 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from potluck.errors import ConfigError
 from potluck.placement import TIED
-from potluck.plans import Plan, Schedule
+from potluck.plans import Plan, shards_parameters, zero3_problem
 from potluck.runtime.layout import Layout
 from potluck.runtime.models.adapters import Family, get_path, has_path
 
-UNIFORM = "zero 3 needs every replica to hold the same layers with the same TP; " \
-          "use --zero 2 or a uniform layout"
-
 
 def check_zero3(plan: Plan) -> None:
-    """Refuse ZeRO-3 for a plan FSDP2 cannot run (see the module docstring)."""
-    if plan.zero < 3:
-        return
-    if plan.schedule is Schedule.ZERO_BUBBLE:
-        raise ConfigError("zero 3 does not run zero bubble's split backward (FSDP2 reduces "
-                          "in the full backward); use --zero 2 or another schedule")
-    first = plan.pipelines[0]
-    shape = [(stage.tp, stage.layer_ranges) for stage in first.stages]
-    for pipeline in plan.pipelines[1:]:
-        if [(stage.tp, stage.layer_ranges) for stage in pipeline.stages] != shape:
-            raise ConfigError(UNIFORM)
-        if pipeline.num_micro_batches != first.num_micro_batches:
-            raise ConfigError(
-                "zero 3 needs every replica to run the same number of micro-batches (FSDP2 "
-                "gathers each block once per micro-batch on every replica); use --zero 2 or "
-                "equal micro-batch counts")
+    """Refuse ZeRO-3 for a plan FSDP2 cannot run (the rule: :func:`potluck.plans.zero3_problem`,
+    which the plan checks and the search call too)."""
+    problem = zero3_problem(plan)
+    if problem:
+        raise ConfigError(problem)
 
 
 def dp_ranks(layout: Layout) -> tuple[int, ...]:
@@ -88,7 +75,7 @@ def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
     ``units``: each parameter name's unit, the tied weight's left out)."""
     plan = layout.plan
     check_zero3(plan)
-    if plan.zero < 3 or plan.dp == 1:
+    if not shards_parameters(plan):
         return
     if family is None:
         raise ConfigError("zero 3 runs models of a known family (LLaMA, Qwen, Mistral, GPT-2); "

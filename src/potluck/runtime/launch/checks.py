@@ -32,7 +32,8 @@ from potluck.cluster.execution import (
 )
 from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
-from potluck.plans import Plan, check_plan, explicit_tp
+from potluck.plans import Plan, check_plan, explicit_tp, explicit_tp_plan_problem
+from potluck.plans.feasibility import EXPLICIT_TP_OFF
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.models.stand_in import compute_plan
@@ -102,31 +103,17 @@ def check_execution(plan: Plan) -> None:
             f"runtime does not run; make the plan with --execution {DEFAULT_PRESET}")
 
 
-_EXPLICIT_OFF = ("make the plan with tp_overlap_chunks 1 and recompute_keeps_comm false in the "
-                 "execution section")
-
-
 def check_explicit_tp(plan: Plan) -> None:
-    """What the runtime's explicit TP executor (runtime/parallel/tp_overlap.py) does not run
-    yet, beyond the plan's own checks, for the plan actually computed (a stand-in has no
-    dropout): ZeRO-3 (FSDP2 gathers a block's weights around the
-    block's forward, which the executor runs in parts) and dropout (its partial outputs
-    would be dropped out before they are summed)."""
-    stages = [(k, j) for k, pipeline in enumerate(plan.pipelines)
-              for j in range(len(pipeline.stages)) if explicit_tp(plan, k, j)]
-    if not stages:
+    """What the runtime's explicit TP executor (runtime/parallel/tp_overlap.py) does not run,
+    for the plan actually computed (a stand-in has no dropout): the plans' rule
+    (:func:`potluck.plans.explicit_tp_plan_problem`), which the plan checks and the search
+    share."""
+    if not any(explicit_tp(plan, k, j) for k, pipeline in enumerate(plan.pipelines)
+               for j in range(len(pipeline.stages))):
         return
-    if not plan.model.runs_explicit_tp:
-        raise ConfigError(f"the explicit TP executor (TP overlap, recomputation keeping "
-                          f"communication) runs LLaMA-style and GPT-2 blocks, not "
-                          f"{plan.model.family}'s; {_EXPLICIT_OFF}")
-    if plan.zero >= 3:
-        raise ConfigError(f"zero 3 does not run with the explicit TP executor (TP overlap, "
-                          f"recomputation keeping communication); use zero 2 or {_EXPLICIT_OFF}")
-    if plan.model.dropout:
-        raise ConfigError(f"the explicit TP executor (TP overlap, recomputation keeping "
-                          f"communication) does not run models with dropout; train "
-                          f"{plan.model.name} without dropout or {_EXPLICIT_OFF}")
+    problem = explicit_tp_plan_problem(plan)
+    if problem:
+        raise ConfigError(f"{problem} ({EXPLICIT_TP_OFF})")
 
 
 def _is_figure(value: object) -> bool:

@@ -59,7 +59,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from potluck.errors import ConfigError
 from potluck.model.derived import expert_count
-from potluck.model.sharding import block_tp_plan, tp_refusal
+from potluck.model.sharding import block_tp_plan, heads_problem, tp_refusal
 from potluck.runtime.models.adapters import Family, get_path, is_tied
 
 
@@ -329,9 +329,9 @@ def check_tp(model: nn.Module, family: Family | None, tp: int, seq_len: int) -> 
     config = getattr(model, "config", None)
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 0)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % tp or kv_heads % tp:
-        raise ConfigError(f"tensor parallel {tp} does not divide the model's {heads} heads "
-                          f"and {kv_heads} key/value heads")
+    problem = heads_problem(tp, heads, kv_heads)
+    if problem:
+        raise ConfigError(f"tensor parallel {tp} {problem}")
 
 
 def apply_tp(model: nn.Module, family: Family, mesh: DeviceMesh, layers: Iterable[int], *,
