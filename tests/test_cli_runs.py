@@ -114,8 +114,9 @@ def test_resuming_under_another_plan_says_so_and_then_keeps_it(tmp_path, plan_fi
     assert json.loads(other.read_text()) != json.loads((out / "plan.json").read_text())
     resumed = potluck("train", "--plan", str(other), "--out", str(out), "--steps", "3", "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    notes = [line for line in resumed.stderr.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1 and "holds another plan" in notes[0], resumed.stderr
+    notes = [line for line in resumed.stderr.splitlines()
+             if line.startswith("note:") and "holds another plan" in line]
+    assert len(notes) == 1, resumed.stderr
     assert "continues under dp=1 pp=2" in notes[0]
     assert (out / "plan.json").read_text() == other.read_text()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
