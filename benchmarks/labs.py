@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from potluck.examples import example_path
+
 
 @dataclass(frozen=True)
 class Lab:
@@ -32,19 +34,8 @@ SMALL_MOE = {"name": "moe-4.6b", "model_type": "mixtral", "hidden_size": 2048,
              "vocab_size": 32000, "max_position_embeddings": 4096}
 
 LABS = [
-    Lab("issue 29's lab: 2x4 RTX 3090 (pairs), 2 RTX 4090, 4 A100 PCIe, 3060, 2080 Ti", """
-nodes:
-  - {name: box3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
-  - {name: box4090, gpu: rtx4090, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
-  - {name: boxa100, gpu: a100-40g-pcie, gpus_per_node: 4, inter_bandwidth: 100Gb/s}
-  - {name: desk3060, gpu: rtx3060, gpus_per_node: 1, inter_bandwidth: 10Gb/s}
-  - {name: desk2080ti, gpu: rtx2080ti, gpus_per_node: 1, inter_bandwidth: 10Gb/s}
-links:
-  - {between: [boxa100, box3090], bandwidth: 10Gb/s}
-  - {between: [boxa100, box4090], bandwidth: 10Gb/s}
-  - {between: [boxa100, desk3060], bandwidth: 10Gb/s}
-  - {between: [boxa100, desk2080ti], bandwidth: 10Gb/s}
-""", "llama2-13b", 128, 4096),
+    Lab("issue 29's lab: 2x4 RTX 3090 (pairs), 2 RTX 4090, 4 A100 PCIe, 3060, 2080 Ti",
+        example_path("five-machines.yaml").read_text(), "llama2-13b", 128, 4096),
     Lab("student lab: six desktops on 1 Gb/s, a 2x3090 box on 10 Gb/s", """
 nodes:
   - {name: d3090, gpu: rtx3090, gpus_per_node: 1, inter_bandwidth: 1Gb/s}

@@ -7,23 +7,12 @@ from __future__ import annotations
 import pytest
 
 from potluck.cluster import parse_cluster
+from potluck.examples import example_path
 from potluck.model import load_model
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import TrainingShape
 
-ISSUE_LAB = """
-nodes:
-  - {name: box3090, gpu: rtx3090, gpus_per_node: 4, count: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
-  - {name: box4090, gpu: rtx4090, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
-  - {name: boxa100, gpu: a100-40g-pcie, gpus_per_node: 4, inter_bandwidth: 100Gb/s}
-  - {name: desk3060, gpu: rtx3060, gpus_per_node: 1, inter_bandwidth: 10Gb/s}
-  - {name: desk2080ti, gpu: rtx2080ti, gpus_per_node: 1, inter_bandwidth: 10Gb/s}
-links:
-  - {between: [boxa100, box3090], bandwidth: 10Gb/s}
-  - {between: [boxa100, box4090], bandwidth: 10Gb/s}
-  - {between: [boxa100, desk3060], bandwidth: 10Gb/s}
-  - {between: [boxa100, desk2080ti], bandwidth: 10Gb/s}
-"""
+ISSUE_LAB = example_path("five-machines.yaml").read_text()  # the lab issue 29 named
 
 DESKTOPS = [  # (name, gpu, GPUs, NVLink, network): a lab grown one machine at a time
     ("box3090", "rtx3090", 2, "pairs", "10Gb/s"), ("d4090", "rtx4090", 1, "none", "1Gb/s"),
