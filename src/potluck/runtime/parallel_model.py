@@ -59,7 +59,7 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit, expert_shard
-from potluck.plans import explicit_tp
+from potluck.plans import explicit_tp, shards_parameters
 from potluck.plans.memory import StageMemory, Swap
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
 from potluck.runtime.grads.data_parallel import GradSync
@@ -71,7 +71,12 @@ from potluck.runtime.grads.gather import (
 )
 from potluck.runtime.grads.sparse_embedding import sparse_embedding_name
 from potluck.runtime.grads.zero import Zero1, assign_owners
-from potluck.runtime.grads.zero3 import apply_zero3, check_zero3, managed_parameters
+from potluck.runtime.grads.zero3 import (
+    ShardPrecision,
+    apply_zero3,
+    check_zero3,
+    managed_parameters,
+)
 from potluck.runtime.launch.checks import check_execution, check_explicit_tp
 from potluck.runtime.launch.session import Session, gpu_ordinal
 from potluck.runtime.layout import Layout
@@ -230,7 +235,8 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     params = [p for stage in stages for p in stage.parameters()]
     swap = activation_swap(session, memory, ledger, params)
     apply_memory(stages, memory, layout.plan.recompute, swap, counted)
-    apply_zero3(stages, layout, session.device, family, units, _wire_dtype(session))
+    apply_zero3(stages, layout, session.device, family, units,
+                ShardPrecision(session.autocast_dtype, _wire_dtype(session)))
     return ParallelModel(session, stages, units, bucket_elements, ledger,
                          sparse_embedding=sparse)
 
@@ -439,11 +445,16 @@ class ParallelModel:
         return loss_parallel() if self.layout.role.tp > 1 else nullcontext()
 
     def _autocast(self) -> Any:
-        """bf16/fp16 autocast on GPUs for the whole schedule (any stage module), else nothing."""
+        """bf16/fp16 autocast on GPUs for the whole schedule (any stage module), else nothing.
+        Under ZeRO-3 without its cache of weight casts: FSDP2 gathers the weights in 16 bits
+        already, and reuses one unsharded parameter object across reshards, so a cached cast
+        would outlive the weights it was cast from (ATen ``autocast_mode.cpp``,
+        ``cached_cast``: FP32 leaves that require grad)."""
         dtype = self.session.autocast_dtype
         if dtype is None:
             return nullcontext()
-        return torch.autocast(self.session.device.type, dtype=dtype)
+        cache = not shards_parameters(self.layout.plan)
+        return torch.autocast(self.session.device.type, dtype=dtype, cache_enabled=cache)
 
     def _run_schedule(self, inputs: torch.Tensor, targets: torch.Tensor,
                       losses: list[torch.Tensor]) -> None:

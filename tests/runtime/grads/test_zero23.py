@@ -175,3 +175,31 @@ def test_checkpoints_resume_across_zero_stages_and_offload(tmp_path, chain):
         options = TrainOptions(steps=steps, resume=steps > 2, **common)
         curve += run_local(_losses, plan.devices, (plan, options), timeout_s=120)[0]
     assert curve == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=6), abs=2e-5)
+
+
+@pytest.mark.parametrize("case", ["dp=2", "dp=2 x pp=2"])
+def test_zero3_reshards_every_block_after_forward_under_one_root_per_stage(case):
+    """torch makes each FSDP module that runs outside an FSDP parent a root, and a root
+    keeps its weights unsharded from forward to backward: each stage must be the one root,
+    so that a block's weights are sharded again once its forward is done; and torch's
+    pipeline stage must not defer an FSDP stage's gradient reduction to the last
+    micro-batch, holding full-size gradients in between."""
+    from zero3_workers import inspect_fsdp
+
+    spec, pipelines = ZERO3_CASES[case]
+    views = inspect_fsdp(with_options(make_plan(spec, pipelines), zero=3))
+    for rank, view in enumerate(views):
+        assert view.fsdp_modules > 2, f"rank {rank}: blocks, embedding and head sharded"
+        assert view.roots == ["0.<stage>"], f"rank {rank}: roots {view.roots}"
+        assert view.unsharded_after_forward == [], f"rank {rank}"
+        assert view.unsharded_grads_between_micro_batches == [], f"rank {rank}"
+
+
+def test_zero3_forward_under_autocast_follows_the_sharded_weights():
+    """Autocast caches its 16-bit cast of an FP32 leaf for the whole autocast region, and
+    FSDP2 reuses one unsharded parameter object across reshards: without 16-bit gathers
+    and the cache off, a forward after the weights changed would use the old weights."""
+    from zero3_workers import outputs_follow_weights
+
+    plan = with_options(make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2), zero=3)
+    assert outputs_follow_weights(plan) == [True, True]

@@ -12,10 +12,25 @@ reduce-scatters the block's gradients, which FSDP2 adds into the sharded
 ``.grad`` (``set_gradient_divide_factor(1.0)``: the loss is already each
 replica's share of the global mean, so replicas' gradients are summed).
 
-The stage module itself is not an FSDP module, so torch's pipeline stage
-(``PipelineStage.backward_maybe_with_nosync``) does not switch gradient sync
-off for early micro-batches: no full-size gradient accumulates, as the memory
-contract wants. These parameters leave potluck's own
+Each stage module is ``fully_shard``-ed last, over the same mesh, as the one FSDP
+root of its blocks (torch makes every FSDP module that runs forward outside an FSDP
+parent a root, ``_fsdp_state.py`` ``_lazy_init``; a root is not resharded after forward
+unless told, and each root's pre-forward makes the all-gather stream wait for the
+compute stream, so per-block roots would hold every block's weights unsharded from
+forward to backward and expose every gather). Every FSDP module reshards after forward
+(``reshard_after_forward=True``, explicit). Parameters are gathered in the rank's 16-bit
+compute dtype and gradients reduced in FP32 (or the plan's 16-bit wire dtype), FSDP2's
+:class:`MixedPrecisionPolicy`, as torchtitan runs it; autocast's weight-cast cache is off
+there (:func:`~potluck.runtime.parallel_model.ParallelModel`), since FSDP2 reuses one
+unsharded parameter object across reshards.
+
+torch's pipeline stage switches gradient sync off for every micro-batch of an FSDP
+module it is given (``PipelineStage.backward_maybe_with_nosync``) and reduces once
+after the last, holding full-size gradients meanwhile; potluck hands it the stage
+behind a plain wrapper
+(:func:`potluck.runtime.parallel.pipeline.unmanaged`), so every micro-batch's backward
+reduce-scatters and no full-size gradient accumulates, as the memory contract wants.
+These parameters leave potluck's own
 :class:`~potluck.runtime.grads.data_parallel.GradSync`, which counts their
 local shards in the norm. A tied embedding/head stays out of FSDP
 (``ignored_params``) and is synced as under ZeRO-2.
@@ -32,6 +47,8 @@ DTensors further over the ``dp`` dimension.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -70,9 +87,10 @@ def dp_mesh(layout: Layout, device_type: str) -> DeviceMesh:
 
 def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
                 family: Family | None, units: dict[str, str],
-                reduce_dtype: torch.dtype | None) -> None:
-    """Shard every block, embedding and head module of ``stages`` (ZeRO-3 plans only;
-    ``units``: each parameter name's unit, the tied weight's left out)."""
+                precision: ShardPrecision) -> None:
+    """Shard every block, embedding and head module of ``stages``, then each stage as
+    their root (ZeRO-3 plans only; ``units``: each parameter name's unit, the tied
+    weight's left out)."""
     plan = layout.plan
     check_zero3(plan)
     if not shards_parameters(plan):
@@ -83,15 +101,34 @@ def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
     mesh = dp_mesh(layout, device.type)
     ignored = {param for stage in stages for name, param in stage.named_parameters()
                if units[name] == TIED}
-    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    policy = precision.policy()
     for stage in stages:
         for module in _units(stage, family):
             if any(p not in ignored for p in module.parameters()):
-                fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+                fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored,
+                            reshard_after_forward=True)
+        fully_shard(stage, mesh=mesh, mp_policy=policy, ignored_params=ignored,
+                    reshard_after_forward=True)
         for module in stage.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
+@dataclass(frozen=True)
+class ShardPrecision:
+    """The dtypes FSDP2 gathers parameters in and reduces gradients in: ``param_dtype``
+    the rank's 16-bit compute dtype (None: FP32 throughout, as on CPU ranks);
+    ``reduce_dtype`` the plan's 16-bit wire dtype, else FP32."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+
+    def policy(self) -> MixedPrecisionPolicy:
+        reduce = self.reduce_dtype
+        if reduce is None and self.param_dtype is not None:
+            reduce = torch.float32  # never reduce 16-bit gradients in 16 bits unasked
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce)
 
 
 def _units(stage: nn.Module, family: Family) -> list[nn.Module]:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 from torch.utils.checkpoint import checkpoint
@@ -375,11 +376,31 @@ def _torch_stages(modules: Sequence[nn.Module], layout: Layout, device: torch.de
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
         stage = (HookedStage if hooked else PipelineStage)(
-            module, stage_id, role.num_virtual_stages, device, group=layout.lane_group)
+            unmanaged(module), stage_id, role.num_virtual_stages, device, group=layout.lane_group)
         stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
         stage.backward_group = layout.lane_group_backward
         stages.append(stage)
     return stages
+
+
+def unmanaged(module: nn.Module) -> nn.Module:
+    """``module`` as torch's pipeline stage should see it: a ZeRO-3 stage (an FSDP module)
+    behind a plain parent, since torch would otherwise switch its gradient reduction off
+    for every micro-batch and reduce full-size gradients once after the last
+    (``PipelineStage.backward_maybe_with_nosync``, ``perform_reduce_grad``); anything else
+    as it is."""
+    return _Unmanaged(module) if isinstance(module, FSDPModule) else module
+
+
+class _Unmanaged(nn.Module):
+    """A plain parent of an FSDP stage module; forwards to it."""
+
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.stage(*args, **kwargs)
 
 
 def lane_group_ranks(layout: Layout) -> dict[int, int]:
