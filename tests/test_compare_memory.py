@@ -52,3 +52,23 @@ def test_compare_of_a_run_without_a_trace_shows_memory_only(tmp_path):
     assert memory[1]["measured_device_bytes"] == 2300.0
     table = CliRunner().invoke(app, ["compare", str(run)])
     assert table.exit_code == 0 and "peak memory per rank" in table.output
+
+
+def test_a_gpu_runs_reserve_and_use_show_beside_its_allocator_peak(tmp_path):
+    run = _run_dir(tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    gpu = {"reserved_bytes": 1500.0, "used_bytes": 4000.0}
+    rows = []
+    for line in lines:
+        row = json.loads(line)
+        first, second = row["memory"]
+        row["memory"] = [{**first, **gpu, "reserved_on": {"cpu.0:1": 400.0}},
+                         {**second, **gpu, "reserved_on": {}}]
+        rows.append(json.dumps(row))
+    (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    ran = CliRunner().invoke(app, ["compare", str(run), "--json"])
+    memory = json.loads(ran.output)["memory"]
+    assert [(m["measured_reserved_bytes"], m["measured_used_bytes"]) for m in memory] == [
+        (1500.0, 4000.0), (1900.0, 4000.0)]  # the peer's reserve counts where it lives
+    table = CliRunner().invoke(app, ["compare", str(run)])
+    assert table.exit_code == 0 and "reserved" in table.output and "0.0019" in table.output

@@ -7,6 +7,10 @@ The prediction is the plan's cost model, :attr:`potluck.plans.Prediction.memory`
 each rank's peak device and host bytes per step, and what its stashes took on other
 devices). Bytes a rank holds for a peer (peer swap) count in that peer's device bytes,
 as the memory contract says; the figure per rank is the largest over the run's steps.
+A GPU run's rows also give each device's allocator reserve and its memory in use by every
+process (:mod:`potluck.runtime.loop.peak_memory`); a peer's reserve counts what the
+swapping rank's allocator reserved there, and both are shown beside the allocator peak
+(None for CPU runs and runs of older versions).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class RankMemory:
     measured_device_bytes: float
     predicted_host_bytes: float
     measured_host_bytes: float
+    measured_reserved_bytes: float | None = None  # GPUs: the allocators' reserve there
+    measured_used_bytes: float | None = None  # GPUs: the device's memory in use, all processes
 
     @property
     def device_error(self) -> float:
@@ -70,16 +76,37 @@ def measured_peaks(steps: list[tuple[dict[str, Any], ...]]) -> dict[str, tuple[f
     return peaks
 
 
+def measured_gpu_peaks(steps: list[tuple[dict[str, Any], ...]]
+                       ) -> dict[str, tuple[float, float]]:
+    """Each GPU's (reserved, used) peak over the steps of a GPU run: its rank's reserve plus
+    what peers' allocators reserved on it, and its memory in use (already every process's)."""
+    peaks: dict[str, tuple[float, float]] = {}
+    for step in steps:
+        reserved = {row["device"]: row["reserved_bytes"] for row in step
+                    if row.get("reserved_bytes") is not None}
+        for row in step:
+            for peer, held in row.get("reserved_on", {}).items():
+                reserved[peer] = reserved.get(peer, 0.0) + held
+        for row in step:
+            name, used = row["device"], row.get("used_bytes")
+            if used is None or name not in reserved:
+                continue
+            old = peaks.get(name, (0.0, 0.0))
+            peaks[name] = (max(old[0], reserved[name]), max(old[1], used))
+    return peaks
+
+
 def compare_memory(plan: Plan, steps: list[tuple[dict[str, Any], ...]]) -> tuple[RankMemory, ...]:
     """Every device of ``plan``: its predicted peaks beside the measured ones."""
     if not steps:
         raise ConfigError("the run's metrics.jsonl has no memory rows: train it again with this "
                           "version of potluck (potluck train --out DIR)")
-    measured = measured_peaks(steps)
+    measured, gpus = measured_peaks(steps), measured_gpu_peaks(steps)
     prediction = plan.prediction or predict(plan)
     return tuple(
         RankMemory(m.device, m.total_bytes, measured.get(m.device, (0.0, 0.0))[0],
-                   float(getattr(m, "host_bytes", 0.0)), measured.get(m.device, (0.0, 0.0))[1])
+                   float(getattr(m, "host_bytes", 0.0)), measured.get(m.device, (0.0, 0.0))[1],
+                   *gpus.get(m.device, (None, None)))
         for m in prediction.memory)
 
 
@@ -92,12 +119,20 @@ def compare_run_memory(run_dir: str | Path) -> tuple[RankMemory, ...]:
 
 
 def render_memory(console: Console, ranks: tuple[RankMemory, ...]) -> None:
-    """The per-rank table of ``potluck compare``."""
+    """The per-rank table of ``potluck compare`` (a GPU run's reserve and use beside)."""
+    gpus = any(r.measured_reserved_bytes is not None for r in ranks)
+    extra = ("reserved MB", "used MB") if gpus else ()
     table = compact_table("peak memory per rank", (
-        "device", "predicted MB", "measured MB", "error", "host predicted MB",
+        "device", "predicted MB", "measured MB", "error", *extra, "host predicted MB",
         "host measured MB"), left=("device",))
     for r in ranks:
+        figures = (_megabytes(r.measured_reserved_bytes), _megabytes(r.measured_used_bytes))
         table.add_row(r.device, f"{r.predicted_device_bytes / 1e6:.4g}",
                       f"{r.measured_device_bytes / 1e6:.4g}", f"{r.device_error:+.1%}",
+                      *(figures if gpus else ()),
                       f"{r.predicted_host_bytes / 1e6:.4g}", f"{r.measured_host_bytes / 1e6:.4g}")
     console.print(table)
+
+
+def _megabytes(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1e6:.4g}"

@@ -6,9 +6,10 @@ Each is a trainer callback (``on_step``, ``close``) that runs on rank 0 only
 resumes from step N first drops the lines of step N on, which the run it
 continues had written after its checkpoint), with at least ``step``,
 ``loss``, ``tokens_per_s``, ``step_time_s``, ``predicted_step_time_s`` and
-``peak_memory_gb`` (the largest over the ranks; on GPUs each step's own peak,
+``peak_memory_gb`` (the largest over the ranks; on GPUs each step's own allocator peak,
 :mod:`~potluck.runtime.loop.peak_memory`) and ``memory``, each rank's peak device and
-host bytes and the bytes its swap stashes took on peers
+host bytes and the bytes its swap stashes took on peers, on GPUs also its allocator's
+reserve, the device's memory in use by every process and its reserve on swap peers
 (:func:`~potluck.runtime.loop.trainer.rank_memory_rows`, what ``potluck compare`` reads);
 an emulated run's rows also
 ``dilation`` (every op was padded to ``dilation x`` its time on the plan's device) and

@@ -114,33 +114,70 @@ def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0
                              weight_decay=weight_decay)
 
 
+MEMORY_COLUMNS = 6  # a memory table row's own figures, before its two per-rank blocks
+
+
+def memory_columns(world: int) -> int:
+    """The columns of a memory table row (:func:`memory_table`) among ``world`` ranks."""
+    return MEMORY_COLUMNS + 2 * world
+
+
 def memory_table(model: ParallelModel, meter: PeakMemory) -> torch.Tensor:
     """This rank's row of the step's memory table, the other rows zero (summed over the
     ranks: everyone's): the meter's peak (``peak_memory_gb``), then
-    :func:`rank_memory_rows`' device bytes, host bytes and bytes held on each rank's device."""
+    :func:`rank_memory_rows`' device bytes and host bytes, 1 where the meter reads a GPU's
+    figures, its reserved and used bytes (:mod:`~potluck.runtime.loop.peak_memory`), the
+    bytes held on each rank's device (the ledger's stashes) and what this rank's allocator
+    reserved on each rank's device (its peers')."""
     layout, session = model.layout, model.session
     world, devices = layout.world_size, layout.device_of_rank
     peak = model.ledger.peak()
-    table = torch.zeros(world, 3 + world, dtype=torch.float64, device=session.device)
+    table = torch.zeros(world, memory_columns(world), dtype=torch.float64, device=session.device)
     row = table[layout.rank]
     row[0] = meter.peak_bytes()
     row[1] = row[0] if session.use_gpu else peak.device_bytes
     row[2] = peak.host_bytes
-    for device, held in peak.peer_bytes.items():
+    measured = meter.device_peaks()
+    if measured is not None:
+        row[3], row[4], row[5] = 1.0, measured.reserved_bytes, measured.used_bytes
+    held, reserved = row[MEMORY_COLUMNS:MEMORY_COLUMNS + world], row[MEMORY_COLUMNS + world:]
+    for device, nbytes in peak.peer_bytes.items():
         if device in devices:
-            row[3 + devices.index(device)] = held
+            held[devices.index(device)] = nbytes
+    for device, peer in meter.peer_peaks().items():
+        if device in devices:
+            reserved[devices.index(device)] = peer.reserved_bytes
     return table
 
 
 def rank_memory_rows(model: ParallelModel, table: torch.Tensor) -> tuple[dict[str, Any], ...]:
     """Every rank's peaks of the step from the summed :func:`memory_table` (the same on every
     rank): ``device`` (the plan's id), ``device_bytes`` (a GPU's allocator peak; a CPU
-    rank's ledger), ``host_bytes`` and ``held_on`` (bytes this rank's stashes took on other
-    devices, by device id)."""
+    rank's ledger), ``host_bytes``, ``held_on`` (bytes this rank's stashes took on other
+    devices, by device id); on GPUs also ``reserved_bytes`` and ``used_bytes`` (the
+    allocator's peak reserve, the device's memory in use by every process) and
+    ``reserved_on`` (what this rank's allocator reserved on its peers, by device id),
+    which are None, and {}, on CPU ranks."""
     devices = model.layout.device_of_rank
-    return tuple({"device": devices[r], "device_bytes": row[1], "host_bytes": row[2],
-                  "held_on": {devices[p]: held for p, held in enumerate(row[3:]) if held}}
-                 for r, row in enumerate(table.tolist()))
+    return tuple(_memory_row(devices, r, row) for r, row in enumerate(table.tolist()))
+
+
+def _memory_row(devices: Sequence[str], rank: int, row: list[float]) -> dict[str, Any]:
+    gpu, world = bool(row[3]), len(devices)
+    held, reserved = row[MEMORY_COLUMNS:MEMORY_COLUMNS + world], row[MEMORY_COLUMNS + world:]
+    return {"device": devices[rank], "device_bytes": row[1], "host_bytes": row[2],
+            "held_on": {devices[p]: nbytes for p, nbytes in enumerate(held) if nbytes},
+            "reserved_bytes": row[4] if gpu else None, "used_bytes": row[5] if gpu else None,
+            "reserved_on": {devices[p]: nbytes for p, nbytes in enumerate(reserved) if nbytes}}
+
+
+def swap_peers(model: ParallelModel) -> dict[str, torch.device]:
+    """The devices other than its own where this rank's stages stash, by the plan's id."""
+    own = model.session.device
+    swaps = {getattr(stage, "swap", None) for stage in model.stages}
+    return {swap.target.peer_id: swap.target.peer_device for swap in swaps
+            if swap is not None and swap.target.peer_id is not None
+            and swap.target.peer_device not in (None, own)}
 
 
 def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -181,7 +218,7 @@ class Trainer:
         self.predicted_step_time_s = predicted_step_time_s or (
             prediction.iteration_time_s if prediction else None)
         self.emulated = emulated
-        self.memory: PeakMemory = peak_memory(model.session.device)
+        self.memory: PeakMemory = peak_memory(model.session.device, swap_peers(model))
         self.step_index = 0
         self.stop_requested = False  # set by an on_step hook: fit ends after that step
         self.skipped_in_a_row = 0  # skips a lower loss scale could not have avoided
@@ -305,7 +342,7 @@ class Trainer:
         """1 and this rank's token count of ``next_rows`` if given (0, 0 if not), then the
         pending step's memory table (zeros if none)."""
         world = self.model.layout.world_size
-        carry = torch.zeros(2 + world * (3 + world), dtype=torch.float64,
+        carry = torch.zeros(2 + world * memory_columns(world), dtype=torch.float64,
                             device=self.model.session.device)
         if next_rows is not None:
             carry[0], carry[1] = 1.0, float(self.model.local_tokens(next_rows))

@@ -6,37 +6,45 @@ around one swapped block's forward) every tensor autograd saves is copied, one s
 at a time and storages larger than ``chunk_bytes`` in pieces, to its stash: host memory
 (pinned, on GPUs), the peer GPU the plan names (``swap_peer``, same machine), or for
 ``hybrid`` the first ``host_share`` of each storage's bytes to host memory and the rest
-to the peer (Mbapp). On GPUs the copies run on a side stream; the device storage is
-released once the copy is done (``record_stream``). When the micro-batch's backward
-reaches the stage (a hook on the stage's output), every stash of that micro-batch is
-brought back (prefetched, on GPUs on the side stream with an event per storage the
-backward waits on); an unpack before that brings its storage back at once. Values,
-dtypes, sizes, strides and offsets come back exactly as saved, so numerics are
-bit-identical to keeping the tensors.
+to the peer (Mbapp). On GPUs the copies run on two side streams, one each way
+(:class:`CopyStreams`): every stash goes out on one, once the compute stream has made
+its tensor, and ends with an event; the device storage is released once the copy is
+done (``record_stream``). When the micro-batch's backward reaches the stage (a hook on
+the stage's output), every stash of that micro-batch is brought back on the other
+(prefetched: after its own stash's event, with an event per storage the backward waits
+on), so one micro-batch's stashes come back while the next one's go out; an unpack
+before that brings its storage back at once, on the compute stream. Values, dtypes,
+sizes, strides and offsets come back exactly as saved, so numerics are bit-identical to
+keeping the tensors.
 
-Never moved: parameters and their views (a weight transposed for a matmul), other
+Never moved: parameters and their views (a weight transposed for a matmul), tensors
+made from one parameter alone (autocast's 16-bit cast of a weight, which its cache
+holds for the whole autocast region anyway; the cast of a view; a view of a 16-bit
+weight FSDP2 gathered after the swap was made: :func:`made_from_a_parameter`), other
 leaf tensors that require gradients (a stage's received input, which torch's schedule
 holds anyway), tensor subclasses (a DTensor of tensor parallelism) and tensors of
-another device. On CPU
-ranks every stash is a separate CPU tensor that the
-:class:`~potluck.runtime.memory.ledger.MemoryLedger` counts as host memory, or as
-memory held on the peer device.
+another device. A stash is therefore the swapped blocks' activations only, which is
+what the cost model's swapped bytes count. On CPU ranks every stash is a separate CPU
+tensor that the :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts as host
+memory, or as memory held on the peer device.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Container, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from potluck.plans.memory import Swap
 from potluck.runtime.memory.ledger import Kind, MemoryLedger, Place, local_tensor, storage_key
 
 CHUNK_BYTES = 8 << 20  # pieces of a large storage copied one after the other
+PARAMETER_CHAIN_NODES = 4  # autograd nodes followed back from a saved tensor to a parameter
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,70 @@ def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tens
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
 
+def made_from_a_parameter(tensor: torch.Tensor, parameters: Container[int] = (),
+                          most_nodes: int = PARAMETER_CHAIN_NODES) -> bool:
+    """Whether autograd made ``tensor`` from one parameter alone: its history is a chain of
+    at most ``most_nodes`` one-input nodes (a cast, a view) ending at the parameter's
+    ``AccumulateGrad`` (a leaf that is an ``nn.Parameter`` or whose storage key is in
+    ``parameters``), and it holds no more elements than that parameter."""
+    node = tensor.grad_fn
+    for _ in range(most_nodes):
+        if node is None:
+            return False
+        inputs = [n for n, _ in node.next_functions if n is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
+        if leaf is not None:
+            local = local_tensor(leaf)
+            elements = tensor.untyped_storage().nbytes() // tensor.element_size()
+            return ((isinstance(leaf, nn.Parameter) or storage_key(local) in parameters)
+                    and elements <= local.numel())
+    return False
+
+
+class CopyStreams:
+    """A GPU swap's two copy streams, one each way: ``out`` (device to stash) and ``back``
+    (stash to device). Whatever the number of tensors and micro-batches, these two; the
+    host never waits (no ``synchronize``): streams wait on streams and events."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.out = torch.cuda.Stream(device)
+        self.back = torch.cuda.Stream(device)
+
+    def compute(self) -> torch.cuda.Stream:
+        """The stream the model computes on (the device's current stream)."""
+        return torch.cuda.current_stream(self.device)
+
+    @contextmanager
+    def copying_out(self) -> Iterator[torch.cuda.Event]:
+        """Copies on ``out`` after the compute stream's work so far; the event it yields
+        is recorded once they are queued (a stash's bytes are all out once it is done)."""
+        done = torch.cuda.Event()
+        self.out.wait_stream(self.compute())
+        with torch.cuda.stream(self.out):
+            yield done
+        done.record(self.out)
+
+    @contextmanager
+    def copying_back(self, out: torch.cuda.Event, prefetch: bool
+                     ) -> Iterator[torch.cuda.Event | None]:
+        """Copies after the stash's ``out`` event: prefetched on ``back`` (the event it
+        yields is recorded once they are queued, for the compute stream to wait on),
+        else on the compute stream itself (it yields none)."""
+        if not prefetch:
+            self.compute().wait_event(out)
+            yield None
+            return
+        done = torch.cuda.Event()
+        self.back.wait_event(out)
+        with torch.cuda.stream(self.back):
+            yield done
+        done.record(self.back)
+
+
 class _Stashed:
     """One storage's bytes away from the device, and their way back."""
 
@@ -76,36 +148,36 @@ class _Stashed:
         self.nbytes = storage.nbytes()
         self.pieces: list[tuple[int, int, torch.Tensor]] = []
         self.restored: torch.Tensor | None = None  # the storage's bytes back on the device
-        self.event: torch.cuda.Event | None = None
+        self.out: torch.cuda.Event | None = None  # on GPUs: its copies out are done
+        self.back: torch.cuda.Event | None = None  # on GPUs: its prefetch is done
         source = _bytes_of(storage, swap.target.device)
-        with swap.side_stream():
+        streams = swap.streams
+        with streams.copying_out() if streams is not None else nullcontext() as self.out:
             for place, start, end in swap.target.split(self.nbytes):
                 piece = swap.allocate(place, end - start)
-                piece.copy_(source[start:end], non_blocking=swap.on_gpu)
+                piece.copy_(source[start:end], non_blocking=streams is not None)
                 self.pieces.append((start, end, piece))
-        if swap.on_gpu:
-            source.record_stream(swap.stream)
+        if streams is not None:
+            source.record_stream(streams.out)
 
     def restore(self, prefetch: bool = False) -> torch.UntypedStorage:
         """The storage back on the device (copied now, or the prefetched copy once ready)."""
-        swap = self.swap
+        swap, streams = self.swap, self.swap.streams
         if self.restored is None:
-            device = swap.target.device
-            with swap.side_stream(prefetch):
-                buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+            copying = (streams.copying_back(self.out, prefetch) if streams is not None
+                       else nullcontext())
+            with copying as self.back:
+                buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=swap.target.device)
                 for start, end, piece in self.pieces:
-                    buffer[start:end].copy_(piece, non_blocking=swap.on_gpu)
-                if swap.on_gpu and prefetch:
-                    self.event = torch.cuda.Event()
-                    self.event.record(swap.stream)
-            if swap.on_gpu and prefetch:  # made on the side stream, used on the current one
-                buffer.record_stream(torch.cuda.current_stream(device))
+                    buffer[start:end].copy_(piece, non_blocking=streams is not None)
+            if self.back is not None:  # made on the back stream, used on the compute stream
+                buffer.record_stream(streams.compute())
             self.pieces = []
             self.restored = buffer
             swap.track(buffer, Kind.ACTIVATIONS, Place.DEVICE)
-        if self.event is not None:
-            torch.cuda.current_stream(swap.target.device).wait_event(self.event)
-            self.event = None
+        if self.back is not None:
+            streams.compute().wait_event(self.back)
+            self.back = None
         return self.restored.untyped_storage()
 
 
@@ -135,20 +207,24 @@ class ActivationSwap:
     """One rank's activation swapping (see the module docstring)."""
 
     def __init__(self, target: SwapTarget, ledger: MemoryLedger | None = None,
-                 parameters: Iterable[torch.Tensor] = ()) -> None:
+                 parameters: Iterable[torch.Tensor] = (),
+                 streams: CopyStreams | None = None) -> None:
+        """``streams``: the GPU copy streams (default: made on a CUDA ``target.device``)."""
         self.target = target
         self.ledger = ledger
         tensors = [local_tensor(p) for p in parameters]
         self._parameters = {storage_key(p): StorageWeakRef(p.untyped_storage()) for p in tensors}
-        self.on_gpu = target.device.type == "cuda"
-        self.stream = torch.cuda.Stream(target.device) if self.on_gpu else None
+        if streams is None and target.device.type == "cuda":
+            streams = CopyStreams(target.device)
+        self.streams = streams
         self._current: _MicroBatch | None = None
 
     # --- where bytes go ----------------------------------------------------------------------
 
     def allocate(self, place: Place, nbytes: int) -> torch.Tensor:
         if place is Place.HOST:
-            piece = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=self.on_gpu)
+            pinned = self.streams is not None
+            piece = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=pinned)
         else:
             piece = torch.empty(nbytes, dtype=torch.uint8, device=self.target.peer_device)
         self.track(piece, Kind.STASH, place)
@@ -158,18 +234,6 @@ class ActivationSwap:
         if self.ledger is not None:
             peer = self.target.peer_id if place is Place.PEER else None
             self.ledger.track(tensor, kind, place, peer)
-
-    @contextmanager
-    def side_stream(self, enabled: bool = True) -> Iterator[None]:
-        """On GPUs, run copies on the side stream once the current stream's work is done."""
-        if not self.on_gpu or not enabled:
-            if self.on_gpu:
-                torch.cuda.current_stream(self.target.device).wait_stream(self.stream)
-            yield
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.target.device))
-        with torch.cuda.stream(self.stream):
-            yield
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -210,6 +274,7 @@ class ActivationSwap:
         return (type(tensor) is not torch.Tensor  # a parameter, a DTensor
                 or (tensor.requires_grad and tensor.grad_fn is None)
                 or storage_key(tensor) in self._parameters  # a weight transposed for a matmul
+                or made_from_a_parameter(tensor, self._parameters)  # its 16-bit cast
                 or tensor.device != self.target.device or tensor.layout is not torch.strided)
 
     def _unpack(self, saved: torch.Tensor | _Saved) -> torch.Tensor:
