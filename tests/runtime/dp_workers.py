@@ -123,3 +123,41 @@ def _tied_group_is_not_the_lane(plan: Plan) -> bool:
 def tied_group_is_not_the_lane(plan: Plan) -> list[bool]:
     """Per rank: the tied weight's sync group has the lane's ranks, not its process group."""
     return run_local(_tied_group_is_not_the_lane, plan.devices, (plan,), timeout_s=60)
+
+
+def _bucket_views(plan: Plan) -> tuple[int, int, int]:
+    """(buckets, buckets summed in their gradients' own flat tensor after two steps,
+    torch.cat calls of the gradient sync in the second step)."""
+    from unittest.mock import patch
+
+    from potluck.runtime.grads import data_parallel, zero
+
+    session = start(plan, timeout_s=60)
+    try:
+        model = parallelize(build_model(plan.model), session, bucket_elements=SMALL_BUCKETS)
+        trainer = Trainer(model, None, lr=LR)
+        shape = plan.training
+        data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
+        trainer.step(data.replica_rows(0, *session.layout.batch_rows))
+        cats = 0
+        real_cat = torch.cat
+
+        def counted(*args: object, **kwargs: object) -> torch.Tensor:
+            nonlocal cats
+            cats += 1
+            return real_cat(*args, **kwargs)
+
+        with patch.object(data_parallel.torch, "cat", counted), \
+                patch.object(zero.torch, "cat", counted):
+            model.grad_sync.start()
+            model.grad_sync.finish()
+        sync = model.grad_sync
+        in_place = sum(1 for b in sync.buckets if b in sync.views and sync.views.flat(b) is not None)
+        return len(sync.buckets), in_place, cats
+    finally:
+        session.close()
+
+
+def bucket_views(plan: Plan) -> list[tuple[int, int, int]]:
+    """Per rank: :func:`_bucket_views`."""
+    return run_local(_bucket_views, plan.devices, (plan,), timeout_s=120)

@@ -8,11 +8,12 @@ that hold the same parameter in every pipeline, bucket by bucket
 (:mod:`potluck.runtime.grads.buckets`):
 
 - aligned buckets (all holders shard the unit the same way): local shards are
-  flattened and all-reduced, as DDP would;
+  all-reduced as one flat tensor, as DDP would; the gradients are views of it
+  (:mod:`potluck.runtime.grads.bucket_views`), so nothing is copied either way;
 - with ZeRO-1, aligned buckets are reduce-scattered instead: each owner gets
   the sums of the parameters whose optimizer state it keeps
-  (:func:`potluck.runtime.grads.zero.owner_slots`, the layout of the parameter all-gather),
-  half an all-reduce's traffic;
+  (:func:`potluck.runtime.grads.zero.owner_slots`, the layout of the parameter all-gather;
+  the gradients are views of that layout too), half an all-reduce's traffic;
 - with ZeRO-2 those buckets are reduce-scattered after every micro-batch and
   the full-size gradients dropped (:mod:`potluck.runtime.grads.zero2`);
 - full-layout buckets (holders with different TP degrees): each rank writes
@@ -57,6 +58,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from potluck.runtime.grads.bucket_views import BucketViews
 from potluck.runtime.grads.buckets import (
     BUCKET_ELEMENTS,
     Bucket,
@@ -97,6 +99,7 @@ class _Reduction:
     grads: list[torch.Tensor]  # local gradients the sums go back into
     work: dist.Work | None
     mine: tuple[int, ...] | None = None  # reduce-scattered: the items whose sums it gets
+    in_place: bool = False  # all-reduced in the gradients' own bucket view: nothing to copy
 
 
 class GradSync:
@@ -135,6 +138,8 @@ class GradSync:
                       if id(b) in self._slots for i, item in enumerate(b.items)}
         self.full = FullLayout(layout.role.tp_rank)
         self.sharded = ShardedGrads(wire_dtype) if shard_grads and self._slots else None
+        self.views = BucketViews([b for b in self.buckets if self._summed_in_place(b)],
+                                 self._slots)
         levels = [reduction_counts(layout, b, micro_batches) if self._per_micro_batch(b)
                   else (micro_batches,) for b in self.buckets]
         # launch order, the same on every rank: by the share of the step done, then bucket
@@ -155,6 +160,15 @@ class GradSync:
     def _is_sparse(self, bucket: Bucket) -> bool:
         return self.sparse is not None and bucket is self.sparse.bucket
 
+    def _summed_in_place(self, bucket: Bucket) -> bool:
+        """Whether the bucket's gradients live in its flat tensor
+        (:mod:`potluck.runtime.grads.bucket_views`)."""
+        dtype = local(bucket.items[0].param).dtype
+        return (bucket.aligned and not self._is_sparse(bucket)
+                and not self._per_micro_batch(bucket)
+                and self.wire_dtype in (None, dtype)
+                and all(local(item.param).dtype == dtype for item in bucket.items))
+
     def start(self, ids: torch.Tensor | None = None) -> None:
         """Before the schedule: from now on, buckets start as their gradients become final.
         ``ids``: the token ids of this replica's step (the sparse embedding's rows)."""
@@ -162,6 +176,7 @@ class GradSync:
         self._is_ready = [False] * len(self._sequence)
         self._inflight = []
         self.stats = SyncStats(buckets=len(self.buckets))
+        self.views.install()
         if self.sparse is not None:
             self._start_sparse(ids)
         if self.sharded is not None:
@@ -241,8 +256,13 @@ class GradSync:
             self.sparse.launch(grads[0])
             return
         slots = self._slots.get(id(bucket))
+        in_place = self.views.flat(bucket) if bucket in self.views else None
         if slots is not None:
-            self._inflight.append(self._scatter(bucket, grads, slots))
+            self._inflight.append(self._scatter(bucket, grads, slots, in_place))
+            return
+        if in_place is not None:
+            work = dist.all_reduce(in_place, group=bucket.group, async_op=True)
+            self._inflight.append(_Reduction(bucket, in_place, grads, work, in_place=True))
             return
         if bucket.aligned:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -252,14 +272,16 @@ class GradSync:
         work = dist.all_reduce(flat, group=bucket.group, async_op=True)
         self._inflight.append(_Reduction(bucket, flat, grads, work))
 
-    def _scatter(self, bucket: Bucket, grads: list[torch.Tensor], slots: OwnerSlots
-                 ) -> _Reduction:
+    def _scatter(self, bucket: Bucket, grads: list[torch.Tensor], slots: OwnerSlots,
+                 flat: torch.Tensor | None = None) -> _Reduction:
         """ZeRO-1: reduce-scatter the bucket so each owner gets the sums of its own
-        parameters (in the slots the parameter all-gather uses)."""
-        flat = grads[0].new_zeros(slots.width * len(slots.members),
-                                  dtype=self.wire_dtype or grads[0].dtype)
-        for slot, indices in enumerate(slots.members):
-            write_slot(flat[slot * slots.width:], grads, indices)
+        parameters (in the slots the parameter all-gather uses); ``flat``: the gradients
+        already laid out so (their bucket views), else they are copied into a new one."""
+        if flat is None:
+            flat = grads[0].new_zeros(slots.width * len(slots.members),
+                                      dtype=self.wire_dtype or grads[0].dtype)
+            for slot, indices in enumerate(slots.members):
+                write_slot(flat[slot * slots.width:], grads, indices)
         out = flat.new_empty(slots.width)
         work = dist.reduce_scatter_single(out, flat, group=bucket.group, async_op=True)
         self.stats.scattered += 1
@@ -268,6 +290,8 @@ class GradSync:
     def _write_back(self, reduction: _Reduction) -> None:
         if reduction.work is not None:
             reduction.work.wait()
+        if reduction.in_place:  # summed where the gradients live
+            return
         if reduction.mine is not None:  # the other items' sums went to their owners
             read_slot(reduction.flat, reduction.grads, reduction.mine)
             return
