@@ -26,7 +26,8 @@ Five parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
     within ``MULTI_LOSS_TOLERANCE`` of one GPU's. With one GPU the part is
     skipped, and the output says so and why.
 
-The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
+CUDA numbers the GPUs as nvidia-smi and the cluster files do (``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
+unless set). The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
 by :func:`catalog_name`; ``--device NAME`` overrides). Without CUDA the script
 exits with one line and code 2; a failed check exits 1.
 """
@@ -630,4 +631,5 @@ def summary_line(outcomes: list[Outcome], multi_rank_skipped: str | None) -> str
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # before CUDA is first used
     sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver as forkserver
 import os
 import shlex
 import signal
@@ -17,7 +18,7 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import save_plan
-from potluck.runtime.launch.local import free_port
+from potluck.runtime.launch.local import free_port, run_local
 from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
@@ -63,6 +64,24 @@ def test_every_command_numbers_gpus_in_pci_bus_order_before_torchrun_starts():
             words = shlex.split(command.command)
             env = words[:words.index("torchrun")]
             assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+
+
+def _device_order() -> str | None:
+    return os.environ.get("CUDA_DEVICE_ORDER")
+
+
+@pytest.mark.parametrize("server", ["launcher's", "started before"])
+def test_local_ranks_start_with_gpus_in_pci_bus_order(monkeypatch, server):
+    """Whoever started the fork server: a fork server started outside the launcher (by
+    another pool of this process) has not the variable to pass on."""
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    forkserver._forkserver._stop()
+    if server == "started before":
+        forkserver.ensure_running()
+    assert run_local(_device_order, ["cpu.0:0"], timeout_s=120) == ["PCI_BUS_ID"]
+    assert "CUDA_DEVICE_ORDER" not in os.environ  # the launcher's own environment is kept
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # the user's choice wins
+    assert run_local(_device_order, ["cpu.0:0"], timeout_s=120) == ["FASTEST_FIRST"]
 
 
 def test_every_value_of_a_command_is_quoted_for_the_shell():
