@@ -26,7 +26,8 @@ Five parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
     within ``MULTI_LOSS_TOLERANCE`` of one GPU's. With one GPU the part is
     skipped, and the output says so and why.
 
-The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
+CUDA numbers the GPUs as nvidia-smi and the cluster files do (``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
+unless set). The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
 by :func:`catalog_name`; ``--device NAME`` overrides). Without CUDA the script
 exits with one line and code 2; a failed check exits 1.
 """
@@ -432,7 +433,7 @@ def _losses(losses: list[float]) -> str:
 
 def one_visible_gpu(visible: str | None, gpu_count: int) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` that leaves one GPU, the last one this process sees
-    (not GPU 0, which rank 0 saved from)."""
+    (not GPU 0, which rank 0 saved from), by its nvidia-smi number as the variable lists it."""
     entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
     return entries[-1] if entries else str(gpu_count - 1)
 
@@ -441,6 +442,19 @@ def train_case(device: str, case: MultiCase, reference: list[float], timeout_s: 
     plan = multi_plan(device, case)
     losses = run_losses(plan, multi_options(MULTI_STEPS, timeout_s), timeout_s)
     return Outcome(case.name, *losses_match(reference, losses))
+
+
+def resume_plan(device: str, gpu: int):
+    """The reference case's one-GPU plan moved onto GPU ``gpu`` (nvidia-smi's number) of this
+    machine. ``CUDA_VISIBLE_DEVICES=<gpu>`` renumbers that GPU ``cuda:0``, but a plan names a
+    GPU by its number on the machine (:func:`potluck.runtime.launch.gpus.cuda_ordinal`): GPU 0
+    of a one-GPU cluster is one the variable hides."""
+    from potluck.cluster.topology import device_id
+    from potluck.runtime.elastic.pool import on_whole_cluster
+
+    plan = multi_plan(device, REFERENCE_CASE)
+    machine = gpus_cluster(device, gpu + 1)
+    return on_whole_cluster(plan, machine, {plan.devices[0]: device_id("gpu", 0, gpu)})
 
 
 def resume_command(plan_file: Path, out: Path, timeout_s: float) -> list[str]:
@@ -461,7 +475,8 @@ def metrics_losses(path: Path) -> list[float]:
 
 def resume_on_one_gpu(plan_file: Path, out: Path, visible: str, timeout_s: float) -> None:
     """Run :func:`resume_command` in a process (and its ranks) that see GPU ``visible`` only."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDA_VISIBLE_DEVICES": visible}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDA_VISIBLE_DEVICES": visible,
+           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # the variable's numbers as nvidia-smi's
     try:
         done = subprocess.run(resume_command(plan_file, out, timeout_s), cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=timeout_s)
@@ -487,7 +502,7 @@ def resume_with_fewer_gpus(device: str, reference: list[float], timeout_s: float
         run_losses(multi_plan(device, RESUME_CASE),
                    multi_options(MULTI_STEPS // 2, left_s, out=out), left_s)
         plan_file = out / "one-gpu-plan.json"
-        save_plan(multi_plan(device, REFERENCE_CASE), plan_file)
+        save_plan(resume_plan(device, int(visible)), plan_file)
         resume_on_one_gpu(plan_file, out, visible, deadline.timeout_s(timeout_s))
         losses = metrics_losses(out / "metrics.jsonl")
     ok, detail = losses_match(reference, losses)
@@ -616,4 +631,5 @@ def summary_line(outcomes: list[Outcome], multi_rank_skipped: str | None) -> str
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # before CUDA is first used
     sys.exit(main())

@@ -85,7 +85,7 @@ def test_every_value_in_the_printed_commands_is_one_shell_word(tmp_path, plan_da
     assert len(commands) == 2
     for node_rank, command in enumerate(commands):
         words = shlex.split(command)
-        assert words[0] == f"POTLUCK_NODE=box.{node_rank}" and words[1] == "torchrun"
+        assert words[0] == f"POTLUCK_NODE=box.{node_rank}" and words[2] == "torchrun"
         assert words[words.index("--plan") + 1] == str(plan)
         assert words[words.index("--data") + 1] == str(data)
         assert words[words.index("--out-dir") + 1] == str(out)

@@ -147,3 +147,35 @@ def test_the_expected_duration_fits_the_budget_with_every_part(gpu_check):
     everything = gpu_check.estimate_s(skip_tests=False, multi_rank=True)
     assert gpu_check.estimate_s(skip_tests=False, multi_rank=False) < everything
     assert everything <= gpu_check.TOTAL_BUDGET_S
+
+
+@pytest.mark.parametrize(("visible", "gpu_count"), [(None, 2), (None, 8), ("4, 6", 2)])
+def test_the_resume_plan_runs_on_the_one_gpu_its_process_sees(gpu_check, monkeypatch, tmp_path,
+                                                             visible, gpu_count):
+    """CUDA_VISIBLE_DEVICES lists nvidia-smi's numbers and CUDA renumbers them from 0, so
+    the one-GPU plan must name the GPU left visible (cuda_ordinal maps it to cuda:0), not
+    GPU 0 of a one-GPU machine, which that variable hides."""
+    from potluck.plans import load_plan
+    from potluck.runtime.launch import session
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: gpu_count)
+    monkeypatch.setattr(gpu_check, "run_losses", lambda plan, options, timeout_s: [])
+    reference = [5.0, 4.5, 4.0, 3.5]
+    ordinals = []
+
+    def resume(plan_file, out, shown: str, timeout_s: float) -> None:
+        plan = load_plan(plan_file)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", shown)
+        monkeypatch.setattr(session.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(session.torch.cuda, "device_count", lambda: 1)  # as a rank sees
+        ordinals.extend(session.gpu_ordinal(plan, d) for d in plan.devices)
+        (out / "metrics.jsonl").write_text("".join(
+            f'{{"step": {i}, "loss": {loss}}}\n' for i, loss in enumerate(reference)))
+
+    monkeypatch.setattr(gpu_check, "resume_on_one_gpu", resume)
+    outcome = gpu_check.resume_with_fewer_gpus("a100-80g-sxm", reference, 60.0)
+    assert ordinals == [0] and outcome.ok, outcome.detail

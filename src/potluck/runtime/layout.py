@@ -308,6 +308,25 @@ class Layout:
             if self.rank in ranks:
                 self._ep_groups[ranks] = group
 
+    def member_groups(self) -> list[tuple[tuple[int, ...], dist.ProcessGroup]]:
+        """Every process group this rank is in, with its ranks, in the order
+        :meth:`create_groups` made them (one order for every rank)."""
+        return [*self._groups.items(), *self._sync_groups.items(),
+                *self._backward_lanes.items(), *self._ep_groups.items()]
+
+    def lane_neighbours(self) -> list[tuple[int, int]]:
+        """The pairs of ranks that send to each other on this rank's lane, in lane order:
+        neighbouring stages, and the last with the first when the pipeline runs several chunks
+        per stage (an interleaved schedule's next chunk); none for a follower."""
+        role = self.role
+        if self.is_follower or role.pp == 1:
+            return []
+        lane = self.lane_ranks(role.pipeline, role.tp_rank)
+        pairs = list(zip(lane, lane[1:], strict=False))
+        if len(role.layer_ranges) > 1 and role.pp > 2:
+            pairs.append((lane[-1], lane[0]))
+        return [pair for pair in pairs if self.rank in pair]
+
     def _lanes(self) -> list[tuple[int, ...]]:
         """Every pipeline lane of more than one rank, in plan order."""
         return [self.lane_ranks(p, t) for p, pipeline in enumerate(self.plan.pipelines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver as forkserver
 import os
 import shlex
 import signal
@@ -17,7 +18,7 @@ from runtime_helpers import LR, TINY_LLAMA, make_plan, pipe, reference_losses
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import save_plan
-from potluck.runtime.launch.local import free_port
+from potluck.runtime.launch.local import free_port, run_local
 from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
@@ -48,9 +49,39 @@ def test_one_torchrun_command_per_machine_with_its_own_rank_count():
     commands = torchrun_commands(plan, "plan.json", "10.0.0.1", 29400, ["--steps", "7"])
     assert [c.nproc for c in commands] == [2, 1]
     first = commands[0].command
-    assert first.startswith("POTLUCK_NODE=big.0 torchrun --nnodes=2 --node-rank=0")
+    assert first.startswith("POTLUCK_NODE=big.0 CUDA_DEVICE_ORDER=PCI_BUS_ID torchrun "
+                            "--nnodes=2 --node-rank=0")
     assert "--nproc-per-node=2" in first and "--master-addr=10.0.0.1" in first
     assert first.endswith("-m potluck.runtime.worker --plan plan.json --steps 7")
+
+
+def test_every_command_numbers_gpus_in_pci_bus_order_before_torchrun_starts():
+    """CUDA reads CUDA_DEVICE_ORDER once, when first used: it must reach torchrun's ranks
+    from their start, not be set inside a rank after some import may have used CUDA."""
+    for max_restarts in (None, 2):
+        for command in torchrun_commands(two_machine_plan(), "plan.json", "10.0.0.1",
+                                         max_restarts=max_restarts):
+            words = shlex.split(command.command)
+            env = words[:words.index("torchrun")]
+            assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+
+
+def _device_order() -> str | None:
+    return os.environ.get("CUDA_DEVICE_ORDER")
+
+
+@pytest.mark.parametrize("server", ["launcher's", "started before"])
+def test_local_ranks_start_with_gpus_in_pci_bus_order(monkeypatch, server):
+    """Whoever started the fork server: a fork server started outside the launcher (by
+    another pool of this process) has not the variable to pass on."""
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    forkserver._forkserver._stop()
+    if server == "started before":
+        forkserver.ensure_running()
+    assert run_local(_device_order, ["cpu.0:0"], timeout_s=120) == ["PCI_BUS_ID"]
+    assert "CUDA_DEVICE_ORDER" not in os.environ  # the launcher's own environment is kept
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # the user's choice wins
+    assert run_local(_device_order, ["cpu.0:0"], timeout_s=120) == ["FASTEST_FIRST"]
 
 
 def test_every_value_of_a_command_is_quoted_for_the_shell():
@@ -189,12 +220,13 @@ def run_side_by_side(commands: list[str], cwd: Path) -> None:
     try:
         for index, command in enumerate(commands):
             words = shlex.split(command)
-            name, value = words[0].split("=", 1)
-            assert name == "POTLUCK_NODE" and words[1] == "torchrun"
+            start = words.index("torchrun")
+            assigned = dict(word.split("=", 1) for word in words[:start])
+            assert set(assigned) == {"POTLUCK_NODE", "CUDA_DEVICE_ORDER"}
             with open(cwd / f"node{index}.log", "w") as log:
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "torch.distributed.run", *words[2:]],
-                    env={**env, name: value}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", "torch.distributed.run", *words[start + 1:]],
+                    env={**env, **assigned}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True))
         _wait_all(processes, cwd)
     finally:

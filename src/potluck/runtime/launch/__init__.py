@@ -8,6 +8,8 @@
   method, the CUDA device of a plan's GPU;
 - :mod:`~potluck.runtime.launch.session`: a rank joins the job (process groups,
   device, layout);
+- :mod:`~potluck.runtime.launch.warmup`: every communicator made and used once
+  before the first step;
 - :mod:`~potluck.runtime.launch.watchdog`: heartbeats, and the note that names
   the rank that failed or went silent and stops every other rank;
 - :mod:`~potluck.runtime.launch.lifeline`: no rank outlives its launcher or the

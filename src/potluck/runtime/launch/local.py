@@ -139,7 +139,7 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
     # This process hosts the rendezvous store (as torchrun's agent does), so it outlives
     # any rank and the survivors can still ask it who failed.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = {**(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env = {**_rank_defaults(), **(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     port = store.port
     context = start_context(_method(fn, start_method))
     reports = context.Queue()
@@ -158,6 +158,14 @@ def run_local(fn: Callable[..., T], devices: Sequence[str], args: tuple = (), *,
                         context.get_start_method() == "forkserver", JobNotes(store), watch)
     finally:
         lifeline.stop(ranks, STOP_WAIT_S)
+
+
+def _rank_defaults() -> dict[str, str]:
+    """:data:`RANK_ENV_DEFAULTS` as this process has them (its own value, else the default),
+    for each rank to set first thing: a fork server started earlier, maybe by another pool
+    of this process, passes on its own environment, not this one (CUDA, which a fork server
+    never initializes, reads ``CUDA_DEVICE_ORDER`` once, when first used)."""
+    return {name: os.environ.get(name, value) for name, value in RANK_ENV_DEFAULTS}
 
 
 @contextmanager

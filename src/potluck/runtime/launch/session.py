@@ -6,8 +6,11 @@ potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
 the plan before anything can hang, initializes torch.distributed with one
 backend for the whole world (nccl when every rank is a GPU, gloo when every rank
 is a CPU or emulated: :func:`~potluck.runtime.launch.gpus.world_backend`),
-gathers every rank's device id, starts the watchdog and creates the layout's
-process groups. A script run without a launcher is a world of one rank.
+gathers every rank's device id, starts the watchdog, creates the layout's
+process groups and uses each once (:mod:`~potluck.runtime.launch.warmup`), so
+every communicator exists before the first step. A GPU rank joins with its
+device (``device_id``): NCCL then creates the world's communicator at once and
+splits the groups' from it. A script run without a launcher is a world of one rank.
 
 A GPU rank runs on the CUDA device that is its plan GPU among those
 ``CUDA_VISIBLE_DEVICES`` shows (:func:`~potluck.runtime.launch.gpus.cuda_ordinal`);
@@ -27,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +47,7 @@ from potluck.runtime.launch.gpus import (
 )
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
 from potluck.runtime.launch.torchrun import node_devices
+from potluck.runtime.launch.warmup import warm_up
 from potluck.runtime.launch.watchdog import (
     RankFailure,
     Watchdog,
@@ -206,7 +211,7 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
     device_id = local_device_id(plan, rank, local_rank)
     backend = world_backend(plan, emulate)
     device = _gpu(plan, device_id) if backend == "nccl" else torch.device("cpu")
-    _init_process_group(rank, world, backend, timeout_s)
+    _init_process_group(rank, world, backend, timeout_s, device)
     devices: list[str | None] = [None] * world
     dist.all_gather_object(devices, device_id)
     layout = Layout(plan, rank, tuple(str(d) for d in devices))
@@ -216,24 +221,29 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
     session = Session(plan, layout, device, watchdog)
     with session.guard():
         layout.create_groups()
+        warm_up(layout, device)
     apply_precision(session.precision)
     return session
 
 
-def _init_process_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
+def _init_process_group(rank: int, world: int, backend: str, timeout_s: float,
+                        device: torch.device) -> None:
+    """Join the world; a GPU rank names its device, so NCCL initializes eagerly
+    (``init_process_group``'s ``device_id``)."""
     if dist.is_initialized():
         return
     timeout = timedelta(seconds=timeout_s)
+    common: dict[str, Any] = {"rank": rank, "world_size": world, "timeout": timeout}
+    if device.type == "cuda":
+        common["device_id"] = device
     if world == 1 and "MASTER_ADDR" not in os.environ:  # a plain script: an in-process store
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+        dist.init_process_group(backend, store=dist.HashStore(), **{**common, "rank": 0})
         return
     store = _attempt_store(timeout)
     if store is not None:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=timeout)
+        dist.init_process_group(backend, store=store, **common)
         return
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, **common)
 
 
 def _attempt_store(timeout: timedelta) -> dist.Store | None:

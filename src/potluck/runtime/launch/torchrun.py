@@ -3,7 +3,11 @@
 :func:`torchrun_commands` gives the command for each machine of a plan;
 machines with different GPU counts get different ``--nproc-per-node``
 (torchrun numbers ranks per node, potluck maps them to devices through
-``POTLUCK_NODE`` and ``LOCAL_RANK``). Each command runs
+``POTLUCK_NODE`` and ``LOCAL_RANK``). Each command exports
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` to torchrun and so to its ranks: CUDA reads it
+once, when first used, so a rank's import that touches CUDA before potluck
+could otherwise number a mixed machine's GPUs fastest first, not as the cluster
+file (nvidia-smi) does. Each command runs
 ``python -m potluck.runtime.worker`` on every rank of its machine;
 :func:`torchrun_rank_order` says which device each global rank then runs (not
 always the plan's device order: a pipeline may leave a machine and come back).
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 
 from potluck.cluster.topology import Cluster
 from potluck.plans import Plan, plan_to_json
+from potluck.runtime.launch.gpus import DEVICE_ORDER
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port:
             "torchrun", *where, f"--nproc-per-node={nproc}",
             "-m", "potluck.runtime.worker", "--plan", plan_path, *worker_args,
         ]
-        words = [f"POTLUCK_NODE={shlex.quote(node)}", *(shlex.quote(str(p)) for p in parts)]
+        env = [f"POTLUCK_NODE={shlex.quote(node)}", "=".join(DEVICE_ORDER)]
+        words = [*env, *(shlex.quote(str(p)) for p in parts)]
         commands.append(NodeCommand(node, node_rank, nproc, " ".join(words)))
     return commands
 

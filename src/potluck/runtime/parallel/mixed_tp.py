@@ -19,13 +19,18 @@ stage): only leaders run torch's schedule and exchange full activations
   targets from their own copy of the replica's rows. The leader's first-step
   shape inference (one forward, one input-gradient pass) is mirrored too.
 
+A leader never blocks the host for its followers: commands and activation headers go
+to the device from pinned memory without blocking (:func:`device_longs`), and the leader
+never reads them back. Only followers read what they receive (they must know what to run
+and what shape to allocate).
+
 Zero-bubble's split backward is not mirrored, so zero bubble is never planned
 for such pipelines (:mod:`potluck.schedules.zero_bubble`; plan checks refuse it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -60,15 +65,33 @@ class TPGroup:
         dist.broadcast(tensor, src=self.leader, group=self.group)
 
 
+def device_longs(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as a long tensor on ``device``, without blocking the host. A tensor built
+    from Python values on an accelerator (``torch.tensor(values, device=...)``) is made in
+    pageable host memory and copied with ``non_blocking=False``, which waits for the device
+    to finish all queued work; from pinned memory the copy is queued instead (torch's caching
+    host allocator keeps the pinned block until the copy has run)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _header(x: torch.Tensor) -> list[int]:
+    """What followers need to allocate ``x``: dimensions, dtype, shape."""
+    header = [x.dim(), _DTYPES.index(x.dtype), *x.shape]
+    return header + [0] * (_HEADER - len(header))
+
+
 def _broadcast_activation(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    header = torch.zeros(_HEADER, dtype=torch.long, device=tp.device)
     if tp.is_leader:
-        header[0], header[1] = x.dim(), _DTYPES.index(x.dtype)
-        header[2:2 + x.dim()] = torch.tensor(x.shape)
-    tp.broadcast(header)
-    ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
-    full = x.contiguous() if tp.is_leader else torch.empty(
-        tuple(header[2:2 + ndim].tolist()), dtype=dtype, device=tp.device)
+        tp.broadcast(device_longs(_header(x), tp.device))
+        full = x.contiguous()
+    else:
+        header = torch.zeros(_HEADER, dtype=torch.long, device=tp.device)
+        tp.broadcast(header)
+        ndim, dtype, *shape = header.tolist()
+        full = torch.empty(tuple(shape[:ndim]), dtype=_DTYPES[dtype], device=tp.device)
     tp.broadcast(full)
     return full
 
@@ -126,7 +149,7 @@ class Commands:
         self.tp = tp
 
     def announce(self, op: int, stage_id: int, micro_batch: int) -> None:
-        self.tp.broadcast(torch.tensor([op, stage_id, micro_batch], device=self.tp.device))
+        self.tp.broadcast(device_longs([op, stage_id, micro_batch], self.tp.device))
 
     def done(self) -> None:
         self.announce(DONE, -1, -1)
