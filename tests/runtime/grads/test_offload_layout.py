@@ -4,7 +4,11 @@ the host, and the update computed on the masters (ZeRO-Offload's layout)."""
 from __future__ import annotations
 
 import torch
+from dist_harness import run_ranks
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 
@@ -42,3 +46,25 @@ def test_a_step_updates_the_fp32_masters_and_rounds_them_onto_the_device():
         assert torch.equal(device, master.to(torch.bfloat16))  # the device copy is its rounding
         assert torch.allclose(master, fp32, atol=2e-2)  # bf16 forward, same FP32 update
         assert not torch.equal(master, master.to(torch.bfloat16).float())  # FP32 kept
+
+
+def _tp_shards_turn_16_bit(rank: int, world_size: int) -> None:
+    mesh = init_device_mesh("cpu", (world_size,))
+    layer = parallelize_module(_layer(), mesh, ColwiseParallel())
+    offload = HostOffloadOptimizer(torch.optim.AdamW(layer.parameters(), lr=1e-2))
+    offload.keep_device_parameters_in(layer.parameters(), torch.bfloat16)
+    for param in layer.parameters():
+        assert isinstance(param, DTensor) and param.dtype == torch.bfloat16
+        assert param.to_local().dtype == torch.bfloat16  # the shard the forward computes with
+    torch.manual_seed(1)
+    layer(torch.randn(5, 8, dtype=torch.bfloat16)).float().square().mean().backward()
+    assert all(p.grad.to_local().dtype == torch.bfloat16 for p in layer.parameters())
+    offload.step()
+    masters = offload.host_state_tensors()[:2]
+    for master, param in zip(masters, layer.parameters(), strict=True):
+        assert master.dtype == torch.float32
+        assert torch.equal(param.to_local(), master.to(torch.bfloat16))
+
+
+def test_tensor_parallel_parameters_turn_16_bit_too():
+    run_ranks(_tp_shards_turn_16_bit, 2, timeout_s=60)

@@ -84,9 +84,8 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         layout: 16-bit weights and gradients on the GPU, the FP32 master on the host). Call
         it after the masters are made, so they keep the exact FP32 values."""
         for param in parameters:
-            value = local(param)
-            if value.is_floating_point() and value.dtype != dtype:
-                value.data = value.data.to(dtype)
+            if param.is_floating_point() and param.dtype != dtype:
+                _cast_in_place(param, dtype)
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
 
@@ -185,6 +184,20 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 host = {k: _to_host(v, master.is_pinned()) for k, v in self.state[param].items()}
                 self.inner.state[master] = host
                 self.state[param] = host
+
+
+def _cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
+    """``param`` holds ``dtype`` values from now on, as the same object (its hooks and
+    optimizer entries stay). A DTensor keeps its local shard and its spec (whose metadata
+    has the dtype) as Python attributes that ``.data`` does not reach, and ``to_local()``
+    under autograd is a view whose ``.data`` leaves the DTensor as it was: both are
+    replaced by the cast's."""
+    with torch.no_grad():
+        cast = param.to(dtype)
+    param.data = cast
+    if isinstance(param, DTensor):
+        param._local_tensor = cast._local_tensor
+        param._spec = cast._spec
 
 
 def _as_dtensor(value: Any, param: DTensor) -> Any:
