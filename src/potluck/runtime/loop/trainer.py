@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from potluck.errors import TrainingError
 from potluck.ops import OpKind
@@ -109,9 +110,24 @@ class StepMetrics:
 
 def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0,
                       betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
-    """AdamW over this rank's parameters (DTensors where TP shards them)."""
-    return torch.optim.AdamW(list(model.parameters()), lr=lr, betas=betas,
-                             weight_decay=weight_decay)
+    """AdamW over this rank's parameters (DTensors where TP shards them), with torch's fused
+    kernel where the update runs on a GPU or on host masters (:func:`offloaded`; torch 2.13
+    fuses Adam on CPUs too), else its foreach kernels. Both are named: torch picks neither
+    by itself for DTensors, and steps them one tensor at a time.
+
+    One kernel call takes one kind of tensor, so a rank holding plain tensors and DTensors
+    gets a param group of each (same settings) with the kernel named on the groups only:
+    ``zero_grad`` reads the optimizer's defaults and would zero all groups in one call."""
+    kernel = {"fused": True, "foreach": False} if (
+        model.session.device.type == "cuda" or _offloads(model)) else \
+        {"fused": False, "foreach": True}
+    params = list(model.parameters())
+    kinds = [kind for kind in ([p for p in params if not isinstance(p, DTensor)],
+                               [p for p in params if isinstance(p, DTensor)]) if kind]
+    settings = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
+    if len(kinds) == 1:
+        return torch.optim.AdamW(kinds[0], **settings, **kernel)
+    return torch.optim.AdamW([{"params": kind, **kernel} for kind in kinds], **settings)
 
 
 def memory_table(model: ParallelModel, meter: PeakMemory) -> torch.Tensor:
@@ -147,8 +163,7 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     """``optimizer`` stepping on host masters where this rank's stage offloads it
     (:class:`~potluck.runtime.grads.offload.HostOffloadOptimizer`; under ZeRO only the
     owned share), else ``optimizer`` itself."""
-    role = model.layout.role
-    if model.layout.plan.stage_memory(role.pipeline, role.stage).offload is not Offload.OPTIMIZER:
+    if not _offloads(model):
         return optimizer
     keep = model.zero.updates if model.zero is not None else None
     offload = HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
@@ -156,6 +171,12 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     if model.session.use_gpu and dtype is not None:
         offload.keep_device_parameters_in(model.parameters(), dtype)
     return offload
+
+
+def _offloads(model: ParallelModel) -> bool:
+    """Whether this rank's stage keeps its optimizer in host memory."""
+    role = model.layout.role
+    return model.layout.plan.stage_memory(role.pipeline, role.stage).offload is Offload.OPTIMIZER
 
 
 class Trainer:
