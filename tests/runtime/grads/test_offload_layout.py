@@ -3,6 +3,8 @@ the host, and the update computed on the masters (ZeRO-Offload's layout)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from dist_harness import run_ranks
 from torch import nn
@@ -11,6 +13,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from potluck.runtime.grads.offload import HostOffloadOptimizer
+from potluck.runtime.loop.trainer import Trainer
+from potluck.runtime.parallel_model import ParallelModel
 
 
 def _layer() -> nn.Linear:
@@ -68,3 +72,39 @@ def _tp_shards_turn_16_bit(rank: int, world_size: int) -> None:
 
 def test_tensor_parallel_parameters_turn_16_bit_too():
     run_ranks(_tp_shards_turn_16_bit, 2, timeout_s=60)
+
+
+class _FakeModel:
+    """What ``Trainer._update_or_skip`` uses of a ParallelModel, around one layer."""
+
+    unscale_and_clip = ParallelModel.unscale_and_clip
+    zero = None
+    priority = False
+    ledger = SimpleNamespace(add_host_tensors=lambda tensors: None,
+                             count_states=lambda *args, **kwargs: None)
+    clock = SimpleNamespace(run=lambda kind, index, work: work())
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+
+    def parameters(self):
+        return self.layer.parameters()
+
+    def sync_parameters(self) -> None:
+        pass
+
+
+def test_fp16_gradients_are_unscaled_in_fp32():
+    """fp16 has nothing under 6e-8: a true gradient of 2^-30 survives only in FP32."""
+    layer = nn.Linear(4, 1, bias=False)
+    nn.init.zeros_(layer.weight)
+    offload = HostOffloadOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0))
+    offload.keep_device_parameters_in(layer.parameters(), torch.float16)
+    trainer = Trainer.__new__(Trainer)
+    trainer.model, trainer.optimizer = _FakeModel(layer), offload
+    trainer.max_grad_norm, trainer.loss_scale = None, None
+    scale = 2.0 ** 16
+    layer.weight.grad = torch.full_like(layer.weight, 2.0 ** -30 * scale)  # as backward left it
+    trainer._update_or_skip(SimpleNamespace(grads_finite=True, grad_norm=2.0 ** -29), scale)
+    master = offload.host_state_tensors()[0]
+    assert torch.equal(master, torch.full_like(master, -2.0 ** -30))  # SGD, lr 1: minus the grad

@@ -26,6 +26,9 @@ elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
 device then keeps 16-bit parameters and gradients
 (:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
 the update still runs on the FP32 masters, and the device copy is their rounding.
+The loss scale is divided out and clipping applied (:meth:`scale_gradients`) in FP32 on
+the host copies of the gradients, never on 16-bit ones (fp16 would flush the products
+under 6e-8 to zero).
 With ZeRO-1/2 only the owned share gets masters and states (``keep``). A parameter written outside the step
 (a checkpoint loaded into the model) is noticed by its version counter and its
 master refreshed before the next update.
@@ -56,6 +59,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         self._params: dict[int, nn.Parameter] = {}
         self._versions: dict[int, int] = {}
         self._events: dict[int, Any] = {}
+        self._coefficient = 1.0  # the next step's gradients are multiplied by it on the host
         for group, inner_group in zip(self.param_groups, optimizer.param_groups, strict=True):
             masters = []
             for param in group["params"]:
@@ -89,6 +93,13 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
 
+    def scale_gradients(self, coefficient: float) -> None:
+        """Have the next step multiply the gradients by ``coefficient`` (the loss scale
+        divided out and clipping, :func:`~potluck.runtime.parallel_model.grad_coefficient`)
+        in FP32, on their host copies: on 16-bit device gradients the products would round
+        to 16 bits, and in fp16 those under 6e-8 would become zero."""
+        self._coefficient = coefficient
+
     def host_state_tensors(self) -> list[torch.Tensor]:
         """Every host-resident tensor this optimizer keeps: the fp32 masters and the
         wrapped optimizer's states (the memory ledger's "host bytes" of optimizer offload)."""
@@ -121,6 +132,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
 
     def _grads_to_host(self) -> None:
         on_gpu = self._stream is not None
+        grads = []
         for key, param in self._params.items():
             master = self._masters[key]
             if param.grad is None:
@@ -128,8 +140,12 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 continue
             master.grad = torch.empty(master.shape, dtype=master.dtype, pin_memory=on_gpu)
             master.grad.copy_(local(param.grad), non_blocking=on_gpu)
+            grads.append(master.grad)
         if on_gpu:
             torch.cuda.current_stream().synchronize()
+        if grads and self._coefficient != 1.0:
+            torch._foreach_mul_(grads, self._coefficient)
+        self._coefficient = 1.0
 
     def _masters_to_device(self) -> None:
         if self._stream is None:

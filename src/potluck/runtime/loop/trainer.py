@@ -56,7 +56,7 @@ from potluck.plans.memory import Offload
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
-from potluck.runtime.parallel_model import ParallelModel
+from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class Trainer:
         """Clip and step the optimizer, or skip a step whose gradients are not finite."""
         self._count_states()  # the step's gradients
         if output.grads_finite:
-            self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
+            self._unscale_and_clip(output.grad_norm, scale)
             self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
             if self.model.priority:  # the all-gathers start once the step is over
                 self.model.sync_parameters()
@@ -306,6 +306,15 @@ class Trainer:
             self.loss_scale.update(output.grads_finite)
         self._count_states()  # the optimizer's states (made at its first step)
         self.optimizer.zero_grad(set_to_none=False)
+
+    def _unscale_and_clip(self, grad_norm: float, scale: float) -> None:
+        """Divide the loss scale out and clip: in FP32 on the host copies of the gradients
+        where the optimizer is offloaded (the device ones may be 16-bit), else in place."""
+        if isinstance(self.optimizer, HostOffloadOptimizer):
+            coefficient = grad_coefficient(self.max_grad_norm, grad_norm, scale)
+            self.optimizer.scale_gradients(coefficient)
+        else:
+            self.model.unscale_and_clip(self.max_grad_norm, grad_norm, scale)
 
     def _report(self, metrics: StepMetrics) -> None:
         for callback in self.callbacks:
