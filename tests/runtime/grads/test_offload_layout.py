@@ -61,8 +61,13 @@ def _tp_shards_turn_16_bit(rank: int, world_size: int) -> None:
         assert isinstance(param, DTensor) and param.dtype == torch.bfloat16
         assert param.to_local().dtype == torch.bfloat16  # the shard the forward computes with
     torch.manual_seed(1)
-    layer(torch.randn(5, 8, dtype=torch.bfloat16)).float().square().mean().backward()
-    assert all(p.grad.to_local().dtype == torch.bfloat16 for p in layer.parameters())
+    batch = torch.randn(5, 8, dtype=torch.bfloat16)
+    layer(batch).float().square().mean().backward()
+    once = [p.grad.to_local().clone() for p in layer.parameters()]
+    layer(batch).float().square().mean().backward()  # a second micro-batch, summed in FP32
+    for param, grad in zip(layer.parameters(), once, strict=True):
+        assert param.grad.to_local().dtype == torch.bfloat16
+        assert torch.equal(param.grad.to_local(), 2 * grad)
     offload.step()
     masters = offload.host_state_tensors()[:2]
     for master, param in zip(masters, layer.parameters(), strict=True):
@@ -108,3 +113,47 @@ def test_fp16_gradients_are_unscaled_in_fp32():
     trainer._update_or_skip(SimpleNamespace(grads_finite=True, grad_norm=2.0 ** -29), scale)
     master = offload.host_state_tensors()[0]
     assert torch.equal(master, torch.full_like(master, -2.0 ** -30))  # SGD, lr 1: minus the grad
+
+
+def _bf16_weight() -> tuple[nn.Linear, HostOffloadOptimizer]:
+    layer = nn.Linear(4, 1, bias=False)
+    offload = HostOffloadOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0))
+    offload.keep_device_parameters_in(layer.parameters(), torch.bfloat16)
+    return layer, offload
+
+
+def _micro_batch(layer: nn.Linear) -> None:
+    """One backward pass that adds a gradient of ones."""
+    layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+
+
+def _ones_times(layer: nn.Linear, count: float) -> torch.Tensor:
+    return torch.full_like(layer.weight, count)
+
+
+def test_bf16_gradients_are_summed_over_micro_batches_in_fp32():
+    """bf16 keeps 8 bits of mantissa: a bf16 sum of ones stops at 256."""
+    layer, offload = _bf16_weight()
+    for _ in range(300):
+        _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+    offload.zero_grad(set_to_none=False)
+    for _ in range(3):
+        _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 3))  # the next step starts over
+
+
+def test_the_fp32_sum_takes_weight_passes_and_starts_over_when_the_grad_is_taken():
+    layer, _ = _bf16_weight()
+    for _ in range(300):  # zero bubble's weight pass: autograd.grad, then added by hand
+        out = layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum()
+        (grad,) = torch.autograd.grad(out, [layer.weight])
+        if layer.weight.grad is None:
+            layer.weight.grad = grad
+        else:
+            layer.weight.grad += grad
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+    layer.weight.grad = None  # ZeRO-2 took the sum to reduce-scatter it
+    _micro_batch(layer)
+    _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 2))

@@ -26,6 +26,8 @@ elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
 device then keeps 16-bit parameters and gradients
 (:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
 the update still runs on the FP32 masters, and the device copy is their rounding.
+Their gradients are summed over micro-batches in FP32
+(:mod:`~potluck.runtime.grads.fp32_accumulation`, reset by :meth:`zero_grad`).
 The loss scale is divided out and clipping applied (:meth:`scale_gradients`) in FP32 on
 the host copies of the gradients, never on 16-bit ones (fp16 would flush the products
 under 6e-8 to zero).
@@ -44,6 +46,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from potluck.runtime.grads.buckets import local
+from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
 
 
 class HostOffloadOptimizer(torch.optim.Optimizer):
@@ -60,6 +63,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         self._versions: dict[int, int] = {}
         self._events: dict[int, Any] = {}
         self._coefficient = 1.0  # the next step's gradients are multiplied by it on the host
+        self._accumulation: FP32Accumulation | None = None  # with 16-bit device parameters
         for group, inner_group in zip(self.param_groups, optimizer.param_groups, strict=True):
             masters = []
             for param in group["params"]:
@@ -85,13 +89,21 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
     def keep_device_parameters_in(self, parameters: Iterable[nn.Parameter],
                                   dtype: torch.dtype) -> None:
         """Hold ``parameters`` on the device in the 16-bit ``dtype`` from now on (ZeRO-Offload's
-        layout: 16-bit weights and gradients on the GPU, the FP32 master on the host). Call
-        it after the masters are made, so they keep the exact FP32 values."""
-        for param in parameters:
-            if param.is_floating_point() and param.dtype != dtype:
-                _cast_in_place(param, dtype)
+        layout: 16-bit weights and gradients on the GPU, the FP32 master on the host), their
+        gradients summed over micro-batches in FP32
+        (:class:`~potluck.runtime.grads.fp32_accumulation.FP32Accumulation`). Call it after
+        the masters are made, so they keep the exact FP32 values."""
+        cast = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
+        for param in cast:
+            _cast_in_place(param, dtype)
+        self._accumulation = FP32Accumulation(cast)
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self._accumulation is not None:
+            self._accumulation.reset()
 
     def scale_gradients(self, coefficient: float) -> None:
         """Have the next step multiply the gradients by ``coefficient`` (the loss scale
