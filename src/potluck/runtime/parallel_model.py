@@ -503,13 +503,19 @@ class ParallelModel:
                          loss_scale: float = 1.0) -> None:
         """Divide the loss scale out of the gradients and scale them so the global norm
         (``grad_norm``, already unscaled) is at most ``max_norm`` (as clip_grad_norm_)."""
-        clip = 1.0 if max_norm is None else min(1.0, max_norm / (grad_norm + 1e-6))
-        coef = clip / loss_scale
+        coef = grad_coefficient(max_norm, grad_norm, loss_scale)
         if coef == 1.0:
             return
         for param in self.parameters():
             if param.grad is not None:
                 param.grad.mul_(coef)
+
+
+def grad_coefficient(max_norm: float | None, grad_norm: float, loss_scale: float) -> float:
+    """What the gradients are multiplied by before the update: the loss scale divided out,
+    and clipped to ``max_norm`` by the (unscaled) global ``grad_norm`` as clip_grad_norm_."""
+    clip = 1.0 if max_norm is None else min(1.0, max_norm / (grad_norm + 1e-6))
+    return clip / loss_scale
 
 
 def _scalar(loss: torch.Tensor) -> float:

@@ -3,10 +3,18 @@ the host, and the update computed on the masters (ZeRO-Offload's layout)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
+from dist_harness import run_ranks
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from potluck.runtime.grads.offload import HostOffloadOptimizer
+from potluck.runtime.loop.trainer import Trainer
+from potluck.runtime.parallel_model import ParallelModel
 
 
 def _layer() -> nn.Linear:
@@ -42,3 +50,110 @@ def test_a_step_updates_the_fp32_masters_and_rounds_them_onto_the_device():
         assert torch.equal(device, master.to(torch.bfloat16))  # the device copy is its rounding
         assert torch.allclose(master, fp32, atol=2e-2)  # bf16 forward, same FP32 update
         assert not torch.equal(master, master.to(torch.bfloat16).float())  # FP32 kept
+
+
+def _tp_shards_turn_16_bit(rank: int, world_size: int) -> None:
+    mesh = init_device_mesh("cpu", (world_size,))
+    layer = parallelize_module(_layer(), mesh, ColwiseParallel())
+    offload = HostOffloadOptimizer(torch.optim.AdamW(layer.parameters(), lr=1e-2))
+    offload.keep_device_parameters_in(layer.parameters(), torch.bfloat16)
+    for param in layer.parameters():
+        assert isinstance(param, DTensor) and param.dtype == torch.bfloat16
+        assert param.to_local().dtype == torch.bfloat16  # the shard the forward computes with
+    torch.manual_seed(1)
+    batch = torch.randn(5, 8, dtype=torch.bfloat16)
+    layer(batch).float().square().mean().backward()
+    once = [p.grad.to_local().clone() for p in layer.parameters()]
+    layer(batch).float().square().mean().backward()  # a second micro-batch, summed in FP32
+    for param, grad in zip(layer.parameters(), once, strict=True):
+        assert param.grad.to_local().dtype == torch.bfloat16
+        assert torch.equal(param.grad.to_local(), 2 * grad)
+    offload.step()
+    masters = offload.host_state_tensors()[:2]
+    for master, param in zip(masters, layer.parameters(), strict=True):
+        assert master.dtype == torch.float32
+        assert torch.equal(param.to_local(), master.to(torch.bfloat16))
+
+
+def test_tensor_parallel_parameters_turn_16_bit_too():
+    run_ranks(_tp_shards_turn_16_bit, 2, timeout_s=60)
+
+
+class _FakeModel:
+    """What ``Trainer._update_or_skip`` uses of a ParallelModel, around one layer."""
+
+    unscale_and_clip = ParallelModel.unscale_and_clip
+    zero = None
+    priority = False
+    ledger = SimpleNamespace(add_host_tensors=lambda tensors: None,
+                             count_states=lambda *args, **kwargs: None)
+    clock = SimpleNamespace(run=lambda kind, index, work: work())
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+
+    def parameters(self):
+        return self.layer.parameters()
+
+    def sync_parameters(self) -> None:
+        pass
+
+
+def test_fp16_gradients_are_unscaled_in_fp32():
+    """fp16 has nothing under 6e-8: a true gradient of 2^-30 survives only in FP32."""
+    layer = nn.Linear(4, 1, bias=False)
+    nn.init.zeros_(layer.weight)
+    offload = HostOffloadOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0))
+    offload.keep_device_parameters_in(layer.parameters(), torch.float16)
+    trainer = Trainer.__new__(Trainer)
+    trainer.model, trainer.optimizer = _FakeModel(layer), offload
+    trainer.max_grad_norm, trainer.loss_scale = None, None
+    scale = 2.0 ** 16
+    layer.weight.grad = torch.full_like(layer.weight, 2.0 ** -30 * scale)  # as backward left it
+    trainer._update_or_skip(SimpleNamespace(grads_finite=True, grad_norm=2.0 ** -29), scale)
+    master = offload.host_state_tensors()[0]
+    assert torch.equal(master, torch.full_like(master, -2.0 ** -30))  # SGD, lr 1: minus the grad
+
+
+def _bf16_weight() -> tuple[nn.Linear, HostOffloadOptimizer]:
+    layer = nn.Linear(4, 1, bias=False)
+    offload = HostOffloadOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0))
+    offload.keep_device_parameters_in(layer.parameters(), torch.bfloat16)
+    return layer, offload
+
+
+def _micro_batch(layer: nn.Linear) -> None:
+    """One backward pass that adds a gradient of ones."""
+    layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+
+
+def _ones_times(layer: nn.Linear, count: float) -> torch.Tensor:
+    return torch.full_like(layer.weight, count)
+
+
+def test_bf16_gradients_are_summed_over_micro_batches_in_fp32():
+    """bf16 keeps 8 bits of mantissa: a bf16 sum of ones stops at 256."""
+    layer, offload = _bf16_weight()
+    for _ in range(300):
+        _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+    offload.zero_grad(set_to_none=False)
+    for _ in range(3):
+        _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 3))  # the next step starts over
+
+
+def test_the_fp32_sum_takes_weight_passes_and_starts_over_when_the_grad_is_taken():
+    layer, _ = _bf16_weight()
+    for _ in range(300):  # zero bubble's weight pass: autograd.grad, then added by hand
+        out = layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum()
+        (grad,) = torch.autograd.grad(out, [layer.weight])
+        if layer.weight.grad is None:
+            layer.weight.grad = grad
+        else:
+            layer.weight.grad += grad
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+    layer.weight.grad = None  # ZeRO-2 took the sum to reduce-scatter it
+    _micro_batch(layer)
+    _micro_batch(layer)
+    assert torch.equal(layer.weight.grad, _ones_times(layer, 2))

@@ -308,9 +308,18 @@ class GradSync:
     # --- the norm ----------------------------------------------------------------------------
 
     def norm_squared(self) -> torch.Tensor:
-        """This rank's part of the squared global gradient norm (sum over ranks = total)."""
+        """This rank's part of the squared global gradient norm (sum over ranks = total),
+        in FP64 from FP32 norms of the gradients (no copy of any gradient)."""
+        grads = [local(item.param.grad).detach() for item in self._norm_items()
+                 if item.param.grad is not None]
+        grads += [local(p.grad).detach() for p in self.norm_params if p.grad is not None]
+        return sum_of_squares(grads)
+
+    def _norm_items(self) -> list[SyncedParam]:
+        """The parameters whose gradient this rank counts: pipeline 0's copy (the norm
+        owner's) or, reduce-scattered, the owner's; TP rank 0 for replicated ones."""
         role = self.layout.role
-        squares = []
+        items = []
         for item in self.params:
             owns = self._owns.get(item.name)
             if owns is False:
@@ -319,15 +328,25 @@ class GradSync:
                 continue
             if not is_sharded(item.param) and role.tp_rank != 0:
                 continue
-            grad = item.param.grad
-            if grad is not None:
-                squares.append(local(grad).detach().double().pow(2).sum())
-        for param in self.norm_params:
-            if param.grad is not None:
-                squares.append(local(param.grad).detach().double().pow(2).sum())
-        if not squares:
-            return torch.zeros((), dtype=torch.float64)
-        return torch.stack(squares).sum()
+            items.append(item)
+        return items
+
+
+def sum_of_squares(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum of the tensors' squared L2 norms, an FP64 scalar (on the first tensor's
+    device; CPU if none). One foreach norm per device and dtype, 16-bit tensors reduced in
+    FP32 (``_foreach_norm``'s ``dtype``, as ``clip_grad_norm_`` groups them); each norm is
+    squared in FP64, so only a tensor whose own norm passes FP32's range turns inf."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    total = torch.zeros((), dtype=torch.float64,
+                        device=tensors[0].device if tensors else "cpu")
+    for (_, dtype), group in groups.items():
+        wide = torch.float32 if dtype.itemsize < 4 else None
+        norms = torch._foreach_norm(group, 2, dtype=wide)
+        total += torch.stack(norms).double().square().sum().to(total.device)
+    return total
 
 
 def _match_grad_layout(param: nn.Parameter) -> None:

@@ -26,6 +26,11 @@ elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
 device then keeps 16-bit parameters and gradients
 (:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
 the update still runs on the FP32 masters, and the device copy is their rounding.
+Their gradients are summed over micro-batches in FP32
+(:mod:`~potluck.runtime.grads.fp32_accumulation`, reset by :meth:`zero_grad`).
+The loss scale is divided out and clipping applied (:meth:`scale_gradients`) in FP32 on
+the host copies of the gradients, never on 16-bit ones (fp16 would flush the products
+under 6e-8 to zero).
 With ZeRO-1/2 only the owned share gets masters and states (``keep``). A parameter written outside the step
 (a checkpoint loaded into the model) is noticed by its version counter and its
 master refreshed before the next update.
@@ -41,6 +46,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from potluck.runtime.grads.buckets import local
+from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
 
 
 class HostOffloadOptimizer(torch.optim.Optimizer):
@@ -56,6 +62,8 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         self._params: dict[int, nn.Parameter] = {}
         self._versions: dict[int, int] = {}
         self._events: dict[int, Any] = {}
+        self._coefficient = 1.0  # the next step's gradients are multiplied by it on the host
+        self._accumulation: FP32Accumulation | None = None  # with 16-bit device parameters
         for group, inner_group in zip(self.param_groups, optimizer.param_groups, strict=True):
             masters = []
             for param in group["params"]:
@@ -81,14 +89,28 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
     def keep_device_parameters_in(self, parameters: Iterable[nn.Parameter],
                                   dtype: torch.dtype) -> None:
         """Hold ``parameters`` on the device in the 16-bit ``dtype`` from now on (ZeRO-Offload's
-        layout: 16-bit weights and gradients on the GPU, the FP32 master on the host). Call
-        it after the masters are made, so they keep the exact FP32 values."""
-        for param in parameters:
-            value = local(param)
-            if value.is_floating_point() and value.dtype != dtype:
-                value.data = value.data.to(dtype)
+        layout: 16-bit weights and gradients on the GPU, the FP32 master on the host), their
+        gradients summed over micro-batches in FP32
+        (:class:`~potluck.runtime.grads.fp32_accumulation.FP32Accumulation`). Call it after
+        the masters are made, so they keep the exact FP32 values."""
+        cast = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
+        for param in cast:
+            _cast_in_place(param, dtype)
+        self._accumulation = FP32Accumulation(cast)
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self._accumulation is not None:
+            self._accumulation.reset()
+
+    def scale_gradients(self, coefficient: float) -> None:
+        """Have the next step multiply the gradients by ``coefficient`` (the loss scale
+        divided out and clipping, :func:`~potluck.runtime.parallel_model.grad_coefficient`)
+        in FP32, on their host copies: on 16-bit device gradients the products would round
+        to 16 bits, and in fp16 those under 6e-8 would become zero."""
+        self._coefficient = coefficient
 
     def host_state_tensors(self) -> list[torch.Tensor]:
         """Every host-resident tensor this optimizer keeps: the fp32 masters and the
@@ -122,6 +144,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
 
     def _grads_to_host(self) -> None:
         on_gpu = self._stream is not None
+        grads = []
         for key, param in self._params.items():
             master = self._masters[key]
             if param.grad is None:
@@ -129,8 +152,12 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 continue
             master.grad = torch.empty(master.shape, dtype=master.dtype, pin_memory=on_gpu)
             master.grad.copy_(local(param.grad), non_blocking=on_gpu)
+            grads.append(master.grad)
         if on_gpu:
             torch.cuda.current_stream().synchronize()
+        if grads and self._coefficient != 1.0:
+            torch._foreach_mul_(grads, self._coefficient)
+        self._coefficient = 1.0
 
     def _masters_to_device(self) -> None:
         if self._stream is None:
@@ -185,6 +212,20 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 host = {k: _to_host(v, master.is_pinned()) for k, v in self.state[param].items()}
                 self.inner.state[master] = host
                 self.state[param] = host
+
+
+def _cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
+    """``param`` holds ``dtype`` values from now on, as the same object (its hooks and
+    optimizer entries stay). A DTensor keeps its local shard and its spec (whose metadata
+    has the dtype) as Python attributes that ``.data`` does not reach, and ``to_local()``
+    under autograd is a view whose ``.data`` leaves the DTensor as it was: both are
+    replaced by the cast's."""
+    with torch.no_grad():
+        cast = param.to(dtype)
+    param.data = cast
+    if isinstance(param, DTensor):
+        param._local_tensor = cast._local_tensor
+        param._spec = cast._spec
 
 
 def _as_dtensor(value: Any, param: DTensor) -> Any:

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from potluck.errors import TrainingError
 from potluck.ops import OpKind
@@ -55,7 +56,7 @@ from potluck.plans.memory import Offload
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
-from potluck.runtime.parallel_model import ParallelModel
+from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +110,24 @@ class StepMetrics:
 
 def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0,
                       betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
-    """AdamW over this rank's parameters (DTensors where TP shards them)."""
-    return torch.optim.AdamW(list(model.parameters()), lr=lr, betas=betas,
-                             weight_decay=weight_decay)
+    """AdamW over this rank's parameters (DTensors where TP shards them), with torch's fused
+    kernel where the update runs on a GPU or on host masters (:func:`offloaded`; torch 2.13
+    fuses Adam on CPUs too), else its foreach kernels. Both are named: torch picks neither
+    by itself for DTensors, and steps them one tensor at a time.
+
+    One kernel call takes one kind of tensor, so a rank holding plain tensors and DTensors
+    gets a param group of each (same settings) with the kernel named on the groups only:
+    ``zero_grad`` reads the optimizer's defaults and would zero all groups in one call."""
+    kernel = {"fused": True, "foreach": False} if (
+        model.session.device.type == "cuda" or _offloads(model)) else \
+        {"fused": False, "foreach": True}
+    params = list(model.parameters())
+    kinds = [kind for kind in ([p for p in params if not isinstance(p, DTensor)],
+                               [p for p in params if isinstance(p, DTensor)]) if kind]
+    settings = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
+    if len(kinds) == 1:
+        return torch.optim.AdamW(kinds[0], **settings, **kernel)
+    return torch.optim.AdamW([{"params": kind, **kernel} for kind in kinds], **settings)
 
 
 MEMORY_COLUMNS = 6  # a memory table row's own figures, before its two per-rank blocks
@@ -184,8 +200,7 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     """``optimizer`` stepping on host masters where this rank's stage offloads it
     (:class:`~potluck.runtime.grads.offload.HostOffloadOptimizer`; under ZeRO only the
     owned share), else ``optimizer`` itself."""
-    role = model.layout.role
-    if model.layout.plan.stage_memory(role.pipeline, role.stage).offload is not Offload.OPTIMIZER:
+    if not _offloads(model):
         return optimizer
     keep = model.zero.updates if model.zero is not None else None
     offload = HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
@@ -193,6 +208,12 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     if model.session.use_gpu and dtype is not None:
         offload.keep_device_parameters_in(model.parameters(), dtype)
     return offload
+
+
+def _offloads(model: ParallelModel) -> bool:
+    """Whether this rank's stage keeps its optimizer in host memory."""
+    role = model.layout.role
+    return model.layout.plan.stage_memory(role.pipeline, role.stage).offload is Offload.OPTIMIZER
 
 
 class Trainer:
@@ -312,7 +333,7 @@ class Trainer:
         """Clip and step the optimizer, or skip a step whose gradients are not finite."""
         self._count_states()  # the step's gradients
         if output.grads_finite:
-            self.model.unscale_and_clip(self.max_grad_norm, output.grad_norm, scale)
+            self._unscale_and_clip(output.grad_norm, scale)
             self.model.clock.run(OpKind.OPTIMIZER, -1, self._update)
             if self.model.priority:  # the all-gathers start once the step is over
                 self.model.sync_parameters()
@@ -322,6 +343,15 @@ class Trainer:
             self.loss_scale.update(output.grads_finite)
         self._count_states()  # the optimizer's states (made at its first step)
         self.optimizer.zero_grad(set_to_none=False)
+
+    def _unscale_and_clip(self, grad_norm: float, scale: float) -> None:
+        """Divide the loss scale out and clip: in FP32 on the host copies of the gradients
+        where the optimizer is offloaded (the device ones may be 16-bit), else in place."""
+        if isinstance(self.optimizer, HostOffloadOptimizer):
+            coefficient = grad_coefficient(self.max_grad_norm, grad_norm, scale)
+            self.optimizer.scale_gradients(coefficient)
+        else:
+            self.model.unscale_and_clip(self.max_grad_norm, grad_norm, scale)
 
     def _report(self, metrics: StepMetrics) -> None:
         for callback in self.callbacks:
