@@ -16,6 +16,7 @@ from potluck.model import load_model
 from potluck.planner import formulas
 from potluck.planner.compute import ComputeModel, achievable_flops, effective_dtype, peak_flops
 from potluck.planner.cost import CostModel
+from potluck.planner.formulas import StateSharding
 from potluck.plans import DType, plan_from_dict, plan_to_json
 from potluck.report import dtype_notes
 
@@ -131,3 +132,15 @@ def test_a_tf32_plan_round_trips_and_older_dtypes_still_load():
     data = json.loads(plan_to_json(best))
     data["training"]["dtype"] = "bf16"  # what plans before tf32 hold
     assert plan_from_dict(data).training.dtype is DType.BF16
+
+
+def test_zero3_states_are_charged_as_fsdp2_mixed_precision_holds_them():
+    """potluck's runtime shards FP32 weights under ZeRO-3 and gathers them in 16 bits
+    (FSDP2's MixedPrecisionPolicy), keeping no autocast copy: FP32 shards, 2-byte gathers."""
+    bf16 = CostModel(Cluster(parse_cluster(CLUSTER, "amp.yaml")), load_model("gpt3-125m"), 2048,
+                     DType.BF16)
+    sharded = StateSharding.of(4, 3)
+    layout = bf16.state_layout(AMPERE, sharded)
+    assert (layout.weights, layout.grads, layout.gathered_weights) == (4.0, 4.0, 2.0)
+    assert bf16.model_state_bytes(AMPERE, 1000, sharded) == pytest.approx(16.0 * 1000 / 4)
+    assert bf16.state_layout(AMPERE, StateSharding.of(4, 2)).weights == 6.0  # autocast copy

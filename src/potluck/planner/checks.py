@@ -12,6 +12,7 @@ from potluck.model.counts import Recompute
 from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
+from potluck.planner.formulas import StateSharding
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.space import tp_options
 from potluck.plans import Plan, TrainingShape
@@ -270,7 +271,7 @@ def _least_states_bytes(cluster: Cluster, model: ModelSpec, training: TrainingSh
     """16-bit weights and gradients of the whole model: what stays on the devices with the
     optimizer offloaded and everything sharded."""
     cost = CostModel.for_training(cluster, model, training)
-    least = cost.state_layout(cluster.devices[0].type, offload=True)
+    least = cost.state_layout(cluster.devices[0].type, StateSharding(offload=True))
     return counts.total_params(model) * (least.weights + least.grads)
 
 

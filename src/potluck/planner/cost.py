@@ -55,7 +55,7 @@ from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
 from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes, effective_dtype
-from potluck.planner.formulas import StateSharding
+from potluck.planner.formulas import NOT_SHARDED, StateSharding
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape, runs_explicit_tp
 from potluck.plans.memory import Swap
@@ -259,20 +259,24 @@ class CostModel:
         """Bytes per gradient element in the data-parallel all-reduce."""
         return max(self.execution.grad_reduce_bytes, self.element_bytes(device_type))
 
-    def state_layout(self, device_type: DeviceType, offload: bool = False) -> formulas.StateBytes:
+    def state_layout(self, device_type: DeviceType,
+                     sharding: StateSharding = NOT_SHARDED) -> formulas.StateBytes:
         """Bytes per parameter of weights, gradients and optimizer states on a device: plain
         FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution;
         with the optimizer offloaded, 16-bit weights and gradients on the device and the FP32
-        master in host memory (ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1)."""
+        master in host memory (ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1); FP32 weights
+        sharded by ZeRO-3 are gathered in 16 bits (FSDP2's mixed precision)."""
         if effective_dtype(device_type, self.dtype).is_full_precision:
             return formulas.FP32
-        if self.execution.fp32_params and not offload:
+        if self.execution.fp32_params and not sharding.offload:
+            if sharding.parameter_shards > 1:
+                return formulas.FSDP_MIXED_PRECISION
             return formulas.FP32_PARAMS_AUTOCAST
         return formulas.MIXED_PRECISION_MASTER
 
     def model_state_bytes(self, device_type: DeviceType, params: float,
                           sharding: StateSharding) -> float:
-        return formulas.model_state_bytes(params, self.state_layout(device_type, sharding.offload),
+        return formulas.model_state_bytes(params, self.state_layout(device_type, sharding),
                                           sharding)
 
     def optimizer_step_s(self, device_type: DeviceType, params: float,
@@ -578,7 +582,7 @@ class CostModel:
         if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
             return 0.0
         return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
-                                           self.state_layout(device_type, sharding.offload),
+                                           self.state_layout(device_type, sharding),
                                            sharding)
 
     def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,

@@ -582,7 +582,7 @@ class PlanEvaluation:
     def _device_memory(self, device: Device, k: int, j: int, c: StageCost,
                        peer_held: float) -> DeviceMemory:
         sharding = stage_sharding(self.plan, k, j)
-        layout = self.cost.state_layout(device.type, sharding.offload)
+        layout = self.cost.state_layout(device.type, sharding)
         states = self.cost.model_state_bytes(device.type, c.params, sharding)
         weights = layout.weights * c.params / sharding.parameter_shards
         grads = layout.grads * c.params / sharding.gradient_shards

@@ -196,10 +196,16 @@ class StateBytes:
     weights: float
     grads: float
     optimizer: float
+    gathered: float | None = None  # ZeRO-3's all-gathered weights, if not ``weights``
 
     @property
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer
+
+    @property
+    def gathered_weights(self) -> float:
+        """Bytes per parameter of a ZeRO-3 all-gathered (unsharded) weight."""
+        return self.weights if self.gathered is None else self.gathered
 
 
 # 16-bit weights and gradients, FP32 master weights and Adam moments (SC'21; ZeRO).
@@ -208,6 +214,10 @@ MIXED_PRECISION_MASTER = StateBytes(2.0, 2.0, 12.0)
 # the step), FP32 gradients, Adam moments: what PyTorch AMP and potluck's runtime hold.
 FP32_PARAMS_AUTOCAST = StateBytes(6.0, 4.0, 8.0)
 FP32 = StateBytes(4.0, 4.0, 8.0)  # plain FP32 training (fp32, tf32 and CPU ranks)
+# ZeRO-3 under FSDP2's mixed precision (torchtitan; potluck's runtime): FP32 weight and
+# gradient shards, Adam moments, weights all-gathered in 16 bits (MixedPrecisionPolicy
+# param_dtype) and no autocast copy kept (its cache is off there).
+FSDP_MIXED_PRECISION = StateBytes(4.0, 4.0, 8.0, gathered=2.0)
 
 
 @dataclass(frozen=True)
@@ -285,7 +295,7 @@ def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateS
     bucket being reduce-scattered, one block (SC'20, Sec. 5.2: bucketized reduce-scatter)."""
     working = 0.0
     if sharding.parameter_shards > 1:
-        working += 2.0 * block_params * layout.weights
+        working += 2.0 * block_params * layout.gathered_weights
     if sharding.gradient_shards > 1:
         working += block_params * layout.grads
     return working

@@ -203,3 +203,16 @@ def test_zero3_forward_under_autocast_follows_the_sharded_weights():
 
     plan = with_options(make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2), zero=3)
     assert outputs_follow_weights(plan) == [True, True]
+
+
+def test_zero2_sums_16_bit_micro_batches_in_fp32(tmp_path):
+    """300 micro-batches of two replicas' bf16 gradients of one: 600, not bf16's 512 (at
+    512 a bf16 step is 4, so adding 2 rounds back to 512)."""
+    import json
+
+    from dist_harness import run_ranks
+    from zero2_workers import sum_bf16_micro_batches
+
+    out = tmp_path / "sum.json"
+    run_ranks(sum_bf16_micro_batches, 2, 300, str(out), timeout_s=60)
+    assert json.loads(out.read_text()) == [600.0] * 4

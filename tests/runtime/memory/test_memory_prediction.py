@@ -101,9 +101,14 @@ def test_the_swap_test_would_catch_a_stash_left_on_the_device():
 
 
 STATE_CASES = {
-    "zero 2": (2, Offload.NONE),
+    "zero 0": (0, Offload.NONE),
+    "zero 0 with the optimizer offloaded": (0, Offload.OPTIMIZER),
+    "zero 1": (1, Offload.NONE),
     "zero 1 with the optimizer offloaded": (1, Offload.OPTIMIZER),
+    "zero 2": (2, Offload.NONE),
+    "zero 2 with the optimizer offloaded": (2, Offload.OPTIMIZER),
     "zero 3": (3, Offload.NONE),
+    "zero 3 with the optimizer offloaded": (3, Offload.OPTIMIZER),
 }
 
 

@@ -86,12 +86,15 @@ class ShardedGrads:
         self.launched += 1
 
     def _fold(self, bucket: Bucket) -> None:
-        """Add the finished reduce-scatters of ``bucket`` into its sum."""
+        """Add the finished reduce-scatters of ``bucket`` into its sum, kept in at least FP32
+        (16-bit gradients are rounded once, when written back, as DeepSpeed and torch AMP
+        accumulate)."""
         for pending in self._pending.pop(id(bucket), []):
             pending.work.wait()
             total = self._sums.get(id(bucket))
             if total is None:
-                self._sums[id(bucket)] = pending.out.to(local(bucket.items[0].param).dtype)
+                dtype = torch.promote_types(local(bucket.items[0].param).dtype, torch.float32)
+                self._sums[id(bucket)] = pending.out.to(dtype)
             else:
                 total.add_(pending.out)
 
