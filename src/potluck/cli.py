@@ -677,6 +677,9 @@ def train(
     timeout: Annotated[float, typer.Option(help="Seconds a rank waits for the others.")] = 600.0,
     trace: Annotated[bool, typer.Option(help="Record every op of a few steps into DIR/trace.json.")] = False,
     trace_steps: Annotated[int, typer.Option(help="Steps --trace records (after 2 warm-up steps).")] = 3,
+    count_memory: Annotated[bool, typer.Option(
+        help="CPU ranks count the bytes they hold each step (memory rows of metrics.jsonl; "
+             "on with --emulate).")] = False,
     print_commands: Annotated[bool, typer.Option(help="Print one torchrun command per machine.")] = False,
     master_addr: Annotated[str, typer.Option(help="First machine's address (torchrun).")] = "FIRST_MACHINE",
     master_port: Annotated[int, typer.Option(help="Rendezvous port (for torchrun).")] = 29500,
@@ -707,7 +710,7 @@ def train(
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
-        inject_failure=inject_failure,
+        inject_failure=inject_failure, count_memory=count_memory,
     )
     settings = api.elastic_settings(max_restarts, replan_margin, _say_replan) if elastic else None
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,

@@ -32,7 +32,7 @@ def run_with_memory(plan: Plan, steps: int = STEPS, timeout_s: float = 60.0,
                     **options: Any) -> tuple[list[float], list[tuple[dict[str, Any], ...]]]:
     """Rank 0's losses and each step's per-rank memory rows of ``plan`` on CPU ranks."""
     train_options = TrainOptions(steps=steps, lr=LR, seed=0, progress=False,
-                                 timeout_s=timeout_s, **options)
+                                 timeout_s=timeout_s, count_memory=True, **options)
     results = run_local(_rank_history, plan.devices, (plan, train_options),
                         timeout_s=timeout_s * 2)
     history = results[0]

@@ -170,7 +170,7 @@ class HeldBytes:
 def _held(plan: Plan) -> HeldBytes:
     session = start(plan, timeout_s=60)
     try:
-        model = parallelize(build_model(plan.model), session)
+        model = parallelize(build_model(plan.model), session, count_memory=True)
         (stage,) = model.stages
         ledger = model.ledger
         rows = RandomTokens(plan.model.vocab_size, plan.training.seq_len,

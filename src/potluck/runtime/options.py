@@ -37,3 +37,4 @@ class TrainOptions:
     trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)
     elastic: bool = False  # replan and continue when ranks die or devices join
     inject_failure: str | None = None  # "RANK@STEP": that rank is killed there (a drill)
+    count_memory: bool = False  # CPU ranks count the bytes they hold (memory rows; on when emulating)

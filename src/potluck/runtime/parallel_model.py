@@ -19,7 +19,8 @@ are torchtitan's):
    values (a TP shard is cut on the host, only it goes to the device), then the
    stage's recomputation and activation swapping
    (:func:`~potluck.runtime.parallel.recompute.apply_memory`; a
-   :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts what the rank holds);
+   :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts what the rank holds: on
+   GPU ranks its states and stashes, on CPU ranks, with ``count_memory``, everything);
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
    overlap the backward pass when the plan's execution says so) and, with
@@ -61,7 +62,7 @@ from potluck.ops import OpKind
 from potluck.placement import EMBED, HEAD, TIED, block_unit, expert_shard
 from potluck.plans import explicit_tp, shards_parameters
 from potluck.plans.memory import StageMemory, Swap
-from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam
+from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam, local
 from potluck.runtime.grads.data_parallel import GradSync
 from potluck.runtime.grads.gather import (
     GatherPoint,
@@ -205,12 +206,15 @@ def _keep_router_loss(model: nn.Module, family: Family | None, layout: Layout) -
 
 
 def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
-                bucket_elements: int = BUCKET_ELEMENTS) -> ParallelModel:
+                bucket_elements: int = BUCKET_ELEMENTS, count_memory: bool = False
+                ) -> ParallelModel:
     """This rank's part of ``model`` under the session's plan (see the module docstring).
 
     Parameters still on the meta device get potluck's deterministic initial
     values for ``seed``; real parameters (a loaded checkpoint) keep theirs.
     Gradients cross the wire in buckets of at most ``bucket_elements`` elements.
+    ``count_memory``: a CPU rank's ledger counts the bytes it holds (see
+    :class:`ParallelModel`); GPU ranks always count their states and stashes.
     """
     layout = session.layout
     check_execution(layout.plan)
@@ -231,14 +235,14 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     ledger = MemoryLedger()
     role = layout.role
     memory = layout.plan.stage_memory(role.pipeline, role.stage)
-    counted = None if session.use_gpu else ledger  # a GPU's allocator measures its activations
+    counted = ledger if count_memory and not session.use_gpu else None  # GPUs: their allocator
     params = [p for stage in stages for p in stage.parameters()]
     swap = activation_swap(session, memory, ledger, params)
     apply_memory(stages, memory, layout.plan.recompute, swap, counted)
     apply_zero3(stages, layout, session.device, family, units,
                 ShardPrecision(session.autocast_dtype, _wire_dtype(session)))
     return ParallelModel(session, stages, units, bucket_elements, ledger,
-                         sparse_embedding=sparse)
+                         sparse_embedding=sparse, count_memory=count_memory)
 
 
 def activation_swap(session: Session, memory: StageMemory, ledger: MemoryLedger,
@@ -301,11 +305,16 @@ class ParallelModel:
     def __init__(self, session: Session, stages: list[nn.Module], units: dict[str, str],
                  bucket_elements: int = BUCKET_ELEMENTS,
                  ledger: MemoryLedger | None = None, *,
-                 sparse_embedding: str | None = None) -> None:
+                 sparse_embedding: str | None = None, count_memory: bool = False) -> None:
         """``sparse_embedding``: the input embedding's name when the plan sums its gradient
-        sparsely (:func:`~potluck.runtime.grads.sparse_embedding.sparse_embedding_name`)."""
+        sparsely (:func:`~potluck.runtime.grads.sparse_embedding.sparse_embedding_name`);
+        ``count_memory``: on a CPU rank, count the model states and every tensor autograd
+        saves in the ledger each step (the memory rows of its metrics; a few percent of a
+        small CPU step, so off unless asked for). GPU ranks measure their device with the
+        allocator; their ledger counts model states (offloaded host bytes) and stashes."""
         self.session = session
         self.ledger = ledger or MemoryLedger()
+        self.counts_memory = count_memory or session.use_gpu
         self.layout = session.layout
         self.stages = stages
         self.loss_fn = TokenLoss()
@@ -437,9 +446,11 @@ class ParallelModel:
         return int((rows[:, 1:] != IGNORE_INDEX).sum())
 
     def _counting(self) -> Any:
-        """On CPU ranks the ledger counts the tensors autograd saves (a GPU's allocator
-        measures its device; the ledger still counts stashes there)."""
-        return nullcontext() if self.session.use_gpu else self.ledger.saving()
+        """On CPU ranks that count memory the ledger counts the tensors autograd saves (a
+        GPU's allocator measures its device; the ledger still counts stashes there)."""
+        if self.session.use_gpu or not self.counts_memory:
+            return nullcontext()
+        return self.ledger.saving()
 
     def _loss_context(self) -> Any:
         return loss_parallel() if self.layout.role.tp > 1 else nullcontext()
@@ -474,7 +485,7 @@ class ParallelModel:
         total = torch.tensor([float(self.local_tokens(rows))], dtype=torch.float64,
                              device=self.session.device)
         if not self.priority:
-            dist.all_reduce(total)
+            _sum_over_ranks(total)
             return TokenCount(total)
         work = dist.all_reduce(total, async_op=True)
         op = CommOp(OpKind.DP_ALLREDUCE, -1, key=("global_tokens",))
@@ -491,7 +502,7 @@ class ParallelModel:
         totals[1] = self.grad_sync.norm_squared()  # small tensors live on the device (nccl)
         if carry is not None:
             totals[2:] = carry.reshape(-1)
-        dist.all_reduce(totals)  # an inf or NaN gradient anywhere makes every rank's sum so
+        _sum_over_ranks(totals)  # an inf or NaN gradient anywhere makes every rank's sum so
         norm_squared = float(totals[1])
         return StepOutput(loss=float(totals[0]) / loss_scale, tokens=tokens,
                           grad_norm=math.sqrt(norm_squared) / loss_scale
@@ -506,9 +517,16 @@ class ParallelModel:
         coef = grad_coefficient(max_norm, grad_norm, loss_scale)
         if coef == 1.0:
             return
-        for param in self.parameters():
-            if param.grad is not None:
-                param.grad.mul_(coef)
+        with torch.no_grad():  # local shards: no DTensor dispatch per gradient
+            grads = [local(p.grad) for p in self.parameters() if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, coef)
+
+
+def _sum_over_ranks(tensor: torch.Tensor) -> None:
+    """All-reduce ``tensor`` in place over the world (nothing to do alone)."""
+    if dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
 
 
 def grad_coefficient(max_norm: float | None, grad_norm: float, loss_scale: float) -> float:

@@ -93,7 +93,8 @@ def train_rank(plan: Plan, options: TrainOptions,
     try:
         with session.guard():
             model = model_factory() if model_factory else build_model(computed.model, attention)
-            parallel = parallelize(model, session, seed=options.seed)
+            parallel = parallelize(model, session, seed=options.seed,
+                                   count_memory=options.count_memory or options.emulate)
             source = source or batch_source(computed, options)
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s

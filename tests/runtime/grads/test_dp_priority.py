@@ -132,7 +132,8 @@ def test_a_checkpoint_saved_mid_run_resumes_to_the_same_losses_and_every_step_is
     the losses of 4 uninterrupted steps; both runs' metrics.jsonl hold each step once, with
     every rank's memory."""
     plan = prioritized(make_plan(TINY_LLAMA, DP2), zero=1)
-    common = {"lr": LR, "progress": False, "timeout_s": 60, "checkpoint_every": 2}
+    common = {"lr": LR, "progress": False, "timeout_s": 60, "checkpoint_every": 2,
+              "count_memory": True}
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     straight = run_local(_losses, plan.devices,
                          (plan, TrainOptions(steps=4, out_dir=str(whole), **common)),

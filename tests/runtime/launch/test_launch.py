@@ -141,7 +141,7 @@ NON_DEFAULT = {
     "data": None, "tokenizer": "tok dir", "emulate": True, "dilation": 2.5, "stand_in": "tiny",
     "seq_len": 32, "timeout_s": 30.0, "tensorboard": True, "progress": False,
     "checkpoint_every": 3, "keep_checkpoints": 0, "resume": True, "trace_steps": 2,
-    "elastic": True, "inject_failure": "1@2",
+    "elastic": True, "inject_failure": "1@2", "count_memory": True,
 }
 
 
@@ -188,7 +188,7 @@ TRAIN_FLAGS = {
     "timeout_s": ["--timeout", "30"], "tensorboard": ["--tensorboard"],
     "checkpoint_every": ["--checkpoint-every", "2"], "resume": ["--resume"],
     "trace_steps": ["--trace", "--trace-steps", "2"], "elastic": ["--elastic"],
-    "inject_failure": ["--inject-failure", "1@2"],
+    "inject_failure": ["--inject-failure", "1@2"], "count_memory": ["--count-memory"],
 }
 NOT_TRAIN_FLAGS = {"max_grad_norm", "seq_len", "progress", "keep_checkpoints"}
 
@@ -203,7 +203,7 @@ def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
     expected = replace(_defaults(), steps=3, lr=0.01, seed=5, out_dir="run", data="corpus",
                        tokenizer="tok", emulate=True, dilation=2.5, stand_in="tiny",
                        timeout_s=30.0, tensorboard=True, checkpoint_every=2, resume=True,
-                       trace_steps=2, elastic=True, inject_failure="1@2")
+                       trace_steps=2, elastic=True, inject_failure="1@2", count_memory=True)
     assert {f.name for f in fields(TrainOptions)
             if getattr(expected, f.name) != getattr(_defaults(), f.name)} == set(TRAIN_FLAGS)
     assert len(commands) == 2

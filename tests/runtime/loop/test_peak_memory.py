@@ -96,7 +96,7 @@ def test_each_step_reports_its_own_peak_after_a_reset_of_its_devices_counter(mon
     plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 2, 1)])
     session = start(plan, timeout_s=60)
     try:
-        model = parallelize(build_model(plan.model), session)
+        model = parallelize(build_model(plan.model), session, count_memory=True)
         trainer = Trainer(model)
         trainer.memory = CudaPeakMemory(RANK_GPU)
         forward_backward = model.forward_backward

@@ -100,7 +100,8 @@ class StepMetrics:
     skipped: bool = False  # inf/NaN gradients: no optimizer step
     dilation: float | None = None  # an emulated run's time stretch (None: not emulated)
     device_step_time_s: float | None = None  # emulated: the step on the plan's devices
-    memory: tuple[dict[str, Any], ...] = ()  # per rank: its step's peaks (rank_memory_rows)
+    memory: tuple[dict[str, Any], ...] = ()  # per rank: its step's peaks (rank_memory_rows;
+    # none on CPU ranks that do not count their memory, ParallelModel's count_memory)
     # Trainer.step under the priority schedule returns the record before every rank's memory
     # is known: peak_memory_gb is then this rank's own and memory empty (see the module doc)
 
@@ -443,6 +444,8 @@ class Trainer:
             self.model.sync_parameters()
 
     def _count_states(self) -> None:
+        if not self.model.counts_memory:
+            return
         host: list[torch.Tensor] = []
         if isinstance(self.optimizer, HostOffloadOptimizer):  # masters and states on the host
             host = self.optimizer.host_state_tensors()
@@ -483,13 +486,14 @@ class Trainer:
         if self.model.priority:
             self._pending = (metrics, table)
             return metrics
-        dist.all_reduce(table)
+        if self.model.layout.world_size > 1:
+            dist.all_reduce(table)
         return self._with_memory(metrics, table)
 
     def _with_memory(self, metrics: StepMetrics, table: torch.Tensor) -> StepMetrics:
         """``metrics`` with every rank's memory from the summed :func:`memory_table`."""
-        return replace(metrics, peak_memory_gb=float(table[:, 0].max()) / 1e9,
-                       memory=rank_memory_rows(self.model, table))
+        rows = rank_memory_rows(self.model, table) if self.model.counts_memory else ()
+        return replace(metrics, peak_memory_gb=float(table[:, 0].max()) / 1e9, memory=rows)
 
     def _device_time(self, step_time_s: float) -> dict[str, float]:
         """An emulated step's dilation and its time on the plan's devices: the clock pads
