@@ -103,9 +103,9 @@ def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
                if units[name] == TIED}
     policy = precision.policy()
     for stage in stages:
-        for module in _units(stage, family):
-            if any(p not in ignored for p in module.parameters()):
-                fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored,
+        for unit in _units(stage, family):
+            if any(p not in ignored for module in unit for p in module.parameters()):
+                fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=ignored,
                             reshard_after_forward=True)
         fully_shard(stage, mesh=mesh, mp_policy=policy, ignored_params=ignored,
                     reshard_after_forward=True)
@@ -131,10 +131,13 @@ class ShardPrecision:
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce)
 
 
-def _units(stage: nn.Module, family: Family) -> list[nn.Module]:
-    paths = (*family.embed_paths, *family.head_paths)
-    found = [get_path(stage, path) for path in paths if has_path(stage, path)]
-    return [*found, *stage.blocks.values()]
+def _units(stage: nn.Module, family: Family) -> list[list[nn.Module]]:
+    """The stage's FSDP units, each gathered as one: its embeddings together (GPT-2's token
+    and position tables), each block, and its head's modules together (final norm and
+    output layer, as torchtitan groups them): fewer, larger collectives."""
+    units = [[get_path(stage, path) for path in paths if has_path(stage, path)]
+             for paths in (family.embed_paths, family.head_paths)]
+    return [*(unit for unit in units if unit), *([block] for block in stage.blocks.values())]
 
 
 def managed_parameters(stages: list[nn.Module]) -> set[int]:
