@@ -144,13 +144,13 @@ def test_a_peer_swap_over_the_bridge_its_tp_partner_uses_contends_with_it():
 def test_zero3_keeps_a_shard_of_every_state_and_two_whole_blocks_of_weights():
     cost = _cost()
     device = cost.cluster.devices[0].type
-    layout = cost.state_layout(device)
     shape = StageShape(8, pp=2)
     params = cost.stage_params(shape, 1)
     block = counts.block_params(cost.model)
     sharding = StateSharding.of(4, 3)
+    layout = cost.state_layout(device, sharding)
     at_rest = params * layout.total / 4
-    working = 2 * block * layout.weights + block * layout.grads
+    working = 2 * block * layout.gathered_weights + block * layout.grads
     assert cost.model_state_bytes(device, params, sharding) == pytest.approx(at_rest)
     assert cost.zero_working_bytes(device, 1, shape, sharding) == pytest.approx(working)
 
