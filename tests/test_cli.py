@@ -295,7 +295,7 @@ def test_train_refuses_execution_traits_the_runtime_does_not_run(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert ("the plan's execution (megatron-lm) asks for fused_kernels=true, fp32_params=false, "
+    assert ("the plan's execution (megatron-lm) asks for fused_kernels=true, "
             "tied_grad_sync=pipeline-ends, "
             "which potluck's runtime does not run; make the plan with --execution potluck"
             in lines[0])

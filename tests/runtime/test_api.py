@@ -138,7 +138,7 @@ def test_parallelize_refuses_execution_traits_the_runtime_does_not_run():
     session = start(plan)
     try:
         with pytest.raises(ConfigError, match=r"asks for fused_kernels=true, overlap_p2p=false, "
-                                              r"fp32_params=false, tied_grad_sync=pipeline-ends, "
+                                              r"tied_grad_sync=pipeline-ends, "
                                               r"which potluck's runtime"):
             parallelize(build_model(TINY_LLAMA), session)
     finally:

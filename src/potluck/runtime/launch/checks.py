@@ -78,21 +78,23 @@ def check_options(options: TrainOptions) -> None:
 # Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
 # backward pass or not (runtime/grads/data_parallel.py), crosses the wire in 16 or 32 bits
 # (parallelize._wire_dtype), attention runs SDPA or eager (models/build.py), and any
-# placement's layout runs as the plan lays it out (runtime/layout.py).
+# placement's layout runs as the plan lays it out (runtime/layout.py); weights are FP32 under
+# autocast or 16-bit with FP32 masters (runtime/grads/master_weights.py, fp32_params: false).
 # The communication traits only constrain the planner (auto, or forced on or off); the runtime
 # runs whatever the plan decided (Plan.comm, Stage.comm: split channels in
 # runtime/parallel/pipeline.py, sparse embedding gradients in runtime/grads/sparse_embedding.py,
 # the priority schedule in runtime/grads/gather.py and runtime/loop/trainer.py, TP overlap and
 # recomputation keeping communication in runtime/parallel/tp_overlap.py).
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
-                   *COMM_TRAITS)
+                   "fp32_params", *COMM_TRAITS)
 
 
 def check_execution(plan: Plan) -> None:
     """The plan's execution traits are ones potluck's runtime runs: every choice (a true/false
     or named trait) outside :data:`RUNTIME_FOLLOWS` as in the ``potluck`` preset (no fused
-    kernels, FP32 weights, overlapped pipeline sends). Figures (host seconds, bytes of
-    traffic) only describe how long a step takes, so any value runs."""
+    kernels, overlapped pipeline sends; weights FP32 or 16-bit with FP32 masters, as
+    ``fp32_params`` says). Figures (host seconds, bytes of traffic) only describe how
+    long a step takes, so any value runs."""
     execution = plan.training.execution
     refused = [name for name in differences(PRESETS[DEFAULT_PRESET], execution)
                if name not in RUNTIME_FOLLOWS and not _is_figure(getattr(execution, name))]

@@ -52,7 +52,9 @@ from torch.distributed.tensor import DTensor
 
 from potluck.errors import TrainingError
 from potluck.ops import OpKind
+from potluck.plans import shards_parameters
 from potluck.plans.memory import Offload
+from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
@@ -211,6 +213,24 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     return offload
 
 
+def with_masters(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` stepping FP32 masters of 16-bit device weights
+    (:class:`~potluck.runtime.grads.master_weights.MasterWeightsOptimizer`; under ZeRO-1/2
+    the owned share only) on a GPU rank computing in 16 bits whose plan says
+    ``fp32_params: false``; else ``optimizer`` itself (FP32 weights under autocast, CPU
+    ranks, an offloaded optimizer, whose masters are on the host, and ZeRO-3, where FSDP2
+    keeps FP32 shards and gathers 16-bit weights)."""
+    dtype = model.session.autocast_dtype
+    plan = model.layout.plan
+    if (not model.session.use_gpu or dtype is None or plan.training.execution.fp32_params
+            or _offloads(model) or shards_parameters(plan)):
+        return optimizer
+    keep = model.zero.updates if model.zero is not None else None
+    masters = MasterWeightsOptimizer(optimizer, keep)
+    masters.keep_device_parameters_in(model.parameters(), dtype)
+    return masters
+
+
 def _offloads(model: ParallelModel) -> bool:
     """Whether this rank's stage keeps its optimizer in host memory."""
     role = model.layout.role
@@ -231,7 +251,7 @@ class Trainer:
         if loss_scale is None and model.session.any_fp16:
             loss_scale = DynamicLossScale()
         self.loss_scale = loss_scale
-        self.optimizer = offloaded(model, optimizer or default_optimizer(model, lr))
+        self.optimizer = with_masters(model, offloaded(model, optimizer or default_optimizer(model, lr)))
         if model.zero is not None:
             model.zero.attach(self.optimizer)
         self.max_grad_norm = max_grad_norm
@@ -348,7 +368,7 @@ class Trainer:
     def _unscale_and_clip(self, grad_norm: float, scale: float) -> None:
         """Divide the loss scale out and clip: in FP32 on the host copies of the gradients
         where the optimizer is offloaded (the device ones may be 16-bit), else in place."""
-        if isinstance(self.optimizer, HostOffloadOptimizer):
+        if isinstance(self.optimizer, (HostOffloadOptimizer, MasterWeightsOptimizer)):
             coefficient = grad_coefficient(self.max_grad_norm, grad_norm, scale)
             self.optimizer.scale_gradients(coefficient)
         else:
