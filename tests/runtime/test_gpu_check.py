@@ -482,3 +482,27 @@ def test_the_plan_printed_first_lists_rounds_and_skips(gpu_check, monkeypatch):
     assert "  (e) zero3 skipped: needs 4 GPUs, 2 visible" in lines
     one = gpu_check.schedule_lines(("f", "e"), 1)
     assert one[-1].startswith("  (e) skipped: 1 GPU visible")
+
+
+def test_a_round_runs_its_cases_side_by_side_and_kills_one_past_its_limit(gpu_check, monkeypatch,
+                                                                         tmp_path):
+    import time
+
+    multi = gpu_check.multi_module()
+    monkeypatch.setattr(multi, "CASE_TIMEOUT_S", 2.0)
+
+    def command(device, assigned, result):
+        body = (f"import pathlib; pathlib.Path({str(result)!r}).write_text('{{\"losses\": [1.0]}}')"
+                if assigned.case.key == "dp2" else "import time; time.sleep(60)")
+        return [sys.executable, "-c", body]
+
+    monkeypatch.setattr(multi, "case_command", command)
+    placed = [multi.Assigned(multi.case_by_key("dp2"), (0, 1)),
+              multi.Assigned(multi.case_by_key("tp2"), (2, 3))]
+    began = time.monotonic()
+    later = [multi.Assigned(multi.case_by_key("zero1"), (0, 1))]
+    found = multi.run_rounds("h100-sxm", [placed, later], tmp_path, budget_s=6.0)
+    assert time.monotonic() - began < 10
+    assert found["dp2"] == {"losses": [1.0]}
+    assert found["zero1"] == {"error": "not run: the check's time budget is spent"}
+    assert found["tp2"]["error"].startswith("did not finish within 2 s (flight recorder dumps")
