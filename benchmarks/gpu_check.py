@@ -1,8 +1,11 @@
-"""Check potluck on a machine with NVIDIA GPUs: one GPU in under five minutes, two in eight.
+"""Check potluck on a machine with NVIDIA GPUs: one GPU in under ten minutes.
 
     python benchmarks/gpu_check.py [--device NAME] [--out gpu-calibrated.yaml] [--skip-tests]
+                                   [--only a,b,...] [--tiny]
 
-Five parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
+Each part is bounded by a timeout, the whole run by ``TOTAL_BUDGET_S`` (plus
+``MULTI_BUDGET_S`` where two or more GPUs are visible); it prints what it will run and
+its estimated time first. On one GPU:
 
 (a) the GPU-marked tests (``pytest -m gpu`` on the test files that carry the
     marker), in a subprocess;
@@ -17,14 +20,27 @@ Five parts, each bounded by a timeout (the whole run by ``TOTAL_BUDGET_S``):
     shapes and memory bandwidth, measured with ``potluck profile``'s code, and
     written as a cluster file with a ``calibration:`` section (``--out``),
     printed against the catalog's peaks;
-(e) where ``torch.cuda.device_count()`` is 2 or more, the multi-rank paths on two
-    GPUs (NCCL): pp=2 (sends between pipeline stages), dp=2 (gradient buckets),
-    dp=2 with ZeRO-1, tp=2 (a TP mesh), and a dp=2 run checkpointed halfway then
-    resumed by ``potluck train --resume`` with a one-GPU plan in a process that
-    sees one GPU (``CUDA_VISIBLE_DEVICES``); each trains the small LLaMA a few
-    steps on the shipped corpus in bf16 through potluck's runtime, its losses
-    within ``MULTI_LOSS_TOLERANCE`` of one GPU's. With one GPU the part is
-    skipped, and the output says so and why.
+(f) the memory contract: allocated and reserved peaks of plain, host-swap,
+    optimizer-offload and full-recomputation plans against ``predict(plan).memory``,
+    a table (:mod:`gpu_check_parts.memory_contract`);
+(g) swap to host in bf16 against no swap: gradients equal after one step, stashed
+    bytes close to the predicted activation bytes (:mod:`gpu_check_parts.numerics`);
+(h) optimizer offload in bf16 and fp16 against plain AdamW after three steps, with
+    16-bit device parameters asserted (same module);
+(i) (g) and (h) on a tiny model under ``TORCH_CUDA_SANITIZER=1``, in a subprocess
+    (:mod:`gpu_check_parts.sanitizer`);
+(j) one step of four Llama-7B-wide blocks at sequence 4096 as MFU
+    (:mod:`gpu_check_parts.mfu`).
+
+(e) where ``torch.cuda.device_count()`` is 2 or more, the multi-rank cases of
+:mod:`gpu_check_parts.multi`, two at a time on disjoint GPUs, each in its own process
+with a 60 s limit and NCCL's flight recorder on, in FP32 against one GPU's losses within
+1e-4: pp=2, dp=2, ZeRO-1/2, tp=2 (and with TP overlap), EP=2 on a tiny MoE, peer swap,
+the priority schedule, a rank killed mid-step, a mixed-TP pipeline, and where 4 GPUs
+are visible pp=4 with split channels under 1F1B, interleaved and zero bubble, and
+dp2 x tp2 ZeRO-3 with its memory check; then a dp=2 run checkpointed halfway and
+resumed by ``potluck train --resume`` with a one-GPU plan in a process that sees one GPU.
+Cases that need more GPUs than are visible are skipped, and the output says why.
 
 CUDA numbers the GPUs as nvidia-smi and the cluster files do (``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
 unless set). The GPU is named by its catalog name (``torch.cuda.get_device_name()`` mapped
@@ -44,17 +60,62 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # the parts' package beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check_parts import mfu, numerics, sanitizer  # noqa: E402
+from gpu_check_parts.common import (  # noqa: E402
+    Deadline,
+    Outcome,
+    check_model,
+    gpus_cluster,
+    one_gpu_cluster,
+    run_on_gpus,
+    small_llama,
+)
+from gpu_check_parts.memory_contract import (  # noqa: E402
+    MEMORY_CASES,
+    MEMORY_TIMEOUT_S,
+    measure_case,
+    memory_table,
+)
+from gpu_check_parts.multi import (  # noqa: E402
+    ALL_CASES,
+    MULTI_CASES,
+    MULTI_GPUS,
+    MULTI_LR,
+    MULTI_STEPS,
+    REFERENCE_CASE,
+    RESUME_CASE,
+    available_gpus,
+    case_outcome,
+    losses_match,
+    multi_estimate_s,
+    multi_options,
+    multi_plan,
+    pair_rounds,
+    run_case,
+    run_rounds,
+)
+
+__all__ = ["Deadline", "Outcome", "MULTI_CASES", "REFERENCE_CASE", "check_model", "gpus_cluster",
+           "losses_match", "multi_plan", "small_llama"]
+
 REPO = Path(__file__).resolve().parents[1]
-TOTAL_BUDGET_S = 440.0  # the whole check: under five minutes on one GPU, under eight with (e)
+TOTAL_BUDGET_S = 600.0  # the one-GPU parts: under ten minutes
+MULTI_BUDGET_S = 420.0  # the multi-GPU rounds and the resume, where two or more GPUs are seen
 TESTS_TIMEOUT_S = 120.0
 TRAIN_TIMEOUT_S = 60.0  # one dtype's short run (process start included)
 PLAN_TIMEOUT_S = 60.0  # one measured plan
-ESTIMATE_S = {"tests": 45, "train": 3 * 15, "plans": 4 * 20, "measure": 15, "multi": 7 * 20}
+# each part's expected seconds, by its letter (e: the resume; its rounds are counted apart)
+ESTIMATE_S = {"a": 45, "b": 3 * 15, "c": 4 * 20, "d": 15, "f": 4 * 20, "g": 30, "h": 2 * 30,
+              "i": 100, "j": 30, "e": 40}
+PARTS = tuple(ESTIMATE_S)
 TRAIN_DTYPES = ("bf16", "fp16", "tf32")
 TRAIN_STEPS = 12
 PLAN_STEPS = 6
@@ -65,28 +126,6 @@ _VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon"}
 
 class NoGpu(Exception):
     """No CUDA GPU, or one potluck cannot name: the script's one line and exit code 2."""
-
-
-@dataclass
-class Deadline:
-    """What is left of the whole check's time."""
-
-    ends_at: float
-
-    def timeout_s(self, part_s: float) -> float:
-        left = self.ends_at - time.monotonic()
-        if left <= 1.0:
-            raise TimeoutError("the check's time budget is spent")
-        return min(part_s, left)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One check's result line."""
-
-    name: str
-    ok: bool
-    detail: str
 
 
 # ---- naming the GPU ----------------------------------------------------------------------
@@ -167,50 +206,12 @@ def run_gpu_tests(timeout_s: float) -> Outcome:
 # ---- (b) a small LLaMA in each dtype -------------------------------------------------------
 
 
-def small_llama():
-    """A small LLaMA over the byte vocabulary (the shipped corpus's tokens)."""
-    from potluck.model.spec import PRESETS
-
-    return replace(PRESETS["tiny-llama"], name="llama-256x4", hidden_size=256, ffn_hidden_size=688,
-                   num_heads=4, num_kv_heads=2)
-
-
-def check_model():
-    """The model whose step time (c) and GEMMs (d) are measured: LLaMA-2 blocks at width
-    2048, four of them, the 32000-token vocabulary (about 340M parameters)."""
-    from potluck.model.spec import PRESETS
-
-    return replace(PRESETS["llama2-7b"], name="llama-2048x4", hidden_size=2048,
-                   ffn_hidden_size=5632, num_heads=16, num_kv_heads=16, num_layers=4,
-                   max_seq_len=2048)
-
-
-def one_gpu_cluster(device: str, calibrated: Path | None = None):
-    from potluck.cluster.spec import load_cluster, parse_cluster
-
-    if calibrated is not None:
-        return load_cluster(calibrated)
-    return parse_cluster(f"nodes:\n  - {{name: gpu, gpu: {device}, gpus_per_node: 1}}\n",
-                         "gpu-check.yaml")
-
-
 def loss_falls(losses: list[float]) -> tuple[bool, str]:
     """Every loss finite and the last three steps' mean below the first three's."""
     if not losses or not all(math.isfinite(x) for x in losses):
         return False, f"non-finite loss: {losses}"
     first, last = statistics.fmean(losses[:3]), statistics.fmean(losses[-3:])
     return last < first, f"loss {first:.3f} -> {last:.3f} over {len(losses)} steps"
-
-
-def run_on_gpus(plan, options, timeout_s: float) -> list:
-    """Rank 0's step metrics of ``plan`` trained on this machine's GPUs, spawned ranks (a
-    fork of a process that has initialized CUDA cannot use it)."""
-    from potluck.runtime.launch.gpus import StartMethod
-    from potluck.runtime.launch.local import run_local
-    from potluck.runtime.training import train_rank
-
-    return run_local(train_rank, plan.devices, (plan, options), timeout_s=timeout_s,
-                     start_method=StartMethod.SPAWN)[0]
 
 
 def train_dtype(device: str, dtype: str, timeout_s: float) -> Outcome:
@@ -343,42 +344,6 @@ def figures_table(device_name: str, measurement) -> str:
 
 # ---- (e) several GPUs: the multi-rank paths ---------------------------------------------------
 
-MULTI_GPUS = 2  # the part runs where torch.cuda.device_count() reaches this
-MULTI_STEPS = 4
-MULTI_LR = 3e-3
-MULTI_DTYPE = "bf16"
-MULTI_LOSS_TOLERANCE = 2e-2  # per step, absolute: bf16 autocast summed in other orders (as
-# tests/runtime/test_gpu.py allows one GPU's bf16 run against an fp32 reference)
-MULTI_TIMEOUT_S = 60.0  # one multi-rank run, process start and NCCL set-up included
-MULTI_GLOBAL_BATCH = 8
-MULTI_SEQ_LEN = 64
-MULTI_MICRO_BATCH = 2
-
-
-@dataclass(frozen=True)
-class MultiCase:
-    """One layout of the multi-rank part and what it exercises."""
-
-    name: str
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero1: bool = False
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-REFERENCE_CASE = MultiCase("one GPU (the reference)")
-MULTI_CASES = (
-    MultiCase("pp=2: NCCL sends between pipeline stages", pp=2),
-    MultiCase("dp=2: gradient buckets all-reduced over NCCL", dp=2),
-    MultiCase("dp=2 ZeRO-1: gradients reduce-scattered, updates all-gathered", dp=2, zero1=True),
-    MultiCase("tp=2: a tensor-parallel mesh", tp=2),
-)
-RESUME_CASE = MultiCase("checkpoint on 2 GPUs, resume where 1 is visible", dp=2)
-
 
 def multi_rank_skip_reason(gpu_count: int) -> str | None:
     """Why the multi-rank part does not run here (None: it runs)."""
@@ -388,47 +353,10 @@ def multi_rank_skip_reason(gpu_count: int) -> str | None:
             f"(torch.cuda.device_count()), the multi-rank part needs {MULTI_GPUS}")
 
 
-def gpus_cluster(device: str, count: int):
-    from potluck.cluster.spec import parse_cluster
-
-    return parse_cluster(f"nodes:\n  - {{name: gpu, gpu: {device}, gpus_per_node: {count}}}\n",
-                         "gpu-check.yaml")
-
-
-def multi_plan(device: str, case: MultiCase):
-    """``case``'s layout of the small LLaMA on ``case.gpus`` GPUs of this type."""
-    from potluck import api
-
-    return api.plan(gpus_cluster(device, case.gpus), small_llama(), global_batch=MULTI_GLOBAL_BATCH,
-                    seq_len=MULTI_SEQ_LEN, dtype=MULTI_DTYPE, tp=case.tp, pp=case.pp, dp=case.dp,
-                    micro_batch_size=MULTI_MICRO_BATCH, recompute="none", zero=int(case.zero1)).best
-
-
-def multi_options(steps: int, timeout_s: float, **fields):
-    from potluck import api
-
-    return api.train_options(steps=steps, lr=MULTI_LR, seed=0, progress=False,
-                             timeout_s=timeout_s, **fields)
-
-
 def run_losses(plan, options, timeout_s: float) -> list[float]:
     """Rank 0's losses of ``plan`` trained through potluck's runtime on this machine."""
     history = run_on_gpus(plan, options, timeout_s)
     return [m.loss for m in history]
-
-
-def losses_match(reference: list[float], losses: list[float],
-                 tolerance: float = MULTI_LOSS_TOLERANCE) -> tuple[bool, str]:
-    """Every step's loss finite and within ``tolerance`` of the one-GPU reference's."""
-    shown = f"losses {_losses(losses)} against one GPU's {_losses(reference)}"
-    if len(losses) != len(reference) or not all(math.isfinite(x) for x in losses):
-        return False, shown
-    worst = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
-    return worst <= tolerance, f"{shown}: largest difference {worst:.4f} (at most {tolerance:g})"
-
-
-def _losses(losses: list[float]) -> str:
-    return "[" + ", ".join(f"{x:.4f}" for x in losses) + "]"
 
 
 def one_visible_gpu(visible: str | None, gpu_count: int) -> str:
@@ -436,12 +364,6 @@ def one_visible_gpu(visible: str | None, gpu_count: int) -> str:
     (not GPU 0, which rank 0 saved from), by its nvidia-smi number as the variable lists it."""
     entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
     return entries[-1] if entries else str(gpu_count - 1)
-
-
-def train_case(device: str, case: MultiCase, reference: list[float], timeout_s: float) -> Outcome:
-    plan = multi_plan(device, case)
-    losses = run_losses(plan, multi_options(MULTI_STEPS, timeout_s), timeout_s)
-    return Outcome(case.name, *losses_match(reference, losses))
 
 
 def resume_plan(device: str, gpu: int):
@@ -510,29 +432,42 @@ def resume_with_fewer_gpus(device: str, reference: list[float], timeout_s: float
 
 
 def run_multi_rank(device: str, deadline: Deadline, gpu_count: int) -> list[Outcome]:
-    """Part (e): each layout trained a few steps against one GPU's losses; on a machine
-    with fewer than two GPUs, one line saying why it was skipped."""
+    """Part (e): the cases of :mod:`gpu_check_parts.multi` in rounds of two on disjoint GPUs,
+    then the resume; on a machine with fewer than two GPUs, one line saying why it was
+    skipped."""
+    import tempfile
+
     reason = multi_rank_skip_reason(gpu_count)
     if reason is not None:
         print(f"[e: multi-rank] {reason}", flush=True)
         return []
-    reference: list[float] = []
-
-    def one_gpu(timeout_s: float) -> Outcome:
-        plan = multi_plan(device, REFERENCE_CASE)
-        reference.extend(run_losses(plan, multi_options(MULTI_STEPS, timeout_s), timeout_s))
-        finite = all(math.isfinite(x) for x in reference)
-        return Outcome(REFERENCE_CASE.name, finite, f"losses {_losses(reference)}")
-
-    outcomes = _part("e: multi-rank", deadline, MULTI_TIMEOUT_S, one_gpu)
-    if not outcomes[0].ok:
-        return outcomes
-    for case in MULTI_CASES:
-        outcomes += _part("e: multi-rank", deadline, MULTI_TIMEOUT_S,
-                          lambda t, c=case: train_case(device, c, reference, t))
-    outcomes += _part("e: multi-rank", deadline, 2 * MULTI_TIMEOUT_S,
-                      lambda t: resume_with_fewer_gpus(device, reference, t))
+    rounds, skipped = multi_rounds(gpu_count)
+    directory = Path(tempfile.mkdtemp(prefix="gpu-check-multi-"))
+    print(f"[e: multi-rank] started: {len(rounds)} rounds, each case's output and NCCL flight "
+          f"recorder dumps in {directory}", flush=True)
+    found = run_rounds(device, rounds, directory, deadline.timeout_s(MULTI_BUDGET_S))
+    outcomes = [case_outcome(a.case, found) for placed in rounds for a in placed]
+    outcomes += [Outcome(case.name, True, why) for case, why in skipped]
+    for o in outcomes:
+        print(f"[e: multi-rank] {'ok' if o.ok else 'FAILED'} {o.name}: {o.detail}", flush=True)
+    reference = found.get(REFERENCE_CASE.key, {}).get("losses")
+    if reference:
+        outcomes += _part("e: multi-rank", deadline, 120.0,
+                          lambda t: resume_with_fewer_gpus(device, reference, t))
     return outcomes
+
+
+def multi_module():
+    """:mod:`gpu_check_parts.multi` (the tests reach the parts through this script)."""
+    from gpu_check_parts import multi
+
+    return multi
+
+
+def multi_rounds(gpu_count: int):
+    """The rounds of (e)'s cases on this process's GPUs, and the cases skipped with why."""
+    return pair_rounds(ALL_CASES, available_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                 gpu_count))
 
 
 # ---- the run ------------------------------------------------------------------------------
@@ -554,10 +489,11 @@ def _part(label: str, deadline: Deadline, part_s: float,
     return outcomes
 
 
-def run_checks(device: str, out: Path, skip_tests: bool) -> list[Outcome]:
-    deadline = Deadline(time.monotonic() + TOTAL_BUDGET_S)
+def run_checks(device: str, out: Path, parts: tuple[str, ...], tiny: bool = False,
+               gpu_count: int = 1) -> list[Outcome]:
+    deadline = Deadline(time.monotonic() + budget_s(parts, gpu_count))
     outcomes: list[Outcome] = []
-    if not skip_tests:
+    if "a" in parts:
         outcomes += _part("a: gpu tests", deadline, TESTS_TIMEOUT_S, run_gpu_tests)
     measured: list = []
 
@@ -565,8 +501,9 @@ def run_checks(device: str, out: Path, skip_tests: bool) -> list[Outcome]:
         measured.append(measure_device_figures(device, out))
         return Outcome("device figures", True, f"written to {out}")
 
-    outcomes += _part("d: device figures", deadline, 30.0, measure)
-    for dtype in TRAIN_DTYPES:
+    if "d" in parts:
+        outcomes += _part("d: device figures", deadline, 30.0, measure)
+    for dtype in TRAIN_DTYPES if "b" in parts else ():
         outcomes += _part(f"b: train {dtype}", deadline, TRAIN_TIMEOUT_S,
                           lambda t, dtype=dtype: train_dtype(device, dtype, t))
     timings: list[PlanTiming] = []
@@ -577,13 +514,29 @@ def run_checks(device: str, out: Path, skip_tests: bool) -> list[Outcome]:
         return Outcome(f"{case.dtype} mbs={case.micro_batch} recompute={case.recompute}", True,
                        f"measured {t.measured_s:.4f} s, predicted {t.predicted_s:.4f} s")
 
-    for case in PLAN_CASES:
+    for case in PLAN_CASES if "c" in parts else ():
         outcomes += _part("c: step time", deadline, PLAN_TIMEOUT_S, lambda t, c=case: timed(c, t))
-    outcomes += run_multi_rank(device, deadline, torch.cuda.device_count())
+    memory_rows: list = []
+    for case in MEMORY_CASES if "f" in parts else ():
+        outcomes += _part("f: memory", deadline, MEMORY_TIMEOUT_S,
+                          lambda t, c=case: measure_case(device, c, t, memory_rows))
+    shape = numerics.tiny_shape() if tiny else numerics.check_shape()
+    for label, part_s, body in numerics.parts(shape):
+        if label[0] in parts:
+            outcomes += _part(label, deadline, part_s, lambda t, b=body: b(device, t))
+    if "i" in parts:
+        outcomes += _part("i: sanitizer", deadline, sanitizer.SANITIZER_TIMEOUT_S,
+                          lambda t: sanitizer.run_sanitized(device, t))
+    if "j" in parts:
+        outcomes += _part("j: mfu", deadline, mfu.MFU_TIMEOUT_S, lambda t: mfu.run_mfu(device, t))
+    if "e" in parts:
+        outcomes += run_multi_rank(device, deadline, gpu_count)
     if measured:
         print("\n" + figures_table(device, measured[0]))
     if timings:
         print("\n" + timing_table(device, timings))
+    if memory_rows:
+        print("\n" + memory_table(memory_rows))
     return outcomes
 
 
@@ -593,30 +546,72 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu-calibrated.yaml"),
                         help="cluster file to write with the measured calibration")
     parser.add_argument("--skip-tests", action="store_true", help="skip part (a)")
+    parser.add_argument("--only", help="run only these parts, such as g,h (default: all)")
+    parser.add_argument("--tiny", action="store_true", help="(g) and (h) on a tiny model")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one multi-GPU case (its process)
+    parser.add_argument("--gpus", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from potluck.errors import ConfigError
 
+    if args.case:
+        return run_case(args.device, args.case, [int(g) for g in args.gpus.split(",")],
+                        args.result)
     try:
+        parts = selected_parts(args.only, args.skip_tests)
         device = detect_device(args.device)
     except (NoGpu, ConfigError) as err:
         print(err, file=sys.stderr)
         return 2
-    skipped = multi_rank_skip_reason(torch.cuda.device_count())
-    print(f"gpu_check on {torch.cuda.get_device_name(0)} as catalog {device!r}: about "
-          f"{estimate_s(args.skip_tests, skipped is None)} s, at most {TOTAL_BUDGET_S:.0f} s "
-          f"(parts: tests {TESTS_TIMEOUT_S:.0f} s, each dtype {TRAIN_TIMEOUT_S:.0f} s, each plan "
-          f"{PLAN_TIMEOUT_S:.0f} s, each multi-rank run {MULTI_TIMEOUT_S:.0f} s)", flush=True)
-    outcomes = run_checks(device, args.out, args.skip_tests)
+    gpu_count = torch.cuda.device_count()
+    skipped = multi_rank_skip_reason(gpu_count) if "e" in parts else None
+    print(f"gpu_check on {torch.cuda.get_device_name(0)} as catalog {device!r}:", flush=True)
+    print("\n".join(schedule_lines(parts, gpu_count)), flush=True)
+    outcomes = run_checks(device, args.out, parts, args.tiny, gpu_count)
     print("\n" + summary_line(outcomes, skipped))
     return 1 if any(not o.ok for o in outcomes) else 0
 
 
-def estimate_s(skip_tests: bool, multi_rank: bool) -> int:
-    """The check's expected duration: every part's estimate, the ones that run."""
-    skipped = {"tests"} if skip_tests else set()
-    if not multi_rank:
-        skipped.add("multi")
-    return sum(v for k, v in ESTIMATE_S.items() if k not in skipped)
+def selected_parts(only: str | None, skip_tests: bool) -> tuple[str, ...]:
+    """The parts to run, in :data:`PARTS`' order; a ConfigError for a letter there is not."""
+    from potluck.errors import ConfigError
+
+    chosen = set(PARTS) if not only else {p.strip() for p in only.split(",") if p.strip()}
+    unknown = sorted(chosen - set(PARTS))
+    if unknown:
+        raise ConfigError(f"--only {only}: no part {', '.join(unknown)}; the parts are "
+                          f"{','.join(sorted(PARTS))}")
+    return tuple(p for p in PARTS if p in chosen and not (p == "a" and skip_tests))
+
+
+def budget_s(parts: tuple[str, ...], gpu_count: int) -> float:
+    """The whole run's limit: the one-GPU parts', and the multi-GPU part's where it runs."""
+    multi = "e" in parts and multi_rank_skip_reason(gpu_count) is None
+    return TOTAL_BUDGET_S + (MULTI_BUDGET_S if multi else 0.0)
+
+
+def estimate_s(parts: tuple[str, ...], rounds: list | None = None) -> int:
+    """The check's expected duration: the estimates of the parts that run, and of (e)'s
+    rounds (None: (e) does not run)."""
+    one_gpu = sum(ESTIMATE_S[p] for p in parts if p != "e")
+    multi = ESTIMATE_S["e"] + multi_estimate_s(rounds) if "e" in parts and rounds else 0
+    return int(one_gpu + multi)
+
+
+def schedule_lines(parts: tuple[str, ...], gpu_count: int) -> list[str]:
+    """What the run will do and how long it should take, before it starts."""
+    rounds, skipped = multi_rounds(gpu_count) if gpu_count >= MULTI_GPUS else (None, [])
+    lines = [f"  about {estimate_s(parts, rounds)} s, at most {budget_s(parts, gpu_count):.0f} s; "
+             f"parts {','.join(parts)}:"]
+    lines += [f"  ({p}) about {ESTIMATE_S[p]} s" for p in parts if p != "e"]
+    if "e" in parts and rounds is None:
+        lines.append(f"  (e) {multi_rank_skip_reason(gpu_count)}")
+    elif "e" in parts:
+        for k, placed in enumerate(rounds):
+            lines.append(f"  (e) round {k + 1}: " + "; ".join(
+                f"{a.case.key} on GPUs {','.join(map(str, a.gpus))}" for a in placed))
+        lines += [f"  (e) {case.key} {why}" for case, why in skipped]
+    return lines
 
 
 def summary_line(outcomes: list[Outcome], multi_rank_skipped: str | None) -> str:
