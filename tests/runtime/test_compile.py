@@ -1,10 +1,12 @@
 """The ``compile`` execution trait on CPU ranks with inductor: each block and the loss
 compiled, with the same losses as eager, composed with ZeRO-3 (FSDP2 over the compiled
-blocks) and full recomputation (checkpoint around each compiled block)."""
+blocks) and full recomputation (checkpoint around each compiled block); and which ranks and
+blocks stay eager."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from compile_workers import train_compiled
@@ -12,6 +14,12 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
 from potluck.model.counts import Recompute
 from potluck.plans import Plan
+from potluck.plans.memory import Offload, StageMemory
+from potluck.runtime.models.adapters import detect_family
+from potluck.runtime.models.build import build_model
+from potluck.runtime.parallel.compile import block_eager_reason, rank_eager_reason
+from potluck.runtime.parallel.pipeline import StageModule
+from potluck.runtime.parallel.recompute import apply_memory
 
 STEPS = 3
 TOLERANCE = 1e-4  # fp32 on CPU: inductor's fused kernels reorder sums
@@ -35,3 +43,26 @@ def test_compiled_blocks_and_loss_train_as_eager_under_zero3_and_recomputation()
         assert (fast.graphs, fast.graph_breaks) == (2, 0), f"rank {rank}"
         assert fast.losses == pytest.approx(plain.losses, abs=TOLERANCE), f"rank {rank}"
         assert fast.grad_norms == pytest.approx(plain.grad_norms, abs=TOLERANCE), f"rank {rank}"
+
+
+def _layout(tp: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(role=SimpleNamespace(tp=tp, pipeline=0, stage=0, holds_head=True))
+
+
+def test_blocks_and_ranks_that_stay_eager_say_why():
+    model = build_model(TINY_LLAMA)
+    stage = StageModule(model, detect_family(model), (0, 4), first=True, last=True)
+    apply_memory([stage], StageMemory(recompute=Recompute.SELECTIVE, recompute_blocks=1),
+                 Recompute.NONE)
+    stage.swapped = frozenset({"1"})
+    reasons = [block_eager_reason(stage, name) for name in stage.blocks]
+    assert reasons == ["selective recomputation", "swapped activations", None, None]
+    plan = make_plan(TINY_LLAMA, DP2)
+    assert rank_eager_reason(plan, _layout(), [stage]) is None
+    assert "tensor parallelism" in rank_eager_reason(plan, _layout(tp=2), [stage])
+    assert "traced" in rank_eager_reason(plan, _layout(), [model])
+    offloaded = replace(plan.pipelines[0].stages[0],
+                        memory=StageMemory(offload=Offload.OPTIMIZER))
+    plan = replace(plan, pipelines=(replace(plan.pipelines[0], stages=(offloaded,)),
+                                    *plan.pipelines[1:]))
+    assert "offload" in rank_eager_reason(plan, _layout(), [stage])
