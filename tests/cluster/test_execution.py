@@ -189,3 +189,29 @@ def test_communication_trait_errors_are_one_line(section, fragment):
     with pytest.raises(ConfigError) as err:
         parse_cluster(NODES + f"execution: {section}\n", "lab.yaml")
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_compile_is_auto_true_or_false_and_round_trips_in_plans(tmp_path):
+    from potluck.runtime.launch.checks import check_execution
+    from potluck.runtime.parallel.compile import compiles
+
+    assert Execution().compile is None  # auto: the runtime compiles on GPU ranks
+    assert compiles(Execution(), use_gpu=True) and not compiles(Execution(), use_gpu=False)
+    assert all(preset(name).compile is False for name in PRESETS if name != "potluck")
+    spec = parse_cluster(NODES + "execution: {compile: true}\n")
+    assert spec.execution == Execution(compile=True)
+    assert compiles(spec.execution, use_gpu=False)  # a CPU run opts in
+    assert describe(spec.execution) == "potluck + compile=true"
+    path = tmp_path / "traits.yaml"
+    path.write_text("compile: false\n")
+    assert choose_execution(str(path)).compile is False
+    assert parse_execution({"compile": "auto"}, "x.yaml").compile is None
+    with pytest.raises(ConfigError, match="execution.compile: must be auto, true or false"):
+        parse_cluster(NODES + "execution: {compile: yes please}\n")
+    plan = api.plan(spec, "gpt3-125m", global_batch=8, seq_len=256, top_k=1).best
+    data = plan_to_dict(plan)
+    assert data["training"]["execution"]["compile"] is True
+    assert plan_from_dict(data).training.execution.compile is True
+    del data["training"]["execution"]["compile"]  # a plan written before the trait
+    assert plan_from_dict(data).training.execution.compile is None
+    check_execution(plan)  # the runtime follows it

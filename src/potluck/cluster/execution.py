@@ -106,9 +106,14 @@ class Execution:
     split_p2p_channels: bool | None = None  # pipeline activations and gradients on two channels
     dp_priority_schedule: bool | None = None  # per-stage optimizer and ZeRO gathers overlap the next step
     sparse_embedding_grads: bool | None = None  # only touched embedding rows are reduced
+    # torch.compile of each block and of the loss (runtime/parallel/compile.py). None (auto):
+    # on GPU ranks, where fused kernels and fewer launches pay for the compile, off on CPU
+    # ranks (tens of seconds of inductor per run); True also compiles on CPU ranks.
+    compile: bool | None = None
 
 
 DEFAULT_PRESET = "potluck"
+AUTO_TRAITS = ("compile",)  # auto, true or false, decided by the runtime per rank
 COMM_TRAITS = ("tp_overlap_chunks", "recompute_keeps_comm", "split_p2p_channels",
                "dp_priority_schedule", "sparse_embedding_grads")
 # the frameworks potluck describes run none of the communication scheduling methods
@@ -151,7 +156,8 @@ PRESETS: dict[str, Execution] = {
         # --batch-p2p-comm (the default) sends activations and receives gradients in one batched
         # call per stage pair; no sub-batch TP overlap (its --tp-comm-overlap pipelines GEMM
         # chunks with Transformer Engine's userbuffers instead), no sparse embedding gradients.
-        **COMM_OFF,
+        # Its speed comes from Transformer Engine's kernels, not torch.compile.
+        compile=False, **COMM_OFF,
     ),
     # Megatron-LM as in Narayanan et al., SC'21 (arXiv:2104.04473): commit a2fdcdf of
     # 2021-11-10. Fused kernels (§4.2 of the paper: bias+GeLU, bias+dropout+add, scale+mask+
@@ -165,7 +171,8 @@ PRESETS: dict[str, Execution] = {
     "megatron-lm-2021": Execution(
         fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
         overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4, grad_accumulation_bytes=10.0,
-        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS, **COMM_OFF,
+        placement=Placement.RANK_ORDER, tied_grad_sync=TiedGradSync.PIPELINE_ENDS,
+        compile=False, **COMM_OFF,
     ),
     # DeepSpeed's pipeline engine (deepspeed.pipe.PipelineModule, as in AMP/Metis-era runs of
     # 2021-2022) with fp16 and plain PyTorch layers (github.com/microsoft/DeepSpeed,
@@ -182,7 +189,7 @@ PRESETS: dict[str, Execution] = {
         # places ranks pipe-data-model (rank order); ReduceTiedGrads sums the tied embedding of
         # the first and last stage in its own step.
         grad_accumulation_bytes=6.0, placement=Placement.RANK_ORDER,
-        tied_grad_sync=TiedGradSync.PIPELINE_ENDS, **COMM_OFF,
+        tied_grad_sync=TiedGradSync.PIPELINE_ENDS, compile=False, **COMM_OFF,
     ),
 }
 
@@ -298,7 +305,7 @@ def _converter(name: str):
     default = getattr(Execution(), name)
     if name == "tp_overlap_chunks":
         return _chunks
-    if name in COMM_TRAITS:
+    if name in COMM_TRAITS or name in AUTO_TRAITS:
         return _auto_boolean
     if isinstance(default, bool):
         return _boolean
@@ -320,7 +327,8 @@ def _boolean(value: Any) -> bool:
 
 
 def _auto_boolean(value: Any) -> bool | None:
-    """A communication trait: ``auto`` (the search decides where it pays), true or false."""
+    """A communication trait (``auto``: the search decides where it pays) or ``compile``
+    (``auto``: the runtime compiles on GPU ranks), true or false."""
     if value == "auto":
         return None
     if not isinstance(value, bool):

@@ -20,7 +20,9 @@ are torchtitan's):
    stage's recomputation and activation swapping
    (:func:`~potluck.runtime.parallel.recompute.apply_memory`; a
    :class:`~potluck.runtime.memory.ledger.MemoryLedger` counts what the rank holds: on
-   GPU ranks its states and stashes, on CPU ranks, with ``count_memory``, everything);
+   GPU ranks its states and stashes, on CPU ranks, with ``count_memory``, everything),
+   and ``apply_compile`` (:mod:`~potluck.runtime.parallel.compile`): each block and the
+   loss compiled where the execution's ``compile`` trait asks for it;
 4. ``apply_dp``: the gradient groups and buckets of every local parameter
    (:class:`~potluck.runtime.grads.data_parallel.GradSync`; their all-reduces
    overlap the backward pass when the plan's execution says so) and, with
@@ -88,6 +90,7 @@ from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, d
 from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
 from potluck.runtime.models.moe import install_router_loss, router_loss_of
 from potluck.runtime.models.traced import find_blocks, trace_stages
+from potluck.runtime.parallel.compile import apply_compile
 from potluck.runtime.parallel.expert_parallel import apply_ep, expert_unit_names
 from potluck.runtime.parallel.pipeline import (
     StageModule,
@@ -239,10 +242,14 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     params = [p for stage in stages for p in stage.parameters()]
     swap = activation_swap(session, memory, ledger, params)
     apply_memory(stages, memory, layout.plan.recompute, swap, counted)
+    compiled = apply_compile(stages, layout, session.use_gpu)
     apply_zero3(stages, layout, session.device, family, units,
                 ShardPrecision(session.autocast_dtype, _wire_dtype(session)))
-    return ParallelModel(session, stages, units, bucket_elements, ledger,
-                         sparse_embedding=sparse, count_memory=count_memory)
+    parallel = ParallelModel(session, stages, units, bucket_elements, ledger,
+                             sparse_embedding=sparse, count_memory=count_memory)
+    if compiled.loss:
+        parallel.loss_fn.compile()
+    return parallel
 
 
 def activation_swap(session: Session, memory: StageMemory, ledger: MemoryLedger,

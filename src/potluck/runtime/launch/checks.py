@@ -84,9 +84,11 @@ def check_options(options: TrainOptions) -> None:
 # runs whatever the plan decided (Plan.comm, Stage.comm: split channels in
 # runtime/parallel/pipeline.py, sparse embedding gradients in runtime/grads/sparse_embedding.py,
 # the priority schedule in runtime/grads/gather.py and runtime/loop/trainer.py, TP overlap and
-# recomputation keeping communication in runtime/parallel/tp_overlap.py).
+# recomputation keeping communication in runtime/parallel/tp_overlap.py). ``compile`` (auto,
+# true or false) is each rank's torch.compile of its blocks and loss, or eager where it does
+# not compose (runtime/parallel/compile.py).
 RUNTIME_FOLLOWS = ("overlap_grad_reduce", "grad_reduce_bytes", "flash_attention", "placement",
-                   "fp32_params", *COMM_TRAITS)
+                   "fp32_params", "compile", *COMM_TRAITS)
 
 
 def check_execution(plan: Plan) -> None:
