@@ -85,6 +85,7 @@ class _FakeModel:
     unscale_and_clip = ParallelModel.unscale_and_clip
     zero = None
     priority = False
+    counts_memory = True
     ledger = SimpleNamespace(add_host_tensors=lambda tensors: None,
                              count_states=lambda *args, **kwargs: None)
     clock = SimpleNamespace(run=lambda kind, index, work: work())

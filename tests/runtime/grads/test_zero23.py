@@ -70,6 +70,15 @@ def test_offload_keeps_optimizer_states_and_masters_in_host_memory():
         assert mine.host_bytes == 3 * base.param_bytes
 
 
+@pytest.mark.parametrize("schedule", [Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE])
+def test_offload_without_replicas_copies_each_gradient_once_final(schedule):
+    """No replica sums these gradients: each goes to the host after its last micro-batch's
+    accumulation, during the backward pass (zero bubble's weight passes, which run no
+    hooks, at the step), and the losses are the plain loop's."""
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 4)], schedule=schedule)
+    _losses_match(plan, train_plan(with_offload(plan), steps=STEPS))
+
+
 def test_offload_with_zero2_offloads_the_owned_share_only():
     plan = make_plan(TINY_LLAMA, DP2)
     plain = train_plan(plan, steps=1)

@@ -150,6 +150,9 @@ class GradSync:
                                accumulations) \
             if (overlap or self.sharded is not None) and self.buckets else None
         self.stats = SyncStats(buckets=len(self.buckets))
+        # called with a bucket's parameters once their sums are written back (optimizer
+        # offload starts copying them to the host there)
+        self.on_final: Callable[[list[nn.Parameter]], None] | None = None
         self._next = 0
         self._is_ready: list[bool] = []
         self._inflight: list[_Reduction] = []
@@ -201,16 +204,23 @@ class GradSync:
         self._launch_rest()
         for reduction in self._inflight:
             self._write_back(reduction)
+            self._final(reduction.bucket)
         self._inflight = []
         if self.sparse is not None:
             self.sparse.write_back()
+            self._final(self.sparse.bucket)
         if self.sharded is not None:
             for bucket in self.buckets:
                 if self._per_micro_batch(bucket):
                     self.sharded.write_back(bucket, self._slots[id(bucket)])
+                    self._final(bucket)
             self.stats.scattered += self.sharded.launched
         for item in self.params:
             _match_grad_layout(item.param)
+
+    def _final(self, bucket: Bucket) -> None:
+        if self.on_final is not None:
+            self.on_final([item.param for item in bucket.items])
 
     def weight_pass(self, module: nn.Module) -> AbstractContextManager[None]:
         """Wrap a zero-bubble weight pass of ``module``: one accumulation of each of its

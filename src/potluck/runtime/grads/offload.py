@@ -7,17 +7,26 @@ before), but the wrapped optimizer steps an **fp32 master copy** of each
 parameter held in host memory (pinned on a GPU rank, a separate set of CPU
 tensors on a CPU rank) and keeps its states there. A step:
 
-1. copies each gradient to a host buffer (device to host; on a GPU
-   asynchronously into pinned memory, then one synchronize);
+1. copies each gradient to a host buffer (device to host). Each copy starts as soon as
+   the gradient is final for the step, while the backward pass goes on (ZeRO-Offload's
+   overlap): a gradient that no replica sums after its last micro-batch's accumulation
+   (:meth:`copy_when_final` counts post-accumulate-grad hooks), a summed one once
+   :class:`~potluck.runtime.grads.data_parallel.GradSync` has written its bucket's sum
+   back (:meth:`grads_final`, after the schedule); whatever neither found final is copied
+   when the step starts. On a GPU each copy runs on a copy stream of its own
+   (``to_host``) after the compute stream's work so far, non-blocking into pinned
+   memory, with an event per batch of copies; the host step waits for those events
+   only, never for the device (no ``synchronize``);
 2. runs the wrapped optimizer on the host masters;
-3. copies the masters back into the device parameters. On a GPU the copies
-   run in forward order on a side stream, one event per parameter, and a
-   forward pre-hook on each module waits only for its own parameters' copies,
-   so the copy of later blocks' parameters overlaps the next forward pass;
-   when something reads the parameters right after the step (ZeRO's
-   all-gather), :meth:`wait_for_parameters` waits for all of them.
+3. copies the masters back into the device parameters (rounded to their 16 bits on the
+   host, into pinned memory). On a GPU the copies run non-blocking in forward order on a
+   second stream (``to_device``), one event per parameter, and a forward pre-hook on
+   each module makes the compute stream wait for its own parameters' copies only, so the
+   copy of later blocks' parameters overlaps the next forward pass; when something reads
+   the parameters right after the step (ZeRO's all-gather), :meth:`wait_for_parameters`
+   makes it wait for all of them.
 
-The host gradient buffers live only for the step, so what stays in host
+The host gradient buffers live from the backward pass to the step, so what stays in host
 memory is ``4 + optimizer bytes`` per parameter (master + states), as the
 memory contract counts; :meth:`host_state_tensors` lists those tensors (for
 the memory ledger). Numerics equal the plain optimizer's: the parameters are
@@ -47,6 +56,7 @@ from torch.distributed.tensor import DTensor
 
 from potluck.runtime.grads.buckets import local
 from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
+from potluck.runtime.parallel.pipeline import sub_batch_accumulations
 
 
 class HostOffloadOptimizer(torch.optim.Optimizer):
@@ -54,32 +64,39 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  keep: Callable[[nn.Parameter], bool] | None = None, *,
-                 modules: Iterable[nn.Module] = ()) -> None:
+                 modules: Iterable[nn.Module] = (), device: torch.device | None = None) -> None:
+        """``modules``: those whose forward waits for its parameters' copies back (GPU);
+        ``device``: the GPU whose streams copy (default: the parameters' GPU if any; a CPU
+        rank copies in place, with no streams)."""
+        device = device or next((p.device for group in optimizer.param_groups
+                                 for p in group["params"] if p.is_cuda), None)
         groups = [dict(group) for group in optimizer.param_groups]
         super().__init__(groups, optimizer.defaults)
         self.inner = optimizer
         self._masters: dict[int, torch.Tensor] = {}
         self._params: dict[int, nn.Parameter] = {}
         self._versions: dict[int, int] = {}
-        self._events: dict[int, Any] = {}
+        self._events: dict[int, Any] = {}  # parameter copied back -> its copy's event
+        # this step's gradients on the host: parameter -> (buffer, the copy's event or None)
+        self._host_grads: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._hooks_when_final: dict[int, int] = {}  # copy_when_final's parameters
+        self._hooks: dict[int, int] = {}  # ... and their hooks so far this step
         self._coefficient = 1.0  # the next step's gradients are multiplied by it on the host
         self._accumulation: FP32Accumulation | None = None  # with 16-bit device parameters
         for group, inner_group in zip(self.param_groups, optimizer.param_groups, strict=True):
             masters = []
             for param in group["params"]:
                 if keep is None or keep(param):
-                    masters.append(self._master_of(param))
+                    masters.append(self._master_of(param, pin=device is not None))
             inner_group["params"] = masters
-        on_gpu = any(p.is_cuda for p in self._params.values())
-        self._stream = torch.cuda.Stream() if on_gpu else None
-        if on_gpu:
+        self._streams = _CopyStreams(device) if device is not None else None
+        if self._streams is not None:
             for module in modules:
                 module.register_forward_pre_hook(self._wait_for_module)
 
-    def _master_of(self, param: nn.Parameter) -> torch.Tensor:
+    def _master_of(self, param: nn.Parameter, pin: bool) -> torch.Tensor:
         value = local(param).detach()
-        master = torch.empty(value.shape, dtype=torch.float32, device="cpu",
-                             pin_memory=value.is_cuda)
+        master = _host_buffer(value, pin)
         master.copy_(value)
         self._masters[id(param)] = master
         self._params[id(param)] = param
@@ -101,9 +118,68 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
             self._versions[key] = local(param)._version
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._drop_host_grads()  # a skipped step's copies: done before the gradients change
         super().zero_grad(set_to_none)
         if self._accumulation is not None:
             self._accumulation.reset()
+
+    def copy_when_final(self, hooks: Iterable[tuple[nn.Parameter, int]]) -> None:
+        """Copy each parameter's gradient to the host as soon as its post-accumulate-grad
+        hook has run the given number of times this step (the micro-batches times the
+        hooks of one accumulation; for gradients no replica sums afterwards). A hook beyond
+        that number means the gradient changed after all: it is copied again at the step.
+        A gradient written without hooks (zero bubble's weight pass) is copied at the step."""
+        for param, count in hooks:
+            if id(param) in self._masters:
+                self._hooks_when_final[id(param)] = count
+                param.register_post_accumulate_grad_hook(self._accumulated)
+
+    def _accumulated(self, param: nn.Parameter) -> None:
+        key = id(param)
+        count = self._hooks[key] = self._hooks.get(key, 0) + 1
+        if count == self._hooks_when_final[key]:
+            self.grads_final([param])
+        elif count > self._hooks_when_final[key]:
+            self._host_grads.pop(key, None)
+
+    def grads_final(self, params: Iterable[nn.Parameter]) -> None:
+        """Start copying the gradients of ``params`` to the host (those with a master and a
+        gradient, not copied yet this step): nothing writes them again before the step. On
+        a GPU the copies wait for the compute stream's work so far (which made them) and
+        run on the ``to_host`` stream, non-blocking into pinned memory; the host waits for
+        them at the step."""
+        todo = []
+        for param in params:
+            key = id(param)
+            if key in self._masters and key not in self._host_grads \
+                    and param.grad is not None and _in_parameter_layout(param):
+                todo.append((key, local(param.grad).detach()))
+        if not todo:
+            return
+        if self._streams is None:
+            for key, grad in todo:
+                self._host_grads[key] = (_host_buffer(grad, pin=False).copy_(grad), None)
+            return
+        streams = self._streams
+        streams.to_host.wait_stream(streams.compute())
+        with torch.cuda.stream(streams.to_host):
+            done = torch.cuda.Event()
+            for key, grad in todo:
+                buffer = _host_buffer(grad, pin=True)
+                buffer.copy_(grad, non_blocking=True)
+                grad.record_stream(streams.to_host)  # not reused before the copy is done
+                self._host_grads[key] = (buffer, done)
+            done.record(streams.to_host)
+
+    def _drop_host_grads(self) -> None:
+        """Forget this step's host gradients (the compute stream waits for copies still
+        running, so nothing overwrites a gradient they read) and hook counts."""
+        if self._streams is not None:
+            compute = self._streams.compute()
+            for event in {id(e): e for _, e in self._host_grads.values()}.values():
+                compute.wait_event(event)
+        self._host_grads.clear()
+        self._hooks.clear()
 
     def scale_gradients(self, coefficient: float) -> None:
         """Have the next step multiply the gradients by ``coefficient`` (the loss scale
@@ -143,47 +219,51 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 self._versions[key] = local(param)._version
 
     def _grads_to_host(self) -> None:
-        on_gpu = self._stream is not None
-        grads = []
-        for key, param in self._params.items():
-            master = self._masters[key]
-            if param.grad is None:
-                master.grad = None
-                continue
-            master.grad = torch.empty(master.shape, dtype=master.dtype, pin_memory=on_gpu)
-            master.grad.copy_(local(param.grad), non_blocking=on_gpu)
-            grads.append(master.grad)
-        if on_gpu:
-            torch.cuda.current_stream().synchronize()
+        """The masters' gradients: the host copies, each waited for by its own event."""
+        self.grads_final(self._params.values())  # those nothing found final before
+        grads, waited = [], set()
+        for key, master in self._masters.items():
+            buffer, done = self._host_grads.pop(key, (None, None))
+            if done is not None and id(done) not in waited:
+                done.synchronize()
+                waited.add(id(done))
+            master.grad = buffer
+            if buffer is not None:
+                grads.append(buffer)
+        self._host_grads.clear()
+        self._hooks.clear()
         if grads and self._coefficient != 1.0:
             torch._foreach_mul_(grads, self._coefficient)
         self._coefficient = 1.0
 
     def _masters_to_device(self) -> None:
-        if self._stream is None:
+        if self._streams is None:
             for key, param in self._params.items():
                 local(param).copy_(self._masters[key])
                 self._versions[key] = local(param)._version
             return
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
+        streams = self._streams
+        streams.to_device.wait_stream(streams.compute())  # the step's reads of the weights
+        with torch.cuda.stream(streams.to_device):
             for key, param in self._params.items():
-                local(param).copy_(self._masters[key], non_blocking=True)
-                self._versions[key] = local(param)._version
+                target, master = local(param), self._masters[key]
+                if target.dtype != master.dtype:  # rounded here: the copy stays asynchronous
+                    master = _host_buffer(target, True, target.dtype).copy_(master)
+                target.copy_(master, non_blocking=True)
+                self._versions[key] = target._version
                 event = torch.cuda.Event()
-                event.record(self._stream)
+                event.record(streams.to_device)
                 self._events[key] = event
 
     def _wait_for_module(self, module: nn.Module, args: Any) -> None:
         for param in module._parameters.values():
             if param is not None and (event := self._events.pop(id(param), None)) is not None:
-                torch.cuda.current_stream().wait_event(event)
+                self._streams.compute().wait_event(event)
 
     def wait_for_parameters(self) -> None:
         """Make the current stream wait for every parameter copied back by the last step."""
-        stream = torch.cuda.current_stream() if self._stream is not None else None
         for event in self._events.values():
-            stream.wait_event(event)
+            self._streams.compute().wait_event(event)
         self._events.clear()
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -212,6 +292,33 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 host = {k: _to_host(v, master.is_pinned()) for k, v in self.state[param].items()}
                 self.inner.state[master] = host
                 self.state[param] = host
+
+
+class _CopyStreams:
+    """A GPU's two copy streams for the offloaded step, one each way: ``to_host`` (the
+    gradients) and ``to_device`` (the updated parameters)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.to_host = torch.cuda.Stream(device)
+        self.to_device = torch.cuda.Stream(device)
+
+    def compute(self) -> torch.cuda.Stream:
+        """The stream the model computes on (the device's current stream)."""
+        return torch.cuda.current_stream(self.device)
+
+
+def _host_buffer(like: torch.Tensor, pin: bool, dtype: torch.dtype | None = None
+                 ) -> torch.Tensor:
+    """An empty host tensor of ``like``'s shape: FP32 unless ``dtype``; pinned if ``pin``."""
+    return torch.empty(like.shape, dtype=dtype or torch.float32, device="cpu", pin_memory=pin)
+
+
+def _in_parameter_layout(param: nn.Parameter) -> bool:
+    """Whether ``param``'s gradient has its parameter's placements (a DTensor gradient may
+    not until :class:`~potluck.runtime.grads.data_parallel.GradSync` redistributes it)."""
+    grad = param.grad
+    return not isinstance(grad, DTensor) or tuple(grad.placements) == tuple(param.placements)
 
 
 def _cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
@@ -244,3 +351,19 @@ def _to_host(value: Any, pin: bool) -> Any:
         return value.cpu()  # a step count stays a CPU scalar, as torch keeps it
     host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
     return host.copy_(value)
+
+
+def copy_grads_when_final(offload: HostOffloadOptimizer, model: Any) -> None:
+    """Start each gradient's copy to the host of ``model`` (a
+    :class:`~potluck.runtime.parallel_model.ParallelModel`) once it is final for the step:
+    a summed one when its bucket's sum is written back, any other after its last
+    micro-batch's accumulation (an explicit TP stage's blocks: one hook per sub-batch)."""
+    sync = model.grad_sync
+    summed = {id(item.param) for bucket in sync.buckets for item in bucket.items}
+    per_micro_batch = sub_batch_accumulations(model.stages)
+    micro_batches = model.layout.plan.pipelines[model.layout.role.pipeline].num_micro_batches
+    offload.copy_when_final(
+        (param, micro_batches * per_micro_batch.get(name, 1))
+        for name, param in model.named_parameters()
+        if id(param) not in summed and name not in model.fsdp_names)
+    sync.on_final = offload.grads_final

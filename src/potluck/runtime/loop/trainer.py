@@ -55,7 +55,7 @@ from potluck.ops import OpKind
 from potluck.plans import shards_parameters
 from potluck.plans.memory import Offload
 from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
-from potluck.runtime.grads.offload import HostOffloadOptimizer
+from potluck.runtime.grads.offload import HostOffloadOptimizer, copy_grads_when_final
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
 from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
@@ -210,6 +210,7 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     dtype = model.session.autocast_dtype  # 16-bit GPU ranks; CPU ranks train in FP32
     if model.session.use_gpu and dtype is not None:
         offload.keep_device_parameters_in(model.parameters(), dtype)
+    copy_grads_when_final(offload, model)
     return offload
 
 
