@@ -124,3 +124,27 @@ def test_gpu_ranks_get_16_bit_weights_where_the_plan_says_so(monkeypatch, gpu, f
     assert isinstance(result, MasterWeightsOptimizer) is wrapped
     param = next(model.parameters())
     assert param.dtype == (torch.bfloat16 if wrapped else torch.float32)
+
+
+def test_offload_checkpoints_keep_fp32_masters_and_moments_of_16_bit_weights():
+    """The same round trip through optimizer offload: torch's load would cast the moments to
+    the 16-bit parameters' dtype and the masters came back as the weights' rounding."""
+    from potluck.runtime.grads.offload import HostOffloadOptimizer
+
+    def offloaded(params):
+        optimizer = HostOffloadOptimizer(torch.optim.AdamW(params, lr=1e-4))
+        optimizer.keep_device_parameters_in(params, torch.bfloat16)
+        return optimizer
+
+    torch.manual_seed(0)
+    device = [nn.Parameter(torch.randn(SHAPE)), nn.Parameter(torch.randn(8))]
+    wrapped = offloaded(device)
+    for step in range(5):
+        _step(device, wrapped, _grads(step))
+    saved = copy.deepcopy(wrapped.state_dict())
+    fresh = [nn.Parameter(p.detach().clone()) for p in device]
+    restored = offloaded(fresh)
+    restored.load_state_dict(saved)
+    for mine, theirs in zip(restored.host_state_tensors(), wrapped.host_state_tensors(),
+                            strict=True):
+        assert mine.dtype == torch.float32 and torch.equal(mine, theirs)

@@ -92,6 +92,7 @@ from potluck.runtime.checkpoints.values import (
     values_problem,
     values_text,
 )
+from potluck.runtime.grads.master_weights import MASTER
 
 log = logging.getLogger(__name__)
 
@@ -296,17 +297,49 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
         raise ConfigError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
     if verify and (problem := checkpoint_problem(path, process_group)):
         raise ConfigError(f"checkpoint {path} cannot be used: {problem}")
-    tensors, _ = split_state(state)
     reader = HuggingFaceStorageReader(str(path))
+    absent = _absent_masters(state, reader)
+    tensors, _ = split_state(_without_masters(state, absent))
     saved_values, problem = _fit_problem(path, reader, tensors, state)
     problem = first_problem_on_any_rank(problem, process_group)
     if problem:
         raise ConfigError(f"checkpoint {path} does not fit this model: {problem}")
     _read(path, tensors, reader, process_group)
+    _masters_from_weights(state, absent)
     restore_values(state, saved_values)
     if not _distributed() or dist.get_rank(process_group) == 0:
         log.info("loaded checkpoint %s", path)
     return read_trainer_state(path)
+
+
+def _absent_masters(state: Mapping[str, Any], reader: HuggingFaceStorageReader) -> list[str]:
+    """The optimizer's FP32 master copies (:data:`~potluck.runtime.grads.master_weights.MASTER`)
+    this rank asks for that the checkpoint lacks: one written by a run without them (FP32
+    weights, no offload). They are optional: each becomes its weight's loaded value."""
+    optim = state.get("optim")
+    if not isinstance(optim, Mapping):
+        return []
+    try:
+        saved = reader.read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - _fit_problem reports an unreadable checkpoint
+        return []
+    return [key for key in optim if key.startswith("state.") and key.endswith(f".{MASTER}")
+            and f"optim.{key}" not in saved]
+
+
+def _without_masters(state: Mapping[str, Any], absent: Sequence[str]) -> Mapping[str, Any]:
+    if not absent:
+        return state
+    optim = {k: v for k, v in state["optim"].items() if k not in set(absent)}
+    return {**state, "optim": optim}
+
+
+def _masters_from_weights(state: Mapping[str, Any], absent: Sequence[str]) -> None:
+    """Each absent master takes its (just loaded) weight's value."""
+    for key in absent:
+        weight = key[len("state."):-len(f".{MASTER}")]
+        with torch.no_grad():
+            state["optim"][key].copy_(state["model"][weight])
 
 
 def _fit_problem(path: Path, reader: HuggingFaceStorageReader, tensors: Mapping[str, Any],

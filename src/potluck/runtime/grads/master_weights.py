@@ -27,6 +27,7 @@ the parameter they belong to, here 16 bits).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -101,11 +102,9 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
             inner_group.update({k: v for k, v in group.items() if k != "params"})
         self.inner.step()
         for key, param in self._params.items():
-            master = self._masters[key]
-            master.grad = None
-            local(param).copy_(master)
-            if master in self.inner.state:
-                self.state[param] = {**self.inner.state[master], MASTER: master}
+            self._masters[key].grad = None
+            local(param).copy_(self._masters[key])
+        self.state = master_states(self.inner, self._params, self._masters)
         return loss
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -118,37 +117,59 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
         for index, state in saved["state"].items():
             param = params[index]
             if isinstance(param, DTensor):
-                saved["state"][index] = {k: _as_dtensor(v, param) for k, v in state.items()}
+                saved["state"][index] = {k: as_dtensor(v, param) for k, v in state.items()}
         return saved
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load the masters and the wrapped optimizer's states in FP32 (see the module doc);
         a parameter saved without a master gets one from its loaded value."""
-        params = [p for group in self.param_groups for p in group["params"]]
-        masters = [m for group in self.inner.param_groups for m in group["params"]]
-        inner_index = {id(m): i for i, m in enumerate(masters)}
-        inner_state: dict[int, dict[str, Any]] = {}
-        for index, state in state_dict["state"].items():
-            param = params[index]
-            if id(param) not in self._masters:
-                continue
-            master = self._masters[id(param)]
-            saved_master = state.get(MASTER)
-            master.copy_(local(saved_master) if saved_master is not None else local(param))
-            inner_state[inner_index[id(master)]] = {k: local(v) if isinstance(v, DTensor) else v
-                                                    for k, v in state.items() if k != MASTER}
-        groups = [{**group, "params": [inner_index[id(self._masters[id(params[i])])]
-                                       for i in group["params"] if id(params[i]) in self._masters]}
-                  for group in state_dict["param_groups"]]
-        self.inner.load_state_dict({"state": inner_state, "param_groups": groups})
-        for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        load_masters(self, self.inner, self._masters, state_dict)
         for key, param in self._params.items():
-            master = self._masters[key]
-            local(param).copy_(master)
-            if master in self.inner.state:
-                self.state[param] = {**self.inner.state[master], MASTER: master}
+            local(param).copy_(self._masters[key])
+        self.state = master_states(self.inner, self._params, self._masters)
+
+
+def master_states(inner: torch.optim.Optimizer, params: dict[int, nn.Parameter],
+                  masters: dict[int, torch.Tensor]) -> defaultdict[Any, dict[str, Any]]:
+    """A wrapper's state: each parameter's wrapped-optimizer state (kept on its master)
+    with the master itself under :data:`MASTER`, so checkpoints carry the FP32 values."""
+    state: defaultdict[Any, dict[str, Any]] = defaultdict(dict)
+    for key, param in params.items():
+        master = masters[key]
+        if master in inner.state:
+            state[param] = {**inner.state[master], MASTER: master}
+    return state
+
+
+def load_masters(wrapper: torch.optim.Optimizer, inner: torch.optim.Optimizer,
+                 masters: dict[int, torch.Tensor], state_dict: dict[str, Any]) -> None:
+    """Load a wrapper's ``state_dict`` (over its parameters) into ``inner`` (over their FP32
+    ``masters``, by ``id`` of the parameter), so torch casts the states to the masters'
+    dtype and device, not to the 16-bit parameters'; copy each saved master into its
+    master (a checkpoint without one: the parameter's value). The wrapper's param groups
+    take the saved settings."""
+    # saved keys (indices, or FQNs under DCP) name parameters in group order, as torch maps them
+    saved_keys = [k for group in state_dict["param_groups"] for k in group["params"]]
+    params = [p for group in wrapper.param_groups for p in group["params"]]
+    param_of = dict(zip(saved_keys, params, strict=True))
+    inner_index = {id(m): i for i, m in
+                   enumerate(m for group in inner.param_groups for m in group["params"])}
+    inner_state: dict[int, dict[str, Any]] = {}
+    for key, state in state_dict["state"].items():
+        master = masters.get(id(param_of[key]))
+        if master is None:
+            continue
+        saved = state.get(MASTER)
+        master.copy_(local(saved) if saved is not None else local(param_of[key]).detach())
+        inner_state[inner_index[id(master)]] = {k: local(v) for k, v in state.items()
+                                                if k != MASTER}
+    groups = [{**group, "params": [inner_index[id(masters[id(param_of[k])])]
+                                   for k in group["params"] if id(param_of[k]) in masters]}
+              for group in state_dict["param_groups"]]
+    inner.load_state_dict({"state": inner_state, "param_groups": groups})
+    for group, saved_group in zip(wrapper.param_groups, state_dict["param_groups"], strict=True):
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
 
 
 def cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
@@ -165,7 +186,9 @@ def cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
         param._spec = cast._spec
 
 
-def _as_dtensor(value: Any, param: DTensor) -> Any:
+def as_dtensor(value: Any, param: DTensor) -> Any:
+    """A state tensor of a DTensor parameter's local shape as a DTensor of its layout (what
+    DCP saves for a sharded parameter)."""
     if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) \
             and value.shape == local(param).shape and value.dim() > 0:
         return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,

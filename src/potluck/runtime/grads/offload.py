@@ -40,9 +40,11 @@ Their gradients are summed over micro-batches in FP32
 The loss scale is divided out and clipping applied (:meth:`scale_gradients`) in FP32 on
 the host copies of the gradients, never on 16-bit ones (fp16 would flush the products
 under 6e-8 to zero).
-With ZeRO-1/2 only the owned share gets masters and states (``keep``). A parameter written outside the step
-(a checkpoint loaded into the model) is noticed by its version counter and its
-master refreshed before the next update.
+With ZeRO-1/2 only the owned share gets masters and states (``keep``). A parameter written
+outside the step (weights loaded into the model alone) is noticed by its version counter
+and its master refreshed before the next update. Checkpoints carry the masters, and states
+load in FP32 on the host (:func:`~potluck.runtime.grads.master_weights.load_masters`), so
+a resumed run with 16-bit device weights continues from the FP32 values, not their rounding.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ from torch.distributed.tensor import DTensor
 
 from potluck.runtime.grads.buckets import local
 from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
+from potluck.runtime.grads.master_weights import (
+    as_dtensor,
+    cast_in_place,
+    load_masters,
+    master_states,
+)
 from potluck.runtime.parallel.pipeline import sub_batch_accumulations
 
 
@@ -112,7 +120,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         the masters are made, so they keep the exact FP32 values."""
         cast = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
         for param in cast:
-            _cast_in_place(param, dtype)
+            cast_in_place(param, dtype)
         self._accumulation = FP32Accumulation(cast)
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
@@ -205,10 +213,9 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner_group.update({k: v for k, v in group.items() if k != "params"})
         self.inner.step()
-        for key, master in self._masters.items():
+        for master in self._masters.values():
             master.grad = None
-            if master in self.inner.state:
-                self.state[self._params[key]] = self.inner.state[master]
+        self.state = master_states(self.inner, self._params, self._masters)
         self._masters_to_device()
         return loss
 
@@ -276,22 +283,21 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         for index, state in saved["state"].items():
             param = params[index]
             if isinstance(param, DTensor):
-                saved["state"][index] = {k: _as_dtensor(v, param) for k, v in state.items()}
+                saved["state"][index] = {k: as_dtensor(v, param) for k, v in state.items()}
         return saved
 
+    @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load states (torch puts them on the parameters' device), then move them to the
-        host masters' side and refresh the masters from the (already loaded) parameters."""
+        """Load the masters and the wrapped optimizer's states into host memory in FP32
+        (:func:`~potluck.runtime.grads.master_weights.load_masters`: torch would cast them
+        to the dtype of 16-bit device parameters), then give the device parameters the
+        masters' values."""
         self.wait_for_parameters()
-        super().load_state_dict(state_dict)
+        load_masters(self, self.inner, self._masters, state_dict)
         for key, param in self._params.items():
-            master = self._masters[key]
-            master.copy_(local(param).detach())
+            local(param).copy_(self._masters[key])
             self._versions[key] = local(param)._version
-            if param in self.state:
-                host = {k: _to_host(v, master.is_pinned()) for k, v in self.state[param].items()}
-                self.inner.state[master] = host
-                self.state[param] = host
+        self.state = master_states(self.inner, self._params, self._masters)
 
 
 class _CopyStreams:
@@ -319,38 +325,6 @@ def _in_parameter_layout(param: nn.Parameter) -> bool:
     not until :class:`~potluck.runtime.grads.data_parallel.GradSync` redistributes it)."""
     grad = param.grad
     return not isinstance(grad, DTensor) or tuple(grad.placements) == tuple(param.placements)
-
-
-def _cast_in_place(param: nn.Parameter, dtype: torch.dtype) -> None:
-    """``param`` holds ``dtype`` values from now on, as the same object (its hooks and
-    optimizer entries stay). A DTensor keeps its local shard and its spec (whose metadata
-    has the dtype) as Python attributes that ``.data`` does not reach, and ``to_local()``
-    under autograd is a view whose ``.data`` leaves the DTensor as it was: both are
-    replaced by the cast's."""
-    with torch.no_grad():
-        cast = param.to(dtype)
-    param.data = cast
-    if isinstance(param, DTensor):
-        param._local_tensor = cast._local_tensor
-        param._spec = cast._spec
-
-
-def _as_dtensor(value: Any, param: DTensor) -> Any:
-    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) \
-            and value.shape == local(param).shape and value.dim() > 0:
-        return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
-                                  shape=param.shape, stride=param.stride())
-    return value
-
-
-def _to_host(value: Any, pin: bool) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    value = local(value)
-    if value.dim() == 0:
-        return value.cpu()  # a step count stays a CPU scalar, as torch keeps it
-    host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
-    return host.copy_(value)
 
 
 def copy_grads_when_final(offload: HostOffloadOptimizer, model: Any) -> None:
