@@ -445,6 +445,17 @@ class ParallelModel:
         if self.gathers is not None:
             self.gathers.flush()
 
+    def unsummed_accumulations(self) -> Iterator[tuple[nn.Parameter, int]]:
+        """Each parameter no replica sums (in no gradient bucket, not FSDP2's), with how
+        many accumulations make its gradient final for a step: one per micro-batch, times an
+        explicit TP stage's sub-batches."""
+        summed = {id(item.param) for bucket in self.grad_sync.buckets for item in bucket.items}
+        per_micro_batch = sub_batch_accumulations(self.stages)
+        micro_batches = self.layout.plan.pipelines[self.layout.role.pipeline].num_micro_batches
+        for name, param in self.named_parameters():
+            if id(param) not in summed and name not in self.fsdp_names:
+                yield param, micro_batches * per_micro_batch.get(name, 1)
+
     def local_tokens(self, rows: torch.Tensor) -> int:
         """The target tokens of ``rows`` that this rank counts toward the global batch's
         (its replica's leader counts them, every other rank 0)."""

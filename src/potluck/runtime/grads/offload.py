@@ -64,7 +64,6 @@ from potluck.runtime.grads.master_weights import (
     load_masters,
     master_states,
 )
-from potluck.runtime.parallel.pipeline import sub_batch_accumulations
 
 
 class HostOffloadOptimizer(torch.optim.Optimizer):
@@ -325,19 +324,3 @@ def _in_parameter_layout(param: nn.Parameter) -> bool:
     not until :class:`~potluck.runtime.grads.data_parallel.GradSync` redistributes it)."""
     grad = param.grad
     return not isinstance(grad, DTensor) or tuple(grad.placements) == tuple(param.placements)
-
-
-def copy_grads_when_final(offload: HostOffloadOptimizer, model: Any) -> None:
-    """Start each gradient's copy to the host of ``model`` (a
-    :class:`~potluck.runtime.parallel_model.ParallelModel`) once it is final for the step:
-    a summed one when its bucket's sum is written back, any other after its last
-    micro-batch's accumulation (an explicit TP stage's blocks: one hook per sub-batch)."""
-    sync = model.grad_sync
-    summed = {id(item.param) for bucket in sync.buckets for item in bucket.items}
-    per_micro_batch = sub_batch_accumulations(model.stages)
-    micro_batches = model.layout.plan.pipelines[model.layout.role.pipeline].num_micro_batches
-    offload.copy_when_final(
-        (param, micro_batches * per_micro_batch.get(name, 1))
-        for name, param in model.named_parameters()
-        if id(param) not in summed and name not in model.fsdp_names)
-    sync.on_final = offload.grads_final

@@ -55,7 +55,7 @@ from potluck.ops import OpKind
 from potluck.plans import shards_parameters
 from potluck.plans.memory import Offload
 from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
-from potluck.runtime.grads.offload import HostOffloadOptimizer, copy_grads_when_final
+from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
 from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
@@ -230,6 +230,14 @@ def with_masters(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torc
     masters = MasterWeightsOptimizer(optimizer, keep)
     masters.keep_device_parameters_in(model.parameters(), dtype)
     return masters
+
+
+def copy_grads_when_final(offload: HostOffloadOptimizer, model: ParallelModel) -> None:
+    """Start each gradient's copy to the host once it is final for the step: a summed one
+    when its bucket's sum is written back, any other after its last micro-batch's
+    accumulation (an explicit TP stage's blocks: one hook per sub-batch)."""
+    offload.copy_when_final(model.unsummed_accumulations())
+    model.grad_sync.on_final = offload.grads_final
 
 
 def _offloads(model: ParallelModel) -> bool:
