@@ -165,7 +165,7 @@ class _State:
             self._close(job.name)
         if allocation is None or machines is None:
             return
-        planned = self.table.planned(job.shape, allocation)
+        planned = self.table.running(job.shape, allocation)
         assert planned.plan is not None, "policies only hand out allocations a job fits on"
         self.running[job.name] = _Running(allocation, machines, planned.plan,
                                           planned.tokens_per_s, self.now_s,

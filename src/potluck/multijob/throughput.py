@@ -9,7 +9,10 @@ built alike (two racks of the same machines) are searched once, and the reason a
 fits nowhere names host memory where that is the limit. :meth:`ThroughputTable.expect`
 says which shapes will be asked for, so that each search can be reported against how many
 there can be. Tokens per second are ``global_batch * seq_len`` over the plan's predicted
-iteration time; an allocation the job does not fit on (memory) has none.
+iteration time; an allocation the job does not fit on (memory) has none. The policies
+compare allocations by the first memory level's plans (:data:`SEARCH_OPTIONS`); the plan a
+job runs on the allocation it is given (:meth:`ThroughputTable.running`) is searched as
+``potluck plan`` searches it, so the two agree.
 
 :meth:`ThroughputTable.per_machine` is a job's rate on one node group when its throughput
 there is counted as if linear in machines (the smallest allocation of the group it fits
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.errors import PotluckError
@@ -41,7 +44,9 @@ from potluck.plans import Plan
 log = logging.getLogger(__name__)
 
 # every job shape is planned on dozens of allocations: the first ZeRO stage that fits (the
-# search's deeper ZeRO pass doubled the planning of a 120-job trace on 256 GPUs, to 69 s)
+# search's deeper ZeRO pass doubled the planning of a 120-job trace on 256 GPUs, to 69 s);
+# the allocation a job is given is then searched as ``potluck plan`` searches it
+# (:meth:`ThroughputTable.running`), so the two agree on the plan a job runs
 SEARCH_OPTIONS = SearchOptions(top_k=1, sharded_levels=False)
 
 
@@ -65,6 +70,7 @@ class ThroughputTable:
         self.options = options
         self.candidates = candidate_allocations(spec)
         self._planned: dict[tuple[JobShape, Allocation], Planned] = {}
+        self._running: dict[tuple[JobShape, Allocation], Planned] = {}
         # allocations of the same shape are searched once; only a shape that fits nowhere
         # needs its reason explained (refusal)
         self.memo = PlanMemo(explain=False)
@@ -96,8 +102,23 @@ class ThroughputTable:
     def tokens_per_s(self, shape: JobShape, allocation: Allocation | None) -> float:
         return 0.0 if allocation is None else self.planned(shape, allocation).tokens_per_s
 
+    def running(self, shape: JobShape, allocation: Allocation) -> Planned:
+        """The plan ``shape`` runs once given ``allocation``: the search ``potluck plan``
+        makes there (on through the ZeRO and offload levels where they may pay), or the
+        first level's plan if that is as fast. The policies compare allocations by
+        :meth:`planned`, searched for every pair; this deeper search is made only for the
+        allocations jobs are given."""
+        key = (shape, allocation)
+        if key not in self._running:
+            first = self.planned(shape, allocation)
+            deeper = replace(self.options, sharded_levels=True)
+            found = first if first.plan is None or deeper == self.options else \
+                self._plan(shape, allocation, deeper)
+            self._running[key] = found if found.tokens_per_s > first.tokens_per_s else first
+        return self._running[key]
+
     def plan(self, shape: JobShape, allocation: Allocation) -> Plan:
-        planned = self.planned(shape, allocation)
+        planned = self.running(shape, allocation)
         if planned.plan is None:
             raise PotluckError(f"{shape.model.name} does not fit on {allocation.machines}: "
                                f"{planned.refusal}")
@@ -122,12 +143,13 @@ class ThroughputTable:
                                    self.options)
         return reason or self.planned(shape, whole).refusal or "no plan fits"
 
-    def _plan(self, shape: JobShape, allocation: Allocation) -> Planned:
+    def _plan(self, shape: JobShape, allocation: Allocation,
+              options: SearchOptions | None = None) -> Planned:
         started = time.perf_counter()
         self.planner_calls += 1
         try:
             result = self.memo.search(subcluster(self.spec, allocation), shape.model,
-                                       shape.training, self.options)
+                                       shape.training, options or self.options)
         except PotluckError as err:
             return Planned(None, refusal=str(err))
         finally:
