@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fake_streams import FakeEvent, FakeStreams, done_before, storage_key
 from torch import nn
 
 from potluck.runtime.grads.offload import HostOffloadOptimizer
@@ -23,90 +24,27 @@ CPU = torch.device("cpu")
 MICRO_BATCHES = 2
 
 
-class FakeEvent:
-    def __init__(self) -> None:
-        self.clock: dict[str, int] = {}
-        self.waited_by_host = 0
-
-    def record(self, stream: FakeStream) -> None:
-        self.clock = dict(stream.clock)
-
-    def synchronize(self) -> None:
-        self.waited_by_host += 1
-
-
-class FakeStream:
-    def __init__(self, name: str) -> None:
-        self.name, self.clock = name, {name: 0}
-
-    def queue(self) -> dict[str, int]:
-        self.clock[self.name] += 1
-        return dict(self.clock)
-
-    def wait_stream(self, other: FakeStream) -> None:
-        self._after(other.clock)
-
-    def wait_event(self, event: FakeEvent) -> None:
-        self._after(event.clock)
-
-    def _after(self, clock: dict[str, int]) -> None:
-        for name, ops in clock.items():
-            self.clock[name] = max(self.clock.get(name, 0), ops)
-
-    def synchronize(self) -> None:
-        raise AssertionError("the offloaded step made the host wait for a whole stream")
-
-
 def _device_synchronize(*args: object) -> None:
     raise AssertionError("the offloaded step made the host wait for the whole device")
 
 
-def _key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
-
-
-def _before(first: dict[str, int], stream: str, then: dict[str, int]) -> bool:
-    """Whether work queued at ``first`` on ``stream`` is done before work at ``then``."""
-    return first[stream] <= then.get(stream, 0)
-
-
-class FakeCuda:
+class FakeCuda(FakeStreams):
     """torch.cuda's streams (the compute stream first), events, and logs of copies and pins."""
 
     def __init__(self) -> None:
-        self.streams = [FakeStream("compute")]
-        self.current = self.streams[0]
+        super().__init__()
         self.events: list[FakeEvent] = []
         # stream, clock after queueing it, dst, src, non_blocking
         self.copies: list[tuple[str, dict[str, int], int, int, bool]] = []
         self.pinned: set[int] = set()
 
-    def Stream(self, device: torch.device | None = None) -> FakeStream:  # noqa: N802
-        self.streams.append(FakeStream(f"side{len(self.streams)}"))
-        return self.streams[-1]
-
     def Event(self) -> FakeEvent:  # noqa: N802
         self.events.append(FakeEvent())
         return self.events[-1]
 
-    def current_stream(self, device: torch.device | None = None) -> FakeStream:
-        return self.current
-
-    def stream(self, stream: FakeStream):
-        cuda = self
-
-        class Current:
-            def __enter__(self) -> None:
-                self.outer, cuda.current = cuda.current, stream
-
-            def __exit__(self, *exc: object) -> None:
-                cuda.current = self.outer
-
-        return Current()
-
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
              ) -> torch.Tensor:
-        self.copies.append((self.current.name, self.current.queue(), _key(dst), _key(src),
+        self.copies.append((self.current.name, self.current.queue(), storage_key(dst), storage_key(src),
                             non_blocking))
         return COPY(dst, src, non_blocking)
 
@@ -128,7 +66,7 @@ def cuda(monkeypatch) -> FakeCuda:
     def empty(*args, pin_memory: bool = False, **kwargs):
         tensor = EMPTY(*args, **kwargs)
         if pin_memory:
-            fake.pinned.add(_key(tensor))
+            fake.pinned.add(storage_key(tensor))
         return tensor
 
     monkeypatch.setattr(torch, "empty", empty)
@@ -166,14 +104,14 @@ def test_offload_copies_gradients_during_backward_and_weights_back_without_a_hos
     to_host, to_device = (s.name for s in cuda.streams[1:])
     assert len(cuda.streams) == 3  # compute and one copy stream each way
     masters = offload.host_state_tensors()
-    assert all(_key(m) in cuda.pinned for m in masters)
+    assert all(storage_key(m) in cuda.pinned for m in masters)
 
     # each accumulation: the parameter, its gradient's storage, the compute stream's clock
     # once it is written, and the number of copies logged by then
     accumulated: list[tuple[nn.Parameter, int, dict[str, int], int]] = []
 
     def accumulate(param: nn.Parameter) -> None:  # runs before the optimizer's own hook
-        accumulated.append((param, _key(param.grad), compute.queue(), len(cuda.copies)))
+        accumulated.append((param, storage_key(param.grad), compute.queue(), len(cuda.copies)))
 
     for param in params:
         param.register_post_accumulate_grad_hook(accumulate)
@@ -195,8 +133,8 @@ def test_offload_copies_gradients_during_backward_and_weights_back_without_a_hos
     copies_before = len(cuda.copies)
     _train(model, offload, steps=2)
 
-    grads = {_key(p.grad): p for p in params}
-    weights = {_key(p): p for p in params}
+    grads = {storage_key(p.grad): p for p in params}
+    weights = {storage_key(p): p for p in params}
     indexed = list(enumerate(cuda.copies))[copies_before:]
     to_host_copies = [(i, c) for i, c in indexed if c[3] in grads]
     back = [c for _, c in indexed if c[2] in weights and c[0] != "compute"]
@@ -204,14 +142,14 @@ def test_offload_copies_gradients_during_backward_and_weights_back_without_a_hos
     for index, (stream, clock, dst, src, non_blocking) in to_host_copies:
         assert stream == to_host and non_blocking and dst in cuda.pinned
         made = [c for _, key, c, n in accumulated if key == src and n <= index][-1]
-        assert _before(made, "compute", clock)  # after the work that made the gradient
+        assert done_before(made, "compute", clock)  # after the work that made the gradient
     waited = 0
     for stream, clock, dst, src, non_blocking in back:
         assert stream == to_device and non_blocking and src in cuda.pinned
-        later = [c for m, c in forwards if any(_key(p) == dst for p in m.parameters())
+        later = [c for m, c in forwards if any(storage_key(p) == dst for p in m.parameters())
                  and c["compute"] > clock.get("compute", 0)]
         if later:  # the next forward of its module waits for it
-            assert _before(clock, to_device, later[0])
+            assert done_before(clock, to_device, later[0])
             waited += 1
     assert waited == len(params)  # the first step's: the second step's forward waited
     # overlap: the last layer's gradients went to the host while the backward pass went on

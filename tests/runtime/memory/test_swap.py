@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fake_streams import FakeEvent, FakeStream, FakeStreams, done_before, storage_key
 from torch import nn
 
 from potluck.plans.memory import Swap
@@ -68,83 +69,25 @@ def test_a_swapped_block_stashes_its_activation_not_its_16_bit_weight(forward, d
 # the compute stream.
 
 
-class FakeEvent:
-    def __init__(self) -> None:
-        self.clock: dict[str, int] = {}
-
-    def record(self, stream: FakeStream) -> None:
-        self.clock = dict(stream.clock)
-
-
-class FakeStream:
-    def __init__(self, cuda: FakeCuda, name: str) -> None:
-        self.cuda, self.name, self.clock = cuda, name, {name: 0}
-
-    def queue(self) -> dict[str, int]:
-        self.clock[self.name] += 1
-        return dict(self.clock)
-
-    def wait_stream(self, other: FakeStream) -> None:
-        self._after(other.clock)
-
-    def wait_event(self, event: FakeEvent) -> None:
-        self._after(event.clock)
-
-    def _after(self, clock: dict[str, int]) -> None:
-        for name, ops in clock.items():
-            self.clock[name] = max(self.clock.get(name, 0), ops)
-
-    def synchronize(self) -> None:
-        raise AssertionError("the swap made the host wait for a stream")
-
-
-class FakeCuda:
+class FakeCuda(FakeStreams):
     """torch.cuda's streams (the compute stream first) and a log of the copies queued."""
 
     def __init__(self) -> None:
-        self.streams = [FakeStream(self, "compute")]
-        self.current = self.streams[0]
+        super().__init__()
         self.copies: list[tuple[str, dict[str, int], int, int, int]] = []
         # stream, clock, dst, src, the compute stream's work queued by then
         self.recorded: list[tuple[int, str]] = []  # record_stream: storage, stream
-
-    def Stream(self, device: torch.device) -> FakeStream:  # noqa: N802 (torch.cuda's name)
-        self.streams.append(FakeStream(self, f"side{len(self.streams)}"))
-        return self.streams[-1]
-
-    def current_stream(self, device: torch.device) -> FakeStream:
-        return self.current
-
-    def stream(self, stream: FakeStream):
-        cuda = self
-
-        class Current:
-            def __enter__(self) -> None:
-                self.outer, cuda.current = cuda.current, stream
-
-            def __exit__(self, *exc: object) -> None:
-                cuda.current = self.outer
-
-        return Current()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
              ) -> torch.Tensor:
         assert non_blocking, "a swap copy that blocks the host"
         compute = self.streams[0].clock["compute"]
-        self.copies.append((self.current.name, self.current.queue(), _key(dst), _key(src), compute))
+        self.copies.append((self.current.name, self.current.queue(), storage_key(dst),
+                            storage_key(src), compute))
         return COPY(dst, src, non_blocking)
 
 
 COPY = torch.Tensor.copy_
-
-
-def _key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
-
-
-def _before(first: dict[str, int], stream: str, then: dict[str, int]) -> bool:
-    """Whether work queued at ``first`` on ``stream`` is done before work at ``then``."""
-    return first[stream] <= then.get(stream, 0)
 
 
 @pytest.fixture
@@ -157,7 +100,7 @@ def cuda(monkeypatch) -> FakeCuda:
         dst, src, non_blocking))
     monkeypatch.setattr(torch.cuda, "synchronize", FakeStream.synchronize)
     monkeypatch.setattr(torch.Tensor, "record_stream",
-                        lambda t, s: fake.recorded.append((_key(t), s.name)))
+                        lambda t, s: fake.recorded.append((storage_key(t), s.name)))
     empty = torch.empty
 
     def unpinned(*args, pin_memory: bool = False, **kwargs):
@@ -184,8 +127,8 @@ def test_swap_copies_out_on_one_stream_and_back_on_another_in_order(cuda):
         tensor = swap._unpack(saved)
         if isinstance(saved, torch.Tensor):  # kept on the device (a weight)
             return tensor
-        back = [(s, c) for s, c, dst, _, _ in cuda.copies if dst == _key(tensor)][-1]
-        waited.append(back[0] != "compute" and _before(back[1], back[0], cuda.current.clock))
+        back = [(s, c) for s, c, dst, _, _ in cuda.copies if dst == storage_key(tensor)][-1]
+        waited.append(back[0] != "compute" and done_before(back[1], back[0], cuda.current.clock))
         return tensor
 
     outputs = []
@@ -204,7 +147,7 @@ def test_swap_copies_out_on_one_stream_and_back_on_another_in_order(cuda):
     copied_back = 0
     for stream, clock, dst, src, computed in cuda.copies:
         if src in pieces:  # coming back: prefetched, after the copy out of the same bytes
-            assert stream == back_stream and _before(pieces[src], out_stream, clock)
+            assert stream == back_stream and done_before(pieces[src], out_stream, clock)
             copied_back += 1
         else:  # going out: after the compute stream's work so far (which made the tensor)
             assert stream == out_stream and clock[compute] == computed > 0
