@@ -112,13 +112,7 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The states as torch saves them (the masters among them), a DTensor parameter's as
         DTensors of its layout."""
-        saved = super().state_dict()
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, state in saved["state"].items():
-            param = params[index]
-            if isinstance(param, DTensor):
-                saved["state"][index] = {k: as_dtensor(v, param) for k, v in state.items()}
-        return saved
+        return with_dtensor_states(self, super().state_dict())
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -128,6 +122,19 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
         for key, param in self._params.items():
             local(param).copy_(self._masters[key])
         self.state = master_states(self.inner, self._params, self._masters)
+
+
+def with_dtensor_states(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+                        ) -> dict[str, Any]:
+    """``saved`` (``optimizer``'s torch state dict) with a DTensor parameter's states as
+    DTensors of its layout, as DCP saves a sharded parameter's (a wrapper keeps them as the
+    local tensors its masters have)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved["state"].items():
+        param = params[index]
+        if isinstance(param, DTensor):
+            saved["state"][index] = {k: as_dtensor(v, param) for k, v in state.items()}
+    return saved
 
 
 def master_states(inner: torch.optim.Optimizer, params: dict[int, nn.Parameter],

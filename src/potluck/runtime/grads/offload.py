@@ -14,13 +14,13 @@ tensors on a CPU rank) and keeps its states there. A step:
    :class:`~potluck.runtime.grads.data_parallel.GradSync` has written its bucket's sum
    back (:meth:`grads_final`, after the schedule); whatever neither found final is copied
    when the step starts. On a GPU each copy runs on a copy stream of its own
-   (``to_host``) after the compute stream's work so far, non-blocking into pinned
+   (``out``) after the compute stream's work so far, non-blocking into pinned
    memory, with an event per batch of copies; the host step waits for those events
    only, never for the device (no ``synchronize``);
 2. runs the wrapped optimizer on the host masters;
 3. copies the masters back into the device parameters (rounded to their 16 bits on the
    host, into pinned memory). On a GPU the copies run non-blocking in forward order on a
-   second stream (``to_device``), one event per parameter, and a forward pre-hook on
+   second stream (``back``), one event per parameter, and a forward pre-hook on
    each module makes the compute stream wait for its own parameters' copies only, so the
    copy of later blocks' parameters overlaps the next forward pass; when something reads
    the parameters right after the step (ZeRO's all-gather), :meth:`wait_for_parameters`
@@ -59,11 +59,12 @@ from torch.distributed.tensor import DTensor
 from potluck.runtime.grads.buckets import local
 from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
 from potluck.runtime.grads.master_weights import (
-    as_dtensor,
     cast_in_place,
     load_masters,
     master_states,
+    with_dtensor_states,
 )
+from potluck.runtime.memory.swap import CopyStreams
 
 
 class HostOffloadOptimizer(torch.optim.Optimizer):
@@ -96,7 +97,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 if keep is None or keep(param):
                     masters.append(self._master_of(param, pin=device is not None))
             inner_group["params"] = masters
-        self._streams = _CopyStreams(device) if device is not None else None
+        self._streams = CopyStreams(device) if device is not None else None
         if self._streams is not None:
             for module in modules:
                 module.register_forward_pre_hook(self._wait_for_module)
@@ -153,7 +154,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         """Start copying the gradients of ``params`` to the host (those with a master and a
         gradient, not copied yet this step): nothing writes them again before the step. On
         a GPU the copies wait for the compute stream's work so far (which made them) and
-        run on the ``to_host`` stream, non-blocking into pinned memory; the host waits for
+        run on the ``out`` copy stream, non-blocking into pinned memory; the host waits for
         them at the step."""
         todo = []
         for param in params:
@@ -168,15 +169,15 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 self._host_grads[key] = (_host_buffer(grad, pin=False).copy_(grad), None)
             return
         streams = self._streams
-        streams.to_host.wait_stream(streams.compute())
-        with torch.cuda.stream(streams.to_host):
+        streams.out.wait_stream(streams.compute())
+        with torch.cuda.stream(streams.out):
             done = torch.cuda.Event()
             for key, grad in todo:
                 buffer = _host_buffer(grad, pin=True)
                 buffer.copy_(grad, non_blocking=True)
-                grad.record_stream(streams.to_host)  # not reused before the copy is done
+                grad.record_stream(streams.out)  # not reused before the copy is done
                 self._host_grads[key] = (buffer, done)
-            done.record(streams.to_host)
+            done.record(streams.out)
 
     def _drop_host_grads(self) -> None:
         """Forget this step's host gradients (the compute stream waits for copies still
@@ -249,8 +250,8 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 self._versions[key] = local(param)._version
             return
         streams = self._streams
-        streams.to_device.wait_stream(streams.compute())  # the step's reads of the weights
-        with torch.cuda.stream(streams.to_device):
+        streams.back.wait_stream(streams.compute())  # the step's reads of the weights
+        with torch.cuda.stream(streams.back):
             for key, param in self._params.items():
                 target, master = local(param), self._masters[key]
                 if target.dtype != master.dtype:  # rounded here: the copy stays asynchronous
@@ -258,7 +259,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
                 target.copy_(master, non_blocking=True)
                 self._versions[key] = target._version
                 event = torch.cuda.Event()
-                event.record(streams.to_device)
+                event.record(streams.back)
                 self._events[key] = event
 
     def _wait_for_module(self, module: nn.Module, args: Any) -> None:
@@ -277,13 +278,7 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The states as torch saves them, a DTensor parameter's as DTensors of its layout."""
         self.wait_for_parameters()
-        saved = super().state_dict()
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, state in saved["state"].items():
-            param = params[index]
-            if isinstance(param, DTensor):
-                saved["state"][index] = {k: as_dtensor(v, param) for k, v in state.items()}
-        return saved
+        return with_dtensor_states(self, super().state_dict())
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -297,20 +292,6 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
             local(param).copy_(self._masters[key])
             self._versions[key] = local(param)._version
         self.state = master_states(self.inner, self._params, self._masters)
-
-
-class _CopyStreams:
-    """A GPU's two copy streams for the offloaded step, one each way: ``to_host`` (the
-    gradients) and ``to_device`` (the updated parameters)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.to_host = torch.cuda.Stream(device)
-        self.to_device = torch.cuda.Stream(device)
-
-    def compute(self) -> torch.cuda.Stream:
-        """The stream the model computes on (the device's current stream)."""
-        return torch.cuda.current_stream(self.device)
 
 
 def _host_buffer(like: torch.Tensor, pin: bool, dtype: torch.dtype | None = None
