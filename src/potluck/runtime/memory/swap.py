@@ -100,8 +100,9 @@ def made_from_a_parameter(tensor: torch.Tensor, parameters: Container[int] = (),
 
 class CopyStreams:
     """A GPU's two copy streams, one each way: ``out`` (device to stash, or to the host for
-    optimizer offload, :mod:`~potluck.runtime.grads.offload`) and ``back`` (to the device). Whatever the number of tensors and micro-batches, these two; the
-    host never waits (no ``synchronize``): streams wait on streams and events."""
+    optimizer offload, :mod:`~potluck.runtime.grads.offload`) and ``back`` (to the device).
+    Whatever the number of tensors and micro-batches, these two; the host never waits (no
+    ``synchronize``): streams wait on streams and events."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
