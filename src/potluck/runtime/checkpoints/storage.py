@@ -298,9 +298,11 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     if verify and (problem := checkpoint_problem(path, process_group)):
         raise ConfigError(f"checkpoint {path} cannot be used: {problem}")
     reader = HuggingFaceStorageReader(str(path))
-    absent = _absent_masters(state, reader)
+    saved_values, metadata, problem = _saved(path, reader)
+    absent = _absent_masters(state, metadata) if metadata is not None else []
     tensors, _ = split_state(_without_masters(state, absent))
-    saved_values, problem = _fit_problem(path, reader, tensors, state)
+    if problem is None and metadata is not None:
+        problem = _state_problem(tensors, metadata) or values_problem(state, saved_values)
     problem = first_problem_on_any_rank(problem, process_group)
     if problem:
         raise ConfigError(f"checkpoint {path} does not fit this model: {problem}")
@@ -312,17 +314,14 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     return read_trainer_state(path)
 
 
-def _absent_masters(state: Mapping[str, Any], reader: HuggingFaceStorageReader) -> list[str]:
+def _absent_masters(state: Mapping[str, Any], metadata: Metadata) -> list[str]:
     """The optimizer's FP32 master copies (:data:`~potluck.runtime.grads.master_weights.MASTER`)
     this rank asks for that the checkpoint lacks: one written by a run without them (FP32
     weights, no offload). They are optional: each becomes its weight's loaded value."""
     optim = state.get("optim")
     if not isinstance(optim, Mapping):
         return []
-    try:
-        saved = reader.read_metadata().state_dict_metadata
-    except Exception:  # noqa: BLE001 - _fit_problem reports an unreadable checkpoint
-        return []
+    saved = metadata.state_dict_metadata
     return [key for key in optim if key.startswith("state.") and key.endswith(f".{MASTER}")
             and f"optim.{key}" not in saved]
 
@@ -342,17 +341,17 @@ def _masters_from_weights(state: Mapping[str, Any], absent: Sequence[str]) -> No
             state["optim"][key].copy_(state["model"][weight])
 
 
-def _fit_problem(path: Path, reader: HuggingFaceStorageReader, tensors: Mapping[str, Any],
-                 state: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The saved plain values, and the first thing this rank asks for that is not there."""
+def _saved(path: Path, reader: HuggingFaceStorageReader
+           ) -> tuple[dict[str, Any], Metadata | None, str | None]:
+    """The saved plain values and the shards' metadata, or why they cannot be read."""
     try:
         saved_values = read_values((path / VALUES).read_text())
         metadata = reader.read_metadata()
     except ConfigError as err:
-        return {}, str(err)
+        return {}, None, str(err)
     except Exception as err:  # noqa: BLE001 - a malformed shard header, whatever the library says
-        return {}, f"its shards cannot be read ({_one_line(err)})"
-    return saved_values, _state_problem(tensors, metadata) or values_problem(state, saved_values)
+        return {}, None, f"its shards cannot be read ({_one_line(err)})"
+    return saved_values, metadata, None
 
 
 def _read(path: Path, tensors: dict[str, Any], reader: HuggingFaceStorageReader,
