@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from runtime_helpers import LR, STEPS
@@ -161,3 +162,35 @@ def _bucket_views(plan: Plan) -> tuple[int, int, int]:
 def bucket_views(plan: Plan) -> list[tuple[int, int, int]]:
     """Per rank: :func:`_bucket_views`."""
     return run_local(_bucket_views, plan.devices, (plan,), timeout_s=120)
+
+
+def _grads_in_16_bits(plan: Plan, bf16: bool) -> tuple[dict[str, Any], list[bool], int]:
+    """One step's summed gradients (FP32 arrays) of ``plan`` with 16-bit weights and FP32
+    masters wired as a GPU rank gets them (``bf16``) or in FP32; whether any gradient was
+    held when each micro-batch's forward began; buckets kept as views."""
+    from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
+
+    session = start(plan, timeout_s=60)
+    try:
+        model = parallelize(build_model(plan.model), session, bucket_elements=SMALL_BUCKETS)
+        if bf16:
+            masters = MasterWeightsOptimizer(torch.optim.AdamW(list(model.parameters())))
+            model.sum_grads_in_fp32(masters.keep_device_parameters_in(
+                model.parameters(), torch.bfloat16, model.final_accumulations()))
+        held: list[bool] = []
+        model.stages[0].register_forward_pre_hook(
+            lambda *_: held.append(any(p.grad is not None for p in model.parameters())))
+        shape = plan.training
+        data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
+        model.forward_backward(data.replica_rows(0, *session.layout.batch_rows))
+        sync = model.grad_sync
+        views = sum(1 for b in sync.buckets if b in sync.views and sync.views.flat(b) is not None)
+        grads = {name: p.grad.detach().float().numpy() for name, p in model.named_parameters()}
+        return grads, held, views
+    finally:
+        session.close()
+
+
+def grads_in_16_bits(plan: Plan, bf16: bool) -> list[tuple[dict[str, Any], list[bool], int]]:
+    """Per rank: :func:`_grads_in_16_bits`."""
+    return run_local(_grads_in_16_bits, plan.devices, (plan, bf16), timeout_s=120)

@@ -66,6 +66,7 @@ from potluck.plans import explicit_tp, shards_parameters
 from potluck.plans.memory import StageMemory, Swap
 from potluck.runtime.grads.buckets import BUCKET_ELEMENTS, Bucket, SyncedParam, local
 from potluck.runtime.grads.data_parallel import GradSync
+from potluck.runtime.grads.fp32_accumulation import FP32Accumulation
 from potluck.runtime.grads.gather import (
     GatherPoint,
     ParameterGathers,
@@ -445,16 +446,33 @@ class ParallelModel:
         if self.gathers is not None:
             self.gathers.flush()
 
-    def unsummed_accumulations(self) -> Iterator[tuple[nn.Parameter, int]]:
-        """Each parameter no replica sums (in no gradient bucket, not FSDP2's), with how
-        many accumulations make its gradient final for a step: one per micro-batch, times an
-        explicit TP stage's sub-batches."""
-        summed = {id(item.param) for bucket in self.grad_sync.buckets for item in bucket.items}
+    def final_accumulations(self) -> dict[int, int]:
+        """By ``id``, each parameter whose gradient is final only after the step's last
+        micro-batch (all but FSDP2's and those ZeRO-2 reduce-scatters after every
+        micro-batch), with how many accumulations make it final: one per micro-batch,
+        times an explicit TP stage's sub-batches."""
+        taken = self.grad_sync.reduced_every_micro_batch()
         per_micro_batch = sub_batch_accumulations(self.stages)
         micro_batches = self.layout.plan.pipelines[self.layout.role.pipeline].num_micro_batches
-        for name, param in self.named_parameters():
-            if id(param) not in summed and name not in self.fsdp_names:
-                yield param, micro_batches * per_micro_batch.get(name, 1)
+        return {id(param): micro_batches * per_micro_batch.get(name, 1)
+                for name, param in self.named_parameters()
+                if id(param) not in taken and name not in self.fsdp_names}
+
+    def unsummed_accumulations(self) -> Iterator[tuple[nn.Parameter, int]]:
+        """Each parameter no replica sums (in no gradient bucket, not FSDP2's), with how
+        many accumulations make its gradient final for a step (:meth:`final_accumulations`)."""
+        summed = {id(item.param) for bucket in self.grad_sync.buckets for item in bucket.items}
+        finals = self.final_accumulations()
+        for param in self.parameters():
+            if id(param) not in summed and id(param) in finals:
+                yield param, finals[id(param)]
+
+    def sum_grads_in_fp32(self, accumulation: FP32Accumulation) -> None:
+        """Gradients summed over micro-batches by ``accumulation`` (16-bit weights): they
+        appear only once final, so their buckets copy them instead of holding them as views
+        between steps, and its leftovers are written before the remaining buckets start."""
+        self.grad_sync.gradients_apart(accumulation.params())
+        self.grad_sync.on_schedule_end = accumulation.finish
 
     def local_tokens(self, rows: torch.Tensor) -> int:
         """The target tokens of ``rows`` that this rank counts toward the global batch's

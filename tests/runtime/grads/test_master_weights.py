@@ -104,7 +104,8 @@ def _fake_model(*, gpu: bool, fp32_params: bool, zero: int = 0, offload: bool = 
     params = [nn.Parameter(torch.randn(4))]
     return SimpleNamespace(session=SimpleNamespace(use_gpu=gpu, autocast_dtype=torch.bfloat16),
                            layout=SimpleNamespace(plan=plan), zero=None,
-                           parameters=lambda: iter(params)), offload
+                           parameters=lambda: iter(params), final_accumulations=dict,
+                           sum_grads_in_fp32=lambda accumulation: None), offload
 
 
 @pytest.mark.parametrize(("gpu", "fp32_params", "zero", "offload", "wrapped"), [
@@ -148,3 +149,20 @@ def test_offload_checkpoints_keep_fp32_masters_and_moments_of_16_bit_weights():
     for mine, theirs in zip(restored.host_state_tensors(), wrapped.host_state_tensors(),
                             strict=True):
         assert mine.dtype == torch.float32 and torch.equal(mine, theirs)
+
+
+def test_16_bit_weights_hold_only_the_fp32_sum_between_micro_batches_and_sum_over_replicas():
+    """dp=2, four micro-batches, wired as a GPU rank computing in bf16 gets it: no gradient
+    is held when a micro-batch starts (only the FP32 sums), no bucket keeps a 16-bit view
+    between steps, and the summed gradients are the FP32 run's within bf16's precision."""
+    from dp_workers import grads_in_16_bits
+    from runtime_helpers import TINY_LLAMA, make_plan, pipe
+
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 4)] * 2)
+    reference = grads_in_16_bits(plan, bf16=False)[0][0]
+    for rank, (grads, held, views) in enumerate(grads_in_16_bits(plan, bf16=True)):
+        assert held == [False] * 4, f"rank {rank}: a gradient held between micro-batches"
+        assert views == 0, f"rank {rank}: a bucket of 16-bit gradients kept as a view"
+        for name, grad in grads.items():
+            scale = abs(reference[name]).max() + 1e-6
+            assert abs(grad - reference[name]).max() <= 0.05 * scale, name

@@ -48,7 +48,7 @@ TP rank 0 for replicated parameters).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
@@ -153,9 +153,28 @@ class GradSync:
         # called with a bucket's parameters once their sums are written back (optimizer
         # offload starts copying them to the host there)
         self.on_final: Callable[[list[nn.Parameter]], None] | None = None
+        # called when the step's schedule is over, before the remaining buckets start
+        # (gradients summed apart in FP32 write their leftovers there)
+        self.on_schedule_end: Callable[[], None] | None = None
         self._next = 0
         self._is_ready: list[bool] = []
         self._inflight: list[_Reduction] = []
+
+    def reduced_every_micro_batch(self) -> set[int]:
+        """``id`` of each parameter whose gradient is taken after every micro-batch
+        (ZeRO-2's reduce-scattered buckets)."""
+        return {id(item.param) for bucket in self.buckets if self._per_micro_batch(bucket)
+                for item in bucket.items}
+
+    def gradients_apart(self, params: Iterable[nn.Parameter]) -> None:
+        """``params``' gradients appear only once final (summed apart over micro-batches,
+        :mod:`~potluck.runtime.grads.fp32_accumulation`): their buckets copy them instead
+        of keeping them as views of a flat tensor, which would hold a second copy between
+        steps."""
+        apart = {id(p) for p in params}
+        self.views = BucketViews(
+            [b for b in self.buckets if self._summed_in_place(b)
+             and not any(id(item.param) in apart for item in b.items)], self._slots)
 
     def _per_micro_batch(self, bucket: Bucket) -> bool:
         return self.sharded is not None and id(bucket) in self._slots
@@ -201,6 +220,8 @@ class GradSync:
         """After the schedule: start the remaining buckets, wait for all, write the sums back."""
         if self.ready is not None:
             self.ready.stop()
+        if self.on_schedule_end is not None:
+            self.on_schedule_end()
         self._launch_rest()
         for reduction in self._inflight:
             self._write_back(reduction)

@@ -11,8 +11,10 @@ parameter it keeps, on the same device. With ZeRO-1/2 only the owned share gets 
 Under ZeRO-3 FSDP2's mixed precision does the same (FP32 shards, 16-bit gathers;
 :mod:`~potluck.runtime.grads.zero3`), so this class is not used there.
 
-A step: each kept gradient is read in FP32 (the micro-batches were already summed in FP32,
-:mod:`~potluck.runtime.grads.fp32_accumulation`), multiplied by the loss scale's inverse
+Between micro-batches a parameter holds no 16-bit gradient, only its FP32 sum
+(:mod:`~potluck.runtime.grads.fp32_accumulation`, as Megatron-LM's ``main_grad``): 2 bytes
+of weight, 4 of gradient sum and 12/d of master and moments (``formulas.MAIN_GRAD_MASTER``).
+A step: each kept gradient is read in FP32, multiplied by the loss scale's inverse
 and the clipping factor in FP32 (:meth:`scale_gradients`; a 16-bit product would round,
 and in fp16 flush values under 6e-8 to zero), the wrapped optimizer updates the masters,
 and the device parameters become the masters' rounding. Updates smaller than a 16-bit
@@ -28,7 +30,7 @@ the parameter they belong to, here 16 bits).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -64,14 +66,17 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
         return master
 
     def keep_device_parameters_in(self, parameters: Iterable[nn.Parameter],
-                                  dtype: torch.dtype) -> None:
+                                  dtype: torch.dtype, finals: Mapping[int, int] | None = None
+                                  ) -> FP32Accumulation:
         """Hold ``parameters`` in the 16-bit ``dtype`` from now on, their gradients summed
-        over micro-batches in FP32. Call it after the masters are made (they keep the exact
-        FP32 values)."""
+        over micro-batches in FP32 (``finals``:
+        :class:`~potluck.runtime.grads.fp32_accumulation.FP32Accumulation`'s). Call it after
+        the masters are made (they keep the exact FP32 values)."""
         cast = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
         for param in cast:
             cast_in_place(param, dtype)
-        self._accumulation = FP32Accumulation(cast)
+        self._accumulation = FP32Accumulation(cast, finals)
+        return self._accumulation
 
     def masters(self) -> list[torch.Tensor]:
         """The FP32 master copies this rank keeps."""

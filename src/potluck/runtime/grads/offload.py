@@ -32,11 +32,12 @@ memory contract counts; :meth:`host_state_tensors` lists those tensors (for
 the memory ledger). Numerics equal the plain optimizer's: the parameters are
 fp32 already, so the master is an exact copy and the update is the same
 elementwise arithmetic on the same numbers. On a GPU computing in 16 bits the
-device then keeps 16-bit parameters and gradients
+device then keeps 16-bit parameters and final gradients
 (:meth:`keep_device_parameters_in`, ZeRO-Offload's layout and the cost model's):
 the update still runs on the FP32 masters, and the device copy is their rounding.
-Their gradients are summed over micro-batches in FP32
-(:mod:`~potluck.runtime.grads.fp32_accumulation`, reset by :meth:`zero_grad`).
+Their gradients are summed over micro-batches in FP32, held as that sum alone until
+the last micro-batch (:mod:`~potluck.runtime.grads.fp32_accumulation`, reset by
+:meth:`zero_grad`).
 The loss scale is divided out and clipping applied (:meth:`scale_gradients`) in FP32 on
 the host copies of the gradients, never on 16-bit ones (fp16 would flush the products
 under 6e-8 to zero).
@@ -49,7 +50,7 @@ a resumed run with 16-bit device weights continues from the FP32 values, not the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -112,18 +113,20 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         return master
 
     def keep_device_parameters_in(self, parameters: Iterable[nn.Parameter],
-                                  dtype: torch.dtype) -> None:
+                                  dtype: torch.dtype, finals: Mapping[int, int] | None = None
+                                  ) -> FP32Accumulation:
         """Hold ``parameters`` on the device in the 16-bit ``dtype`` from now on (ZeRO-Offload's
         layout: 16-bit weights and gradients on the GPU, the FP32 master on the host), their
         gradients summed over micro-batches in FP32
-        (:class:`~potluck.runtime.grads.fp32_accumulation.FP32Accumulation`). Call it after
-        the masters are made, so they keep the exact FP32 values."""
+        (:class:`~potluck.runtime.grads.fp32_accumulation.FP32Accumulation`, with its
+        ``finals``). Call it after the masters are made, so they keep the exact FP32 values."""
         cast = [p for p in parameters if p.is_floating_point() and p.dtype != dtype]
         for param in cast:
             cast_in_place(param, dtype)
-        self._accumulation = FP32Accumulation(cast)
+        self._accumulation = FP32Accumulation(cast, finals)
         for key, param in self._params.items():
             self._versions[key] = local(param)._version
+        return self._accumulation
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._drop_host_grads()  # a skipped step's copies: done before the gradients change

@@ -209,7 +209,8 @@ def offloaded(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torch.o
     offload = HostOffloadOptimizer(optimizer, keep, modules=model.module.modules())
     dtype = model.session.autocast_dtype  # 16-bit GPU ranks; CPU ranks train in FP32
     if model.session.use_gpu and dtype is not None:
-        offload.keep_device_parameters_in(model.parameters(), dtype)
+        model.sum_grads_in_fp32(offload.keep_device_parameters_in(
+            model.parameters(), dtype, model.final_accumulations()))
     copy_grads_when_final(offload, model)
     return offload
 
@@ -228,7 +229,8 @@ def with_masters(model: ParallelModel, optimizer: torch.optim.Optimizer) -> torc
         return optimizer
     keep = model.zero.updates if model.zero is not None else None
     masters = MasterWeightsOptimizer(optimizer, keep)
-    masters.keep_device_parameters_in(model.parameters(), dtype)
+    model.sum_grads_in_fp32(masters.keep_device_parameters_in(
+        model.parameters(), dtype, model.final_accumulations()))
     return masters
 
 
