@@ -59,23 +59,30 @@ def write(tmp_path: Path):
 
 # ---- the real limit, with numbers ------------------------------------------------------------
 
-def test_host_memory_as_the_limit_is_named_with_numbers_and_its_key(monkeypatch, capsys):
-    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(MIXED), *SEVENTY_B)
+def _host_bound(host_memory: str) -> str:
+    """The demo cluster with a third box of 3090s (the GPUs then hold llama2-70b with the
+    optimizer offloaded) and the 4090 box's host memory set."""
+    return MIXED.read_text().replace("    count: 2\n", "    count: 3\n").replace(
+        "    gpu: rtx4090\n", f"    gpu: rtx4090\n    host_memory: {host_memory}\n")
+
+
+def test_host_memory_as_the_limit_is_named_with_numbers_and_its_key(monkeypatch, capsys, write):
+    cluster = write("lab.yaml", _host_bound("128GB"))
+    code, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), *SEVENTY_B)
     line = error_line(err)
     assert code == 3
     assert "host memory is the limit" in line and "host_memory" in line
-    # the machine short of it, what it needs against what it has (the default: 2 x 4 x 24 GB)
-    assert "GB of host memory on box4090.0" in line and "which has 192 GB" in line
+    # the machine short of it, what it needs against what it has
+    assert "GB of host memory on box4090.0" in line and "which has 128 GB" in line
     assert "for node group box4090" in line
     assert "GPU memory" not in line and "model states" not in line
 
 
 def test_the_host_memory_the_message_asks_for_is_enough(monkeypatch, capsys, write):
-    _, _, err = run(monkeypatch, capsys, "plan", "-c", str(MIXED), *SEVENTY_B)
+    cluster = write("lab.yaml", _host_bound("128GB"))
+    _, _, err = run(monkeypatch, capsys, "plan", "-c", str(cluster), *SEVENTY_B)
     needed = error_line(err).split("host_memory: ")[1].split(" or more for node group box4090")[0]
-    text = MIXED.read_text().replace("    gpu: rtx4090\n",
-                                     f"    gpu: rtx4090\n    host_memory: {needed}\n")
-    code, out, err = run(monkeypatch, capsys, "plan", "-c", str(write("more.yaml", text)),
+    code, out, err = run(monkeypatch, capsys, "plan", "-c", str(write("more.yaml", _host_bound(needed))),
                          *SEVENTY_B, "--json", "--top", "1")
     assert code == 0, err
     box4090 = next(h for h in json.loads(out)["host_memory"] if h["node"] == "box4090.0")
@@ -315,17 +322,17 @@ def test_schedule_says_which_columns_a_narrow_terminal_leaves_out(write):
 
 def test_cost_names_host_memory_for_an_offer_and_its_host_memory_key_lifts_it(
         monkeypatch, capsys, write):
-    """The catalog's 4 RTX 2080 Ti machine (88 GB of host memory by default) cannot hold
-    llama2-7b's offloaded optimizer; the same offer with host_memory given plans."""
+    """A 4 RTX 2080 Ti machine with 48 GB of host memory cannot hold llama3.2-3b's offloaded
+    optimizer; the same offer with host_memory raised as the message says plans."""
     short = write("short.yaml", "offers:\n  - {name: ti, gpu: rtx2080ti, gpus_per_node: 4, "
-                                "nvlink: pairs}\n")
-    code, _, err = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+                                "nvlink: pairs, host_memory: 48GB}\n")
+    code, _, err = run(monkeypatch, capsys, "cost", "-m", "llama3.2-3b", "--tokens", "1B",
                        "--offers", str(short))
     line = error_line(err.splitlines()[-1])
-    assert code == 3 and "host memory is the limit" in line and "which has 88 GB" in line
+    assert code == 3 and "host memory is the limit" in line and "which has 48 GB" in line
     needed = line.split("host_memory: ")[1].split(" or more")[0]
-    enough = write("enough.yaml", short.read_text().replace("}", f", host_memory: {needed}}}"))
-    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "llama2-7b", "--tokens", "1B",
+    enough = write("enough.yaml", short.read_text().replace("48GB", needed))
+    code, out, _ = run(monkeypatch, capsys, "cost", "-m", "llama3.2-3b", "--tokens", "1B",
                        "--offers", str(enough), "--json")
     assert code == 0 and [c["name"] for c in json.loads(out)["candidates"]] == ["ti"]
 

@@ -133,7 +133,7 @@ def test_the_plan_carries_the_chosen_traits_and_round_trips():
 
 def test_each_trait_is_read_from_a_section():
     wanted = Execution(fused_kernels=True, flash_attention=False, overlap_grad_reduce=False,
-                       overlap_p2p=False, fp32_params=False, grad_reduce_bytes=4,
+                       overlap_p2p=False, fp32_params=True, grad_reduce_bytes=4,
                        micro_batch_overhead_s=1e-4, step_overhead_s=0.003)
     for name in differences(Execution(), wanted):
         parsed = parse_execution({name: getattr(wanted, name)}, "x.yaml")

@@ -53,9 +53,10 @@ EMBEDDING_PARAMS = VOCAB * H
 HEAD_PARAMS = 2 * H + VOCAB * H  # final LayerNorm, output projection (not tied)
 MODEL_PARAMS = LAYERS * BLOCK_PARAMS + EMBEDDING_PARAMS + HEAD_PARAMS  # 67,127,296
 
-# Bytes per parameter: FP32 weights and their BF16 autocast copy (6), FP32 gradients (4), Adam's
-# two FP32 moments (8). Adam's step reads and writes about 36 bytes per parameter.
-WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES, ADAM_TRAFFIC = 6, 4, 8, 36
+# Bytes per parameter: BF16 weights (2), their gradients summed over micro-batches in FP32 (4),
+# the FP32 master and Adam's two FP32 moments (12). Adam's step reads and writes about 36 bytes
+# per parameter.
+WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES, ADAM_TRAFFIC = 2, 4, 12, 36
 STATE_BYTES = WEIGHT_BYTES + GRAD_BYTES + ADAM_BYTES  # 18
 
 
@@ -93,9 +94,9 @@ def adam_s(params: float) -> float:
 
 
 def accumulate_s(params: float) -> float:
-    """Each micro-batch's weight gradients cast to FP32 (read 2, write 4 bytes per parameter)
-    and added into the FP32 .grad (read 4 + 4, write 4): 18 bytes per parameter."""
-    return 18 * params / MEMORY_BW
+    """Each micro-batch's 16-bit weight gradients (read 2 bytes per parameter) added into
+    their FP32 sum (read 4, write 4): 10 bytes per parameter."""
+    return 10 * params / MEMORY_BW
 
 
 def ring_allreduce_s(num_bytes: float, ranks: int, bandwidth: float, latency: float) -> float:

@@ -10,6 +10,7 @@ import pytest
 from potluck import api
 from potluck.cluster import parse_cluster
 from potluck.cluster.catalog import DeviceType
+from potluck.cluster.execution import Execution
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import load_model
@@ -143,4 +144,8 @@ def test_zero3_states_are_charged_as_fsdp2_mixed_precision_holds_them():
     layout = bf16.state_layout(AMPERE, sharded)
     assert (layout.weights, layout.grads, layout.gathered_weights) == (4.0, 4.0, 2.0)
     assert bf16.model_state_bytes(AMPERE, 1000, sharded) == pytest.approx(16.0 * 1000 / 4)
-    assert bf16.state_layout(AMPERE, StateSharding.of(4, 2)).weights == 6.0  # autocast copy
+    zero2 = StateSharding.of(4, 2)  # ZeRO-2: 16-bit weights, FP32 gradient sums and masters
+    assert bf16.state_layout(AMPERE, zero2) == formulas.MAIN_GRAD_MASTER
+    autocast = CostModel(Cluster(parse_cluster(CLUSTER, "amp.yaml")), load_model("gpt3-125m"),
+                         2048, DType.BF16, Execution(fp32_params=True))
+    assert autocast.state_layout(AMPERE, zero2).weights == 6.0  # autocast's copy kept

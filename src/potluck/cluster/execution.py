@@ -71,8 +71,9 @@ class Execution:
     """How the training code executes a step, as far as time and memory depend on it.
 
     The defaults describe potluck's runtime: Hugging Face models in PyTorch eager mode
-    with SDPA (flash) attention, FP32 weights under 16-bit autocast, gradient reduction
-    in 16 bits overlapped with the backward pass. Other settings let the cost model
+    with SDPA (flash) attention, 16-bit weights with FP32 masters and gradients summed over
+    micro-batches in FP32 (on GPU ranks computing in 16 bits; CPU ranks train in FP32),
+    gradient reduction in 16 bits overlapped with the backward pass. Other settings let the cost model
     describe other frameworks (e.g. Megatron-LM of 2021: fused kernels, attention scores
     in memory, 16-bit weights with FP32 master copies, FP32 gradient all-reduce after the
     backward pass) when comparing with their published runs.
@@ -82,14 +83,21 @@ class Execution:
     flash_attention: bool = True  # FlashAttention/SDPA kernels (False: scores in memory)
     overlap_grad_reduce: bool = True  # DP all-reduce overlaps the last backward pass
     overlap_p2p: bool = True  # pipeline sends and receives overlap compute
-    fp32_params: bool = True  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
+    fp32_params: bool = False  # FP32 weights under 16-bit autocast (False: 16-bit + FP32 master)
+    # 16-bit weights' gradients summed over micro-batches in an FP32 buffer held instead of
+    # the 16-bit .grad (Megatron-LM's main_grad; potluck's runtime); False: in the 16-bit
+    # .grad itself (DeepSpeed's fp16 engine). Only 16-bit weights (fp32_params False or an
+    # offloaded optimizer) have such gradients.
+    fp32_main_grads: bool = True
     grad_reduce_bytes: PositiveInt = 2  # bytes per gradient element on the wire
     micro_batch_overhead_s: NonNegativeFloat = 0.0  # host time per micro-batch per stage (scheduler, Python)
     step_overhead_s: NonNegativeFloat = 0.0  # host time per iteration (optimizer launch, zero_grad, logging)
     # memory traffic per parameter and micro-batch to add its weight gradient into the
-    # accumulation buffer, outside the GEMMs: autocast's FP32 .grad (cast the 16-bit
-    # gradient: read 2, write 4; AccumulateGrad's add: read 4 + 4, write 4)
-    grad_accumulation_bytes: NonNegativeFloat = 18.0
+    # accumulation buffer, outside the GEMMs: the FP32 sum of a 16-bit gradient (read 2,
+    # read and write the sum 4 + 4: runtime/grads/fp32_accumulation.py, as Megatron-LM's
+    # main_grad hook); 18 for autocast's FP32 .grad (cast the 16-bit gradient: read 2,
+    # write 4; AccumulateGrad's add: read 4 + 4, write 4)
+    grad_accumulation_bytes: NonNegativeFloat = 10.0
     # host time to issue one block's forward (twice that for its backward), a floor under the
     # block's GPU time: potluck's eager PyTorch, 24 kernels x 8 us (planner.compute)
     block_host_s: NonNegativeFloat = 192e-6
@@ -184,7 +192,7 @@ PRESETS: dict[str, Execution] = {
     # to fp16 when fp16 is enabled (config key `communication_data_type`, default None).
     "deepspeed": Execution(
         fused_kernels=False, flash_attention=False, overlap_grad_reduce=False,
-        overlap_p2p=False, fp32_params=False, grad_reduce_bytes=2,
+        overlap_p2p=False, fp32_params=False, fp32_main_grads=False, grad_reduce_bytes=2,
         # AccumulateGrad on the 16-bit .grad (read 2 + 2, write 2); PipeModelDataParallelTopology
         # places ranks pipe-data-model (rank order); ReduceTiedGrads sums the tied embedding of
         # the first and last stage in its own step.
@@ -194,8 +202,9 @@ PRESETS: dict[str, Execution] = {
 }
 
 PRESET_SUMMARIES = {
-    "potluck": "potluck's runtime: eager PyTorch, SDPA attention, FP32 weights, 16-bit "
-               "gradient reduction overlapped with the backward pass",
+    "potluck": "potluck's runtime: eager PyTorch, SDPA attention, 16-bit weights with FP32 "
+               "masters and gradient sums, 16-bit gradient reduction overlapped with the "
+               "backward pass",
     "megatron-lm": "Megatron-LM today: fused kernels, flash attention, 16-bit weights with "
                    "FP32 main params, FP32 gradient reduction overlapped, overlapped sends",
     "megatron-lm-2021": "Megatron-LM of SC'21: fused kernels, attention scores in memory, "

@@ -262,16 +262,20 @@ class CostModel:
     def state_layout(self, device_type: DeviceType,
                      sharding: StateSharding = NOT_SHARDED) -> formulas.StateBytes:
         """Bytes per parameter of weights, gradients and optimizer states on a device: plain
-        FP32 where it computes in fp32 or tf32 (CPU ranks always), else per the execution;
-        with the optimizer offloaded, 16-bit weights and gradients on the device and the FP32
-        master in host memory (ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1); FP32 weights
-        sharded by ZeRO-3 are gathered in 16 bits (FSDP2's mixed precision)."""
+        FP32 where it computes in fp32 or tf32 (CPU ranks always); FP32 weights sharded by
+        ZeRO-3 and gathered in 16 bits (FSDP2's mixed precision; 16 bytes over ``d`` as
+        16-bit shards with FP32 masters); FP32 weights under autocast where the execution
+        keeps them; else 16-bit weights with FP32 masters (on the host when the optimizer
+        is offloaded: ZeRO-Offload, Ren et al. ATC'21, Sec. 4.1), their gradients summed in
+        FP32 or in 16 bits as the execution says."""
         if effective_dtype(device_type, self.dtype).is_full_precision:
             return formulas.FP32
+        if sharding.parameter_shards > 1 and not sharding.offload:
+            return formulas.FSDP_MIXED_PRECISION
         if self.execution.fp32_params and not sharding.offload:
-            if sharding.parameter_shards > 1:
-                return formulas.FSDP_MIXED_PRECISION
             return formulas.FP32_PARAMS_AUTOCAST
+        if self.execution.fp32_main_grads:
+            return formulas.MAIN_GRAD_MASTER
         return formulas.MIXED_PRECISION_MASTER
 
     def model_state_bytes(self, device_type: DeviceType, params: float,

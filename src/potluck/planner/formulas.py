@@ -15,7 +15,8 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   wasted (NVIDIA, "Matrix Multiplication Background User's Guide");
 - model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
-  Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``);
+  Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``) and for
+  16-bit weights whose gradients are summed in an FP32 buffer (``6 + 12/d``, Megatron-LM);
 - Adam step: memory bound, about 36 bytes of traffic per parameter (read FP32
   master, both moments and the gradient, write them back and the 16-bit copy);
 - gradient accumulation: every micro-batch's weight gradients are added into an
@@ -208,8 +209,14 @@ class StateBytes:
         return self.weights if self.gathered is None else self.gathered
 
 
-# 16-bit weights and gradients, FP32 master weights and Adam moments (SC'21; ZeRO).
+# 16-bit weights and gradients, FP32 master weights and Adam moments (SC'21; ZeRO):
+# gradients summed over micro-batches in the 16-bit .grad (DeepSpeed's fp16 engine).
 MIXED_PRECISION_MASTER = StateBytes(2.0, 2.0, 12.0)
+# 16-bit weights, their gradients summed over micro-batches in an FP32 buffer held in place
+# of the 16-bit .grad, FP32 masters and moments: Megatron-LM's main_grad (--main-grads-dtype
+# fp32, the default; megatron/core/distributed/param_and_grad_buffer.py) and potluck's
+# runtime (runtime/grads/fp32_accumulation.py): 2 + 4 + 12/d with a distributed optimizer.
+MAIN_GRAD_MASTER = StateBytes(2.0, 4.0, 12.0)
 # FP32 weights under 16-bit autocast (plus autocast's 16-bit copy of every weight, kept for
 # the step), FP32 gradients, Adam moments: what PyTorch AMP and potluck's runtime hold.
 FP32_PARAMS_AUTOCAST = StateBytes(6.0, 4.0, 8.0)
