@@ -16,9 +16,9 @@ from potluck.model import load_model
 from potluck.model.counts import Recompute
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
 from potluck.planner import compute, formulas
-from potluck.planner.compute import effective_dtype
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
+from potluck.planner.gemm import effective_dtype
 from potluck.plans import DType, Execution, Pipeline, Plan, Stage, TrainingShape
 
 TWO_BOXES = """
