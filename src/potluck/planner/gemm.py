@@ -11,9 +11,15 @@ A GEMM ``[M, K] @ [K, N]`` (``rows``, ``inner``, ``cols``) in the dtype a device
 
 - **peak** (:func:`peak_flops`): the catalog's dense peak of that dtype (16-bit tensor,
   TF32 tensor or FP32 cores);
-- **ceiling**: the device type's ``matmul_efficiency``, the share of the peak that large
-  GEMMs reach (the catalog names its measurement); ``potluck calibrate`` replaces it with
-  what a run measured;
+- **ceiling**: the device type's ``matmul_efficiency``, the share of the peak that large,
+  well-shaped GEMMs reach in PyTorch, from published measured sweeps (the catalog names
+  the sweep and the shape for every type: stas00/ml-engineering's "maximum achievable
+  matmul FLOPS" table, mli/transformers-benchmarks, zzc0721/torch-performance-test-data).
+  It is set so that this model reproduces the sweep's best point: the measured FLOP/s over
+  the peak, divided by :func:`wave_efficiency` at the measured shape. GeForce cards run above
+  the boost clock NVIDIA rates them at, and their measured ceiling is 1.0 to 1.13 of that
+  nominal peak; data-centre parts hold their rated clock or less under load (A100 0.88, H100
+  0.83, T4 0.65). ``potluck calibrate`` replaces the ceiling with what a run measured;
 - **tiles and waves** (:func:`wave_efficiency`): the output is cut into tiles, one thread
   block each, run in waves over the streaming multiprocessors; partial tiles at the edges
   and a partial last wave do no useful work (NVIDIA, "Matrix Multiplication Background
