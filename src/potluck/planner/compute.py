@@ -202,7 +202,8 @@ class ComputeModel:
         flops = counts.attention_core_forward_flops(m, b, s) * gemm.CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.q_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self.element_scale(device)
-        return gemm.flash_attention_s(device, self.dtype, flops, traffic)
+        keys_per_query = m.mean_keys_per_query(s) * gemm.CAUSAL_FRACTION
+        return gemm.flash_attention_s(device, self.dtype, flops, traffic, keys_per_query)
 
     def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
         """Scores in memory (Megatron before FlashAttention, eager attention): two batched

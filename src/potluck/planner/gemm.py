@@ -17,9 +17,9 @@ A GEMM ``[M, K] @ [K, N]`` (``rows``, ``inner``, ``cols``) in the dtype a device
   matmul FLOPS" table, mli/transformers-benchmarks, zzc0721/torch-performance-test-data).
   It is set so that this model reproduces the sweep's best point: the measured FLOP/s over
   the peak, divided by :func:`wave_efficiency` at the measured shape. GeForce cards run above
-  the boost clock NVIDIA rates them at, and their measured ceiling is 1.0 to 1.13 of that
+  the boost clock NVIDIA rates them at, and their measured ceiling is 1.0 to 1.14 of that
   nominal peak; data-centre parts hold their rated clock or less under load (A100 0.88, H100
-  0.83, T4 0.65). ``potluck calibrate`` replaces the ceiling with what a run measured;
+  0.83, T4 0.66). ``potluck calibrate`` replaces the ceiling with what a run measured;
 - **tiles and waves** (:func:`wave_efficiency`): the output is cut into tiles, one thread
   block each, run in waves over the streaming multiprocessors; partial tiles at the edges
   and a partial last wave do no useful work (NVIDIA, "Matrix Multiplication Background
@@ -31,8 +31,15 @@ A GEMM ``[M, K] @ [K, N]`` (``rows``, ``inner``, ``cols``) in the dtype a device
 FlashAttention-2 (Dao 2023, arXiv 2307.08691): on an A100 its forward pass reaches 73% and
 its backward pass 63% of the peak, where large GEMMs reach 87% (stas00's MAMF table), so
 the forward runs at 0.84 and the backward at 0.72 of the device's GEMM ceiling; the
-backward does 2.5x the forward's FLOPs (it recomputes the scores). Causal kernels skip the
-masked half of the scores.
+backward does 2.5x the forward's FLOPs (it recomputes the scores). The backward slows at
+short sequences: each key block's pass over the queries has a fixed start and end (loading
+K and V, writing dK and dV) worth the work of 256 more keys per query, so it runs at
+``k / (k + 256)`` of its long-sequence rate for ``k`` keys per query (fitted to the
+published FlashAttention-2 benchmark of an RTX A5000 for head dim 64, sequences 512 to
+8192, gpu-mode/ring-attention issue 10: 0.68, 0.81, 0.91, 0.97 of the 8192 rate; the
+forward stays within 4% of flat there). Causal masking halves the keys per query. Head
+dimension enters through the FLOPs and the traffic only: the per-head-dimension points of
+the FlashAttention-2 paper were not available to source a separate factor.
 """
 
 from __future__ import annotations
@@ -48,10 +55,11 @@ GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
 LARGE_GEMM_TILE = (256, 128)  # cuBLAS's largest 16-bit tile (NVIDIA GEMM guide's A100 example)
 
 # FlashAttention-2 on A100 (Dao 2023): forward 73% and backward 63% of the peak where large
-# GEMMs reach 87% (stas00 MAMF)
+# GEMMs reach 87% (stas00 MAMF); the backward's 63% is measured at 16k keys per query.
 FLASH_BACKWARD_FLOPS_FACTOR = 2.5  # backward FLOPs / forward FLOPs (the scores recomputed)
+FLASH_BACKWARD_START_KEYS = 256.0  # a key block's fixed start, in keys of work (A5000 sweep)
 FLASH_FORWARD_OF_GEMM = 0.73 / 0.87
-FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87
+FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87 * (16384 + FLASH_BACKWARD_START_KEYS) / 16384
 CAUSAL_FRACTION = 0.5  # causal kernels skip the masked half of the scores
 
 
@@ -160,14 +168,22 @@ def matmul_time_s(device: DeviceType, dtype: DType, rows: int, inner: int, cols:
                                effective_dtype(device, dtype).bytes, device.sm_count)
 
 
-def flash_attention_s(device: DeviceType, dtype: DType, flops: float, traffic_bytes: float
-                      ) -> tuple[float, float]:
+def flash_backward_rolloff(keys_per_query: float) -> float:
+    """Share of its long-sequence rate FlashAttention-2's backward runs at with
+    ``keys_per_query`` keys per query: each key block's fixed start is worth
+    :data:`FLASH_BACKWARD_START_KEYS` keys of work."""
+    return keys_per_query / (keys_per_query + FLASH_BACKWARD_START_KEYS)
+
+
+def flash_attention_s(device: DeviceType, dtype: DType, flops: float, traffic_bytes: float,
+                      keys_per_query: float) -> tuple[float, float]:
     """FlashAttention-2's forward and backward seconds for a forward of ``flops`` (the
     scores it computes, causal half skipped) that reads Q, K, V and writes the output,
-    ``traffic_bytes``: the forward under the roofline, the backward its FLOPs factor times
-    as long at the backward's lower rate."""
-    forward = formulas.roofline_time_s(flops, traffic_bytes,
-                                       achievable_flops(device, dtype) * FLASH_FORWARD_OF_GEMM,
-                                       device.memory_bandwidth_bytes_per_s)
-    backward = forward * FLASH_BACKWARD_FLOPS_FACTOR * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM
+    ``traffic_bytes``, with ``keys_per_query`` keys scored per query on average."""
+    gemm = achievable_flops(device, dtype)
+    bandwidth = device.memory_bandwidth_bytes_per_s
+    forward = formulas.roofline_time_s(flops, traffic_bytes, gemm * FLASH_FORWARD_OF_GEMM, bandwidth)
+    backward_flops = gemm * FLASH_BACKWARD_OF_GEMM * flash_backward_rolloff(keys_per_query)
+    backward = formulas.roofline_time_s(flops * FLASH_BACKWARD_FLOPS_FACTOR, 2.0 * traffic_bytes,
+                                        backward_flops, bandwidth)
     return forward, backward
