@@ -324,7 +324,7 @@ def figures_table(device_name: str, measurement) -> str:
     """Markdown: measured matmul TFLOP/s per dtype against the catalog's peak of that dtype."""
     from potluck.cluster.catalog import lookup
     from potluck.errors import ConfigError
-    from potluck.planner.compute import peak_flops
+    from potluck.planner.gemm import peak_flops
     from potluck.plans import DType
 
     device_type = lookup(device_name)

@@ -6,7 +6,7 @@ picks the recomputation that fits) and trained ``MFU_STEPS`` steps through potlu
 runtime; the median step after ``MFU_WARMUP`` warm-up steps is reported as model FLOPs
 utilisation (PaLM's MFU, Chowdhery et al. 2022, appendix B): the model's training FLOPs
 (:func:`potluck.model.counts.model_flops_per_token`, no recomputation counted) per second
-over the catalog's bf16 dense peak of this GPU (:func:`potluck.planner.compute.peak_flops`),
+over the catalog's bf16 dense peak of this GPU (:func:`potluck.planner.gemm.peak_flops`),
 beside the plan's predicted MFU.
 """
 
@@ -57,7 +57,7 @@ def step_mfu(model, seq_len: int, tokens: int, step_time_s: float, peak_flops: f
 
 def bf16_peak_flops(device: str) -> float:
     from potluck.cluster.catalog import lookup
-    from potluck.planner.compute import peak_flops
+    from potluck.planner.gemm import peak_flops
     from potluck.plans import DType
 
     return peak_flops(lookup(device), DType.BF16)

@@ -17,7 +17,7 @@ from potluck.cluster.execution import describe, placement_text
 from potluck.cluster.topology import Cluster
 from potluck.model.counts import Recompute, active_params, total_params
 from potluck.model.spec import ModelSpec
-from potluck.planner.compute import effective_dtype
+from potluck.planner.gemm import effective_dtype
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Prediction, plan_to_dict
 from potluck.plans.memory import Offload, StageMemory, Swap

@@ -83,8 +83,9 @@ def test_calibration_changes_predictions_through_inputs_only() -> None:
     """Halving both the 3090's matmul efficiency and memory bandwidth doubles every roofline
     term of a block, so its time doubles exactly: same formulas, different inputs."""
     model = load_model("llama2-7b")
+    half = parse_cluster(BASE).device_type("rtx3090").matmul_efficiency / 2  # the catalog's / 2
     times = []
-    for text in (BASE, CALIBRATED):
+    for text in (BASE, CALIBRATED.replace("matmul_efficiency: 0.5", f"matmul_efficiency: {half}")):
         spec = parse_cluster(text)
         cost = CostModel(Cluster(spec), model, 4096)
         times.append(cost.block_times(spec.device_type("rtx3090"), 1, 2, Recompute.NONE))

@@ -39,7 +39,9 @@ def test_each_entry_has_figures_and_sources(name):
     device = catalog()[name]
     assert device.tflops > 0 and device.memory_bytes > 0
     assert device.memory_bandwidth_bytes_per_s > 0
-    assert 0 < device.matmul_efficiency <= 1
+    # the GEMM ceiling: GeForce cards measure up to 1.14 of the peak they are rated at (they run
+    # above its boost clock: potluck.planner.gemm); the others below 1
+    assert 0 < device.matmul_efficiency <= 1.2
     assert device.price_per_hour_usd > 0 and device.purchase_price_usd > 0
     assert device.spot_price_per_hour_usd > 0, "`potluck cost --spot` needs a spot price for every type"
     assert device.power_w > 0

@@ -15,9 +15,10 @@ from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.model import load_model
 from potluck.planner import formulas
-from potluck.planner.compute import ComputeModel, achievable_flops, effective_dtype, peak_flops
+from potluck.planner.compute import ComputeModel
 from potluck.planner.cost import CostModel
 from potluck.planner.formulas import StateSharding
+from potluck.planner.gemm import achievable_flops, effective_dtype, peak_flops
 from potluck.plans import DType, plan_from_dict, plan_to_json
 from potluck.report import dtype_notes
 

@@ -8,7 +8,7 @@ import pytest
 from potluck.cluster import Cluster, parse_cluster
 from potluck.model import counts
 from potluck.model.loading import load_model, model_from_hf_config
-from potluck.planner import formulas
+from potluck.planner import formulas, gemm
 from potluck.planner.compute import ComputeModel
 from potluck.planner.evaluate import predict
 from potluck.plans import Execution, Pipeline, Plan, Stage, TrainingShape
@@ -27,14 +27,14 @@ def _moe(experts: int, top_k: int = 2) -> object:
 
 def test_grouped_gemm_of_one_group_is_the_plain_gemm():
     args = (1e14, 2e12, 2, 108)
-    assert formulas.grouped_gemm_time_s(1, 4096, 1024, 2048, *args) == pytest.approx(
-        formulas.gemm_time_s(4096, 1024, 2048, *args))
+    assert gemm.grouped_gemm_time_s(1, 4096, 1024, 2048, *args) == pytest.approx(
+        gemm.gemm_time_s(4096, 1024, 2048, *args))
 
 
 def test_grouped_gemm_reads_every_group_and_pads_each_to_whole_tiles():
     args = (1e14, 2e12, 2, 108)
-    one = formulas.gemm_time_s(64 * 8, 1024, 2048, *args)
-    grouped = formulas.grouped_gemm_time_s(64, 8, 1024, 2048, *args)
+    one = gemm.gemm_time_s(64 * 8, 1024, 2048, *args)
+    grouped = gemm.grouped_gemm_time_s(64, 8, 1024, 2048, *args)
     # 64 groups of 8 rows: 64 weight matrices read instead of one, rows padded to tiles
     weights_s = 2 * 64 * 1024 * 2048 / (2e12 * formulas.MEMORY_BANDWIDTH_EFFICIENCY)
     assert grouped >= weights_s > one

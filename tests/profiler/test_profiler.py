@@ -8,8 +8,8 @@ import torch
 from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.model.loading import load_model
-from potluck.planner.compute import achievable_flops
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.planner.gemm import achievable_flops
 from potluck.plans import DType
 from potluck.profiler import ProfileOptions, profile
 from potluck.profiler.calibration_file import (

@@ -8,8 +8,8 @@ import pytest
 
 from potluck.cluster.spec import parse_cluster
 from potluck.model.loading import load_model
-from potluck.planner.compute import achievable_flops
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.planner.gemm import achievable_flops
 from potluck.plans import DType
 from potluck.profiler import quick
 from potluck.profiler.compute import DeviceMeasurement

@@ -22,7 +22,8 @@ its formulas::
           bandwidth: 0.94Gb/s
           latency: 18ms
 
-A device entry replaces the type's ``matmul_efficiency`` and multiplies its
+A device entry replaces the type's ``matmul_efficiency`` (its GEMM ceiling, on top of which
+:mod:`potluck.planner.gemm` still prices each GEMM by its shape) and multiplies its
 ``memory_bandwidth`` (the factor is relative to the file's own figures:
 :func:`uncalibrated_device` undoes it). ``measured`` figures are written for
 people and never read back. A link entry replaces a node group's figures:

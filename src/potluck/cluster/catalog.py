@@ -1,11 +1,12 @@
 """The device catalog: what each GPU type can do and what it costs.
 
 A :class:`DeviceType` holds the public figures the cost model needs (dense
-16-bit TFLOPS, memory, memory bandwidth, native link, achievable matmul
-efficiency) and the economics needs (rental and purchase price, power). The
-figures live in ``catalog.yaml`` beside this module, each entry with its
-sources (:func:`source_of` finds the one covering a field); a cluster file can
-add custom types or override any field.
+16-bit TFLOPS, memory, memory bandwidth, native link, streaming multiprocessors, the
+GEMM ceiling measured by published matmul sweeps: ``matmul_efficiency``, which
+:mod:`potluck.planner.gemm` combines with each GEMM's shape) and the economics needs
+(rental and purchase price, power). The figures live in ``catalog.yaml`` beside this
+module, each entry with its sources (:func:`source_of` finds the one covering a field); a
+cluster file can add custom types or override any field.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class DeviceType:
     link: LinkKind = LinkKind.NONE
     link_bandwidth_bytes_per_s: NonNegativeFloat = 0.0
     pcie_bandwidth_bytes_per_s: PositiveFloat = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
-    matmul_efficiency: PositiveFloat = DEFAULT_MATMUL_EFFICIENCY
+    matmul_efficiency: PositiveFloat = DEFAULT_MATMUL_EFFICIENCY  # GEMM ceiling (planner.gemm)
     price_per_hour_usd: NonNegativeFloat = 0.0
     spot_price_per_hour_usd: NonNegativeFloat = 0.0
     purchase_price_usd: NonNegativeFloat = 0.0

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from potluck.cluster.topology import Cluster
 from potluck.economics.prices import Pricing, plan_usd_per_hour
-from potluck.planner.compute import peak_flops
+from potluck.planner.gemm import peak_flops
 from potluck.plans import Plan
 
 SECONDS_PER_HOUR = 3600.0

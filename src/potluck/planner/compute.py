@@ -1,9 +1,12 @@
 """Compute time of a transformer's pieces on one device: blocks, attention and the head.
 
-A block's forward is its four GEMMs under the roofline with wave quantization
-(:func:`potluck.planner.formulas.gemm_time_s`), its attention core
-(FlashAttention at published efficiencies, or materialized scores: two
-batched GEMMs and a softmax over the ``b*a*s^2`` scores) and its element-wise
+A block's forward is its GEMMs at their shapes (QKV and output projections, the MLP's
+up/gate and down projections; ``b*s`` rows, tensor parallelism dividing the columns of
+column-parallel and the inner dimension of row-parallel ones), each priced by
+:mod:`potluck.planner.gemm` (the measured GEMM ceiling, tiles and waves over the SMs, the
+roofline), its attention core (FlashAttention-2 at the published efficiencies of
+:func:`potluck.planner.gemm.flash_attention_s`, or materialized scores: two batched GEMMs
+and a softmax over the ``b*a*s^2`` scores) and its element-wise
 traffic, op by op (eager PyTorch, or fused kernels); the backward is twice
 the GEMMs and the element-wise traffic plus the attention's backward, and
 recomputation adds the forward again. The host's time to issue a block's
@@ -18,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from potluck.cluster.catalog import DeviceType
-from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
-from potluck.planner import formulas
+from potluck.planner import formulas, gemm
+from potluck.planner.gemm import achievable_flops, effective_dtype
 from potluck.plans import DType, Execution
 
 OPS_PER_BLOCK_FORWARD = 24  # eager kernels in one block's forward (norms, GEMMs, rotary, ...)
@@ -35,53 +38,6 @@ MOE_EXTRA_OPS = 17
 # down, residual add): aten ops dispatched by a Hugging Face LlamaDecoderLayer's parts on CPU,
 # views excluded, 22 and 12. Each part's host floor is its share of ``block_host_s``.
 ATTENTION_KERNEL_SHARE = 22 / 34
-# FlashAttention-2 (Dao 2023): the backward pass does ~2.5x the forward FLOPs (it recomputes
-# the scores); on A100 the forward reaches 73% and the backward 63% of peak where large GEMMs
-# reach 87% (stas00 MAMF), i.e. 0.84 and 0.72 of GEMM throughput. Causal kernels skip the
-# masked half of the scores.
-FLASH_BACKWARD_FACTOR = 2.5
-FLASH_FORWARD_OF_GEMM = 0.73 / 0.87
-FLASH_BACKWARD_OF_GEMM = 0.63 / 0.87
-CAUSAL_FRACTION = 0.5
-
-
-def effective_dtype(device_type: DeviceType, requested: DType) -> DType:
-    """The dtype a device computes in when ``requested`` is asked for: CPU ranks train in
-    FP32 whatever is asked; devices without BF16 fall back to FP16; TF32 on a device
-    without TF32 tensor cores (``tf32_tflops`` 0: before Ampere, AMD CDNA 2) is plain FP32."""
-    if device_type.is_cpu:
-        return DType.FP32
-    if requested is DType.BF16 and not device_type.bf16:
-        return DType.FP16
-    if requested is DType.TF32 and device_type.tf32_tflops <= 0:
-        return DType.FP32
-    return requested
-
-
-def peak_flops(device_type: DeviceType, requested: DType) -> float:
-    """Dense peak FLOP/s of the dtype ``device_type`` computes in when ``requested`` is
-    asked for: 16-bit tensor (``tflops``), TF32 tensor (``tf32_tflops``) or FP32 on the
-    ordinary cores (``fp32_tflops``; the catalog's CPU ``tflops`` is already FP32)."""
-    dtype = effective_dtype(device_type, requested)
-    if dtype is DType.TF32:
-        return device_type.tf32_tflops * 1e12
-    # a CPU's `tflops` is its FP32 peak, the figure `potluck profile` calibrates against
-    if dtype is not DType.FP32 or device_type.is_cpu:
-        return device_type.tflops * 1e12
-    if device_type.fp32_tflops > 0:
-        return device_type.fp32_tflops * 1e12
-    raise ConfigError(
-        f"device {device_type.name!r} has no fp32_tflops figure, needed to plan "
-        f"{requested.value}: set fp32_tflops (and tf32_tflops, if it has TF32 tensor cores) "
-        "under devices in the cluster file")
-
-
-def achievable_flops(device_type: DeviceType, requested: DType) -> float:
-    """FLOP/s large GEMMs reach: the dtype's peak x ``matmul_efficiency``. The efficiency is
-    measured on 16-bit GEMMs (and calibrated in the device's 16-bit dtype); potluck applies
-    the same share to the TF32 and FP32 peaks, as no per-dtype measurement is published for
-    most devices (cuBLAS SGEMM and TF32 GEMMs reach a similar share of their own peaks)."""
-    return peak_flops(device_type, requested) * device_type.matmul_efficiency
 
 
 @dataclass(frozen=True)
@@ -189,8 +145,8 @@ class ComputeModel:
                  ATTENTION_KERNEL_SHARE),
                 ("mlp", traffic.mlp_hidden, traffic.mlp_sharded, BlockTimes(0.0, 0.0, 0.0),
                  1.0 - ATTENTION_KERNEL_SHARE)):
-            gemms = sum(self._block_gemm_s(device, gemm, rows, tp)
-                        for gemm in counts.block_gemms(m) if gemm.part == part)
+            gemms = sum(self._block_gemm_s(device, matmul, rows, tp)
+                        for matmul in counts.block_gemms(m) if matmul.part == part)
             elementwise = self._elementwise_s(device, hidden + sharded / tp)
             forward = gemms + core.forward_s + elementwise
             backward = 2.0 * gemms + core.backward_s + 2.0 * elementwise
@@ -216,43 +172,38 @@ class ComputeModel:
         if self.fused_kernels:
             return 0.0 if self.flash_attention else attention.forward_s
         rows = b * self.seq_len
-        projections = sum(self._block_gemm_s(device, gemm, rows, tp)
-                          for gemm in counts.block_gemms(self.model) if gemm.part == "attention")
+        projections = sum(self._block_gemm_s(device, matmul, rows, tp)
+                          for matmul in counts.block_gemms(self.model) if matmul.part == "attention")
         return attention.forward_s + projections
 
     def _attention_s(self, device: DeviceType, tp: int, b: int) -> BlockTimes:
         if self.flash_attention:
-            forward = self._flash_attention_s(device, tp, b)
-            backward = forward * FLASH_BACKWARD_FACTOR * FLASH_FORWARD_OF_GEMM / FLASH_BACKWARD_OF_GEMM
-            return BlockTimes(forward, backward, 0.0)
+            return BlockTimes(*self._flash_attention_s(device, tp, b), 0.0)
         forward = self._materialized_attention_s(device, tp, b)
         return BlockTimes(forward, 2.0 * forward, 0.0)
 
     def _block_gemms_s(self, device: DeviceType, tp: int, b: int, ep: int = 1) -> float:
         rows = b * self.seq_len
-        return sum(self._block_gemm_s(device, gemm, rows, tp)
-                   for gemm in counts.block_gemms(self.model, ep))
+        return sum(self._block_gemm_s(device, matmul, rows, tp)
+                   for matmul in counts.block_gemms(self.model, ep))
 
-    def _block_gemm_s(self, device: DeviceType, gemm: counts.Gemm, rows: int, tp: int) -> float:
+    def _block_gemm_s(self, device: DeviceType, matmul: counts.Gemm, rows: int, tp: int) -> float:
         """One of a block's matmuls for ``rows`` tokens (routed experts: one grouped kernel)."""
-        group_rows, inner, cols = gemm.shape(rows, tp)
-        return formulas.grouped_gemm_time_s(
-            gemm.groups, group_rows, max(1, inner), max(1, cols), self.achievable_flops(device),
-            device.memory_bandwidth_bytes_per_s, self.element_bytes(device), device.sm_count)
+        group_rows, inner, cols = matmul.shape(rows, tp)
+        return gemm.matmul_time_s(device, self.dtype, group_rows, inner, cols, matmul.groups)
 
     def _gemm_s(self, device: DeviceType, rows: int, inner: int, cols: int) -> float:
-        return formulas.gemm_time_s(rows, max(1, inner), max(1, cols), self.achievable_flops(device),
-                                    device.memory_bandwidth_bytes_per_s, self.element_bytes(device),
-                                    device.sm_count)
+        return gemm.matmul_time_s(device, self.dtype, rows, inner, cols)
 
-    def _flash_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
-        """FlashAttention: causal scores never leave the chip; Q, K, V read, output written."""
+    def _flash_attention_s(self, device: DeviceType, tp: int, b: int) -> tuple[float, float]:
+        """FlashAttention's forward and backward: causal scores never leave the chip (half of
+        them skipped); Q, K, V read, output written."""
         m, s = self.model, self.seq_len
-        flops = counts.attention_core_forward_flops(m, b, s) * CAUSAL_FRACTION / tp
+        flops = counts.attention_core_forward_flops(m, b, s) * gemm.CAUSAL_FRACTION / tp
         traffic = (4 * s * b * m.q_size + 4 * s * b * m.kv_hidden_size) / tp
         traffic *= self.element_scale(device)
-        return formulas.roofline_time_s(flops, traffic, self.achievable_flops(device) * FLASH_FORWARD_OF_GEMM,
-                                        device.memory_bandwidth_bytes_per_s)
+        keys_per_query = m.mean_keys_per_query(s) * gemm.CAUSAL_FRACTION
+        return gemm.flash_attention_s(device, self.dtype, flops, traffic, keys_per_query)
 
     def _materialized_attention_s(self, device: DeviceType, tp: int, b: int) -> float:
         """Scores in memory (Megatron before FlashAttention, eager attention): two batched

@@ -54,8 +54,9 @@ from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner import formulas
-from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes, effective_dtype
+from potluck.planner.compute import BlockTimes, ComputeModel, PartTimes
 from potluck.planner.formulas import NOT_SHARDED, StateSharding
+from potluck.planner.gemm import effective_dtype
 from potluck.planner.network import NO_SHARING, Network, NicSharing
 from potluck.plans import DType, Execution, Plan, TrainingShape, runs_explicit_tp
 from potluck.plans.memory import Swap

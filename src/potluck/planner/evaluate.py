@@ -28,7 +28,7 @@ from potluck.cluster.topology import Device
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.placement import StageRef
-from potluck.planner import compute, formulas
+from potluck.planner import formulas, gemm
 from potluck.planner.comm.sparse import expected_unique_tokens, sparse_exchange_bytes
 from potluck.planner.comm.step_overlap import (
     first_forward_starts_s,
@@ -605,7 +605,7 @@ class PlanEvaluation:
         flops_per_s = counts.model_flops_per_token(model, plan.training.seq_len) * tokens_per_s
         used = [d for stages in self.devices for stage in stages for d in stage]
         # MFU against the peak of the dtype each device computes in (TF32, FP32 or 16-bit)
-        peak_flops = sum(compute.peak_flops(d.type, plan.training.dtype) for d in used)
+        peak_flops = sum(gemm.peak_flops(d.type, plan.training.dtype) for d in used)
         return Prediction(
             iteration_time_s=iteration_s,
             tokens_per_s=tokens_per_s,

@@ -10,9 +10,8 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
   NCCL's bus-bandwidth convention), a reduce-scatter or all-gather half of it: the one
   form (:func:`ring_terms`) the cost model, the simulator, calibration and the profiler use;
 - roofline: an op takes ``max(flops / achievable FLOP/s, bytes / memory bandwidth)``
-  (Williams et al. 2009); GEMMs run in waves of output tiles over the streaming
-  multiprocessors, 256 x 128 tiles for large GEMMs, partial tiles and partial waves
-  wasted (NVIDIA, "Matrix Multiplication Background User's Guide");
+  (Williams et al. 2009); what a GEMM or an attention kernel achieves (tiles and waves, the
+  measured GEMM ceiling, FlashAttention) is :mod:`potluck.planner.gemm`'s;
 - model states: 16 bytes per parameter for mixed-precision Adam with FP32 master
   weights, ``4 + 12/d`` with the optimizer sharded over ``d`` replicas (ZeRO-1;
   Rajbhandari et al. 2020); 18 for FP32 weights under autocast (``10 + 8/d``) and for
@@ -42,14 +41,11 @@ Sources (see ``shared/reference/formulas.md`` of the design notes):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple
 
-GEMM_TILE = 128  # output tile edge of cuBLAS/CUTLASS kernels for 16-bit GEMMs
-LARGE_GEMM_TILE = (256, 128)  # cuBLAS's largest 16-bit tile (NVIDIA GEMM guide's A100 example)
 MEMORY_BANDWIDTH_EFFICIENCY = 0.8  # stas00/ml-engineering: plan on ~80% of advertised rates
 ADAM_TRAFFIC_BYTES_PER_PARAM = 36.0
 KERNEL_DISPATCH_S = 8e-6  # host-side cost to launch one eager PyTorch op
@@ -133,61 +129,6 @@ def roofline_time_s(flops: float, memory_bytes: float, achievable_flops: float,
     compute = flops / achievable_flops
     memory = memory_bytes / (memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
     return max(compute, memory)
-
-
-def grouped_gemm_time_s(groups: int, rows_per_group: int, inner: int, cols: int,
-                        achievable_flops: float, memory_bandwidth_bytes_per_s: float,
-                        element_bytes: int, processors: int = 0) -> float:
-    """``groups`` GEMMs ``[rows_per_group, inner] @ [inner, cols]``, each with its own
-    weights, in one grouped kernel (``torch._grouped_mm``, how transformers runs routed
-    experts): each group's rows fill whole ``GEMM_TILE`` tiles, the tiles of all groups
-    share the waves, and every group's weights are read."""
-    if groups == 1:
-        return gemm_time_s(rows_per_group, inner, cols, achievable_flops,
-                           memory_bandwidth_bytes_per_s, element_bytes, processors)
-    rows = groups * rows_per_group
-    padded = groups * math.ceil(rows_per_group / GEMM_TILE) * GEMM_TILE
-    flops = 2.0 * rows * inner * cols
-    traffic = element_bytes * (rows * inner + groups * inner * cols + rows * cols)
-    compute_flops = achievable_flops * rows / padded * wave_efficiency(padded, cols, processors)
-    return roofline_time_s(flops, traffic, compute_flops, memory_bandwidth_bytes_per_s)
-
-
-def wave_efficiency(rows: int, cols: int, processors: int) -> float:
-    """Share of the streaming multiprocessors' tile slots that do useful work.
-
-    A GEMM's output is cut into tiles, one thread block each, that run in waves of
-    one tile per streaming multiprocessor; partial tiles at the matrix edges (tile
-    quantization) and a partial last wave (wave quantization) waste the rest
-    (NVIDIA, "Matrix Multiplication Background User's Guide"). cuBLAS runs large
-    GEMMs with its largest tensor-core tile, 256 x 128 (the guide's A100 example), in
-    whichever orientation wastes less; a GEMM with fewer such tiles than processors
-    runs ``GEMM_TILE x GEMM_TILE`` tiles instead.
-    """
-    if processors <= 0:
-        return 1.0
-    large = [_tiled_efficiency(rows, cols, tile_rows, tile_cols, processors)
-             for tile_rows, tile_cols in (LARGE_GEMM_TILE, LARGE_GEMM_TILE[::-1])
-             if math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols) >= processors]
-    if large:
-        return max(large)
-    return _tiled_efficiency(rows, cols, GEMM_TILE, GEMM_TILE, processors)
-
-
-def _tiled_efficiency(rows: int, cols: int, tile_rows: int, tile_cols: int,
-                      processors: int) -> float:
-    tiles = math.ceil(rows / tile_rows) * math.ceil(cols / tile_cols)
-    waves = math.ceil(tiles / processors)
-    return rows * cols / (waves * processors * tile_rows * tile_cols)
-
-
-def gemm_time_s(rows: int, inner: int, cols: int, achievable_flops: float,
-                memory_bandwidth_bytes_per_s: float, element_bytes: int, processors: int = 0) -> float:
-    """``[rows, inner] @ [inner, cols]`` under the roofline, with wave quantization."""
-    flops = 2.0 * rows * inner * cols
-    traffic = element_bytes * (rows * inner + inner * cols + rows * cols)
-    compute_flops = achievable_flops * wave_efficiency(rows, cols, processors)
-    return roofline_time_s(flops, traffic, compute_flops, memory_bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True)

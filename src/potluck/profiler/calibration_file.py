@@ -38,8 +38,8 @@ from potluck.cluster.catalog import DeviceType, catalog, closest_names, lookup, 
 from potluck.cluster.nodes import PathKind
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import ConfigError
-from potluck.planner.compute import effective_dtype
 from potluck.planner.formulas import MEMORY_BANDWIDTH_EFFICIENCY
+from potluck.planner.gemm import effective_dtype
 from potluck.plans import DType
 from potluck.profiler.run import ProfileResult
 from potluck.version import __version__

@@ -5,7 +5,7 @@ Without a torchrun environment, ``profile`` spawns ``ranks`` local processes
 (``RANK``/``WORLD_SIZE`` set), every node runs ``potluck profile`` and the
 ranks measure the links between machines too; rank 0 gathers the results.
 CPU ranks split the machine's cores between them, as training ranks do, and
-time FP32 matmuls only (CPU ranks train in FP32: ``planner.compute.effective_dtype``).
+time FP32 matmuls only (CPU ranks train in FP32: ``planner.gemm.effective_dtype``).
 
 Every wait is bounded: the process group's collectives by
 :data:`COLLECTIVE_TIMEOUT_S` (a rank whose peer died fails instead of waiting),

@@ -1,7 +1,7 @@
 """The torch settings that make a rank compute in its dtype: autocast and TF32 matmuls.
 
 The planner decides which dtype each device computes in
-(:func:`potluck.planner.compute.effective_dtype`: bf16 falls back to fp16 without
+(:func:`potluck.planner.gemm.effective_dtype`: bf16 falls back to fp16 without
 bf16 support, tf32 to fp32 without TF32 tensor cores, CPU ranks train in fp32);
 this module is the one place that says what torch does for each:
 

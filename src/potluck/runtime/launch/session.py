@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError, PotluckError
-from potluck.planner.compute import effective_dtype
+from potluck.planner.gemm import effective_dtype
 from potluck.plans import DType, Plan
 from potluck.runtime.launch.gpus import (
     DEVICE_ORDER,
