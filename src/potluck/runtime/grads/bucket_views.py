@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from potluck.runtime.grads.buckets import Bucket, local
-from potluck.runtime.grads.zero import OwnerSlots
+from potluck.runtime.grads.zero import OwnerSlots, back_to_back
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,9 @@ class _Layout:
 
 def _layout(bucket: Bucket, slots: OwnerSlots | None) -> _Layout:
     sizes = [local(item.param).numel() for item in bucket.items]
-    offsets = [0] * len(sizes)
     if slots is None:
-        position = 0
-        for i, size in enumerate(sizes):
-            offsets[i], position = position, position + size
-        return _Layout(tuple(offsets), position)
-    for slot, indices in enumerate(slots.members):
-        position = slot * slots.width
-        for i in indices:
-            offsets[i], position = position, position + sizes[i]
-    return _Layout(tuple(offsets), slots.width * len(slots.members))
+        return _Layout(tuple(back_to_back(sizes)), sum(sizes))
+    return _Layout(slots.offsets(sizes), slots.numel)
 
 
 class BucketViews:

@@ -309,7 +309,7 @@ class GradSync:
         parameters (in the slots the parameter all-gather uses); ``flat``: the gradients
         already laid out so (their bucket views), else they are copied into a new one."""
         if flat is None:
-            flat = grads[0].new_zeros(slots.width * len(slots.members),
+            flat = grads[0].new_zeros(slots.numel,
                                       dtype=self.wire_dtype or grads[0].dtype)
             for slot, indices in enumerate(slots.members):
                 write_slot(flat[slot * slots.width:], grads, indices)

@@ -51,7 +51,7 @@ and it broadcasts inside ``step``, which DCP also calls to initialize states.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -127,6 +127,29 @@ class OwnerSlots:
     def mine(self) -> tuple[int, ...]:
         return self.members[self.index]
 
+    @property
+    def numel(self) -> int:
+        """Elements of the bucket's flat tensor: every slot, padded."""
+        return self.width * len(self.members)
+
+    def offsets(self, sizes: Sequence[int]) -> tuple[int, ...]:
+        """Where each item (of ``sizes[i]`` elements) starts in the bucket's flat tensor:
+        its slot's start, then the slot's items back to back."""
+        offsets = [0] * len(sizes)
+        for slot, indices in enumerate(self.members):
+            for i, offset in zip(indices, back_to_back([sizes[i] for i in indices]), strict=True):
+                offsets[i] = slot * self.width + offset
+        return tuple(offsets)
+
+
+def back_to_back(sizes: Sequence[int]) -> list[int]:
+    """Offsets of items of ``sizes`` elements laid out one after another from 0."""
+    offsets, position = [], 0
+    for size in sizes:
+        offsets.append(position)
+        position += size
+    return offsets
+
 
 def owner_slots(layout: Layout, owners: dict[str, int], bucket: Bucket) -> OwnerSlots:
     """The slots of aligned ``bucket`` (see :class:`OwnerSlots`)."""
@@ -147,11 +170,9 @@ def write_slot(slot: torch.Tensor, tensors: list[torch.Tensor], indices: tuple[i
 
 def read_slot(slot: torch.Tensor, tensors: list[torch.Tensor], indices: tuple[int, ...]) -> None:
     """Copy :func:`write_slot`'s layout of ``slot`` into ``tensors[i]`` for ``i`` in ``indices``."""
-    offset = 0
-    for i in indices:
-        size = tensors[i].numel()
-        tensors[i].copy_(slot[offset:offset + size].view_as(tensors[i]))
-        offset += size
+    offsets = back_to_back([tensors[i].numel() for i in indices])
+    for i, offset in zip(indices, offsets, strict=True):
+        tensors[i].copy_(slot[offset:offset + tensors[i].numel()].view_as(tensors[i]))
 
 
 def scatters(bucket: Bucket) -> bool:

@@ -74,7 +74,7 @@ class ShardedGrads:
         for item in bucket.items:
             grad = item.param.grad
             grads.append(local(grad) if grad is not None else torch.zeros_like(local(item.param)))
-        flat = grads[0].new_zeros(slots.width * len(slots.members),
+        flat = grads[0].new_zeros(slots.numel,
                                   dtype=self.wire_dtype or grads[0].dtype)
         for slot, indices in enumerate(slots.members):
             write_slot(flat[slot * slots.width:], grads, indices)
