@@ -22,12 +22,14 @@ from potluck.errors import ConfigError
 from potluck.placement import block_unit
 from potluck.plans import Schedule
 from potluck.plans.feasibility import ZERO3_UNIFORM
-from potluck.runtime import TrainOptions
+from potluck.runtime import TrainOptions, build_model
 from potluck.runtime.grads.buckets import SyncedParam
 from potluck.runtime.grads.zero import assign_owners
-from potluck.runtime.grads.zero3 import check_zero3
+from potluck.runtime.grads.zero3 import check_zero3, gathered_after_forward
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
+from potluck.runtime.models.adapters import detect_family
+from potluck.runtime.parallel.pipeline import StageModule
 from potluck.runtime.training import train_rank
 
 STEPS = 20
@@ -186,13 +188,20 @@ def test_checkpoints_resume_across_zero_stages_and_offload(tmp_path, chain):
     assert curve == pytest.approx(reference_losses(TINY_LLAMA, 4, steps=6), abs=2e-5)
 
 
-@pytest.mark.parametrize("case", ["dp=2", "dp=2 x pp=2"])
-def test_zero3_reshards_every_block_after_forward_under_one_root_per_stage(case):
+# the units each rank keeps gathered from a micro-batch's forward to its backward: without
+# pipelining, the head (norm and output layer) and the last block, which that backward
+# starts with at once; under 1F1B other micro-batches' forwards come between, so none
+KEPT_AFTER_FORWARD = {"dp=2": ["lm_head", "model.layers.3", "model.norm"], "dp=2 x pp=2": []}
+
+
+@pytest.mark.parametrize("case", list(KEPT_AFTER_FORWARD))
+def test_zero3_reshards_all_but_the_backwards_first_units_after_forward(case):
     """torch makes each FSDP module that runs outside an FSDP parent a root, and a root
     keeps its weights unsharded from forward to backward: each stage must be the one root,
-    so that a block's weights are sharded again once its forward is done; and torch's
-    pipeline stage must not defer an FSDP stage's gradient reduction to the last
-    micro-batch, holding full-size gradients in between."""
+    so that a block's weights are sharded again once its forward is done (all but the units
+    a backward that follows at once starts with); and torch's pipeline stage must not defer
+    an FSDP stage's gradient reduction to the last micro-batch, holding full-size gradients
+    in between."""
     from zero3_workers import inspect_fsdp
 
     spec, pipelines = ZERO3_CASES[case]
@@ -200,8 +209,35 @@ def test_zero3_reshards_every_block_after_forward_under_one_root_per_stage(case)
     for rank, view in enumerate(views):
         assert view.fsdp_modules > 2, f"rank {rank}: blocks, embedding and head sharded"
         assert view.roots == ["0.<stage>"], f"rank {rank}: roots {view.roots}"
-        assert view.unsharded_after_forward == [], f"rank {rank}"
+        assert view.unsharded_after_forward == KEPT_AFTER_FORWARD[case], f"rank {rank}"
         assert view.unsharded_grads_between_micro_batches == [], f"rank {rank}"
+
+
+def test_zero3_units_kept_for_the_backward_add_nothing_to_the_gathered_peak():
+    """The head and last block kept gathered after forward are what the backward gathers
+    first anyway: the most weight elements gathered at once in a step (two blocks: one
+    computed, one prefetched) is that of every unit resharded, as the cost model's ZeRO-3
+    working set has it."""
+    from zero3_workers import inspect_fsdp
+
+    plan = with_options(make_plan(*ZERO3_CASES["dp=2"]), zero=3)
+    kept = [view.most_gathered_elements for view in inspect_fsdp(plan)]
+    resharded = [view.most_gathered_elements for view in inspect_fsdp(plan, reshard_all=True)]
+    assert kept == resharded
+
+
+def test_zero3_keeps_the_last_chunks_tail_gathered_in_a_pipeline_of_one_stage_only():
+    """A rank's chunks of a one-stage pipeline run one after the other: only the last
+    chunk's head and last block meet their backward right after their forward."""
+    model = build_model(TINY_LLAMA)
+    family = detect_family(model)
+    chunks = [StageModule(model, family, (0, 2), first=True, last=False),
+              StageModule(model, family, (2, 4), first=False, last=True)]
+    kept = gathered_after_forward(chunks, family, pp=1)
+    names = [f"{i}.{name}" for i, chunk in enumerate(chunks)
+             for name, module in chunk.named_modules() if id(module) in kept]
+    assert sorted(names) == ["1.lm_head", "1.model.layers.3", "1.model.norm"]
+    assert gathered_after_forward(chunks, family, pp=2) == set()
 
 
 def test_zero3_forward_under_autocast_follows_the_sharded_weights():

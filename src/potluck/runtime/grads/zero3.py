@@ -7,7 +7,8 @@ which is the aligned gradient sync group of the stage's units
 (:meth:`potluck.runtime.layout.Layout.sync_group`). At rest a rank keeps
 ``1/d`` of the weights, gradients and optimizer states (the optimizer sees
 FSDP2's sharded DTensor parameters); each micro-batch's forward and backward
-all-gather a block's weights and reshard them after use, and its backward
+all-gather a block's weights and reshard them after use (the last ones once
+the backward is done, in a pipeline of one stage: below), and its backward
 reduce-scatters the block's gradients, which FSDP2 adds into the sharded
 ``.grad`` (``set_gradient_divide_factor(1.0)``: the loss is already each
 replica's share of the global mean, so replicas' gradients are summed).
@@ -17,12 +18,23 @@ root of its blocks (torch makes every FSDP module that runs forward outside an F
 parent a root, ``_fsdp_state.py`` ``_lazy_init``; a root is not resharded after forward
 unless told, and each root's pre-forward makes the all-gather stream wait for the
 compute stream, so per-block roots would hold every block's weights unsharded from
-forward to backward and expose every gather). Every FSDP module reshards after forward
-(``reshard_after_forward=True``, explicit). Parameters are gathered in the rank's 16-bit
-compute dtype and gradients reduced in FP32 (or the plan's 16-bit wire dtype), FSDP2's
-:class:`MixedPrecisionPolicy`, as torchtitan runs it; autocast's weight-cast cache is off
-there (:func:`~potluck.runtime.parallel_model.ParallelModel`), since FSDP2 reuses one
-unsharded parameter object across reshards.
+forward to backward and expose every gather). Parameters are gathered in the rank's
+16-bit compute dtype and gradients reduced in FP32 (or the plan's 16-bit wire dtype),
+FSDP2's :class:`MixedPrecisionPolicy`, as torchtitan runs it; autocast's weight-cast
+cache is off there (:func:`~potluck.runtime.parallel_model.ParallelModel`), since FSDP2
+reuses one unsharded parameter object across reshards.
+
+Every FSDP module reshards after forward (``reshard_after_forward``, explicit), but for
+the units a micro-batch's backward starts with when it follows that forward at once: in
+a pipeline of one stage (whose schedule runs each micro-batch's forward, loss and
+backward in turn), the head (final norm and output layer) and the last block of the
+rank's last chunk stay gathered until their backward, which would gather them again
+straight away (:func:`gathered_after_forward`; torchtitan's ``apply_fsdp`` keeps its
+norm and output, and without pipelining its last block, gathered the same way). Under
+pipeline parallelism every unit reshards: other micro-batches' forwards come between a
+forward and its backward (1F1B's warm-up, GPipe, interleaving). The peak does not move:
+the backward's first step holds the same two units (the head it runs, the last block it
+prefetches), and the loss computed in between holds no other weights.
 
 torch's pipeline stage switches gradient sync off for every micro-batch of an FSDP
 module it is given (``PipelineStage.backward_maybe_with_nosync``) and reduces once
@@ -102,11 +114,12 @@ def apply_zero3(stages: list[nn.Module], layout: Layout, device: torch.device,
     ignored = {param for stage in stages for name, param in stage.named_parameters()
                if units[name] == TIED}
     policy = precision.policy()
+    kept = gathered_after_forward(stages, family, layout.role.pp)
     for stage in stages:
         for unit in _units(stage, family):
             if any(p not in ignored for module in unit for p in module.parameters()):
                 fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=ignored,
-                            reshard_after_forward=True)
+                            reshard_after_forward=not any(id(m) in kept for m in unit))
         fully_shard(stage, mesh=mesh, mp_policy=policy, ignored_params=ignored,
                     reshard_after_forward=True)
         for module in stage.modules():
@@ -138,6 +151,20 @@ def _units(stage: nn.Module, family: Family) -> list[list[nn.Module]]:
     units = [[get_path(stage, path) for path in paths if has_path(stage, path)]
              for paths in (family.embed_paths, family.head_paths)]
     return [*(unit for unit in units if unit), *([block] for block in stage.blocks.values())]
+
+
+def gathered_after_forward(stages: list[nn.Module], family: Family, pp: int) -> set[int]:
+    """``id`` of the modules whose FSDP units stay gathered from a micro-batch's forward to
+    its backward (the module docstring): with ``pp == 1``, whose schedule
+    (:class:`~potluck.runtime.parallel.pipeline.LocalSchedule`) runs each micro-batch's
+    backward right after its forward and loss, the head and the last block of the rank's
+    last chunk; none under ``pp > 1``, nor of an earlier chunk, whose forward the next
+    chunks' forwards follow."""
+    if pp > 1:
+        return set()
+    last = stages[-1]
+    head = [get_path(last, path) for path in family.head_paths if has_path(last, path)]
+    return {id(module) for module in (*head, *list(last.blocks.values())[-1:])}
 
 
 def managed_parameters(stages: list[nn.Module]) -> set[int]:
