@@ -339,3 +339,21 @@ def test_uneven_replicas_keep_optimizer_shares_proportional_to_their_memory():
         share = memory_gb / (24 + 80)
         assert by_device[device].optimizer_bytes == pytest.approx(layout.optimizer * params * share,
                                                                   rel=1e-3)
+
+
+def test_zero3_gathers_the_head_with_the_last_block_and_the_embedding_with_the_first():
+    """A large vocabulary's output layer outweighs a block: the last stage holds it gathered
+    beside the last block (the backward starts with both), the first stage the embedding
+    beside the first block."""
+    cost = _cost("llama3.1-8b")
+    device = cost.cluster.devices[0].type
+    sharding = StateSharding.of(4, 3)
+    gathered = cost.state_layout(device, sharding).gathered_weights
+    block = counts.block_params(cost.model)
+    head = counts.head_params(cost.model, separate_from_embedding=True)
+    embedding = counts.embedding_params(cost.model)
+    assert head > block and embedding > block  # llama3.1-8b: 525M against 218M
+    for shape, edge in ((StageShape(8, last=True, pp=2), head),
+                        (StageShape(8, first=True, pp=2), embedding)):
+        expected = (block + edge) * gathered + block * cost.state_layout(device, sharding).grads
+        assert cost.zero_working_bytes(device, 1, shape, sharding) == pytest.approx(expected)

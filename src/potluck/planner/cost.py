@@ -583,12 +583,16 @@ class CostModel:
 
     def zero_working_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                            sharding: StateSharding) -> float:
-        """ZeRO-2/3's full-size working set: one or two blocks (formulas.zero_working_bytes)."""
+        """ZeRO-2/3's full-size working set: one or two units, a block and the larger of a
+        block and the stage's embedding or head unit (formulas.zero_working_bytes; TP
+        shards each)."""
         if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
             return 0.0
+        edge = max(counts.embedding_params(self.model) if shape.first else 0,
+                   counts.head_params(self.model, shape.pp > 1) if shape.last else 0)
         return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
                                            self.state_layout(device_type, sharding),
-                                           sharding)
+                                           sharding, edge / tp)
 
     def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                    sharding: StateSharding) -> float:

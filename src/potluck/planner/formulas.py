@@ -236,14 +236,18 @@ def host_state_bytes(params: float, sharding: StateSharding = NOT_SHARDED) -> fl
     return params * HOST_OPTIMIZER_BYTES_PER_PARAM / sharding.optimizer_shards
 
 
-def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateSharding) -> float:
+def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateSharding,
+                       edge_params: float = 0.0) -> float:
     """Full-size states a ZeRO-2/3 device holds on top of its shards: ZeRO-3 (FSDP2) the
-    all-gathered weights of the block it computes and of the one it prefetches (Zhao et al.,
-    VLDB'23, forward/backward prefetch of one unit); ZeRO-2 the full-size gradients of the
-    bucket being reduce-scattered, one block (SC'20, Sec. 5.2: bucketized reduce-scatter)."""
+    all-gathered weights of the unit it computes and of the one it prefetches (Zhao et al.,
+    VLDB'23, forward/backward prefetch of one unit): a block and the larger of a block and
+    the stage's ``edge_params`` unit (the embedding, gathered with the first block; the
+    final norm and output layer, gathered with the last block); ZeRO-2 the full-size
+    gradients of the bucket being reduce-scattered, one block (SC'20, Sec. 5.2:
+    bucketized reduce-scatter)."""
     working = 0.0
     if sharding.parameter_shards > 1:
-        working += 2.0 * block_params * layout.gathered_weights
+        working += (block_params + max(block_params, edge_params)) * layout.gathered_weights
     if sharding.gradient_shards > 1:
         working += block_params * layout.grads
     return working
