@@ -69,6 +69,14 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
     # model state per parameter, as fp32_params=False counts.
     "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
+    # Megatron-LM at commit 8aa4619 (2021-03) as DLPerf ran it with --fp16: SC'21's traits (fused
+    # softmax and bias-GeLU, scores in memory, blocking batch_isend_irecv followed by
+    # torch.cuda.synchronize, the local DDP's all-reduce after the backward pass) but no main_grad
+    # buffer yet: each micro-batch's gradient accumulates in the fp16 .grad (read 2 + 2, write 2
+    # bytes) and is all-reduced in fp16 (--fp32-allreduce not given; megatron/model/distributed.py).
+    "megatron-lm-2021-03": ("megatron-lm-2021", {
+        "fp32_main_grads": False, "grad_reduce_bytes": 2,
+        "grad_accumulation_bytes": preset("deepspeed").grad_accumulation_bytes}),
 }
 
 
@@ -111,6 +119,12 @@ SETS: tuple[ValidationSet, ...] = (
     ValidationSet("sailor-gh200", "sailor_opt350_gh200.csv", "sailor_gh200_clariden.yaml",
                   "sailor_opt_350m.json", "megatron-deepspeed-fp32",
                   "Sailor (Strati et al., SOSP'25) Fig. 5b runs, eth-easl/sailor validation/clariden"),
+    *(ValidationSet(f"dlperf-v100-h{hidden}", f"dlperf_megatron_h{hidden}_v100.csv",
+                    "dlperf_v100_4x8.yaml", f"dlperf_gpt_h{hidden}_l{layers}.json",
+                    "megatron-lm-2021-03",
+                    "OneFlow DLPerf's Megatron-LM (8aa4619) runs on 4 x 8 V100 16GB, IB 100 Gb/s, "
+                    "Oneflow-Inc/DLPerf Megatron-LM/README.md")
+      for hidden, layers in ((1536, 16), (2304, 24))),
 )
 
 
