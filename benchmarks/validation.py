@@ -77,6 +77,13 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     "megatron-lm-2021-03": ("megatron-lm-2021", {
         "fp32_main_grads": False, "grad_reduce_bytes": 2,
         "grad_accumulation_bytes": preset("deepspeed").grad_accumulation_bytes}),
+    # NeMo 24.05 (Megatron-Core with Transformer Engine) as NVIDIA's dgxc-benchmarking ran it in
+    # BF16: today's Megatron traits (fused kernels, flash attention, overlapped gradient reduction
+    # and interleaved sends), but apex's distributed_fused_adam with grad_sync_dtype bf16 keeps the
+    # gradients in a bf16 buffer (DistributedFusedAdam._grad_buffer, dtype grad_sync_dtype) that the
+    # weight-gradient GEMMs accumulate into (2 + 2 + 2 bytes) and reduces them in bf16.
+    "nemo-2024": ("megatron-lm", {"fp32_main_grads": False, "grad_reduce_bytes": 2,
+                                  "grad_accumulation_bytes": 6.0}),
 }
 
 
@@ -125,6 +132,10 @@ SETS: tuple[ValidationSet, ...] = (
                     "OneFlow DLPerf's Megatron-LM (8aa4619) runs on 4 x 8 V100 16GB, IB 100 Gb/s, "
                     "Oneflow-Inc/DLPerf Megatron-LM/README.md")
       for hidden, layers in ((1536, 16), (2304, 24))),
+    ValidationSet("nemo-gpt3-175b-h100", "nemo_gpt3_175b_h100.csv", "eos_dgx_h100.yaml",
+                  "nemo_gpt3_175b.json", "nemo-2024",
+                  "NeMo 24.05 GPT-3 175B BF16 on 128-2048 H100s (EOS), NVIDIA/dgxc-benchmarking "
+                  "v24.11.1 nemo_megatron/README_175b.md"),
 )
 
 
