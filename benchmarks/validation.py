@@ -316,10 +316,15 @@ def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
 
 
 def write_runs(path: Path, runs: list[MeasuredRun], source: Path) -> None:
-    """The lines of ``runs`` from ``source`` (header included) into ``path``."""
+    """``source`` into ``path`` with every run but ``runs`` commented out: the lines keep
+    their numbers, so what the calibration says of a line is said of the set's file."""
+    keep = {r.line for r in runs}
     lines = source.read_text().splitlines()
-    header = next(line for line in lines if line.strip() and not line.startswith("#"))
-    path.write_text("\n".join([header] + [lines[r.line - 1] for r in runs]) + "\n")
+    header = next(n for n, line in enumerate(lines, 1)
+                  if line.strip() and not line.startswith("#"))
+    path.write_text("\n".join(
+        line if n <= header or n in keep or not line.strip() else f"# {line}"
+        for n, line in enumerate(lines, 1)) + "\n")
 
 
 def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
@@ -342,8 +347,9 @@ def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Out
             api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
                                    cluster=DATA / vset.cluster, out=out)
             spec, traits = read_calibrated(out, vset)
-        except PotluckError as err:
-            return f"calibration refused: {str(err).splitlines()[0]}"
+        except PotluckError as err:  # named by the set's file, not the temporary copy
+            reason = str(err).splitlines()[0].replace(str(subset), vset.runs)
+            return f"calibration refused: {reason}"
     fitted = {r.line for r in chosen}
     return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
 
