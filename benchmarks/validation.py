@@ -69,6 +69,21 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # gradients all-reduced after the last micro-batch), blocking pipeline sends; 16 bytes of
     # model state per parameter, as fp32_params=False counts.
     "megatron-deepspeed-fp32": ("deepspeed", {"grad_reduce_bytes": 4, **RANK_ORDER}),
+    # Megatron-LM at commit 8aa4619 (2021-03) as DLPerf ran it with --fp16: SC'21's traits (fused
+    # softmax and bias-GeLU, scores in memory, blocking batch_isend_irecv followed by
+    # torch.cuda.synchronize, the local DDP's all-reduce after the backward pass) but no main_grad
+    # buffer yet: each micro-batch's gradient accumulates in the fp16 .grad (read 2 + 2, write 2
+    # bytes) and is all-reduced in fp16 (--fp32-allreduce not given; megatron/model/distributed.py).
+    "megatron-lm-2021-03": ("megatron-lm-2021", {
+        "fp32_main_grads": False, "grad_reduce_bytes": 2,
+        "grad_accumulation_bytes": preset("deepspeed").grad_accumulation_bytes}),
+    # NeMo 24.05 (Megatron-Core with Transformer Engine) as NVIDIA's dgxc-benchmarking ran it in
+    # BF16: today's Megatron traits (fused kernels, flash attention, overlapped gradient reduction
+    # and interleaved sends), but apex's distributed_fused_adam with grad_sync_dtype bf16 keeps the
+    # gradients in a bf16 buffer (DistributedFusedAdam._grad_buffer, dtype grad_sync_dtype) that the
+    # weight-gradient GEMMs accumulate into (2 + 2 + 2 bytes) and reduces them in bf16.
+    "nemo-2024": ("megatron-lm", {"fp32_main_grads": False, "grad_reduce_bytes": 2,
+                                  "grad_accumulation_bytes": 6.0}),
 }
 
 
@@ -111,6 +126,16 @@ SETS: tuple[ValidationSet, ...] = (
     ValidationSet("sailor-gh200", "sailor_opt350_gh200.csv", "sailor_gh200_clariden.yaml",
                   "sailor_opt_350m.json", "megatron-deepspeed-fp32",
                   "Sailor (Strati et al., SOSP'25) Fig. 5b runs, eth-easl/sailor validation/clariden"),
+    *(ValidationSet(f"dlperf-v100-h{hidden}", f"dlperf_megatron_h{hidden}_v100.csv",
+                    "dlperf_v100_4x8.yaml", f"dlperf_gpt_h{hidden}_l{layers}.json",
+                    "megatron-lm-2021-03",
+                    "OneFlow DLPerf's Megatron-LM (8aa4619) runs on 4 x 8 V100 16GB, IB 100 Gb/s, "
+                    "Oneflow-Inc/DLPerf Megatron-LM/README.md")
+      for hidden, layers in ((1536, 16), (2304, 24))),
+    ValidationSet("nemo-gpt3-175b-h100", "nemo_gpt3_175b_h100.csv", "eos_dgx_h100.yaml",
+                  "nemo_gpt3_175b.json", "nemo-2024",
+                  "NeMo 24.05 GPT-3 175B BF16 on 128-2048 H100s (EOS), NVIDIA/dgxc-benchmarking "
+                  "v24.11.1 nemo_megatron/README_175b.md"),
 )
 
 
@@ -291,10 +316,15 @@ def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
 
 
 def write_runs(path: Path, runs: list[MeasuredRun], source: Path) -> None:
-    """The lines of ``runs`` from ``source`` (header included) into ``path``."""
+    """``source`` into ``path`` with every run but ``runs`` commented out: the lines keep
+    their numbers, so what the calibration says of a line is said of the set's file."""
+    keep = {r.line for r in runs}
     lines = source.read_text().splitlines()
-    header = next(line for line in lines if line.strip() and not line.startswith("#"))
-    path.write_text("\n".join([header] + [lines[r.line - 1] for r in runs]) + "\n")
+    header = next(n for n, line in enumerate(lines, 1)
+                  if line.strip() and not line.startswith("#"))
+    path.write_text("\n".join(
+        line if n <= header or n in keep or not line.strip() else f"# {line}"
+        for n, line in enumerate(lines, 1)) + "\n")
 
 
 def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
@@ -317,8 +347,9 @@ def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Out
             api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
                                    cluster=DATA / vset.cluster, out=out)
             spec, traits = read_calibrated(out, vset)
-        except PotluckError as err:
-            return f"calibration refused: {str(err).splitlines()[0]}"
+        except PotluckError as err:  # named by the set's file, not the temporary copy
+            reason = str(err).splitlines()[0].replace(str(subset), vset.runs)
+            return f"calibration refused: {reason}"
     fitted = {r.line for r in chosen}
     return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
 
