@@ -1,0 +1,71 @@
+"""What FSDP-style frameworks change in the cost model: ZeRO-3's gradient accumulation into
+the shard and its backward collectives, each against a hand-computed figure.
+
+The device and model are test_cost.py's toy: 1000 GB/s of memory bandwidth (80% usable), a
+GPT-style model of h = 1024, 4 blocks, vocabulary 8192, untied head, trained in BF16 on
+sequences of 1024 tokens.
+"""
+
+import pytest
+
+from potluck.cluster import Cluster, parse_cluster
+from potluck.model.spec import MlpKind, ModelSpec, NormKind
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import stage_shape
+from potluck.plans import Execution, Pipeline, Plan, Stage, TrainingShape
+
+TOY_CLUSTER = """
+devices:
+  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 32}
+nodes:
+  - {name: box, gpu: toy, gpus_per_node: 2, count: 2, nvlink: none, intra_bandwidth: 20GB/s,
+     intra_latency: 10us, inter_bandwidth: 8Gb/s, inter_latency: 50us}
+"""
+H, FFN, HEADS, VOCAB, SEQ, LAYERS = 1024, 4096, 8, 8192, 1024, 4
+TOY = ModelSpec(name="toy", family="gpt2", hidden_size=H, num_layers=LAYERS, num_heads=HEADS,
+                num_kv_heads=HEADS, ffn_hidden_size=FFN, vocab_size=VOCAB, max_seq_len=SEQ,
+                mlp=MlpKind.GELU, norm=NormKind.LAYERNORM)
+MEMORY_BW = 1000e9 * 0.8
+
+
+def _cost(**traits) -> CostModel:
+    return CostModel(Cluster(parse_cluster(TOY_CLUSTER)), TOY, SEQ, execution=Execution(**traits))
+
+
+def _device():
+    return Cluster(parse_cluster(TOY_CLUSTER)).device("box.0:0").type
+
+
+def test_zero3_sums_each_micro_batchs_gradients_into_the_shard():
+    """Per micro-batch: no cast where the reduce-scatter moves 16 bits, then the shard's FP32
+    sum (read 4 and the reduced 2, write 4) over 1/4 of the parameters; with an FP32
+    reduce-scatter the 16-bit gradient is first cast (read 2, write 4)."""
+    device, params = _device(), 1e9
+    bf16 = _cost(grad_reduce_bytes=2).grad_accumulation_s(device, params, 4)
+    fp32 = _cost(grad_reduce_bytes=4).grad_accumulation_s(device, params, 4)
+    assert bf16 == pytest.approx(params * (4 + 2 + 4) / 4 / MEMORY_BW)
+    assert fp32 == pytest.approx(params * (2 + 4 + (4 + 4 + 4) / 4) / MEMORY_BW)
+    unsharded = _cost().grad_accumulation_s(device, params)
+    assert unsharded == pytest.approx(params * 10 / MEMORY_BW)  # the FP32 main_grad add
+
+
+def test_zero3_backward_gathers_and_reduce_scatters_on_one_ring():
+    """Each block's weights gathered again (2 bytes each) and its gradient reduce-scattered
+    (grad_reduce_bytes each), one after the other on the same ring; without overlap the
+    reduction waits for the backward and only the gathers share it."""
+    device, gather = _device(), 0.01
+    assert _cost(grad_reduce_bytes=4).zero3_backward_comm_s(device, gather) == pytest.approx(
+        gather * (1 + 4 / 2))
+    assert _cost(grad_reduce_bytes=2).zero3_backward_comm_s(device, gather) == pytest.approx(
+        2 * gather)
+    assert _cost(overlap_grad_reduce=False).zero3_backward_comm_s(device, gather) == gather
+
+
+def test_a_zero3_stage_knows_its_shards():
+    spec = parse_cluster(TOY_CLUSTER, "toy.yaml")
+    pipelines = tuple(Pipeline((Stage((d,), ((0, LAYERS),)),), 1, 1)
+                      for d in ("box.0:0", "box.0:1", "box.1:0", "box.1:1"))
+    plan = Plan(spec, TOY, TrainingShape(4, SEQ), pipelines, zero=3)
+    assert stage_shape(plan, 0, 0).parameter_shards == 4
+    assert stage_shape(Plan(spec, TOY, TrainingShape(4, SEQ), pipelines, zero=1),
+                       0, 0).parameter_shards == 1
