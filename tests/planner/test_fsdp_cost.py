@@ -1,5 +1,6 @@
-"""What FSDP-style frameworks change in the cost model: ZeRO-3's gradient accumulation into
-the shard and its backward collectives, each against a hand-computed figure.
+"""What FSDP-style frameworks change in the cost model: the fused loss, ZeRO-3's root unit,
+its gradient accumulation into the shard and its backward collectives, each against a
+hand-computed figure.
 
 The device and model are test_cost.py's toy: 1000 GB/s of memory bandwidth (80% usable), a
 GPT-style model of h = 1024, 4 blocks, vocabulary 8192, untied head, trained in BF16 on
@@ -10,8 +11,9 @@ import pytest
 
 from potluck.cluster import Cluster, parse_cluster
 from potluck.model.spec import MlpKind, ModelSpec, NormKind
-from potluck.planner.cost import CostModel
+from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.evaluate import stage_shape
+from potluck.planner.formulas import StateSharding
 from potluck.plans import Execution, Pipeline, Plan, Stage, TrainingShape
 
 TOY_CLUSTER = """
@@ -26,6 +28,10 @@ TOY = ModelSpec(name="toy", family="gpt2", hidden_size=H, num_layers=LAYERS, num
                 num_kv_heads=HEADS, ffn_hidden_size=FFN, vocab_size=VOCAB, max_seq_len=SEQ,
                 mlp=MlpKind.GELU, norm=NormKind.LAYERNORM)
 MEMORY_BW = 1000e9 * 0.8
+BLOCK_PARAMS = 4 * H * H + 2 * H * FFN + 2 * 2 * H
+EMBEDDING_PARAMS = VOCAB * H
+HEAD_PARAMS = 2 * H + VOCAB * H  # final LayerNorm and the (untied) output projection
+ZERO3 = StateSharding.of(4, 3)
 
 
 def _cost(**traits) -> CostModel:
@@ -34,6 +40,37 @@ def _cost(**traits) -> CostModel:
 
 def _device():
     return Cluster(parse_cluster(TOY_CLUSTER)).device("box.0:0").type
+
+
+def test_a_fused_loss_reads_the_logits_once_per_pass_where_eager_moves_12_bytes():
+    """Eager: FP32 log-softmax and NLL, 12 bytes per logit in each pass. Fused (flash-attn's
+    CrossEntropyLoss): 2 bytes (read the 16-bit logits) forward, 4 (read them, write their
+    gradient) backward."""
+    b, device = 2, _device()
+    logits = b * SEQ * VOCAB
+    eager = _cost().head_times(device, 1, b)
+    fused = _cost(fused_loss=True).head_times(device, 1, b)
+    assert eager.forward_s - fused.forward_s == pytest.approx((12 - 2) * logits / MEMORY_BW)
+    assert eager.backward_s - fused.backward_s == pytest.approx((12 - 4) * logits / MEMORY_BW)
+    assert fused.weight_grad_s == eager.weight_grad_s  # the projection's GEMMs are the same
+
+
+def test_zero3_root_unit_holds_embedding_and_head_gathered_with_their_gradient():
+    """FSDP1's root FlatParameter (torchtitan's fully_shard(model)): the embedding and head
+    in 16 bits, and their full-size 16-bit gradient, for the whole step, on top of the two
+    gathered blocks; a stage without them holds none."""
+    device = _device()
+    whole = StageShape(LAYERS, first=True, last=True)
+    own, root = _cost(), _cost(zero3_root_unit=True)
+    extra = root.zero_working_bytes(device, 1, whole, ZERO3) - own.zero_working_bytes(
+        device, 1, whole, ZERO3)
+    assert extra == pytest.approx(2 * 2 * (EMBEDDING_PARAMS + HEAD_PARAMS))
+    middle = StageShape(2, pp=3)
+    assert root.zero_working_bytes(device, 1, middle, ZERO3) == own.zero_working_bytes(
+        device, 1, middle, ZERO3)
+    zero2 = StateSharding.of(4, 2)  # gradients sharded, weights whole: no gathered root
+    assert root.zero_working_bytes(device, 1, whole, zero2) == own.zero_working_bytes(
+        device, 1, whole, zero2)
 
 
 def test_zero3_sums_each_micro_batchs_gradients_into_the_shard():

@@ -608,12 +608,19 @@ class CostModel:
 
     def zero_working_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                            sharding: StateSharding) -> float:
-        """ZeRO-2/3's full-size working set: one or two blocks (formulas.zero_working_bytes)."""
+        """ZeRO-2/3's full-size working set: one or two blocks (formulas.zero_working_bytes),
+        and under ZeRO-3 with a root unit (``execution.zero3_root_unit``) the embedding and
+        head of a first or last stage, gathered with their full-size gradient for the whole
+        step (formulas.root_unit_bytes)."""
         if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
             return 0.0
-        return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
-                                           self.state_layout(device_type, sharding),
-                                           sharding)
+        layout = self.state_layout(device_type, sharding)
+        block_params = counts.block_params(self.model) / tp
+        working = formulas.zero_working_bytes(block_params, layout, sharding)
+        if sharding.parameter_shards > 1 and self.execution.zero3_root_unit:
+            root = self.stage_params(shape, tp) - shape.num_layers * block_params
+            working += formulas.root_unit_bytes(root, layout)
+        return working
 
     def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                    sharding: StateSharding) -> float:

@@ -249,6 +249,16 @@ def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateS
     return working
 
 
+def root_unit_bytes(root_params: float, layout: StateBytes) -> float:
+    """ZeRO-3's root unit (the embedding, final norm and output layer as one unit: FSDP1's
+    root FlatParameter, torchtitan's ``fully_shard(model)``): its weights gathered from the
+    first forward op to the last backward op, and its full-size gradient in the same 16-bit
+    dtype from the head's backward (the first) to the embedding's (the last), when the unit
+    is reduce-scattered (torch/distributed/fsdp: FSDP1 does not reshard the root after
+    forward; FSDP2's root reshards after forward and gathers again for the backward)."""
+    return 2.0 * root_params * layout.gathered_weights
+
+
 def zero3_grad_accumulation_bytes(element_bytes: float, reduce_bytes: float,
                                   shards: float) -> float:
     """Memory traffic per parameter and micro-batch of ZeRO-3's gradient accumulation: the
