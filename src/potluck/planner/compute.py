@@ -14,8 +14,9 @@ kernels (``Execution.block_host_s``; potluck's eager PyTorch: 24 kernels x 8 us)
 is a floor under its forward, twice that under its backward: a block whose GPU
 work is shorter runs at the host's pace. The head is the output projection's GEMMs and
 the loss's memory traffic over the logits, eager or one fused kernel
-(``Execution.fused_loss``: :func:`potluck.model.counts.loss_traffic_bytes_per_logit`). No communication: the cost model (:mod:`potluck.planner.cost`) adds
-tensor-parallel collectives and transfers.
+(``Execution.fused_loss``: :func:`potluck.model.counts.loss_traffic_bytes_per_logit`).
+No communication: the cost model (:mod:`potluck.planner.cost`) adds tensor-parallel
+collectives and transfers.
 """
 
 from __future__ import annotations
