@@ -24,6 +24,7 @@ Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatr
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,6 +105,7 @@ class ValidationSet:
         return str(DATA / name) if name.endswith(".json") else name
 
 
+@functools.cache
 def model_lines(runs: str) -> dict[int, str]:
     """Line number -> the model a ``# model: FILE`` line above it names, for a CSV under
     ``benchmarks/data`` (lines before any such line are absent: the set's model)."""
@@ -322,18 +324,10 @@ def print_pairs(results: list[tuple[str, list[Outcome]]]) -> None:
 # `potluck calibrate --measured`) and predict every run with the calibrated cluster file.
 
 
-def calibration_rows(runs: list[MeasuredRun], k: int, vset: ValidationSet | None = None
-                     ) -> list[MeasuredRun]:
-    """``k`` runs spread evenly over the file; in a set of several models, over the runs of
-    the model with the most (the fit reads one model)."""
-    if vset is not None:
-        models = model_lines(vset.runs)
-        if models:
-            names = [models[r.line] for r in runs]
-            chosen = max(names, key=names.count)
-            runs = [r for r, name in zip(runs, names, strict=True) if name == chosen]
+def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
+    """``k`` runs spread evenly over the file."""
     step = len(runs) / k
-    return [runs[int(i * step)] for i in range(min(k, len(runs)))]
+    return [runs[int(i * step)] for i in range(k)]
 
 
 def write_runs(path: Path, runs: list[MeasuredRun], source: Path) -> None:
@@ -358,7 +352,7 @@ def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Out
     if vset.zero is not None:
         return (f"calibration skipped: its runs are ZeRO-{vset.zero}, which a runs CSV cannot "
                 "say (zero1 is its only ZeRO column), so the fit would plan them otherwise")
-    chosen = calibration_rows(runs, k, vset)
+    chosen = calibration_rows(runs, k)
     with tempfile.TemporaryDirectory() as tmp:
         subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
         write_runs(subset, chosen, DATA / vset.runs)
