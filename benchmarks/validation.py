@@ -4,6 +4,8 @@ Each validation set (``SETS``) is a CSV of measured runs under ``benchmarks/data
 layout per line: tp, pp, dp, micro-batch size, global batch, sequence length and the
 measured seconds per iteration; the format ``potluck calibrate --measured`` reads), the
 cluster file the runs were measured on, the model, and how the framework executes a step.
+A set of several model sizes names each block's model in the CSV: a ``# model: FILE`` line
+holds for the runs below it (``potluck calibrate --measured`` reads it as a comment).
 ``benchmarks/data/README.md`` names the source of every number.
 
 For every run potluck plans the run's pinned layout (``top_k=1``) and predicts its
@@ -22,6 +24,7 @@ Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatr
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,6 +87,12 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # weight-gradient GEMMs accumulate into (2 + 2 + 2 bytes) and reduces them in bf16.
     "nemo-2024": ("megatron-lm", {"fp32_main_grads": False, "grad_reduce_bytes": 2,
                                   "grad_accumulation_bytes": 6.0}),
+    # llm-foundry's MPT on Composer's FSDP, mixed_precision PURE (bf16 gather and
+    # reduce-scatter): the fsdp preset as it is.
+    "llm-foundry": ("fsdp", {}),
+    # the same with mixed_precision DEFAULT: bf16 gather, FP32 reduce-scatter (Composer's
+    # get_mixed_precision from 0.16.4, commit d745fcb: reduce_dtype = torch.float32).
+    "llm-foundry-default": ("fsdp", {"grad_reduce_bytes": 4}),
 }
 
 
@@ -103,9 +112,26 @@ class ValidationSet:
     model: str  # a preset name or a config.json under benchmarks/data
     framework: str  # a key of FRAMEWORKS
     source: str  # paper and table, or repository file and commit (details in data/README.md)
+    zero: int | None = None  # the ZeRO stage every run used (FSDP's FULL_SHARD: 3)
 
-    def model_ref(self) -> str:
-        return str(DATA / self.model) if self.model.endswith(".json") else self.model
+    def model_ref(self, run: MeasuredRun | None = None) -> str:
+        """The model of ``run`` (its block's ``# model:`` line), else of the set."""
+        name = model_lines(self.runs).get(run.line, self.model) if run else self.model
+        return str(DATA / name) if name.endswith(".json") else name
+
+
+@functools.cache
+def model_lines(runs: str) -> dict[int, str]:
+    """Line number -> the model a ``# model: FILE`` line above it names, for a CSV under
+    ``benchmarks/data`` (lines before any such line are absent: the set's model)."""
+    models, current = {}, None
+    for number, line in enumerate((DATA / runs).read_text().splitlines(), 1):
+        text = line.strip()
+        if text.startswith("# model:"):
+            current = text.split(":", 1)[1].strip()
+        elif current and text and not text.startswith("#"):
+            models[number] = current
+    return models
 
 
 SETS: tuple[ValidationSet, ...] = (
@@ -136,6 +162,18 @@ SETS: tuple[ValidationSet, ...] = (
                   "nemo_gpt3_175b.json", "nemo-2024",
                   "NeMo 24.05 GPT-3 175B BF16 on 128-2048 H100s (EOS), NVIDIA/dgxc-benchmarking "
                   "v24.11.1 nemo_megatron/README_175b.md"),
+    ValidationSet("llmfoundry-a100-40g", "llmfoundry_a100_40g.csv", "llmfoundry_a100_40g.yaml",
+                  "mpt_7b.json", "llm-foundry",
+                  "llm-foundry MPT throughput table (A100 40GB), mosaicml/llm-foundry "
+                  "scripts/train/benchmarking/README.md", zero=3),
+    ValidationSet("llmfoundry-a100-80g-pure", "llmfoundry_a100_80g_pure.csv",
+                  "llmfoundry_a100_80g.yaml", "mpt_7b.json", "llm-foundry",
+                  "llm-foundry MPT throughput table (A100 80GB, 2023-06), mosaicml/llm-foundry "
+                  "scripts/train/benchmarking/README.md", zero=3),
+    ValidationSet("llmfoundry-a100-80g", "llmfoundry_a100_80g.csv", "llmfoundry_a100_80g.yaml",
+                  "mpt_7b.json", "llm-foundry-default",
+                  "llm-foundry MPT throughput table (A100 80GB, 2023-10), mosaicml/llm-foundry "
+                  "scripts/train/benchmarking/README.md", zero=3),
 )
 
 
@@ -171,10 +209,12 @@ def predict_run(vset: ValidationSet, run: MeasuredRun, spec: ClusterSpec | None 
     """Plan ``run``'s pinned layout on the set's cluster (or ``spec``) and predict it."""
     schedule = timeline_schedule(run)
     options = replace(run.options(), schedule=schedule)
+    if vset.zero is not None:
+        options = replace(options, zero=vset.zero)
     shape = run.shape(traits or execution(vset.framework))
     spec = spec or api.as_cluster(DATA / vset.cluster)
     try:
-        plan = search(spec, api.as_model(vset.model_ref()), shape, options).best
+        plan = search(spec, api.as_model(vset.model_ref(run)), shape, options).best
     except PotluckError as err:
         return Outcome(run, None, str(err).splitlines()[0])
     changed = schedule if schedule is not run.schedule else None
@@ -339,12 +379,15 @@ def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execu
 
 def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Outcome] | str:
     """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
+    if vset.zero is not None:
+        return (f"calibration skipped: its runs are ZeRO-{vset.zero}, which a runs CSV cannot "
+                "say (zero1 is its only ZeRO column), so the fit would plan them otherwise")
     chosen = calibration_rows(runs, k)
     with tempfile.TemporaryDirectory() as tmp:
         subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
         write_runs(subset, chosen, DATA / vset.runs)
         try:
-            api.calibrate_measured(subset, model=api.as_model(vset.model_ref()),
+            api.calibrate_measured(subset, model=api.as_model(vset.model_ref(chosen[0])),
                                    cluster=DATA / vset.cluster, out=out)
             spec, traits = read_calibrated(out, vset)
         except PotluckError as err:  # named by the set's file, not the temporary copy

@@ -86,3 +86,17 @@ def test_spearman_of_hand_ranked_values() -> None:
     assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     # ranks (1,2,3,4) against (2,1,4,3): 1 - 6*4/(4*15) = 0.6
     assert spearman([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]) == pytest.approx(0.6)
+
+
+def test_every_fsdp_run_that_ran_fits():
+    """The ZeRO-3 layouts llm-foundry ran (its throughput tables: every run is one that fit)
+    fit under the fsdp traits: none is refused, and each block's model is the one named."""
+    validation = _validation()
+    for vset in validation.SETS:
+        if vset.zero != 3:
+            continue
+        runs = validation.read_set_runs(vset)
+        assert set(validation.model_lines(vset.runs)) == {run.line for run in runs}
+        for run in runs:
+            outcome = validation.predict_run(vset, run)
+            assert outcome.predicted_s is not None, f"{vset.name} line {run.line}: {outcome.refusal}"

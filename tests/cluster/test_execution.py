@@ -54,6 +54,53 @@ def test_deepspeed_pipeline_engine_blocks_and_reduces_fp16_after_backward():
     assert deepspeed.grad_reduce_bytes == 2
 
 
+def test_fsdp_describes_composer_running_llm_foundrys_mpt():
+    """FSDP1 FULL_SHARD with mixed_precision PURE: one-kernel LayerNorm and GELU, Triton flash
+    attention, flash-attn's fused cross-entropy, FP32 shards gathered in bf16 and
+    reduce-scattered in bf16 while the backward goes on, the root unit (embedding, final
+    norm) gathered through the step; no compile, no communication scheduling."""
+    fsdp = preset("fsdp")
+    assert fsdp.fused_kernels and fsdp.flash_attention and fsdp.fused_loss
+    assert fsdp.overlap_grad_reduce and fsdp.fp32_params and fsdp.grad_reduce_bytes == 2
+    assert fsdp.zero3_root_unit and fsdp.compile is False
+    assert fsdp.tp_overlap_chunks == 1 and fsdp.dp_priority_schedule is False
+
+
+def test_torchtitan_describes_fsdp2_with_an_fp32_reduce_scatter():
+    """torchtitan's Llama 3 configs: eager blocks (compile = false), SDPA flash attention,
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), eager FP32 cross-entropy,
+    fully_shard(model) as the root unit."""
+    titan = preset("torchtitan")
+    assert not titan.fused_kernels and titan.flash_attention and not titan.fused_loss
+    assert titan.fp32_params and titan.grad_reduce_bytes == 4 and titan.overlap_grad_reduce
+    assert titan.zero3_root_unit and titan.compile is False
+    behaviour = differences(preset("fsdp"), titan)
+    assert behaviour == ["fused_kernels", "grad_reduce_bytes", "fused_loss"]
+
+
+def test_potlucks_runtime_runs_torchtitans_traits_and_refuses_fsdps():
+    """potluck's runtime is FSDP2 with torchtitan's mixed precision, but keeps each of the
+    embedding, norm and head a unit of its own and runs no fused kernels or fused loss."""
+    from potluck.runtime.launch.checks import check_execution
+
+    plan = api.plan(parse_cluster(NODES), "gpt3-125m", global_batch=8, seq_len=256,
+                    top_k=1).best
+    titan = replace(preset("torchtitan"), zero3_root_unit=False)
+    check_execution(replace(plan, training=replace(plan.training, execution=titan)))
+    for refused in ("fsdp", "torchtitan"):
+        traits = preset(refused)
+        with pytest.raises(ConfigError, match="which potluck's runtime does not run"):
+            check_execution(replace(plan, training=replace(plan.training, execution=traits)))
+
+
+def test_section_reads_the_fsdp_traits():
+    spec = parse_cluster(NODES + "execution: {preset: torchtitan, fused_loss: true, "
+                                 "zero3_root_unit: false}\n")
+    assert spec.execution == replace(preset("torchtitan"), fused_loss=True,
+                                     zero3_root_unit=False)
+    assert describe(spec.execution) == "torchtitan + fused_loss=true, zero3_root_unit=false"
+
+
 def test_section_starts_from_its_preset_and_overrides_traits():
     spec = parse_cluster(NODES + "execution:\n  preset: megatron-lm-2021\n"
                          "  overlap_p2p: true\n  step_overhead_s: 2ms\n")

@@ -118,6 +118,15 @@ class Execution:
     # on GPU ranks, where fused kernels and fewer launches pay for the compile, off on CPU
     # ranks (tens of seconds of inductor per run); True also compiles on CPU ranks.
     compile: bool | None = None
+    # the loss is one fused kernel over the 16-bit logits (flash-attn's CrossEntropyLoss, as
+    # llm-foundry's MPT runs it): it reads them once in the forward and once more in the
+    # backward to write their gradient; False: eager PyTorch, FP32 log-softmax and NLL
+    fused_loss: bool = False
+    # ZeRO-3: the embedding, final norm and output layer are one unit, the root (FSDP1's
+    # root FlatParameter, torchtitan's fully_shard(model)), whose weights stay gathered and
+    # whose full-size gradient is held from the start of the forward to the end of the
+    # backward; False: each is a unit of its own, gathered around its use (potluck's runtime)
+    zero3_root_unit: bool = False
 
 
 DEFAULT_PRESET = "potluck"
@@ -199,6 +208,71 @@ PRESETS: dict[str, Execution] = {
         grad_accumulation_bytes=6.0, placement=Placement.RANK_ORDER,
         tied_grad_sync=TiedGradSync.PIPELINE_ENDS, compile=False, **COMM_OFF,
     ),
+    # PyTorch FSDP (FSDP1, FULL_SHARD) as Composer runs llm-foundry's MPT recipes: the runs of
+    # llm-foundry's throughput tables (mosaicml/llm-foundry scripts/train/benchmarking/, yamls
+    # scripts/train/yamls/pretrain/mpt-*.yaml; composer/trainer/mosaic_fsdp.py of Composer
+    # 0.14-0.16). The layout is ZeRO-3 (`--zero 3`): every MPTBlock an FSDP unit with its own
+    # FlatParameter (MPTModel.fsdp_wrap_fn), the rest in the root's.
+    "fsdp": Execution(
+        # MPT's blocks: LPLayerNorm is one F.layer_norm kernel in 16 bits with autocast off
+        # (llmfoundry/models/layers/norm.py, norm_type low_precision_layernorm, which
+        # submit_benchmarks.py sets), the MLP one nn.GELU(approximate='none') kernel
+        # (layers/blocks.py MPTMLP), biases in the GEMMs' addmm: one read and one write per norm
+        # and activation, as fused_kernels counts them.
+        fused_kernels=True,
+        # attn_config.attn_impl: triton (the yamls and submit_benchmarks.py's --attn_impl
+        # default): FlashAttention in Triton (layers/flash_attn_triton.py), no scores in memory.
+        flash_attention=True,
+        # each unit's post-backward hook reduce-scatters its gradient while the backward pass
+        # goes on; Composer runs every micro-batch's reduction (its ddp_sync_context applies
+        # no_sync to DDP only).
+        overlap_grad_reduce=True,
+        # FSDP shards the module's FP32 parameters and MixedPrecision casts them to
+        # param_dtype (bf16) as it gathers a unit; precision amp_bf16 autocasts the rest.
+        fp32_params=True,
+        # mixed_precision: PURE in the MPT yamls (param, reduce and buffer dtype bf16:
+        # get_mixed_precision in Composer's mosaic_fsdp.py); DEFAULT reduces in FP32 from
+        # Composer 0.16.4 (commit d745fcb, "patch default": reduce_dtype = torch.float32).
+        grad_reduce_bytes=2,
+        # the loss: flash_attn.losses.cross_entropy.CrossEntropyLoss (ComposerMPTCausalLM's
+        # loss_fn default, fused_crossentropy; xentropy-cuda-lib in setup.py)
+        fused_loss=True,
+        # the embedding (wte, wpe) and final norm are the root FSDP module's FlatParameter;
+        # FSDP1 does not reshard the root after forward (the tied wte is the output layer)
+        zero3_root_unit=True,
+        # autocast's FP32 .grad where nothing is sharded; under ZeRO-3 the cost model charges
+        # the shard's sum instead (formulas.zero3_grad_accumulation_bytes)
+        grad_accumulation_bytes=18.0,
+        # torch 1.13 (the 40 GB table) and 2.1 (the 80 GB table's 2023-10 rows): no compile
+        compile=False, **COMM_OFF,
+    ),
+    # torchtitan (pytorch/torchtitan at 9dec370, 2024-12-26: the commit of its published Llama
+    # 3.1 performance, benchmarks/llama3_h100_202412_torchtitan.md), train_configs/llama3_*.toml
+    # and torchtitan/parallelisms/parallelize_llama.py. ZeRO-3 is FSDP2: fully_shard on each
+    # TransformerBlock, then on the whole model (apply_fsdp).
+    "torchtitan": Execution(
+        # [training] compile = false in the Llama 3 configs: eager RMSNorm (norm_type rmsnorm),
+        # rotary and SwiGLU; compile = true compiles each block (apply_compile) and fuses them:
+        # override fused_kernels and compile together for such runs.
+        fused_kernels=False,
+        # F.scaled_dot_product_attention(is_causal=True): the flash kernel.
+        flash_attention=True,
+        # FSDP2 reduce-scatters each block's gradient in its post-backward.
+        overlap_grad_reduce=True,
+        # FP32 parameters sharded; MixedPrecisionPolicy(param_dtype=bfloat16) gathers them in
+        # bf16 (--training.mixed_precision_param default bfloat16)
+        fp32_params=True,
+        # --training.mixed_precision_reduce default (and only choice) float32
+        grad_reduce_bytes=4,
+        grad_accumulation_bytes=18.0,
+        # train.py's loss_fn: cross_entropy(pred.flatten(0, 1).float(), labels), eager (its
+        # torch.compile is commented out)
+        fused_loss=False,
+        # fully_shard(model) makes tok_embeddings, norm and output the root unit, gathered
+        # through the forward (reshard_after_forward=not pp_enabled) and again for the backward
+        zero3_root_unit=True,
+        compile=False, **COMM_OFF,
+    ),
 }
 
 PRESET_SUMMARIES = {
@@ -211,6 +285,13 @@ PRESET_SUMMARIES = {
                         "FP32 gradient all-reduce after the backward pass, blocking sends",
     "deepspeed": "DeepSpeed pipeline engine, fp16: no fused kernels, scores in memory, "
                  "fp16 gradient all-reduce after the backward pass, blocking sends",
+    "fsdp": "PyTorch FSDP (FSDP1, FULL_SHARD) as Composer runs llm-foundry's MPT: one-kernel "
+            "norms and GELU, Triton flash attention, fused cross-entropy, FP32 shards gathered "
+            "in bf16, bf16 reduce-scatter (mixed_precision PURE), the root unit gathered "
+            "through the step",
+    "torchtitan": "torchtitan (FSDP2): eager Llama blocks, SDPA flash attention, FP32 shards "
+                  "gathered in bf16, FP32 reduce-scatter, eager FP32 cross-entropy, the root "
+                  "unit (embedding, norm, output) gathered for each pass",
 }
 
 TRAIT_NAMES = tuple(f.name for f in fields(Execution))

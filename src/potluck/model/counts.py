@@ -368,6 +368,20 @@ def head_activation_bytes(m: ModelSpec, b: int, s: int, tp: int, *, fused: bool 
     return (norm + 4.0 * sbv) / tp
 
 
+# The loss's memory traffic per logit of a 16-bit model, (forward, backward) bytes. Eager
+# PyTorch: FP32 logits through log-softmax and the NLL loss read and write about three times,
+# 12 bytes in each pass. Fused (flash-attn's CrossEntropyLoss, csrc/xentropy): the forward
+# reads the 16-bit logits once (2 bytes) and keeps a log-sum-exp per row; the backward reads
+# them again and writes their gradient (4 bytes).
+EAGER_LOSS_BYTES_PER_LOGIT = (12.0, 12.0)
+FUSED_LOSS_BYTES_PER_LOGIT = (2.0, 4.0)
+
+
+def loss_traffic_bytes_per_logit(fused: bool) -> tuple[float, float]:
+    """Memory traffic of the cross-entropy per logit, forward and backward, in bytes."""
+    return FUSED_LOSS_BYTES_PER_LOGIT if fused else EAGER_LOSS_BYTES_PER_LOGIT
+
+
 def head_logits_bytes(m: ModelSpec, b: int, s: int, tp: int) -> float:
     """The logits alone (in 16-bit elements): what the head still holds once its own
     backward pass has run, while the last stage's blocks recompute."""

@@ -12,8 +12,11 @@ the GEMMs and the element-wise traffic plus the attention's backward, and
 recomputation adds the forward again. The host's time to issue a block's
 kernels (``Execution.block_host_s``; potluck's eager PyTorch: 24 kernels x 8 us)
 is a floor under its forward, twice that under its backward: a block whose GPU
-work is shorter runs at the host's pace. No communication: the cost model (:mod:`potluck.planner.cost`) adds
-tensor-parallel collectives and transfers.
+work is shorter runs at the host's pace. The head is the output projection's GEMMs and
+the loss's memory traffic over the logits, eager or one fused kernel
+(``Execution.fused_loss``: :func:`potluck.model.counts.loss_traffic_bytes_per_logit`).
+No communication: the cost model (:mod:`potluck.planner.cost`) adds tensor-parallel
+collectives and transfers.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ComputeModel:
         self.seq_len = seq_len
         self.dtype = dtype
         self.fused_kernels = execution.fused_kernels
+        self.fused_loss = execution.fused_loss
         self.flash_attention = execution.flash_attention and model.sdpa
         self.block_host_s = execution.block_host_s * (
             (OPS_PER_BLOCK_FORWARD + MOE_EXTRA_OPS) / OPS_PER_BLOCK_FORWARD if model.is_moe else 1.0)
@@ -223,8 +227,11 @@ class ComputeModel:
         m = self.model
         rows = b * self.seq_len
         projection = self._gemm_s(device, rows, m.hidden_size, m.vocab_size // tp)
-        # FP32 logits: softmax and cross-entropy read and write them about three times
-        loss_traffic = 12.0 * rows * m.vocab_size / tp
-        loss = formulas.roofline_time_s(0.0, loss_traffic, self.achievable_flops(device),
-                                        device.memory_bandwidth_bytes_per_s)
-        return BlockTimes(projection + loss, 2.0 * projection + loss, weight_grad_s=projection)
+        forward_bytes, backward_bytes = counts.loss_traffic_bytes_per_logit(self.fused_loss)
+        logits = rows * m.vocab_size / tp
+        forward, backward = (formulas.roofline_time_s(0.0, logits * per_logit,
+                                                      self.achievable_flops(device),
+                                                      device.memory_bandwidth_bytes_per_s)
+                             for per_logit in (forward_bytes, backward_bytes))
+        return BlockTimes(projection + forward, 2.0 * projection + backward,
+                          weight_grad_s=projection)

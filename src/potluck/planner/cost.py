@@ -37,7 +37,9 @@ A stage's memory choices (its :class:`~potluck.plans.memory.StageMemory`) enter 
 - **ZeRO-2/3 and optimizer offload**: states divided over the replicas, the full-size
   working set of one or two blocks, the optimizer's share in host memory
   (:func:`~potluck.planner.formulas.model_state_bytes`), ZeRO-3's all-gather of the
-  stage's weights in every pass, prefetched one block ahead (FSDP2).
+  stage's weights in every pass, prefetched one block ahead (FSDP1 and FSDP2), sharing the
+  ring with the blocks' reduce-scatters in the backward, and every micro-batch's gradients
+  summed into the shard (:func:`~potluck.planner.formulas.zero3_grad_accumulation_bytes`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class StageShape:
     # whether its whole stage recomputes a block, where this shape is a part of the stage
     # (:meth:`with_layers`: a chunk, a coefficient probe); None: the shape is the whole stage
     stage_recomputes: bool | None = None
+    # ZeRO-3: the replicas its weights are sharded over (a divisor: formulas.StateSharding);
+    # each micro-batch's gradients are reduce-scattered and summed into a 1/shards shard
+    parameter_shards: float = 1.0
 
     def explicit_tp(self, tp: int) -> bool:
         """Whether the stage runs the explicit TP executor on ``tp`` devices: the plans' rule
@@ -291,10 +296,17 @@ class CostModel:
         return self.execution.step_overhead_s + formulas.adam_step_time_s(
             params / sharding.optimizer_shards, device_type.memory_bandwidth_bytes_per_s)
 
-    def grad_accumulation_s(self, device_type: DeviceType, params: float) -> float:
+    def grad_accumulation_s(self, device_type: DeviceType, params: float,
+                            parameter_shards: float = 1.0) -> float:
         """One micro-batch's weight gradients of a device's ``params`` added into the
-        accumulation buffer (``execution.grad_accumulation_bytes`` per parameter)."""
-        return formulas.grad_accumulation_time_s(params, self.execution.grad_accumulation_bytes,
+        accumulation buffer (``execution.grad_accumulation_bytes`` per parameter); under ZeRO-3
+        (``parameter_shards`` > 1) cast to the reduce dtype and summed into the shard
+        (:func:`formulas.zero3_grad_accumulation_bytes`)."""
+        per_param = self.execution.grad_accumulation_bytes
+        if parameter_shards > 1:
+            per_param = formulas.zero3_grad_accumulation_bytes(
+                self.element_bytes(device_type), self.grad_bytes(device_type), parameter_shards)
+        return formulas.grad_accumulation_time_s(params, per_param,
                                                  device_type.memory_bandwidth_bytes_per_s)
 
     def overhead_bytes(self, device_type: DeviceType) -> float:
@@ -399,7 +411,8 @@ class CostModel:
             weight_grad += head.weight_grad_s
             compute += head.forward_s + head.backward_s
         forward_compute += _exposed_gather_s(gather_s, n, forward_compute)
-        backward_compute += _exposed_gather_s(gather_s, n, backward_compute)
+        backward_compute += _exposed_gather_s(self.zero3_backward_comm_s(device_type, gather_s),
+                                              n, backward_compute)
         exchange_s = 2.0 * self.expert_exchange_s(shape)  # dispatch and return, per block
         forward_tp = passes.forward_tp + n * exchange_s
         backward_tp = passes.backward_tp + (n + shape.full_blocks) * exchange_s
@@ -415,6 +428,15 @@ class CostModel:
         return StageTime(StageWork(forward, backward, weight_grad, send_s), compute,
                          forward_tp, backward_tp, exchanges)
 
+    def zero3_backward_comm_s(self, device_type: DeviceType, gather_s: float) -> float:
+        """ZeRO-3's communication in one backward pass: each block's weights gathered again
+        and, when the reduction overlaps the backward, its gradients reduce-scattered on the
+        same ring (FSDP issues both per unit; the collectives of one process group run one
+        after the other), ``grad_bytes`` per element where the gather moves 16-bit weights."""
+        if gather_s <= 0.0 or not self.execution.overlap_grad_reduce:
+            return gather_s
+        return gather_s * (1.0 + self.grad_bytes(device_type) / self.element_bytes(device_type))
+
     def _plain_passes(self, devices: tuple[Device, ...], shape: StageShape) -> _Passes:
         """DTensor's sequence-parallel blocks: each block's collectives between its GEMMs,
         nothing overlapped; full recomputation repeats the forward's collectives."""
@@ -423,7 +445,8 @@ class CostModel:
         block = self.block_times(device_type, tp, b, shape.recompute, shape.ep)
         plain = self.block_times(device_type, tp, b, Recompute.NONE, shape.ep) if r < n else block
         tp_comm = self.tp_block_comm_s(devices, b)
-        accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
+        accumulate = self.grad_accumulation_s(device_type, self.stage_params(shape, tp),
+                                              shape.parameter_shards)
         forward = r * block.forward_s + (n - r) * plain.forward_s
         backward = r * block.backward_s + (n - r) * plain.backward_s + accumulate
         weight_grad = r * block.weight_grad_s + (n - r) * plain.weight_grad_s + accumulate
@@ -456,8 +479,10 @@ class CostModel:
         c, blocks = times.chunks, times.blocks
         forward_parts, backward_parts = times.forward_parts(), times.backward_parts()
         block_params = shape.num_layers * counts.block_params(self.model) / tp
-        accumulate = (self.grad_accumulation_s(device_type, self.stage_params(shape, tp))
-                      + (c - 1) * self.grad_accumulation_s(device_type, block_params))
+        accumulate = (self.grad_accumulation_s(device_type, self.stage_params(shape, tp),
+                                               shape.parameter_shards)
+                      + (c - 1) * self.grad_accumulation_s(device_type, block_params,
+                                                           shape.parameter_shards))
         forward, backward = c * sum(forward_parts), c * sum(backward_parts) + accumulate
         weight_grad = c * sum(p.attention.weight_grad_s + p.mlp.weight_grad_s for p in blocks)
         return _Passes(forward, backward, times.forward_s() - forward,
@@ -583,16 +608,22 @@ class CostModel:
 
     def zero_working_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                            sharding: StateSharding) -> float:
-        """ZeRO-2/3's full-size working set: one or two units, a block and the larger of a
-        block and the stage's embedding or head unit (formulas.zero_working_bytes; TP
-        shards each)."""
+        """ZeRO-2/3's full-size working set (formulas.zero_working_bytes): one or two units,
+        a block and the larger of a block and the stage's embedding or head unit (TP shards
+        each); under ZeRO-3 with a root unit (``execution.zero3_root_unit``) two blocks and
+        the embedding and head of a first or last stage, gathered with their full-size
+        gradient for the whole step (formulas.root_unit_bytes)."""
         if not shape.num_layers or (sharding.gradient_shards <= 1 and sharding.parameter_shards <= 1):
             return 0.0
+        layout = self.state_layout(device_type, sharding)
+        block_params = counts.block_params(self.model) / tp
+        if sharding.parameter_shards > 1 and self.execution.zero3_root_unit:
+            root = self.stage_params(shape, tp) - shape.num_layers * block_params
+            return (formulas.zero_working_bytes(block_params, layout, sharding)
+                    + formulas.root_unit_bytes(root, layout))
         edge = max(counts.embedding_params(self.model) if shape.first else 0,
                    counts.head_params(self.model, shape.pp > 1) if shape.last else 0)
-        return formulas.zero_working_bytes(counts.block_params(self.model) / tp,
-                                           self.state_layout(device_type, sharding),
-                                           sharding, edge / tp)
+        return formulas.zero_working_bytes(block_params, layout, sharding, edge / tp)
 
     def host_bytes(self, device_type: DeviceType, tp: int, shape: StageShape,
                    sharding: StateSharding) -> float:

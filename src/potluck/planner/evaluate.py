@@ -193,7 +193,8 @@ def stage_shape(plan: Plan, pipeline: int, stage: int) -> StageShape:
                       memory.recompute or plan.recompute, memory.recompute_blocks, memory.swap,
                       memory.swapped_blocks(n), memory.host_share, memory.swap_peer,
                       memory.offload is Offload.OPTIMIZER, comm.tp_overlap_chunks,
-                      comm.recompute_keeps_comm, plan.ep, expert_peers(plan, pipeline, stage))
+                      comm.recompute_keeps_comm, plan.ep, expert_peers(plan, pipeline, stage),
+                      parameter_shards=stage_sharding(plan, pipeline, stage).parameter_shards)
 
 
 def expert_peers(plan: Plan, pipeline: int, stage: int) -> tuple[str, ...]:

@@ -253,6 +253,28 @@ def zero_working_bytes(block_params: float, layout: StateBytes, sharding: StateS
     return working
 
 
+def root_unit_bytes(root_params: float, layout: StateBytes) -> float:
+    """ZeRO-3's root unit (the embedding, final norm and output layer as one unit: FSDP1's
+    root FlatParameter, torchtitan's ``fully_shard(model)``): its weights gathered from the
+    first forward op to the last backward op, and its full-size gradient in the same 16-bit
+    dtype from the head's backward (the first) to the embedding's (the last), when the unit
+    is reduce-scattered (torch/distributed/fsdp: FSDP1 does not reshard the root after
+    forward; FSDP2's root reshards after forward and gathers again for the backward)."""
+    return 2.0 * root_params * layout.gathered_weights
+
+
+def zero3_grad_accumulation_bytes(element_bytes: float, reduce_bytes: float,
+                                  shards: float) -> float:
+    """Memory traffic per parameter and micro-batch of ZeRO-3's gradient accumulation: the
+    full-size 16-bit gradient cast to the reduce dtype where that is wider (FSDP1's
+    post-backward ``flat_param.grad.to(reduce_dtype)``, FSDP2's copy into its reduce-scatter
+    input: read ``element_bytes``, write ``reduce_bytes``), then the reduce-scattered shard
+    added into the FP32 sharded gradient (read 4 and the shard, write 4), 1/``shards`` of
+    the parameters."""
+    cast = element_bytes + reduce_bytes if reduce_bytes > element_bytes else 0.0
+    return cast + (8.0 + reduce_bytes) / shards
+
+
 def offloaded_step_time_s(params: float, grad_bytes: float, weight_bytes: float,
                           host_bandwidth_bytes_per_s: float, adam_params_on_host: float,
                           host_memory_bandwidth_bytes_per_s: float) -> float:
