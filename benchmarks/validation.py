@@ -15,7 +15,9 @@ layouts as the measurements do?), and every run potluck refuses, with the reason
 
 After calibration: where ``potluck.api.calibrate_measured`` exists, each set is also
 calibrated on ``--calibrate-on K`` of its runs (spread over the file) and the other runs
-are predicted with the calibrated cluster file.
+are predicted with the calibrated cluster file. The fit sees the runs as the
+uncalibrated predictions do: the cluster file gets the framework's traits as its
+``execution:`` section, and each run the schedule it is predicted with.
 
 Usage: python benchmarks/validation.py [--set NAME] [--rows] [--pairs] [--megatron]
        [--calibrate-on K]
@@ -27,10 +29,12 @@ import argparse
 import functools
 import tempfile
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
+import yaml
+
 from potluck import api
-from potluck.calibrate.measured.output import HOST_TIMES
 from potluck.calibrate.measured.runs import MeasuredRun, read_runs
 from potluck.calibrate.measured.stats import mape, spearman
 from potluck.cluster.execution import preset
@@ -355,46 +359,104 @@ def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
     return [runs[int(i * step)] for i in range(k)]
 
 
-def write_runs(path: Path, runs: list[MeasuredRun], source: Path) -> None:
-    """``source`` into ``path`` with every run but ``runs`` commented out: the lines keep
-    their numbers, so what the calibration says of a line is said of the set's file."""
-    keep = {r.line for r in runs}
-    lines = source.read_text().splitlines()
-    header = next(n for n, line in enumerate(lines, 1)
-                  if line.strip() and not line.startswith("#"))
-    path.write_text("\n".join(
-        line if n <= header or n in keep or not line.strip() else f"# {line}"
-        for n, line in enumerate(lines, 1)) + "\n")
+CSV_COLUMNS = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len",
+               "iteration_time_s", "dtype", "recompute", "schedule", "zero1", "partition", "groups")
 
 
-def read_calibrated(path: Path, vset: ValidationSet) -> tuple[ClusterSpec, Execution]:
-    """A calibrated cluster file and the set's execution with the host times it fitted
-    (``calibrate_measured`` writes them into the file's ``execution:`` section)."""
-    spec = api.as_cluster(path)
-    traits = execution(vset.framework)
-    if spec.execution is None:
-        return spec, traits
-    return spec, replace(traits, **{key: getattr(spec.execution, key) for key in HOST_TIMES})
+def write_runs(path: Path, runs: list[MeasuredRun]) -> None:
+    """``runs`` as a runs CSV, each with the schedule it is predicted with
+    (:func:`timeline_schedule`)."""
+    lines = [",".join(CSV_COLUMNS)]
+    for run in runs:
+        cells = {**{name: getattr(run, name) for name in CSV_COLUMNS},
+                 "schedule": timeline_schedule(run), "groups": "+".join(run.groups or ())}
+        lines.append(",".join(_cell(cells[name]) for name in CSV_COLUMNS))
+    path.write_text("\n".join(lines) + "\n")
 
 
-def calibrated(vset: ValidationSet, runs: list[MeasuredRun], k: int) -> list[Outcome] | str:
-    """The other runs predicted after calibrating on ``k`` of them, or why there are none."""
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+def write_cluster(path: Path, vset: ValidationSet) -> None:
+    """The set's cluster file with its framework's traits as the ``execution:`` section
+    (what ``calibrate --measured`` plans the runs with, and writes back with the fit)."""
+    name, overrides = FRAMEWORKS[vset.framework]
+    section = {"preset": name, **{key: _cell(value) if isinstance(value, Enum) else value
+                                  for key, value in overrides.items()}}
+    path.write_text((DATA / vset.cluster).read_text() + "\n"
+                    + yaml.safe_dump({"execution": section}, sort_keys=False))
+    assert api.as_cluster(path).execution == execution(vset.framework), vset.framework
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """The runs of a set not calibrated on, before and after calibrating on the others."""
+
+    before: list[Outcome]
+    after: list[Outcome]  # on the calibrated file; the same as ``before`` where refused
+    fitted: str  # the inputs fitted, or "refused (below)"
+    held_out: str  # the fit's held-out MAPE on the runs it saw, and the file's
+    refusal: str = ""
+
+
+def calibrated(vset: ValidationSet, outcomes: list[Outcome], k: int) -> Calibrated:
+    """The other runs predicted after calibrating on ``k`` of them (as before where the
+    calibration is refused: the user keeps the cluster file as it was)."""
+    chosen = calibration_rows([o.run for o in outcomes], k)
+    fitted_lines = {r.line for r in chosen}
+    before = [o for o in outcomes if o.run.line not in fitted_lines]
     if vset.zero is not None:
-        return (f"calibration skipped: its runs are ZeRO-{vset.zero}, which a runs CSV cannot "
-                "say (zero1 is its only ZeRO column), so the fit would plan them otherwise")
-    chosen = calibration_rows(runs, k)
+        return Calibrated(before, before, "skipped (below)", "-", refusal=(
+            f"skipped: its runs are ZeRO-{vset.zero}, which a runs CSV cannot say (zero1 is "
+            "its only ZeRO column), so the fit would plan them otherwise"))
     with tempfile.TemporaryDirectory() as tmp:
-        subset, out = Path(tmp) / "runs.csv", Path(tmp) / "calibrated.yaml"
-        write_runs(subset, chosen, DATA / vset.runs)
+        subset, cluster = Path(tmp) / "runs.csv", Path(tmp) / "cluster.yaml"
+        write_runs(subset, chosen)
+        write_cluster(cluster, vset)
         try:
-            api.calibrate_measured(subset, model=api.as_model(vset.model_ref(chosen[0])),
-                                   cluster=DATA / vset.cluster, out=out)
-            spec, traits = read_calibrated(out, vset)
-        except PotluckError as err:  # named by the set's file, not the temporary copy
-            reason = str(err).splitlines()[0].replace(str(subset), vset.runs)
-            return f"calibration refused: {reason}"
-    fitted = {r.line for r in chosen}
-    return [predict_run(vset, run, spec, traits) for run in runs if run.line not in fitted]
+            outcome = api.calibrate_measured(subset, model=api.as_model(vset.model_ref(chosen[0])),
+                                             cluster=cluster, out=Path(tmp) / "calibrated.yaml")
+            spec = api.as_cluster(Path(tmp) / "calibrated.yaml")
+        except PotluckError as err:
+            return Calibrated(before, before, "refused (below)", "-",
+                              refusal=str(err).splitlines()[0])
+    after = [predict_run(vset, o.run, spec, spec.execution) for o in before]
+    return Calibrated(before, after, *fitted_columns(outcome))
+
+
+def fitted_columns(outcome) -> tuple[str, str]:
+    """The inputs a calibration fitted, and their held-out MAPE on the runs it was fitted
+    to with the cluster file's in brackets."""
+    values = ", ".join(f"{p.name} {v * 1e3:.3g} ms" if p.in_seconds else f"{p.name} {v:.3g}"
+                       for p, v in outcome.fit.values.items())
+    selection = outcome.selection
+    if not selection.folds:
+        return values, "- (too few runs)"
+    return values, (f"{selection.held_out_mape(selection.chosen):.0%} "
+                    f"({selection.uncalibrated_mape:.0%})")
+
+
+def print_calibrated(results: list[tuple[str, Calibrated]], k: int) -> None:
+    print(f"\nAfter calibrating on {k} runs per set (the other runs; a refused calibration "
+          "keeps the cluster file, so its runs are predicted as before):\n")
+    print(f"| set | runs | MAPE before | after | Spearman before | after | worst run after | "
+          f"inputs fitted to the {k} | their held-out MAPE (uncalibrated) |")
+    print("|---|---:|---:|---:|---:|---:|---|---|---:|")
+    for name, result in results:
+        _, before, rho_before, _ = summary(result.before)
+        count, after, rho_after, _ = summary(result.after)
+        done = [o for o in result.after if o.predicted_s is not None]
+        worst = max(done, key=lambda o: abs(o.error), default=None)
+        worst_text = f"{layout(worst.run)} {worst.error:+.0%}" if worst else "-"
+        print(f"| {name} | {count} | {before:.0%} | {after:.0%} | {rho_before:.2f} | "
+              f"{rho_after:.2f} | {worst_text} | {result.fitted} | {result.held_out} |")
+    for name, result in results:
+        if result.refusal:
+            verb = "" if result.refusal.startswith("skipped") else "refused: "
+            print(f"\n{name}: calibration {verb}{result.refusal}")
 
 
 def megatron_sc21() -> list[Outcome]:
@@ -450,18 +512,8 @@ def main() -> None:
     if args.calibrate_on and not hasattr(api, "calibrate_measured"):
         print("\ncalibration: not available (no potluck.api.calibrate_measured)")
     elif args.calibrate_on:
-        after, notes = [], []
-        for vset, outcomes in results:
-            result = calibrated(vset, [o.run for o in outcomes], args.calibrate_on)
-            if isinstance(result, str):
-                notes.append(f"{vset.name}: {result}")
-            else:
-                after.append((vset.name, result))
-        if after:
-            print_summary(after, f"After calibrating on {args.calibrate_on} runs per set "
-                                 "(the other runs):")
-        for note in notes:
-            print(f"\n{note}")
+        print_calibrated([(vset.name, calibrated(vset, outcomes, args.calibrate_on))
+                          for vset, outcomes in results], args.calibrate_on)
 
 
 if __name__ == "__main__":

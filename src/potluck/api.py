@@ -507,9 +507,11 @@ def calibrate_measured(runs: str | Path, *, model: str | Path | ModelSpec,
                        progress: Callable[[float, str], None] | None = None) -> MeasuredOutcome:
     """Fit a few inputs of ``cluster`` (device efficiency, link bandwidths, framework
     overheads) to iteration times measured by any framework (``runs``: a CSV, one run per
-    line) and write them into a cluster file (default ``<cluster>-calibrated.yaml``); the
-    outcome holds each run's error before, after and left out of the fit. ``progress(fraction,
-    what)`` hears of each fit."""
+    line) and write them into a cluster file (default ``<cluster>-calibrated.yaml``); which
+    inputs is chosen by the error of runs left out of the fit, and a fit that does not
+    predict them significantly better than ``cluster`` raises ``CalibrationRefused``
+    (nothing written). The outcome holds the choice and each run's error before, after and
+    left out of the fit. ``progress(fraction, what)`` hears of each set of inputs scored."""
     from potluck.calibrate.measured.calibrate import calibrate_measured as fit_measured
 
     return fit_measured(runs, as_model(model), cluster, out, progress)

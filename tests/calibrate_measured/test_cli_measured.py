@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from measuredkit import LAYOUTS, MODEL_NAME, true_times, write_claimed, write_runs
+from measuredkit import CLAIMED_TEXT, LAYOUTS, MODEL_NAME, true_times, write_claimed, write_runs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 HUNG_S = 600  # not a speed check: see tests/test_cli.py
@@ -29,7 +29,8 @@ def test_calibrate_then_plan_predicts_the_measured_runs(tmp_path) -> None:
                    "-o", str(out))
     assert done.returncode == 0, done.stderr
     for text in ("a100-80g-sxm matmul_efficiency", "network bandwidth factor", "leave-one-out",
-                 "Spearman", f"calibrated cluster file: {out}"):
+                 "Spearman", f"calibrated cluster file: {out}",
+                 "inputs chosen by the error of runs left out in turn: "):
         assert text in done.stdout
     tp, pp, dp, mbs, batch, seq = LAYOUTS[1]
     planned = potluck("plan", "-c", str(out), "-m", MODEL_NAME, "--tp", str(tp), "--pp", str(pp),
@@ -49,6 +50,26 @@ def test_calibrate_measured_json(tmp_path) -> None:
     assert data["cluster_file"] == str(tmp_path / "lab-calibrated.yaml")
     assert len(data["runs"]) == len(LAYOUTS) and data["mape_after"] < data["mape_before"]
     assert {"mape_leave_one_out", "spearman_leave_one_out", "fitted"} <= set(data)
+    selection = data["selection"]
+    assert selection["chosen"] == [fitted["parameter"] for fitted in data["fitted"]]
+    assert selection["folds"] == len(LAYOUTS) and data["notes"] == []
+    assert selection["held_out_mape"] == pytest.approx(data["mape_leave_one_out"])
+    assert selection["tried"][0] == {"inputs": [], "held_out_mape": data["mape_before"]}
+
+
+def test_a_refused_fit_is_one_line_and_writes_nothing(tmp_path) -> None:
+    layouts = LAYOUTS[:4]
+    runs = write_runs(tmp_path / "runs.csv", true_times(layouts, overhead_s=0.0,
+                                                        cluster_text=CLAIMED_TEXT), layouts)
+    out = tmp_path / "calibrated.yaml"
+    done = potluck("calibrate", "--measured", str(runs), "-m", MODEL_NAME, "-c",
+                   str(write_claimed(tmp_path / "lab.yaml")), "-o", str(out))
+    assert done.returncode == 2
+    *progress, line = done.stderr.strip().splitlines()
+    assert all(earlier.startswith("calibrate: ") for earlier in progress)
+    assert line.startswith("potluck: error: no fit predicts runs left out of it significantly "
+                           "better than the cluster file: held-out error 0.0%")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -25,7 +25,7 @@ from potluck.calibrate.measured.calibrate import (
 )
 from potluck.calibrate.measured.fit import Fit
 from potluck.calibrate.measured.params import Kind, Parameter
-from potluck.calibrate.measured.stats import leave_one_out, mape, ranks, spearman
+from potluck.calibrate.measured.stats import cross_validated, mape, ranks, spearman
 from potluck.cluster.spec import load_cluster, parse_cluster
 from potluck.errors import ConfigError
 from potluck.planner.options import SearchOptions
@@ -49,17 +49,17 @@ def test_the_fit_recovers_efficiency_network_and_overhead(tmp_path) -> None:
     assert mape(outcome.after_s, outcome.measured_s) < 0.005 < mape(outcome.before_s, outcome.measured_s)
 
 
-def test_progress_says_how_long_the_leave_one_out_fits_take(tmp_path) -> None:
+def test_progress_names_each_set_of_inputs_scored(tmp_path) -> None:
     runs = write_runs(tmp_path / "runs.csv", true_times())
     heard: list[tuple[float, str]] = []
-    calibrate_measured(runs, MODEL, write_claimed(tmp_path / "lab.yaml"),
-                       tmp_path / "calibrated.yaml", lambda f, what: heard.append((f, what)))
+    outcome = calibrate_measured(runs, MODEL, write_claimed(tmp_path / "lab.yaml"),
+                                 tmp_path / "calibrated.yaml", lambda f, what: heard.append((f, what)))
     fractions = [f for f, _ in heard]
     assert heard[0] == (0.0, f"planning {len(LAYOUTS)} runs")
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
-    estimate = next(what for _, what in heard if "leave-one-out fits, about" in what)
-    assert estimate.startswith("fitted in ") and f"; {len(LAYOUTS)} leave-one-out" in estimate
-    assert sum("leave-one-out fit " in what for _, what in heard) == len(LAYOUTS)
+    scored = [what for _, what in heard if what.startswith("set ")]
+    assert len(scored) == len(outcome.selection.tried) - 1  # every set but the empty one
+    assert scored[0].startswith("set 1 of at most ")
 
 
 def test_the_written_file_carries_the_fit(tmp_path) -> None:
@@ -104,11 +104,16 @@ def test_a_run_the_planner_refuses_is_left_out_not_fatal(tmp_path) -> None:
     assert len(outcome.planned) == len(LAYOUTS)
 
 
-def test_leave_one_out_by_hand() -> None:
+def test_leave_one_out_and_folds_by_hand() -> None:
     measured = [1.0, 2.0, 3.0]
-    # a "fit" that predicts the mean of the runs it saw: 2.5, 2.0, 1.5
-    loo = leave_one_out(3, lambda rows, _: sum(measured[k] for k in rows) / len(rows))
+
+    def mean_of(rows: list[int], left: list[int]) -> list[float]:  # a "fit": the mean it saw
+        return [sum(measured[k] for k in rows) / len(rows)] * len(left)
+
+    loo = cross_validated(3, 3, mean_of)
     assert loo == [2.5, 2.0, 1.5]
+    assert cross_validated(4, 2, lambda rows, left: [float(sum(rows))] * len(left)) == [
+        4.0, 2.0, 4.0, 2.0]  # rows 0 and 2 left out together, fitted to 1 + 3
     assert mape(loo, measured) == pytest.approx((1.5 + 0.0 + 0.5) / 3)
     assert spearman(loo, measured) == pytest.approx(-1.0)
 
@@ -127,13 +132,14 @@ def test_leave_one_out_of_an_exact_single_overhead_is_exact(tmp_path) -> None:
     outcome = calibrate_measured(write_runs(tmp_path / "runs.csv", times), MODEL,
                                  write_claimed(tmp_path / "lab.yaml"), tmp_path / "out.yaml")
     assert fitted(outcome) == {"step_overhead_s": pytest.approx(0.05, rel=1e-4)}
-    assert outcome.loo_s == pytest.approx(outcome.measured_s, rel=1e-4)
+    assert outcome.held_out_s == pytest.approx(outcome.measured_s, rel=1e-4)
 
 
 def test_runs_the_claim_already_predicts_are_refused(tmp_path) -> None:
     times = true_times(overhead_s=0.0, cluster_text=CLAIMED_TEXT)
     out = tmp_path / "out.yaml"
-    with pytest.raises(CalibrationRefused, match="no input explains these runs better"):
+    with pytest.raises(CalibrationRefused, match="no fit predicts runs left out of it "
+                                                 "significantly better than the cluster file"):
         calibrate_measured(write_runs(tmp_path / "runs.csv", times), MODEL,
                            write_claimed(tmp_path / "lab.yaml"), out)
     assert not out.exists()

@@ -1,5 +1,5 @@
 """The calibrated file of a measured-runs fit: the input's own calibration and execution
-sections merged with the fit, and the stepwise selection's F tests by hand."""
+sections merged with the fit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import yaml
 from measuredkit import CLAIMED_TEXT
 
-from potluck.calibrate.measured.fit import _enters, _removes
 from potluck.calibrate.measured.output import calibrated_text, merged_calibration
 from potluck.calibrate.measured.params import Kind, Parameter
 from potluck.cluster.calibration_file import with_execution
@@ -29,7 +28,7 @@ execution:
 def test_the_fit_replaces_only_what_it_fitted() -> None:
     spec = parse_cluster(INPUT, "lab.yaml")
     values = {Parameter(Kind.EFFICIENCY, "a100-80g-sxm", 0.7, 0.05, 1.0): 0.5,
-              Parameter(Kind.LINK, "network", 1.0, 0.01, 1.5): 0.5,
+              Parameter(Kind.LINK, "network", 1.0, 0.01, 1.0): 0.5,
               Parameter(Kind.MICRO_BATCH_OVERHEAD, "", 0.0, 0.0, 1.0): 0.002,
               Parameter(Kind.BLOCK_HOST, "", 192e-6, 1e-6, 0.1): 0.004}
     text = calibrated_text(INPUT, merged_calibration(spec, values, "fit"), values, "lab.yaml")
@@ -43,15 +42,6 @@ def test_the_fit_replaces_only_what_it_fitted() -> None:
     assert after.nodes[0].inter_bandwidth_bytes_per_s == pytest.approx(0.5 * 10e9 / 8)
     assert after_section == {"preset": "megatron-lm", "step_overhead_s": 0.01,
                              "micro_batch_overhead_s": 0.002, "block_host_s": 0.004}
-
-
-def test_f_to_enter_and_to_remove_by_hand() -> None:
-    assert _enters(1.0, 0.5, dof=4)  # F = 0.5 / (0.5 / 4) = 4.0
-    assert not _enters(1.0, 0.6, dof=4)  # F = 0.4 / 0.15 = 2.7
-    assert not _enters(1.0, 0.0, dof=0)  # no degree of freedom left
-    assert _removes(0.5, 0.9, dof=4)  # F = 0.4 / 0.125 = 3.2 < 3.9
-    assert not _removes(0.5, 1.0, dof=4)  # F = 4.0
-    assert _removes(0.5, 0.5, dof=4)  # fits as well without it
 
 
 def test_fitted_host_times_replace_their_keys_in_the_one_execution_section() -> None:

@@ -1,10 +1,12 @@
-"""``potluck calibrate --measured runs.csv``: plan every run, fit, check, write.
+"""``potluck calibrate --measured runs.csv``: plan every run, choose and fit, check, write.
 
 "Before" is each run's prediction on the cluster file as given; "after" its
 prediction on the written file read back (what the next ``potluck plan`` sees);
-"leave-one-out" its prediction by a fit made without it. A fit that does not lower
-both the squared log error and the mean absolute percentage error over the runs is
-refused, and nothing is written.
+"held out" its prediction by the chosen inputs fitted without it (:mod:`.select`).
+Two checks refuse a fit, and nothing is written: no set of inputs predicts held-out
+runs better than the cluster file by more than the noise (the selection chooses none;
+with 3 runs or more), and the written file does not lower both the squared log error
+and the mean absolute percentage error over the runs.
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from potluck.calibrate.measured.fit import (
-    Fit,
-    PlannedRun,
-    RunModel,
-    Skipped,
-    fit_runs,
-    loo_predictions,
-    plan_runs,
-)
+from potluck.calibrate.measured.fit import Fit, PlannedRun, RunModel, Skipped, changed, plan_runs
 from potluck.calibrate.measured.output import calibrated_text, merged_calibration
-from potluck.calibrate.measured.params import Parameter, candidates
+from potluck.calibrate.measured.params import Parameter, RunTime, candidates, rated_cluster
 from potluck.calibrate.measured.runs import read_runs
+from potluck.calibrate.measured.select import (
+    MIN_HELD_OUT,
+    SIGNIFICANT,
+    Selection,
+    gain,
+    select_terms,
+    t_95,
+)
 from potluck.calibrate.measured.stats import mape
 from potluck.cluster.spec import ClusterSpec, parse_cluster
 from potluck.errors import ConfigError, PotluckError
@@ -35,6 +37,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.evaluate import predict
 from potluck.plans import Execution
 from potluck.version import __version__
+from potluck.yamlio import parse_yaml
 
 MIN_RUNS = 2  # one input from one run would explain it by construction
 
@@ -54,14 +57,27 @@ class MeasuredOutcome:
     skipped: tuple[Skipped, ...]
     fit: Fit
     candidates: tuple[Parameter, ...]
+    selection: Selection
     before_s: tuple[float, ...]
     after_s: tuple[float, ...]
-    loo_s: tuple[float, ...]
-    fit_time_s: float  # the fit and the leave-one-out fits, wall clock
+    fit_time_s: float  # the selection's fits, wall clock
 
     @property
     def measured_s(self) -> tuple[float, ...]:
         return tuple(p.run.iteration_time_s for p in self.planned)
+
+    @property
+    def held_out_s(self) -> tuple[float, ...]:
+        """Each run predicted by the chosen inputs fitted without it."""
+        return self.selection.chosen.held_out_s
+
+    def notes(self) -> tuple[str, ...]:
+        """What the user should know about how the inputs were chosen."""
+        if self.selection.folds:
+            return ()
+        return (f"{len(self.planned)} runs: too few to choose inputs by held-out error "
+                f"(leaving one out needs at least {MIN_HELD_OUT}); fitted the one input that "
+                "best explains them, with no held-out check",)
 
 
 def default_output(cluster: str | Path) -> Path:
@@ -85,35 +101,30 @@ def calibrate_measured(runs_file: str | Path, model: ModelSpec, cluster: str | P
     _check_enough(Path(runs_file), len(runs), planned, skipped)
     started = time.perf_counter()
     runs_model = RunModel(spec, planned)
-    found = candidates(spec, execution, float(runs_model.measured_s.max()))
-    fit, loo = _fit_and_leave_out(runs_model, found, report)
+    found = candidates(spec, execution, run_times(planned),
+                       rated_cluster(parse_yaml(text, str(cluster)), str(cluster)))
+    selection = select_terms(runs_model, found, report)
     elapsed = time.perf_counter() - started
+    check_generalizes(selection)
+    fit = Fit(changed(selection.chosen.values, runs_model.scale_s),
+              tuple(p for p in found if p in selection.pool))
     path = Path(out) if out is not None else default_output(cluster)
     source = (f"potluck calibrate {__version__} --measured {Path(runs_file).name} "
               f"({len(planned)} runs, {datetime.date.today().isoformat()})")
     new_text = calibrated_text(text, merged_calibration(spec, fit.values, source), fit.values,
                                str(cluster))
-    before = tuple(float(t) for t in runs_model.predict({}))
+    before = selection.tried[0].in_sample_s
     after = predict_on(planned, parse_cluster(new_text, str(path)))
     check_improves(fit, before, after, runs_model.measured_s.tolist())
     path.write_text(new_text)
-    return MeasuredOutcome(path, tuple(planned), tuple(skipped), fit, tuple(found), before, after,
-                           tuple(loo), elapsed)
+    return MeasuredOutcome(path, tuple(planned), tuple(skipped), fit, tuple(found), selection,
+                           before, after, elapsed)
 
 
-def _fit_and_leave_out(runs_model: RunModel, found: list[Parameter], report: Progress
-                       ) -> tuple[Fit, list[float]]:
-    """The fit on every run, then each run left out of one; ``report`` says how long the
-    leave-one-out fits will take once the first fit has shown it."""
-    count, started = len(runs_model.planned), time.perf_counter()
-    report(0.0, f"fitting {count} runs")
-    fit = fit_runs(runs_model, found)
-    fit_s = time.perf_counter() - started
-    report(1 / (count + 1), f"fitted in {fit_s:.0f} s; {count} leave-one-out fits, "
-                            f"about {count * fit_s:.0f} s more")
-    loo = loo_predictions(runs_model, found, lambda i: report(
-        (i + 2) / (count + 1), f"leave-one-out fit {i + 1} of {count}"))
-    return fit, loo
+def run_times(planned: list[PlannedRun]) -> list[RunTime]:
+    """Each run's measured seconds and micro-batches per pipeline (the host times' bounds)."""
+    return [RunTime(p.run.iteration_time_s, max(q.num_micro_batches for q in p.plan.pipelines))
+            for p in planned]
 
 
 def _silent(fraction: float, what: str) -> None:
@@ -144,6 +155,24 @@ def predict_on(planned: list[PlannedRun], spec: ClusterSpec) -> tuple[float, ...
         training = replace(p.plan.training, execution=spec.execution or p.plan.training.execution)
         times.append(predict(replace(p.plan, cluster=spec, training=training)).iteration_time_s)
     return tuple(times)
+
+
+def check_generalizes(selection: Selection) -> None:
+    """Refuse when no set of inputs predicts held-out runs significantly better than the
+    cluster file (the selection chose none, with 3 runs or more)."""
+    best = selection.best_fitted()
+    if selection.chosen.terms or not selection.folds or best is None:
+        return
+    better, standard_error = gain(best, selection.tried[0], selection.measured_s)
+    count = len(selection.measured_s)
+    raise CalibrationRefused(
+        f"no fit predicts runs left out of it significantly better than the cluster file: "
+        f"held-out error {selection.held_out_mape(best):.1%} with the best inputs "
+        f"({best.names()}) against {selection.uncalibrated_mape:.1%} uncalibrated, "
+        f"{better * 100:.1f} points better with a standard error of {standard_error * 100:.1f} "
+        f"(a fit must be better by {SIGNIFICANT * 100:.1f} points and by {t_95(count - 1):.2f} "
+        f"standard errors over {count} runs); nothing written: add runs whose layouts differ "
+        "more")
 
 
 def check_improves(fit: Fit, before: tuple[float, ...], after: tuple[float, ...],

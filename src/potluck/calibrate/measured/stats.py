@@ -1,5 +1,5 @@
 """Error figures over measured runs: mean absolute percentage error, Spearman's rank
-correlation, and leave-one-out predictions."""
+correlation, and cross-validated (leave-one-out, or k-fold) predictions."""
 
 from __future__ import annotations
 
@@ -47,13 +47,16 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return cov / (var_a * var_b) ** 0.5
 
 
-def leave_one_out(count: int, fit_and_predict: Callable[[list[int], int], float],
-                  done: Callable[[int], None] | None = None) -> list[float]:
-    """For each row ``i``, ``fit_and_predict(other rows, i)``: row ``i`` predicted by a fit
-    that never saw it; ``done(i)`` after each."""
-    predictions = []
-    for i in range(count):
-        predictions.append(fit_and_predict([k for k in range(count) if k != i], i))
-        if done is not None:
-            done(i)
+def cross_validated(count: int, folds: int,
+                    fit_and_predict: Callable[[list[int], list[int]], Sequence[float]]
+                    ) -> list[float]:
+    """Each of ``count`` rows predicted by ``fit_and_predict(other rows, left-out rows)``, the
+    rows left out ``folds`` at a time: rows ``i, i + folds, i + 2 folds, ...`` together
+    (``folds == count``: leave-one-out)."""
+    predictions = [0.0] * count
+    for fold in range(folds):
+        left = list(range(fold, count, folds))
+        rest = [i for i in range(count) if i % folds != fold]
+        for i, value in zip(left, fit_and_predict(rest, left), strict=True):
+            predictions[i] = float(value)
     return predictions
