@@ -114,14 +114,16 @@ def _calibrated_on_four(name: str):
 def _mape(outcomes: list) -> float:
     from potluck.calibrate.measured.stats import mape
 
-    return mape([o.predicted_s for o in outcomes], [o.run.iteration_time_s for o in outcomes])
+    done = [o for o in outcomes if o.predicted_s is not None]  # not the refused layouts
+    assert done
+    return mape([o.predicted_s for o in done], [o.run.iteration_time_s for o in done])
 
 
 def test_calibrating_on_four_runs_predicts_the_rest_no_worse() -> None:
-    """``validation.py --calibrate-on 4`` on BigScience's 1B3 runs on V100 32GB (one of the
+    """``validation.py --calibrate-on 4`` on BigScience's 1B3 runs on V100 16GB (one of the
     quickest sets): the fit on 4 runs, its inputs chosen by held-out error, predicts the
-    set's 11 other runs (never seen by the fit) better than the cluster file alone does."""
-    result = _calibrated_on_four("bigscience-v100-32g")
+    set's other runs (never seen by the fit) better than the cluster file alone does."""
+    result = _calibrated_on_four("bigscience-v100-16g")
     assert not result.refusal and result.fitted
     assert _mape(result.after) < _mape(result.before)
 
