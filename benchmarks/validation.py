@@ -97,6 +97,13 @@ FRAMEWORKS: dict[str, tuple[str, dict[str, object]]] = {
     # the same with mixed_precision DEFAULT: bf16 gather, FP32 reduce-scatter (Composer's
     # get_mixed_precision from 0.16.4, commit d745fcb: reduce_dtype = torch.float32).
     "llm-foundry-default": ("fsdp", {"grad_reduce_bytes": 4}),
+    # Megatron-LM of 2022 as Yuan et al. ran it (DS3Lab/Decentralized_FM_alpha): SC'21's
+    # traits (blocking sends, gradients all-reduced after the backward pass, --DDP-impl local),
+    # but --fp16 without --accumulate-allreduce-grads-in-fp32: main_grad and the all-reduce in
+    # fp16 (megatron/arguments.py forces FP32 only for bf16), each micro-batch's gradient added
+    # into it in fp16 (read 2 + 2, write 2 bytes per parameter).
+    "megatron-lm-fp16": ("megatron-lm-2021", {"fp32_main_grads": False, "grad_reduce_bytes": 2,
+                                              "grad_accumulation_bytes": 6.0}),
 }
 
 
@@ -178,6 +185,15 @@ SETS: tuple[ValidationSet, ...] = (
                   "mpt_7b.json", "llm-foundry-default",
                   "llm-foundry MPT throughput table (A100 80GB, 2023-10), mosaicml/llm-foundry "
                   "scripts/train/benchmarking/README.md", zero=3),
+    *(ValidationSet(f"dtfm-p3-l{layers}", f"dtfm_megatron_l{layers}_p3_16x.csv",
+                    "dtfm_p3_16xlarge.yaml", f"dtfm_gpt_xl_l{layers}.json", "megatron-lm-fp16",
+                    "Yuan et al. (NeurIPS'22) Megatron baselines, case 1: 8 p3.16xlarge, 25 Gb/s, "
+                    "DS3Lab/Decentralized_FM_alpha results/NeurIPS2022_submission.md")
+      for layers in (24, 32, 40)),
+    ValidationSet("dtfm-spot-l24", "dtfm_megatron_l24_p3_spot.csv", "dtfm_p3_spot.yaml",
+                  "dtfm_gpt_xl_l24.json", "megatron-lm-fp16",
+                  "Yuan et al. (NeurIPS'22) Megatron baselines, case 2: 8 p3.8xlarge + 32 "
+                  "p3.2xlarge, 10 Gb/s, DS3Lab/Decentralized_FM_alpha NeurIPS2022_submission.md"),
 )
 
 
