@@ -8,29 +8,23 @@ sequences of 1024 tokens.
 """
 
 import pytest
+from test_cost import (
+    EMBEDDING_PARAMS,
+    HEAD_PARAMS,
+    LAYERS,
+    MEMORY_BW,
+    SEQ,
+    TOY,
+    TOY_CLUSTER,
+    VOCAB,
+)
 
 from potluck.cluster import Cluster, parse_cluster
-from potluck.model.spec import MlpKind, ModelSpec, NormKind
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.evaluate import stage_shape
 from potluck.planner.formulas import StateSharding
 from potluck.plans import Execution, Pipeline, Plan, Stage, TrainingShape
 
-TOY_CLUSTER = """
-devices:
-  toy: {tflops: 100, memory: 80GB, memory_bandwidth: 1000GB/s, matmul_efficiency: 0.5, sm_count: 32}
-nodes:
-  - {name: box, gpu: toy, gpus_per_node: 2, count: 2, nvlink: none, intra_bandwidth: 20GB/s,
-     intra_latency: 10us, inter_bandwidth: 8Gb/s, inter_latency: 50us}
-"""
-H, FFN, HEADS, VOCAB, SEQ, LAYERS = 1024, 4096, 8, 8192, 1024, 4
-TOY = ModelSpec(name="toy", family="gpt2", hidden_size=H, num_layers=LAYERS, num_heads=HEADS,
-                num_kv_heads=HEADS, ffn_hidden_size=FFN, vocab_size=VOCAB, max_seq_len=SEQ,
-                mlp=MlpKind.GELU, norm=NormKind.LAYERNORM)
-MEMORY_BW = 1000e9 * 0.8
-BLOCK_PARAMS = 4 * H * H + 2 * H * FFN + 2 * 2 * H
-EMBEDDING_PARAMS = VOCAB * H
-HEAD_PARAMS = 2 * H + VOCAB * H  # final LayerNorm and the (untied) output projection
 ZERO3 = StateSharding.of(4, 3)
 
 
