@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from bf16_passes import micro_batch, ones_times, weight_pass
 from dist_harness import run_ranks
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -123,38 +124,24 @@ def _bf16_weight() -> tuple[nn.Linear, HostOffloadOptimizer]:
     return layer, offload
 
 
-def _micro_batch(layer: nn.Linear) -> None:
-    """One backward pass that adds a gradient of ones."""
-    layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
-
-
-def _ones_times(layer: nn.Linear, count: float) -> torch.Tensor:
-    return torch.full_like(layer.weight, count)
-
-
 def test_bf16_gradients_are_summed_over_micro_batches_in_fp32():
     """bf16 keeps 8 bits of mantissa: a bf16 sum of ones stops at 256."""
     layer, offload = _bf16_weight()
     for _ in range(300):
-        _micro_batch(layer)
-    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+        micro_batch(layer)
+    assert torch.equal(layer.weight.grad, ones_times(layer, 300))
     offload.zero_grad(set_to_none=False)
     for _ in range(3):
-        _micro_batch(layer)
-    assert torch.equal(layer.weight.grad, _ones_times(layer, 3))  # the next step starts over
+        micro_batch(layer)
+    assert torch.equal(layer.weight.grad, ones_times(layer, 3))  # the next step starts over
 
 
 def test_the_fp32_sum_takes_weight_passes_and_starts_over_when_the_grad_is_taken():
     layer, _ = _bf16_weight()
-    for _ in range(300):  # zero bubble's weight pass: autograd.grad, then added by hand
-        out = layer(torch.ones(1, 4, dtype=torch.bfloat16)).sum()
-        (grad,) = torch.autograd.grad(out, [layer.weight])
-        if layer.weight.grad is None:
-            layer.weight.grad = grad
-        else:
-            layer.weight.grad += grad
-    assert torch.equal(layer.weight.grad, _ones_times(layer, 300))
+    for _ in range(300):  # zero bubble's weight passes
+        weight_pass(layer)
+    assert torch.equal(layer.weight.grad, ones_times(layer, 300))
     layer.weight.grad = None  # ZeRO-2 took the sum to reduce-scatter it
-    _micro_batch(layer)
-    _micro_batch(layer)
-    assert torch.equal(layer.weight.grad, _ones_times(layer, 2))
+    micro_batch(layer)
+    micro_batch(layer)
+    assert torch.equal(layer.weight.grad, ones_times(layer, 2))
