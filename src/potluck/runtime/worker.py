@@ -14,6 +14,7 @@ first agrees with the others on the plan for the machines that are there
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import sys
 from dataclasses import fields
@@ -92,6 +93,7 @@ def parse_options(argv: list[str]) -> tuple[str, TrainOptions]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    faulthandler.enable(all_threads=True)  # a crash in C++ shows each thread's Python stack
     plan_path, options = parse_options(sys.argv[1:] if argv is None else argv)
     from potluck.runtime.elastic.rendezvous import elastic_start, under_torchrun
     from potluck.runtime.training import train_rank  # torch: not for printing commands

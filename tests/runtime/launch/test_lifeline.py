@@ -298,3 +298,22 @@ def test_ranks_log_torchs_cpp_warnings_only_when_asked_to(tmp_path, level):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Connection was likely closed" in result.stdout  # the error itself stays
     assert ("recvValue failed" in result.stderr) == (level == "WARNING"), result.stderr[-3000:]
+
+
+def _crashes_in_c() -> None:
+    os.abort()  # what glibc does on a corrupted heap: SIGABRT from C, no Python exception
+
+
+def test_a_rank_that_crashes_in_c_leaves_its_python_stack_on_stderr(tmp_path):
+    """A heap corruption or segfault in torch's C++ gives no Python traceback by itself; the
+    rank's stack is what tells a maintainer which step it was in."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)])}
+    env.pop("PYTHONFAULTHANDLER", None)
+    script = ("from potluck.runtime.launch.local import run_local\n"
+              "from test_lifeline import _crashes_in_c\n"
+              "run_local(_crashes_in_c, ['cpu.0:0'])\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=START_S, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Fatal Python error: Aborted" in result.stderr, result.stderr[-3000:]
+    assert "in _crashes_in_c" in result.stderr, result.stderr[-3000:]

@@ -28,6 +28,7 @@ machine instead (:mod:`potluck.runtime.launch.torchrun`).
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing as mp
 import os
@@ -76,6 +77,7 @@ class _Report:
 
 def _rank_main(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
                threads: int, reports: Any, launcher_pid: int) -> None:
+    faulthandler.enable(all_threads=True)  # a C++ crash (SIGSEGV, SIGABRT) shows each stack
     lifeline.die_with_launcher(launcher_pid)
     os.environ.update(env)
     torch.set_num_threads(threads)
