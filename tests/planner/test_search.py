@@ -280,6 +280,19 @@ def test_a_faster_layout_that_fits_only_with_sharded_states_is_found():
     assert best.zero > 0
 
 
+def test_a_split_that_zero3_over_the_same_devices_undoes_is_searched_past():
+    """The student lab's 2x3090 box, llama3.2-1b: unsharded, only tp=2 fits one replica
+    (nothing pays for memory there); under ZeRO-3 each 3090 holds a whole replica and dp=2
+    runs without tp=2's all-reduces, faster. The default search must find it."""
+    spec = parse_cluster("nodes: [{name: box, gpu: rtx3090, gpus_per_node: 2, "
+                         "nvlink: pairs}]")
+    model, training = load_model("llama3.2-1b"), TrainingShape(64, 2048)
+    best = search(spec, model, training).best
+    assert best.prediction.iteration_time_s <= search(
+        spec, model, training, SearchOptions(tp=1)).best.prediction.iteration_time_s * (1 + 1e-9)
+    assert best.zero == 3 and best.pipelines[0].stages[0].tp == 1
+
+
 @pytest.mark.parametrize(("model_name", "gpu", "shaped"), [
     ("gpt3-125m", "a100-80g-sxm", False),  # tp=2 for speed: 2 GB of states fit any device
     ("llama3.2-3b", "rtx3090", True),  # 51 GB of states fit no 24 GB device whole

@@ -59,9 +59,9 @@ from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
 from potluck.planner.checks import check_request, explain_infeasible
 from potluck.planner.comm.refine import refine_comm
-from potluck.planner.cost import CostModel
+from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.families import FamilyEvaluator, FamilyOption, FamilySetting
-from potluck.planner.formulas import NOT_SHARDED
+from potluck.planner.formulas import NOT_SHARDED, StateSharding
 from potluck.planner.grouping import (
     EXHAUSTIVE_GROUPINGS,
     Grouping,
@@ -766,19 +766,40 @@ def _memory_shaped(cost: CostModel, plan: Plan) -> bool:
     An even layer split in rank order sizes every stage by its smallest device, so sharded
     or offloaded states may let it split less (the sixteen-machine lab under megatron-lm:
     tp=2 pp=17 51.6 s, tp=1 dp=2 offloaded 47.2 s); potluck's placement already gives
-    each device the layers its memory holds, and on the eight labs of
-    ``benchmarks/lab_quality.py`` the further levels found no faster plan while taking
-    up to ten times the search time. A split chosen for speed (gpt3-125m at tp=2 on
-    A100s) is not memory's doing either way."""
+    each device the layers its memory holds, so there only a split that ZeRO-3 over the
+    plan's own devices could undo counts (:func:`_sharding_may_unsplit`). A split chosen
+    for speed (gpt3-125m at tp=2 on A100s) is not memory's doing either way."""
     if _pays_for_memory(plan):
         return True
     if cost.execution.placement is not Placement.RANK_ORDER:
-        return False
+        return _sharding_may_unsplit(cost, plan)
     splits = {d for p in plan.pipelines if p.pp > 1 or any(s.tp > 1 for s in p.stages)
               for d in p.devices}
     params = counts.total_params(plan.model)
     return any(cost.model_state_bytes(d.type, params, NOT_SHARDED) > d.type.memory_bytes
                for d in cost.cluster.devices if d.id in splits)
+
+
+def _sharding_may_unsplit(cost: CostModel, plan: Plan) -> bool:
+    """Whether ``plan`` splits the model (tensor or pipeline parallelism) over the devices of
+    one machine, each of which could hold a whole replica under ZeRO-3 over as many
+    replicas as the plan has devices (one micro-batch, every block recomputed): a sharded
+    data-parallel layout of the same devices, gathering over the machine's own links, may
+    then run without the split's communication. The student lab of
+    ``benchmarks/lab_quality.py`` (llama3.2-1b on a 2x3090 box): tp=2 unsharded 9.62 s,
+    dp=2 under ZeRO-3 9.30 s. Across machines ZeRO-3 gathers every weight over the network
+    each step: on the workstation lab (llama2-7b, 12 GPUs on 1-25 Gb/s) the sharded levels
+    found no faster plan and took the search from 1.1 s to 9.9 s of CPU."""
+    if not any(p.pp > 1 or any(s.tp > 1 for s in p.stages) for p in plan.pipelines):
+        return False
+    used = [d for d in cost.cluster.devices if d.id in set(plan.devices)]
+    if len({d.node for d in used}) > 1:
+        return False
+    whole = StageShape(num_layers=plan.model.num_layers, first=True, last=True,
+                       recompute=Recompute.FULL, parameter_shards=len(used))
+    sharding = StateSharding.of(len(used), 3)
+    return all(cost.stage_memory_bytes(d.type, 1, whole, 1.0, sharding) <= d.type.memory_bytes
+               for d in used)
 
 
 def _pays_for_memory(plan: Plan) -> bool:
