@@ -123,7 +123,6 @@ class ValidationSet:
     model: str  # a preset name or a config.json under benchmarks/data
     framework: str  # a key of FRAMEWORKS
     source: str  # paper and table, or repository file and commit (details in data/README.md)
-    zero: int | None = None  # the ZeRO stage every run used (FSDP's FULL_SHARD: 3)
 
     def model_ref(self, run: MeasuredRun | None = None) -> str:
         """The model of ``run`` (its block's ``# model:`` line), else of the set."""
@@ -176,15 +175,15 @@ SETS: tuple[ValidationSet, ...] = (
     ValidationSet("llmfoundry-a100-40g", "llmfoundry_a100_40g.csv", "llmfoundry_a100_40g.yaml",
                   "mpt_7b.json", "llm-foundry",
                   "llm-foundry MPT throughput table (A100 40GB), mosaicml/llm-foundry "
-                  "scripts/train/benchmarking/README.md", zero=3),
+                  "scripts/train/benchmarking/README.md"),
     ValidationSet("llmfoundry-a100-80g-pure", "llmfoundry_a100_80g_pure.csv",
                   "llmfoundry_a100_80g.yaml", "mpt_7b.json", "llm-foundry",
                   "llm-foundry MPT throughput table (A100 80GB, 2023-06), mosaicml/llm-foundry "
-                  "scripts/train/benchmarking/README.md", zero=3),
+                  "scripts/train/benchmarking/README.md"),
     ValidationSet("llmfoundry-a100-80g", "llmfoundry_a100_80g.csv", "llmfoundry_a100_80g.yaml",
                   "mpt_7b.json", "llm-foundry-default",
                   "llm-foundry MPT throughput table (A100 80GB, 2023-10), mosaicml/llm-foundry "
-                  "scripts/train/benchmarking/README.md", zero=3),
+                  "scripts/train/benchmarking/README.md"),
     *(ValidationSet(f"dtfm-p3-l{layers}", f"dtfm_megatron_l{layers}_p3_16x.csv",
                     "dtfm_p3_16xlarge.yaml", f"dtfm_gpt_xl_l{layers}.json", "megatron-lm-fp16",
                     "Yuan et al. (NeurIPS'22) Megatron baselines, case 1: 8 p3.16xlarge, 25 Gb/s, "
@@ -229,8 +228,6 @@ def predict_run(vset: ValidationSet, run: MeasuredRun, spec: ClusterSpec | None 
     """Plan ``run``'s pinned layout on the set's cluster (or ``spec``) and predict it."""
     schedule = timeline_schedule(run)
     options = replace(run.options(), schedule=schedule)
-    if vset.zero is not None:
-        options = replace(options, zero=vset.zero)
     shape = run.shape(traits or execution(vset.framework))
     spec = spec or api.as_cluster(DATA / vset.cluster)
     try:
@@ -376,7 +373,8 @@ def calibration_rows(runs: list[MeasuredRun], k: int) -> list[MeasuredRun]:
 
 
 CSV_COLUMNS = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len",
-               "iteration_time_s", "dtype", "recompute", "schedule", "zero1", "partition", "groups")
+               "iteration_time_s", "dtype", "recompute", "schedule", "zero", "zero1",
+               "virtual_stages", "partition", "groups")
 
 
 def write_runs(path: Path, runs: list[MeasuredRun]) -> None:
@@ -424,10 +422,6 @@ def calibrated(vset: ValidationSet, outcomes: list[Outcome], k: int) -> Calibrat
     chosen = calibration_rows([o.run for o in outcomes], k)
     fitted_lines = {r.line for r in chosen}
     before = [o for o in outcomes if o.run.line not in fitted_lines]
-    if vset.zero is not None:
-        return Calibrated(before, before, "skipped (below)", "-", refusal=(
-            f"skipped: its runs are ZeRO-{vset.zero}, which a runs CSV cannot say (zero1 is "
-            "its only ZeRO column), so the fit would plan them otherwise"))
     with tempfile.TemporaryDirectory() as tmp:
         subset, cluster = Path(tmp) / "runs.csv", Path(tmp) / "cluster.yaml"
         write_runs(subset, chosen)

@@ -44,6 +44,17 @@ def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
     assert options.groups == ("box", "big")
 
 
+def test_zero_stage_and_virtual_stages_columns_pin_the_search(tmp_path) -> None:
+    """FSDP's FULL_SHARD runs are ZeRO-3 and NeMo's interleaved runs have 12 chunks per
+    rank: the search they calibrate must be pinned to both, not to its own choice."""
+    path = runs_file(tmp_path, HEADER + ",schedule,zero,zero1,virtual_stages\n"
+                     "1,1,8,2,64,2048,0.5,1f1b,3,,\n"
+                     "4,8,1,1,64,2048,9.0,interleaved,,true,12\n")
+    fsdp, nemo = read_runs(path, {"a": 32})
+    assert (fsdp.options().zero, nemo.options().zero) == (3, 1)
+    assert nemo.options().virtual_stages == 12
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("", r"runs.csv: empty file; its first line must be the header tp,pp,dp,"),
     (HEADER + "\n", r"runs.csv:1: no runs after the header; add one line per measured run"),
@@ -58,6 +69,10 @@ def test_rows_with_optional_columns_and_defaults(tmp_path) -> None:
      r"runs.csv:2: column 'iteration_time_s' must be a positive number of seconds, not 'fast'"),
     (HEADER + "\n1,1,2,1,8,512,-0.5\n", r"runs.csv:2: column 'iteration_time_s' must be a positive"),
     (HEADER + "\n1,0,2,1,8,512,0.5\n", r"runs.csv:2: column 'pp' must be a positive integer, not '0'"),
+    (HEADER + ",zero\n1,1,2,1,8,512,0.5,4\n", r"runs.csv:2: column 'zero' must be a ZeRO stage"),
+    (HEADER + ",zero,zero1\n1,1,2,1,8,512,0.5,3,true\n", r"runs.csv:2: zero 3 and zero1 True disagree"),
+    (HEADER + ",virtual_stages\n1,2,1,1,8,512,0.5,4\n",
+     r"runs.csv:2: virtual_stages 4 needs an interleaved schedule"),
     (HEADER + "\n1,1,2,1,8,,0.5\n", r"runs.csv:2: column 'seq_len' is empty; give the run's value"),
     (HEADER + "\n1,1,2,1,8,512\n", r"runs.csv:2: 6 values for 7 columns"),
     (HEADER + ",dtype\n1,1,2,1,8,512,0.5,int8\n",

@@ -5,9 +5,11 @@ The header names the columns, in any order::
     tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s,dtype,recompute,schedule
     1,1,8,2,64,1024,0.612,bf16,none,1f1b
 
-``dtype``, ``recompute``, ``schedule``, ``zero1``, ``partition`` and ``groups`` are
+``dtype``, ``recompute``, ``schedule``, ``zero`` (the ZeRO stage, 0-3; FSDP's
+FULL_SHARD is 3), ``zero1`` (its older alias: true is 1, false 0), ``virtual_stages``
+(model chunks per rank of an interleaved schedule), ``partition`` and ``groups`` are
 optional (an empty cell takes the default: bf16, the search's choice, 1f1b, the
-search's choice, balanced, any node groups; ``uniform`` is the even split of layers and
+search's choice, 2, balanced, any node groups; ``uniform`` is the even split of layers and
 batch most frameworks use; ``groups`` names the node groups the run used, joined by
 ``+``, e.g. ``box3090+a100``). Lines starting
 with ``#`` are comments. Every mistake is one line naming the file, the line and the fix.
@@ -30,7 +32,9 @@ from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
-OPTIONAL = ("dtype", "recompute", "schedule", "zero1", "partition", "groups")
+OPTIONAL = ("dtype", "recompute", "schedule", "zero", "zero1", "virtual_stages", "partition",
+            "groups")
+VIRTUAL_SCHEDULES = (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -50,6 +54,8 @@ class MeasuredRun:
     recompute: Recompute | None = None
     schedule: Schedule = Schedule.ONE_F_ONE_B
     zero1: bool | None = None
+    zero: int | None = None  # the ZeRO stage (None: zero1's, else the search's choice)
+    virtual_stages: int | None = None  # chunks per rank of an interleaved schedule
     partition: Partition = Partition.BALANCED
     groups: tuple[str, ...] | None = None  # the node groups the run used (None: any)
 
@@ -58,9 +64,18 @@ class MeasuredRun:
         return SearchOptions(tp=self.tp, pp=self.pp, dp=self.dp,
                              micro_batch_size=self.micro_batch_size, recompute=self.recompute,
                              partition=self.partition, schedule=self.schedule,
-                             zero=None if self.zero1 is None else int(self.zero1),
-                             swap=Swap.NONE, offload=Offload.NONE,  # what published runs did
-                             groups=self.groups, top_k=1)
+                             zero=self.zero_stage, swap=Swap.NONE,
+                             offload=Offload.NONE,  # what published runs did
+                             groups=self.groups, top_k=1,
+                             **({"virtual_stages": self.virtual_stages}
+                                if self.virtual_stages else {}))
+
+    @property
+    def zero_stage(self) -> int | None:
+        """The run's ZeRO stage: ``zero``, else ``zero1`` (1 or 0), else unknown."""
+        if self.zero is not None:
+            return self.zero
+        return None if self.zero1 is None else int(self.zero1)
 
     def shape(self, execution: Execution) -> TrainingShape:
         return TrainingShape(self.global_batch, self.seq_len, self.dtype, execution)
@@ -133,6 +148,12 @@ def _run(path: Path, line: int, header: list[str], row: list[str],
 
 
 def _check_layout(path: Path, run: MeasuredRun, group_gpus: dict[str, int]) -> None:
+    if run.zero is not None and run.zero1 is not None and int(run.zero1) != run.zero:
+        raise ConfigError(f"{path}:{run.line}: zero {run.zero} and zero1 {run.zero1} disagree; "
+                          "give the run's ZeRO stage in the zero column only")
+    if (run.virtual_stages or 1) > 1 and run.schedule not in VIRTUAL_SCHEDULES:
+        raise ConfigError(f"{path}:{run.line}: virtual_stages {run.virtual_stages} needs an "
+                          f"interleaved schedule; set schedule to interleaved or zb")
     for name in run.groups or ():
         if name not in group_gpus:
             raise ConfigError(f"{path}:{run.line}: column 'groups' names {name!r}, not a node group "
@@ -187,6 +208,12 @@ def _groups(text: str) -> tuple[str, ...]:
     return names
 
 
+def _zero_stage(text: str) -> int:
+    if text not in ("0", "1", "2", "3"):
+        raise ValueError(f"must be a ZeRO stage, 0, 1, 2 or 3, not {text!r}")
+    return int(text)
+
+
 def _flag(text: str) -> bool:
     if text.lower() in _TRUE:
         return True
@@ -199,6 +226,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "tp": _positive_int, "pp": _positive_int, "dp": _positive_int,
     "micro_batch_size": _positive_int, "global_batch": _positive_int, "seq_len": _positive_int,
     "iteration_time_s": _positive_float, "dtype": _choice(DType),
-    "recompute": _choice(Recompute), "schedule": _choice(Schedule), "zero1": _flag,
+    "recompute": _choice(Recompute), "schedule": _choice(Schedule), "zero": _zero_stage,
+    "zero1": _flag, "virtual_stages": _positive_int,
     "partition": _choice(Partition), "groups": _groups,
 }
