@@ -657,7 +657,11 @@ def train(
         "--plan", help="Plan JSON from potluck plan -o (default: plan now).")] = None,
     data: Annotated[str | None, typer.Option(
         help="Text/jsonl file or directory (default: the corpus shipped with potluck).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Local HF tokenizer dir (default: bytes).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Local HF tokenizer dir (default: --init-from's, else bytes).")] = None,
+    init_from: Annotated[Path | None, typer.Option(
+        "--init-from", help="Fine-tune: start from this HF model dir's safetensors weights "
+                            "(--model defaults to it).")] = None,
     steps: Annotated[int, typer.Option(help="Training steps.")] = 20,
     global_batch: Annotated[int | None, typer.Option(help="Sequences per step (default 64).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default 2048).")] = None,
@@ -705,8 +709,11 @@ def train(
         checkpoint_every = max(1, steps // ELASTIC_CHECKPOINTS)
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
+    model = api.model_to_train(model, plan_file, init_from)
+    _note_weights_left(model, init_from)
     options = api.train_options(
-        data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
+        data=data, tokenizer=tokenizer, out=out, init_from=init_from, steps=steps, lr=lr,
+        seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
@@ -727,6 +734,16 @@ def train(
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
                       highlight=False)
+
+
+def _note_weights_left(model: str | Path | None, init_from: Path | None) -> None:
+    """A note when --model is a directory with weights that the run does not load."""
+    from potluck.runtime.checkpoints.pretrained import has_weights
+
+    if init_from is None and model is not None and Path(model).is_dir() and has_weights(model):
+        err_console.print(f"note: {model} holds weights; training starts from new ones (add "
+                          f"--init-from {model} to fine-tune from them)",
+                          highlight=False, markup=False, soft_wrap=True)
 
 
 ELASTIC_CHECKPOINTS = 10  # --elastic without --checkpoint-every: about this many a run

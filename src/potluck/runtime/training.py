@@ -5,7 +5,8 @@
   from a fork server otherwise) and returns rank 0's metrics.
 - :func:`train_rank` is what each rank runs (also under torchrun, through
   ``python -m potluck.runtime.worker``): join the job, build the plan's model
-  on the meta device, parallelize it, optionally put it on emulated time,
+  on the meta device, parallelize it (from ``--init-from``'s pretrained weights, of
+  which each rank reads only its part, or potluck's initial values), optionally put it on emulated time,
   resume, and train. Once the model is built, its objects (and the libraries')
   are frozen out of Python's garbage collector (``gc.freeze``): a collection that
   walked them paused a rank for 0.3-0.5 s, measured on emulated CPU ranks of an
@@ -31,6 +32,7 @@ from torch import nn
 
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.checkpoints import training_run
+from potluck.runtime.checkpoints.pretrained import PretrainedWeights, checked_weights
 from potluck.runtime.elastic.drills import check_elastic, rank_hook
 from potluck.runtime.elastic.supervisor import ElasticSettings, train_elastic
 from potluck.runtime.launch.checks import check_local, check_options
@@ -93,8 +95,12 @@ def train_rank(plan: Plan, options: TrainOptions,
     try:
         with session.guard():
             model = model_factory() if model_factory else build_model(computed.model, attention)
+            weights = _pretrained(model, computed, options)
             parallel = parallelize(model, session, seed=options.seed,
-                                   count_memory=options.count_memory or options.emulate)
+                                   count_memory=options.count_memory or options.emulate,
+                                   weights=weights)
+            if weights is not None:
+                weights.close()
             source = source or batch_source(computed, options)
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s
@@ -120,6 +126,15 @@ def train_rank(plan: Plan, options: TrainOptions,
         return history
     finally:
         session.close()
+
+
+def _pretrained(model: nn.Module, computed: Plan, options: TrainOptions
+                ) -> PretrainedWeights | None:
+    """``--init-from``'s weights, checked against the model this rank builds (None: the
+    model starts from potluck's initial values)."""
+    if options.init_from is None:
+        return None
+    return checked_weights(options.init_from, model, computed.model.name)
 
 
 def _estimate(trainer: Trainer, clock: EmulationClock | None) -> StepEstimate | None:

@@ -1,0 +1,222 @@
+"""Start training from a pretrained Hugging Face model directory (``potluck train --init-from``).
+
+The directory holds ``model.safetensors`` or a sharded one (``model.safetensors.index.json``
+naming a file per tensor), as ``save_pretrained`` and ``potluck export`` write them. The
+names are the model's own parameter names (the export's, read back): the runtime trains
+an unmodified Hugging Face model, so no renaming is needed, except that a checkpoint of
+the bare base model (GPT-2 on the Hub: ``h.0.attn...``) is read under the causal LM's
+``base_model_prefix`` (``transformer.h.0.attn...``), as ``from_pretrained`` does.
+
+:meth:`PretrainedWeights.check` compares the files' headers (nothing is read) with the
+model built on the meta device: every parameter present with its shape and a
+floating-point dtype (16-bit values are upcast to the parameter's dtype), tied aliases
+(``lm_head.weight`` of a tied model) optional, any other tensor named as unexpected
+unless the model's own ``_keys_to_ignore_on_load_unexpected`` lists it. Each rank then
+reads only what it holds (:meth:`PretrainedWeights.local_value`): the parameters of its
+pipeline stages, and of a tensor-parallel or expert-parallel parameter only its rows or
+columns, read as contiguous runs through ``safe_open(...).get_slice`` (GPT-2's fused
+QKV shard is three runs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from potluck.errors import ConfigError
+from potluck.runtime.shards import shard_index
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def weight_files(directory: str | Path) -> dict[str, Path]:
+    """Each tensor name of ``directory``'s safetensors weights, with the file that holds it."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"--init-from {root}: not a directory; give a Hugging Face model "
+                          "directory (config.json and model.safetensors)")
+    if (root / INDEX_FILE).is_file():
+        return _indexed_files(root)
+    if (root / SINGLE_FILE).is_file():
+        return {name: root / SINGLE_FILE for name in _header(root / SINGLE_FILE)}
+    raise ConfigError(f"--init-from {root}: holds no {SINGLE_FILE} or {INDEX_FILE}; potluck "
+                      "reads safetensors weights (save the model with save_pretrained)")
+
+
+def has_weights(directory: str | Path) -> bool:
+    """Whether ``directory`` holds safetensors weights potluck can start from."""
+    root = Path(directory)
+    return (root / SINGLE_FILE).is_file() or (root / INDEX_FILE).is_file()
+
+
+def _indexed_files(root: Path) -> dict[str, Path]:
+    index = root / INDEX_FILE
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {str(name): root / str(file) for name, file in weight_map.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{index}: not a safetensors index ({type(err).__name__}); it must "
+                          "hold a weight_map of tensor name to file") from None
+    for file in sorted(set(files.values())):
+        if file.resolve().parent != root.resolve() or not file.is_file():
+            raise ConfigError(f"{index}: names {file.name}, which is not a file of {root}")
+    return files
+
+
+def _header(path: Path) -> dict[str, dict[str, Any]]:
+    """The safetensors header of ``path``: each tensor's dtype and shape (no data read)."""
+    try:
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            if size <= 0 or size > path.stat().st_size - 8:
+                raise ValueError("bad header length")
+            header = json.loads(file.read(size))
+        header.pop("__metadata__", None)
+        return {str(name): {"dtype": str(info["dtype"]), "shape": list(info["shape"])}
+                for name, info in header.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{path}: not a safetensors file ({err})") from None
+
+
+class PretrainedWeights:
+    """The safetensors weights of a model directory, read by parameter name (see the module
+    docstring). Files are opened on first use and closed by :meth:`close`."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.files = weight_files(directory)
+        self.names: dict[str, str] = {}  # a parameter's name -> its tensor's name in the files
+        self._open: dict[Path, Any] = {}
+
+    def check(self, model: nn.Module, model_name: str) -> None:
+        """One ConfigError line unless the files hold exactly ``model``'s parameters (see
+        the module docstring); afterwards :meth:`local_value` reads by parameter name."""
+        headers = self._headers()
+        prefix = f"{getattr(model, 'base_model_prefix', '')}."
+        tied, expected = _parameters(model)
+        names = {name: _file_name(name, prefix, headers) for name in expected}
+        missing = [name for name, found in names.items() if found is None]
+        if missing:
+            raise ConfigError(f"--init-from {self.directory}: weights do not fit {model_name!r}: "
+                              f"missing {_some(missing)}")
+        for name, found in names.items():
+            _check_tensor(self.directory, model_name, name, headers[found], expected[name])
+        used = set(names.values()) | _optional(model, prefix, tied, headers)
+        unexpected = [name for name in headers if name not in used]
+        if unexpected:
+            raise ConfigError(f"--init-from {self.directory}: weights do not fit {model_name!r}: "
+                              f"unexpected {_some(unexpected)}; give the directory of this "
+                              "model (its config.json describes another)")
+        self.names = {**names, **{alias: names[source] for alias, source in tied.items()}}
+
+    def local_value(self, name: str, param: torch.Tensor) -> torch.Tensor:
+        """This rank's part of parameter ``name`` (its TP or expert shard, when ``param`` is
+        a DTensor), read from the files in ``param``'s dtype, on the host."""
+        if name not in self.names:
+            raise KeyError(f"{name}: check() the weights against the model first")
+        found = self.names[name]
+        view = self._file(self.files[found]).get_slice(found)
+        index = shard_index(param)
+        if index.dim is None:
+            value = view[:]
+        else:
+            value = torch.cat([view[(slice(None),) * index.dim + (slice(start, end),)]
+                               for start, end in _runs(index.positions)], dim=index.dim)
+        return value.to(param.dtype).reshape(index.local_shape)
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def _file(self, path: Path) -> Any:
+        from safetensors import safe_open
+
+        if path not in self._open:
+            self._open[path] = safe_open(str(path), framework="pt", device="cpu")
+        return self._open[path]
+
+    def _headers(self) -> dict[str, dict[str, Any]]:
+        headers: dict[str, dict[str, Any]] = {}
+        for path in sorted(set(self.files.values())):
+            headers.update({name: info for name, info in _header(path).items()
+                            if self.files.get(name) == path})
+        absent = sorted(set(self.files) - set(headers))
+        if absent:
+            raise ConfigError(f"{self.directory / INDEX_FILE}: {_some(absent)} not in the file "
+                              "the index names")
+        return headers
+
+
+def _parameters(model: nn.Module) -> tuple[dict[str, str], dict[str, torch.Size]]:
+    """``model``'s tied aliases (name -> the name it shares) and its other parameters' shapes."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    shapes: dict[str, torch.Size] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+            shapes[name] = param.shape
+    return tied, shapes
+
+
+def _file_name(name: str, prefix: str, headers: Mapping[str, Any]) -> str | None:
+    """The name ``name`` has in the files: itself, or without the base model's prefix."""
+    if name in headers:
+        return name
+    bare = name.removeprefix(prefix)
+    return bare if bare != name and bare in headers else None
+
+
+def _optional(model: nn.Module, prefix: str, tied: Mapping[str, str],
+              headers: Mapping[str, Any]) -> set[str]:
+    """Tensors the files may hold beyond the parameters: tied aliases, buffers, and what the
+    model's class says to ignore."""
+    names = set(tied) | {name for name, _ in model.named_buffers()}
+    names |= {name.removeprefix(prefix) for name in names}
+    patterns = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []
+    ignored = {name for name in headers if any(re.search(p, name) for p in patterns)}
+    return (names & set(headers)) | ignored
+
+
+def _check_tensor(directory: Path, model_name: str, name: str, info: Mapping[str, Any],
+                  shape: torch.Size) -> None:
+    if tuple(info["shape"]) != tuple(shape):
+        raise ConfigError(f"--init-from {directory}: weights do not fit {model_name!r}: {name} "
+                          f"is {tuple(info['shape'])}, the model needs {tuple(shape)}")
+    if info["dtype"] not in FLOAT_DTYPES:
+        raise ConfigError(f"--init-from {directory}: {name} holds {info['dtype']} values; a "
+                          f"parameter needs floating-point ones ({', '.join(FLOAT_DTYPES)})")
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(sorted(names)[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _runs(positions: torch.Tensor) -> Iterator[tuple[int, int]]:
+    """``positions`` as consecutive ``[start, end)`` runs, in their order."""
+    values = positions.tolist()
+    start = previous = values[0]
+    for value in values[1:]:
+        if value != previous + 1:
+            yield start, previous + 1
+            start = value
+        previous = value
+    yield start, previous + 1
+
+
+def checked_weights(directory: str | Path, model: nn.Module, model_name: str
+                    ) -> PretrainedWeights:
+    """The weights of ``directory``, checked against ``model`` (one ConfigError line)."""
+    weights = PretrainedWeights(directory)
+    weights.check(model, model_name)
+    return weights
