@@ -738,9 +738,11 @@ def train(
 
 def _note_weights_left(model: str | Path | None, init_from: Path | None) -> None:
     """A note when --model is a directory with weights that the run does not load."""
+    if init_from is not None or model is None or not Path(model).is_dir():
+        return
     from potluck.runtime.checkpoints.pretrained import has_weights
 
-    if init_from is None and model is not None and Path(model).is_dir() and has_weights(model):
+    if has_weights(model):
         err_console.print(f"note: {model} holds weights; training starts from new ones (add "
                           f"--init-from {model} to fine-tune from them)",
                           highlight=False, markup=False, soft_wrap=True)
