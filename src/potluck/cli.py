@@ -796,10 +796,14 @@ def export(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
 ) -> None:
-    """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)."""
+    """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)
+    with the tokenizer the run trained with."""
     done = api.export(run, out)
-    console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: "
-                  f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})", highlight=False)
+    loads = f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})"
+    if done.tokenizer:
+        loads += f", AutoTokenizer.from_pretrained({str(done.out_dir)!r})"
+    console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: {loads}",
+                  highlight=False)
 
 
 def _before_launch(chosen, options) -> None:

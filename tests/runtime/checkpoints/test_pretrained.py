@@ -9,6 +9,7 @@ from an export starts from the exported weights.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from runtime_helpers import make_plan, pipe, reference_losses, run_plan
 from safetensors.torch import load_file, save_file
 from transformers import (
+    AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -24,6 +26,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from potluck.data.corpus import builtin_corpus_path
+from potluck.data.tokenizer import ByteTokenizer
 from potluck.errors import ConfigError
 from potluck.model.loading import load_model
 from potluck.runtime.checkpoints.export import export_run
@@ -77,13 +81,29 @@ def test_tied_and_gpt2_models_start_from_their_weights(tmp_path: Path, model_cla
     assert losses == pytest.approx(expected, abs=TOLERANCE)
 
 
+def _hf_tokenizer(folder: Path) -> Path:
+    """A Hugging Face tokenizer directory (bytes, with a mark of its own to recognize it by)."""
+    ByteTokenizer().save(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 123}))
+    return folder
+
+
 def test_a_run_started_from_its_export_starts_from_the_exported_weights(tmp_path: Path):
+    """The export holds the weights, the run's tokenizer and files of the user's umask."""
     directory, _ = _pretrained(tmp_path, Qwen2ForCausalLM, QWEN2_TIED)
     spec = load_model(str(directory))
     run = tmp_path / "run"
     run_plan(make_plan(spec, [pipe([(1, (0, 4))], 1, 1)]), steps=1, init_from=str(directory),
-             out_dir=str(run))
+             out_dir=str(run), data=str(builtin_corpus_path()),
+             tokenizer=str(_hf_tokenizer(tmp_path / "tokenizer")))
     exported = export_run(run, tmp_path / "export").out_dir
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    assert tokenizer.model_max_length == 123 and tokenizer.encode("é") == [195, 169]
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in exported.iterdir():
+        assert file.stat().st_mode & 0o777 == 0o666 & ~mask, file.name
     model = build_model(load_model(str(exported)))
     materialize([model], torch.device("cpu"), seed=0,
                 weights=checked_weights(exported, model, "export"))
