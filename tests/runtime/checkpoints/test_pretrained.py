@@ -8,6 +8,7 @@ from an export starts from the exported weights.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,8 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -78,6 +81,21 @@ def test_tied_and_gpt2_models_start_from_their_weights(tmp_path: Path, model_cla
     plan = make_plan(spec, [pipe(stages, 1, 2)])
     losses = run_plan(plan, steps=1, init_from=str(directory))
     expected = reference_losses(spec, global_batch=2, steps=1, model=hf_model)
+    assert losses == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_experts_saved_one_per_expert_load_split_over_two_replicas(tmp_path: Path):
+    """Mixtral's checkpoint holds block_sparse_moe.experts.E.w1/w2/w3; with ep=2 each
+    replica reads the fused gate_up_proj and down_proj rows of its own two experts."""
+    config = MixtralConfig(hidden_size=32, intermediate_size=32, num_key_value_heads=2,
+                           max_position_embeddings=64, num_local_experts=4,
+                           num_experts_per_tok=2, **SHAPE)
+    directory, hf_model = _pretrained(tmp_path, MixtralForCausalLM, config)
+    spec = load_model(str(directory))
+    plan = dataclasses.replace(make_plan(spec, [pipe([(1, (0, 4))], 1, 2)] * 2),
+                               expert_parallel=2)
+    losses = run_plan(plan, steps=1, init_from=str(directory))
+    expected = reference_losses(spec, global_batch=4, steps=1, model=hf_model)
     assert losses == pytest.approx(expected, abs=TOLERANCE)
 
 
