@@ -294,6 +294,19 @@ def model_to_train(model: str | Path | ModelSpec | None, plan_file: object,
     return model
 
 
+def weights_left_note(model: str | Path | ModelSpec | None, init_from: object) -> str | None:
+    """What to tell a run whose ``model`` is a directory holding weights it will not load
+    (no ``init_from``); None otherwise."""
+    if init_from is not None or not isinstance(model, str | Path) or not Path(model).is_dir():
+        return None
+    from potluck.runtime.checkpoints.pretrained import has_weights
+
+    if not has_weights(model):
+        return None
+    return (f"{model} holds weights; training starts from new ones (add --init-from {model} "
+            "to fine-tune from them)")
+
+
 def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None,
                        dtype: str | DType | None) -> None:
     wanted = as_dtype(dtype).value if dtype is not None else None

@@ -738,14 +738,9 @@ def train(
 
 def _note_weights_left(model: str | Path | None, init_from: Path | None) -> None:
     """A note when --model is a directory with weights that the run does not load."""
-    if init_from is not None or model is None or not Path(model).is_dir():
-        return
-    from potluck.runtime.checkpoints.pretrained import has_weights
-
-    if has_weights(model):
-        err_console.print(f"note: {model} holds weights; training starts from new ones (add "
-                          f"--init-from {model} to fine-tune from them)",
-                          highlight=False, markup=False, soft_wrap=True)
+    note = api.weights_left_note(model, init_from)
+    if note is not None:
+        err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 ELASTIC_CHECKPOINTS = 10  # --elastic without --checkpoint-every: about this many a run
