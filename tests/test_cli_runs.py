@@ -227,6 +227,25 @@ def test_train_init_from_a_model_directory_fine_tunes_it(tmp_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("folder", "fragment"), [
+    ("missing", "not a directory; give a Hugging Face model directory"),
+    ("empty", "holds no model.safetensors or model.safetensors.index.json"),
+    ("bad-index", "not a safetensors index (JSONDecodeError)"),
+    ("bad-file", "not a safetensors file"),
+])
+def test_init_from_a_folder_without_usable_weights_is_one_line(tmp_path, plan_file, folder,
+                                                               fragment):
+    model = tmp_path / folder
+    if folder != "missing":
+        model.mkdir()
+    if folder == "bad-index":
+        (model / "model.safetensors.index.json").write_text("{not json")
+    if folder == "bad-file":
+        (model / "model.safetensors").write_bytes(b"\x00" * 4)
+    line = _one_line(potluck("train", "--plan", str(plan_file), "--init-from", str(model)))
+    assert fragment in line
+
+
 def test_init_from_weights_of_another_model_is_one_line(tmp_path, plan_file):
     from transformers import GPT2Config
 

@@ -299,7 +299,7 @@ def weights_left_note(model: str | Path | ModelSpec | None, init_from: object) -
     (no ``init_from``); None otherwise."""
     if init_from is not None or not isinstance(model, str | Path) or not Path(model).is_dir():
         return None
-    from potluck.runtime.checkpoints.pretrained import has_weights
+    from potluck.runtime.checkpoints.weight_files import has_weights
 
     if not has_weights(model):
         return None

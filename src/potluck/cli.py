@@ -709,7 +709,6 @@ def train(
         checkpoint_every = max(1, steps // ELASTIC_CHECKPOINTS)
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
-    model = api.model_to_train(model, plan_file, init_from)
     _note_weights_left(model, init_from)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, init_from=init_from, steps=steps, lr=lr,
@@ -719,6 +718,7 @@ def train(
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
         inject_failure=inject_failure, count_memory=count_memory,
     )
+    model = api.model_to_train(model, plan_file, init_from)
     settings = api.elastic_settings(max_restarts, replan_margin, _say_replan) if elastic else None
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)

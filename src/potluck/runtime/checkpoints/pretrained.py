@@ -22,7 +22,6 @@ QKV shard is three runs), and of split experts only its own experts' tensors.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,61 +38,11 @@ from potluck.runtime.checkpoints.expert_files import (
     renamed,
     renamings_and_conversions,
 )
+from potluck.runtime.checkpoints.weight_files import INDEX_FILE, header, weight_files
 from potluck.runtime.shards import ShardIndex, shard_index
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 Source = str | PerExpert  # a tensor of the files, or a fused expert tensor's per-expert ones
-
-
-def weight_files(directory: str | Path) -> dict[str, Path]:
-    """Each tensor name of ``directory``'s safetensors weights, with the file that holds it."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise ConfigError(f"--init-from {root}: not a directory; give a Hugging Face model "
-                          "directory (config.json and model.safetensors)")
-    if (root / INDEX_FILE).is_file():
-        return _indexed_files(root)
-    if (root / SINGLE_FILE).is_file():
-        return {name: root / SINGLE_FILE for name in _header(root / SINGLE_FILE)}
-    raise ConfigError(f"--init-from {root}: holds no {SINGLE_FILE} or {INDEX_FILE}; potluck "
-                      "reads safetensors weights (save the model with save_pretrained)")
-
-
-def has_weights(directory: str | Path) -> bool:
-    """Whether ``directory`` holds safetensors weights potluck can start from."""
-    root = Path(directory)
-    return (root / SINGLE_FILE).is_file() or (root / INDEX_FILE).is_file()
-
-
-def _indexed_files(root: Path) -> dict[str, Path]:
-    index = root / INDEX_FILE
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = {str(name): root / str(file) for name, file in weight_map.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{index}: not a safetensors index ({type(err).__name__}); it must "
-                          "hold a weight_map of tensor name to file") from None
-    for file in sorted(set(files.values())):
-        if file.resolve().parent != root.resolve() or not file.is_file():
-            raise ConfigError(f"{index}: names {file.name}, which is not a file of {root}")
-    return files
-
-
-def _header(path: Path) -> dict[str, dict[str, Any]]:
-    """The safetensors header of ``path``: each tensor's dtype and shape (no data read)."""
-    try:
-        with path.open("rb") as file:
-            size = int.from_bytes(file.read(8), "little")
-            if size <= 0 or size > path.stat().st_size - 8:
-                raise ValueError("bad header length")
-            header = json.loads(file.read(size))
-        header.pop("__metadata__", None)
-        return {str(name): {"dtype": str(info["dtype"]), "shape": list(info["shape"])}
-                for name, info in header.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{path}: not a safetensors file ({err})") from None
 
 
 class PretrainedWeights:
@@ -172,7 +121,7 @@ class PretrainedWeights:
     def _headers(self) -> dict[str, dict[str, Any]]:
         headers: dict[str, dict[str, Any]] = {}
         for path in sorted(set(self.files.values())):
-            headers.update({name: info for name, info in _header(path).items()
+            headers.update({name: info for name, info in header(path).items()
                             if self.files.get(name) == path})
         absent = sorted(set(self.files) - set(headers))
         if absent:

@@ -70,10 +70,15 @@ def check_gpus(plan: Plan) -> None:
 
 
 def check_options(options: TrainOptions) -> None:
-    """What the options alone can tell: counts, learning rate, the run directory."""
+    """What the options alone can tell: counts, learning rate, the run directory, and that
+    ``--init-from`` is a directory holding safetensors weights."""
     check_counts(options)
     check_trace(options)
     check_out_dir(options)
+    if options.init_from is not None:
+        from potluck.runtime.checkpoints.weight_files import weight_files
+
+        weight_files(options.init_from)
 
 
 # Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
