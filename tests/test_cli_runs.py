@@ -249,8 +249,9 @@ def test_init_from_a_folder_without_usable_weights_is_one_line(tmp_path, plan_fi
 def test_init_from_weights_of_another_model_is_one_line(tmp_path, plan_file):
     from transformers import GPT2Config
 
-    model = _saved_model(tmp_path / "gpt2", GPT2Config(n_embd=32, n_layer=2, n_head=4,
-                                                       vocab_size=260, n_positions=64))
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=260, n_positions=64,
+                        bos_token_id=257, eos_token_id=258)
+    model = _saved_model(tmp_path / "gpt2", config)
     line = _one_line(potluck("train", "--plan", str(plan_file), "--init-from", str(model),
                              "--steps", "1"))
     assert "weights do not fit 'tiny-llama': missing lm_head.weight" in line

@@ -44,7 +44,8 @@ LLAMA = LlamaConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2,
 QWEN2_TIED = Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2,
                          max_position_embeddings=64, tie_word_embeddings=True, **SHAPE)
 GPT2 = GPT2Config(n_embd=32, n_positions=64, n_layer=4, n_head=4, vocab_size=260,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                  bos_token_id=257, eos_token_id=258, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attn_pdrop=0.0)
 
 
 def _pretrained(tmp_path: Path, model_class: type, config, name: str = "hf"):
@@ -182,6 +183,18 @@ def test_a_sharded_checkpoint_and_a_bare_gpt2_checkpoint_load(tmp_path: Path):
         materialize([model], torch.device("cpu"), 0, weights=checked_weights(folder, model, "m"))
         for name, value in reference.state_dict().items():
             assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_16_bit_weights_are_upcast_to_the_fp32_parameters(tmp_path: Path):
+    directory, _ = _pretrained(tmp_path, LlamaForCausalLM, LLAMA)
+    tensors = load_file(str(directory / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()},
+              str(directory / "model.safetensors"))
+    model = build_model(load_model(str(directory)))
+    materialize([model], torch.device("cpu"), 0, weights=checked_weights(directory, model, "m"))
+    for name, param in model.named_parameters():
+        assert param.dtype == torch.float32
+        assert torch.equal(param, tensors[name].to(torch.bfloat16).float()), name
 
 
 def test_a_directory_without_weights_is_one_line(tmp_path: Path):
