@@ -29,6 +29,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from potluck import api
 from potluck.data.corpus import builtin_corpus_path
 from potluck.data.tokenizer import ByteTokenizer
 from potluck.errors import ConfigError
@@ -183,6 +184,17 @@ def test_a_sharded_checkpoint_and_a_bare_gpt2_checkpoint_load(tmp_path: Path):
         materialize([model], torch.device("cpu"), 0, weights=checked_weights(folder, model, "m"))
         for name, value in reference.state_dict().items():
             assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_init_from_names_the_model_and_the_tokenizer_when_not_given(tmp_path: Path):
+    directory, _ = _pretrained(tmp_path, LlamaForCausalLM, LLAMA)
+    assert api.train_options(init_from=directory).tokenizer is None  # no tokenizer: bytes
+    ByteTokenizer().save(directory)
+    assert api.train_options(init_from=directory).tokenizer == str(directory)
+    assert api.train_options(init_from=directory, tokenizer="tok").tokenizer == "tok"
+    assert api.model_to_train(None, None, directory) == directory
+    assert api.model_to_train("tiny-llama", None, directory) == "tiny-llama"
+    assert api.model_to_train(None, "plan.json", directory) is None  # the plan's model
 
 
 def test_16_bit_weights_are_upcast_to_the_fp32_parameters(tmp_path: Path):
