@@ -6,8 +6,8 @@
 - :func:`train_rank` is what each rank runs (also under torchrun, through
   ``python -m potluck.runtime.worker``): join the job, build the plan's model
   on the meta device, parallelize it (from ``--init-from``'s pretrained weights, of
-  which each rank reads only its part, or potluck's initial values), optionally put it on emulated time,
-  resume, and train. Once the model is built, its objects (and the libraries')
+  which each rank reads only its part, or potluck's initial values), optionally put
+  it on emulated time, resume, and train. Once the model is built, its objects (and the libraries')
   are frozen out of Python's garbage collector (``gc.freeze``): a collection that
   walked them paused a rank for 0.3-0.5 s, measured on emulated CPU ranks of an
   explicit TP stage, long enough to stall every rank waiting on it. Rank 0 writes

@@ -4,10 +4,10 @@ The result is ``config.json`` plus ``model.safetensors``, which
 ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` loads as it would
 any model, with the user's umask (safetensors alone would leave the weights 0600);
 :func:`export_run` adds the tokenizer the run trained with, which
-``AutoTokenizer.from_pretrained(dir)`` loads. The weights come either from per-rank partial state dicts (a
-pipeline rank's stage, a replica's duplicate; merged, with duplicates checked
-equal) or straight from a checkpoint directory, read in one process whatever
-plan saved it, after every file was checked against the checkpoint's manifest.
+``AutoTokenizer.from_pretrained(dir)`` loads. The weights come either from per-rank
+partial state dicts (a pipeline rank's stage, a replica's duplicate; merged, with
+duplicates checked equal) or straight from a checkpoint directory, read in one process
+whatever plan saved it, after every file was checked against the checkpoint's manifest.
 The config is the spec's own Hugging Face config
 (:func:`potluck.model.hf.hf_config_for`).
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -34,6 +34,9 @@ from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import ModelSpec
 from potluck.runtime.checkpoints.storage import load_full_state_dict
+
+if TYPE_CHECKING:
+    from potluck.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -155,32 +158,31 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
             "--checkpoint-every N)"
         )
     model = _saved_model(checkpoint, Path(run_dir))
+    tokenizer = _run_tokenizer(Path(run_dir), model)  # a bad one is told before writing
     path = export_checkpoint(checkpoint, model, out)
-    tokenizer = _export_tokenizer(Path(run_dir), model, path)
+    if tokenizer is not None:
+        tokenizer.save(path)
     return Exported(out_dir=path, checkpoint=checkpoint, step=checkpoint_step(checkpoint),
-                    tokenizer=tokenizer)
+                    tokenizer=tokenizer is not None)
 
 
-def _export_tokenizer(run_dir: Path, model: ModelSpec, out: Path) -> bool:
-    """Write the run's tokenizer beside the weights: the one it kept in ``tokenizer/``, or,
-    for a run without one (random tokens, or a run of a potluck before it kept it), the
-    byte tokenizer when the model's vocabulary is the byte one. Whether one was written."""
-    from potluck.data.tokenizer import ByteTokenizer
+def _run_tokenizer(run_dir: Path, model: ModelSpec) -> Tokenizer | None:
+    """The tokenizer the run trained with: the one it kept in ``tokenizer/`` (read as any
+    ``--tokenizer`` directory is; saving it writes tokenizer files only), or, for a run
+    without one (random tokens, or a run of a potluck before it kept it), the byte
+    tokenizer when the model's vocabulary is the byte one; else None, with a warning."""
+    from potluck.data.tokenizer import ByteTokenizer, load_tokenizer
     from potluck.model import byte_vocab
 
     kept = run_dir / TOKENIZER_DIR
     if kept.is_dir():
-        for file in sorted(kept.iterdir()):
-            if file.is_file():
-                shutil.copyfile(file, out / file.name)
-        return True
+        return load_tokenizer(kept)
     if model.vocab_size == byte_vocab.VOCAB_SIZE:
-        ByteTokenizer().save(out)
-        return True
+        return ByteTokenizer()
     log.warning("%s keeps no tokenizer (a run on random tokens, or one from before potluck "
-                "kept it): %s has the weights only; save the run's tokenizer there with "
-                "save_pretrained", run_dir, out)
-    return False
+                "kept it): the export has the weights only; save the run's tokenizer beside "
+                "them with save_pretrained", run_dir)
+    return None
 
 
 def _saved_model(checkpoint: Path, run_dir: Path) -> ModelSpec:
