@@ -346,7 +346,7 @@ def test_demo_plans_and_dry_runs_with_whole_headings_at_80_columns(tmp_path):
 
 def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cluster = tmp_path / "cpus.yaml"
     cluster.write_text(CPU_CLUSTER)
@@ -365,6 +365,12 @@ def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(hf)
     logits = model(torch.randint(0, 260, (1, 8))).logits
     assert logits.shape == (1, 8, 260) and torch.isfinite(logits).all()
+    tokenizer = AutoTokenizer.from_pretrained(hf)  # the bytes the run read its text as
+    assert tokenizer.encode("naïve") == list("naïve".encode()) and tokenizer.eos_token_id == 258
+    assert "AutoTokenizer.from_pretrained" in exported.stdout
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (hf / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # not 0600
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

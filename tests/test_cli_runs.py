@@ -196,3 +196,70 @@ def test_bad_options_are_refused_before_torch_is_imported():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": str(SRC)}, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def _saved_model(folder, config):
+    """A tiny model made from ``config`` and saved with ``save_pretrained`` into ``folder``."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def _tiny_llama_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def test_train_init_from_a_model_directory_fine_tunes_it(tmp_path):
+    """--init-from alone names the model too: the run plans for it and starts from its
+    weights (the losses' equality with the model's own: tests/runtime/checkpoints)."""
+    model = _saved_model(tmp_path / "tiny-hf", _tiny_llama_config())
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out = tmp_path / "run"
+    result = potluck("train", "-c", str(cluster), "--init-from", str(model), "--steps", "1",
+                     "--global-batch", "2", "--seq-len", "16", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "plan.json").read_text())["model"]["name"] == "tiny-hf"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("folder", "fragment"), [
+    ("missing", "not a directory; give a Hugging Face model directory"),
+    ("empty", "holds no model.safetensors or model.safetensors.index.json"),
+    ("bad-index", "not a safetensors index (JSONDecodeError)"),
+    ("bad-file", "not a safetensors file"),
+])
+def test_init_from_a_folder_without_usable_weights_is_one_line(tmp_path, plan_file, folder,
+                                                               fragment):
+    model = tmp_path / folder
+    if folder != "missing":
+        model.mkdir()
+    if folder == "bad-index":
+        (model / "model.safetensors.index.json").write_text("{not json")
+    if folder == "bad-file":
+        (model / "model.safetensors").write_bytes(b"\x00" * 4)
+    line = _one_line(potluck("train", "--plan", str(plan_file), "--init-from", str(model)))
+    assert fragment in line
+
+
+def test_init_from_weights_of_another_model_is_one_line(tmp_path, plan_file):
+    from transformers import GPT2Config
+
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=260, n_positions=64,
+                        bos_token_id=257, eos_token_id=258)
+    model = _saved_model(tmp_path / "gpt2", config)
+    line = _one_line(potluck("train", "--plan", str(plan_file), "--init-from", str(model),
+                             "--steps", "1"))
+    assert "weights do not fit 'tiny-llama': missing lm_head.weight" in line
+
+
+def test_a_model_directory_with_weights_says_how_to_start_from_them(tmp_path):
+    model = _saved_model(tmp_path / "tiny-hf", _tiny_llama_config())
+    result = potluck("train", "-c", "no-cluster.yaml", "-m", str(model), "--lr", "-1")
+    assert f"note: {model} holds weights; training starts from new ones (add --init-from" \
+        in result.stderr
+    assert result.returncode != 0 and "--lr must be a positive number" in result.stderr

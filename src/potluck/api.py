@@ -286,6 +286,27 @@ def resolve_plan(cluster: str | Path | ClusterSpec | None = None,
                 execution=execution).best
 
 
+def model_to_train(model: str | Path | ModelSpec | None, plan_file: object,
+                   init_from: object) -> str | Path | ModelSpec | None:
+    """The model to plan for: the one given, else (no plan file) ``init_from``'s directory."""
+    if model is None and plan_file is None and isinstance(init_from, str | Path):
+        return init_from
+    return model
+
+
+def weights_left_note(model: str | Path | ModelSpec | None, init_from: object) -> str | None:
+    """What to tell a run whose ``model`` is a directory holding weights it will not load
+    (no ``init_from``); None otherwise."""
+    if init_from is not None or not isinstance(model, str | Path) or not Path(model).is_dir():
+        return None
+    from potluck.runtime.checkpoints.weight_files import has_weights
+
+    if not has_weights(model):
+        return None
+    return (f"{model} holds weights; training starts from new ones (add --init-from {model} "
+            "to fine-tune from them)")
+
+
 def _check_shape_flags(chosen: Plan, global_batch: int | None, seq_len: int | None,
                        dtype: str | DType | None) -> None:
     wanted = as_dtype(dtype).value if dtype is not None else None
@@ -307,18 +328,24 @@ def _check_execution_flag(chosen: Plan, execution: str | Path | Execution | None
 
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
-                  out: str | Path | None = None, **fields: object) -> TrainOptions:
+                  out: str | Path | None = None, init_from: str | Path | None = None,
+                  **fields: object) -> TrainOptions:
     """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults (``data`` is
-    the shipped corpus), checked (learning rate, counts, run directory): a ConfigError
-    for a bad one."""
+    the shipped corpus; the tokenizer, ``init_from``'s when that model directory holds one),
+    checked (learning rate, counts, run directory): a ConfigError for a bad one."""
     from potluck.data.corpus import builtin_corpus_path
+    from potluck.data.tokenizer import TOKENIZER_FILES
     from potluck.runtime.launch.checks import check_options
     from potluck.runtime.options import TrainOptions
 
+    if tokenizer is None and init_from is not None \
+            and any((Path(init_from) / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = init_from  # fine-tuning reads text as the model was trained to
     options = TrainOptions(
         data=str(data if data is not None else builtin_corpus_path()),
         tokenizer=str(tokenizer) if tokenizer is not None else None,
-        out_dir=str(out) if out is not None else None, **fields,
+        out_dir=str(out) if out is not None else None,
+        init_from=str(init_from) if init_from is not None else None, **fields,
     )
     check_options(options)
     return options
@@ -472,9 +499,12 @@ def train(cluster: str | Path | ClusterSpec | None = None,
     (:func:`potluck.runtime.launch.checks.check_execution`).
     Further keyword arguments are :class:`potluck.runtime.options.TrainOptions` fields
     (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
-    ``tokenizer``, ``emulate``, ``checkpoint_every``, ``resume``, ``stand_in``, ...).
+    ``tokenizer``, ``init_from`` (a Hugging Face model directory whose weights the run
+    starts from; ``model`` defaults to it), ``emulate``, ``checkpoint_every``, ``resume``,
+    ``stand_in``, ...).
     """
     out = options.get("out")
+    model = model_to_train(model, plan_file, options.get("init_from"))
     chosen = resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                           seq_len=seq_len, dtype=dtype, partition=partition,
                           run_dir=out if isinstance(out, str | Path) else None,

@@ -657,7 +657,11 @@ def train(
         "--plan", help="Plan JSON from potluck plan -o (default: plan now).")] = None,
     data: Annotated[str | None, typer.Option(
         help="Text/jsonl file or directory (default: the corpus shipped with potluck).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Local HF tokenizer dir (default: bytes).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Local HF tokenizer dir (default: --init-from's, else bytes).")] = None,
+    init_from: Annotated[Path | None, typer.Option(
+        "--init-from", help="Fine-tune: start from this HF model dir's safetensors weights "
+                            "(--model defaults to it).")] = None,
     steps: Annotated[int, typer.Option(help="Training steps.")] = 20,
     global_batch: Annotated[int | None, typer.Option(help="Sequences per step (default 64).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default 2048).")] = None,
@@ -705,13 +709,16 @@ def train(
         checkpoint_every = max(1, steps // ELASTIC_CHECKPOINTS)
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
+    _note_weights_left(model, init_from)
     options = api.train_options(
-        data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
+        data=data, tokenizer=tokenizer, out=out, init_from=init_from, steps=steps, lr=lr,
+        seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
         inject_failure=inject_failure, count_memory=count_memory,
     )
+    model = api.model_to_train(model, plan_file, init_from)
     settings = api.elastic_settings(max_restarts, replan_margin, _say_replan) if elastic else None
     chosen = api.resolve_plan(cluster, model, plan_file=plan_file, global_batch=global_batch,
                               seq_len=seq_len, dtype=dtype, run_dir=out, execution=execution)
@@ -727,6 +734,13 @@ def train(
     if trace:
         console.print(f"trace: {out / 'trace.json'} (potluck compare {out}; potluck calibrate {out})",
                       highlight=False)
+
+
+def _note_weights_left(model: str | Path | None, init_from: Path | None) -> None:
+    """A note when --model is a directory with weights that the run does not load."""
+    note = api.weights_left_note(model, init_from)
+    if note is not None:
+        err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 ELASTIC_CHECKPOINTS = 10  # --elastic without --checkpoint-every: about this many a run
@@ -777,10 +791,14 @@ def export(
     run: Annotated[Path, typer.Argument(help="Run directory of potluck train --out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Hugging Face directory to write.")],
 ) -> None:
-    """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)."""
+    """Export the newest checkpoint of a run that verifies as a Hugging Face model (safetensors)
+    with the tokenizer the run trained with."""
     done = api.export(run, out)
-    console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: "
-                  f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})", highlight=False)
+    loads = f"AutoModelForCausalLM.from_pretrained({str(done.out_dir)!r})"
+    if done.tokenizer:
+        loads += f", AutoTokenizer.from_pretrained({str(done.out_dir)!r})"
+    console.print(f"exported step {done.step} ({done.checkpoint}) to {done.out_dir}: {loads}",
+                  highlight=False)
 
 
 def _before_launch(chosen, options) -> None:

@@ -37,6 +37,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def save(self, directory: str | Path) -> None:
+        """Write Hugging Face tokenizer files that ``AutoTokenizer.from_pretrained`` reads
+        back as this tokenizer (same ids for the same text)."""
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0-255, then ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``."""
@@ -55,6 +59,23 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         """Bytes back to text; special ids are dropped, broken UTF-8 is replaced."""
         return bytes(i for i in ids if 0 <= i < byte_vocab.BYTES).decode("utf-8", errors="replace")
+
+    def save(self, directory: str | Path) -> None:
+        """The byte vocabulary as a Hugging Face fast tokenizer: a byte-level BPE without
+        merges whose ids are the byte values, then the four specials."""
+        from tokenizers import Tokenizer as Fast
+        from tokenizers import decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+        fast = Fast(models.BPE(vocab=vocab, merges=[]))
+        fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        fast.decoder = decoders.ByteLevel()
+        fast.add_special_tokens(list(self.SPECIALS))
+        pad, bos, eos, unk = self.SPECIALS
+        PreTrainedTokenizerFast(tokenizer_object=fast, pad_token=pad, bos_token=bos,
+                                eos_token=eos, unk_token=unk).save_pretrained(str(directory))
 
 
 class HFTokenizer:
@@ -75,6 +96,9 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    def save(self, directory: str | Path) -> None:
+        self.hf.save_pretrained(str(directory))
 
 
 def load_tokenizer(path: str | Path | None) -> Tokenizer:

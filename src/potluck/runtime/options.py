@@ -24,6 +24,7 @@ class TrainOptions:
     out_dir: str | None = None  # metrics.jsonl (and tensorboard/) go here
     data: str | None = None  # a .txt/.jsonl file or directory; None: random tokens
     tokenizer: str | None = None  # a local HF tokenizer directory; None: bytes
+    init_from: str | None = None  # a HF model directory whose weights the run starts from
     emulate: bool = False  # run the plan's devices as CPU ranks, timed like them
     dilation: float | None = None  # emulation time stretch; None: calibrate
     stand_in: str | None = None  # compute with this model (same layer count), or "tiny"

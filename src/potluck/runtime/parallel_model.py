@@ -88,7 +88,7 @@ from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
 from potluck.runtime.memory.ledger import MemoryLedger
 from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
 from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
-from potluck.runtime.models.build import init_kinds, materialize, park_on_meta
+from potluck.runtime.models.build import WeightSource, init_kinds, materialize, park_on_meta
 from potluck.runtime.models.moe import install_router_loss, router_loss_of
 from potluck.runtime.models.traced import find_blocks, trace_stages
 from potluck.runtime.parallel.compile import apply_compile
@@ -210,12 +210,14 @@ def _keep_router_loss(model: nn.Module, family: Family | None, layout: Layout) -
 
 
 def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
-                bucket_elements: int = BUCKET_ELEMENTS, count_memory: bool = False
-                ) -> ParallelModel:
+                bucket_elements: int = BUCKET_ELEMENTS, count_memory: bool = False,
+                weights: WeightSource | None = None) -> ParallelModel:
     """This rank's part of ``model`` under the session's plan (see the module docstring).
 
     Parameters still on the meta device get potluck's deterministic initial
-    values for ``seed``; real parameters (a loaded checkpoint) keep theirs.
+    values for ``seed``, or with ``weights`` (pretrained weights already checked against
+    the model) their pretrained values, of which this rank reads only its part; real
+    parameters (a loaded checkpoint) keep theirs.
     Gradients cross the wire in buckets of at most ``bucket_elements`` elements.
     ``count_memory``: a CPU rank's ledger counts the bytes it holds (see
     :class:`ParallelModel`); GPU ranks always count their states and stashes.
@@ -235,7 +237,8 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
         stages, units, aliases = _stages_of_family(model, family, session)
     else:
         stages, units, aliases = _stages_of_any(model, session)
-    materialize(stages, session.device, seed, aliases, kinds, host_values=host_values)
+    materialize(stages, session.device, seed, aliases, kinds, host_values=host_values,
+                weights=weights)
     ledger = MemoryLedger()
     role = layout.role
     memory = layout.plan.stage_memory(role.pipeline, role.stage)

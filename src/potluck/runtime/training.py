@@ -5,14 +5,15 @@
   from a fork server otherwise) and returns rank 0's metrics.
 - :func:`train_rank` is what each rank runs (also under torchrun, through
   ``python -m potluck.runtime.worker``): join the job, build the plan's model
-  on the meta device, parallelize it, optionally put it on emulated time,
-  resume, and train. Once the model is built, its objects (and the libraries')
+  on the meta device, parallelize it (from ``--init-from``'s pretrained weights, of
+  which each rank reads only its part, or potluck's initial values), optionally put
+  it on emulated time, resume, and train. Once the model is built, its objects (and the libraries')
   are frozen out of Python's garbage collector (``gc.freeze``): a collection that
   walked them paused a rank for 0.3-0.5 s, measured on emulated CPU ranks of an
   explicit TP stage, long enough to stall every rank waiting on it. Rank 0 writes
-  the run directory's ``plan.json`` only then, once the run has started, so a run
-  that fails before (or a resume that does not fit) leaves the directory, and the
-  plan it holds, as it was.
+  the run directory's ``plan.json`` (and ``tokenizer/``, the tokenizer the run reads
+  its data with) only then, once the run has started, so a run that fails before (or
+  a resume that does not fit) leaves the directory, and the plan it holds, as it was.
 
 A plan that cannot run here (wrong world size, GPUs missing or hidden by
 ``CUDA_VISIBLE_DEVICES``, CPU ranks mixed with GPUs, several machines without
@@ -23,6 +24,7 @@ starts (:mod:`potluck.runtime.launch.checks`).
 from __future__ import annotations
 
 import gc
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ from torch import nn
 
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.checkpoints import training_run
+from potluck.runtime.checkpoints.export import TOKENIZER_DIR
+from potluck.runtime.checkpoints.pretrained import PretrainedWeights, checked_weights
 from potluck.runtime.elastic.drills import check_elastic, rank_hook
 from potluck.runtime.elastic.supervisor import ElasticSettings, train_elastic
 from potluck.runtime.launch.checks import check_local, check_options
@@ -93,8 +97,12 @@ def train_rank(plan: Plan, options: TrainOptions,
     try:
         with session.guard():
             model = model_factory() if model_factory else build_model(computed.model, attention)
+            weights = _pretrained(model, computed, options)
             parallel = parallelize(model, session, seed=options.seed,
-                                   count_memory=options.count_memory or options.emulate)
+                                   count_memory=options.count_memory or options.emulate,
+                                   weights=weights)
+            if weights is not None:
+                weights.close()
             source = source or batch_source(computed, options)
             trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s
@@ -108,6 +116,7 @@ def train_rank(plan: Plan, options: TrainOptions,
             if options.resume:
                 training_run.resume(trainer, source, training_run.checkpoint_dir(options))
             _write_plan(plan, options, session.rank)
+            _write_tokenizer(options, session.rank)
             trainer.callbacks = run_callbacks(options, session.rank, trainer.step_index,
                                               _estimate(trainer, clock))
             if recorder is not None:
@@ -120,6 +129,15 @@ def train_rank(plan: Plan, options: TrainOptions,
         return history
     finally:
         session.close()
+
+
+def _pretrained(model: nn.Module, computed: Plan, options: TrainOptions
+                ) -> PretrainedWeights | None:
+    """``--init-from``'s weights, checked against the model this rank builds (None: the
+    model starts from potluck's initial values)."""
+    if options.init_from is None:
+        return None
+    return checked_weights(options.init_from, model, computed.model.name)
 
 
 def _estimate(trainer: Trainer, clock: EmulationClock | None) -> StepEstimate | None:
@@ -138,6 +156,22 @@ def _write_plan(plan: Plan, options: TrainOptions, rank: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     save_plan(plan, partial)
+    partial.replace(path)
+
+
+def _write_tokenizer(options: TrainOptions, rank: int) -> None:
+    """Rank 0 keeps the tokenizer the run reads its data with in the run directory (as
+    Hugging Face files: ``potluck export`` writes them beside the weights); random-token
+    runs have none."""
+    if rank != 0 or not options.out_dir or options.data is None:
+        return
+    from potluck.data.tokenizer import load_tokenizer
+
+    path = Path(options.out_dir) / TOKENIZER_DIR
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    load_tokenizer(options.tokenizer).save(partial)
+    shutil.rmtree(path, ignore_errors=True)
     partial.replace(path)
 
 

@@ -138,7 +138,8 @@ def test_torchrun_numbers_ranks_machine_by_machine(monkeypatch):
 # A value other than potluck train's default for every TrainOptions field.
 NON_DEFAULT = {
     "steps": 7, "lr": 1e-3, "seed": 5, "max_grad_norm": None, "out_dir": "runs/x",
-    "data": None, "tokenizer": "tok dir", "emulate": True, "dilation": 2.5, "stand_in": "tiny",
+    "data": None, "tokenizer": "tok dir", "init_from": "hf dir", "emulate": True,
+    "dilation": 2.5, "stand_in": "tiny",
     "seq_len": 32, "timeout_s": 30.0, "tensorboard": True, "progress": False,
     "checkpoint_every": 3, "keep_checkpoints": 0, "resume": True, "trace_steps": 2,
     "elastic": True, "inject_failure": "1@2", "count_memory": True,
@@ -184,6 +185,7 @@ def worker_options(command: str) -> TrainOptions:
 TRAIN_FLAGS = {
     "steps": ["--steps", "3"], "lr": ["--lr", "0.01"], "seed": ["--seed", "5"],
     "out_dir": ["--out", "run"], "data": ["--data", "corpus"], "tokenizer": ["--tokenizer", "tok"],
+    "init_from": ["--init-from", "hf"],
     "emulate": ["--emulate"], "dilation": ["--dilation", "2.5"], "stand_in": ["--stand-in", "tiny"],
     "timeout_s": ["--timeout", "30"], "tensorboard": ["--tensorboard"],
     "checkpoint_every": ["--checkpoint-every", "2"], "resume": ["--resume"],
@@ -201,7 +203,8 @@ def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
     commands = printed_commands(potluck("train", "--plan", "plan.json", "--print-commands",
                                         *flags, cwd=tmp_path))
     expected = replace(_defaults(), steps=3, lr=0.01, seed=5, out_dir="run", data="corpus",
-                       tokenizer="tok", emulate=True, dilation=2.5, stand_in="tiny",
+                       tokenizer="tok", init_from="hf", emulate=True, dilation=2.5,
+                       stand_in="tiny",
                        timeout_s=30.0, tensorboard=True, checkpoint_every=2, resume=True,
                        trace_steps=2, elastic=True, inject_failure="1@2", count_memory=True)
     assert {f.name for f in fields(TrainOptions)

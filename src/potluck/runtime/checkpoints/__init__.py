@@ -10,5 +10,9 @@
 - :mod:`~potluck.runtime.checkpoints.training_run`: what a training run saves
   and resumes (model, optimizer, step, data position, loss scale);
 - :mod:`~potluck.runtime.checkpoints.export`: trained weights as a Hugging Face
-  model directory.
+  model directory;
+- :mod:`~potluck.runtime.checkpoints.pretrained`: a Hugging Face model directory's
+  weights as a run's starting point (``--init-from``), each rank reading its part
+  (its files: :mod:`~potluck.runtime.checkpoints.weight_files`; experts saved one per
+  expert: :mod:`~potluck.runtime.checkpoints.expert_files`).
 """

@@ -2,10 +2,12 @@
 
 The result is ``config.json`` plus ``model.safetensors``, which
 ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` loads as it would
-any model. The weights come either from per-rank partial state dicts (a
-pipeline rank's stage, a replica's duplicate; merged, with duplicates checked
-equal) or straight from a checkpoint directory, read in one process whatever
-plan saved it, after every file was checked against the checkpoint's manifest.
+any model, with the user's umask (safetensors alone would leave the weights 0600);
+:func:`export_run` adds the tokenizer the run trained with, which
+``AutoTokenizer.from_pretrained(dir)`` loads. The weights come either from per-rank
+partial state dicts (a pipeline rank's stage, a replica's duplicate; merged, with
+duplicates checked equal) or straight from a checkpoint directory, read in one process
+whatever plan saved it, after every file was checked against the checkpoint's manifest.
 The config is the spec's own Hugging Face config
 (:func:`potluck.model.hf.hf_config_for`).
 
@@ -18,9 +20,11 @@ written once, under the embedding's name, as ``save_pretrained`` does.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -31,9 +35,13 @@ from potluck.model.hf import hf_config_for
 from potluck.model.spec import ModelSpec
 from potluck.runtime.checkpoints.storage import load_full_state_dict
 
+if TYPE_CHECKING:
+    from potluck.data.tokenizer import Tokenizer
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_DIR = "tokenizer"  # a run directory's copy of the tokenizer it trained with
 
 
 def merge_state_dicts(parts: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -66,8 +74,16 @@ def export_hf(state_dict: Mapping[str, torch.Tensor], spec: ModelSpec,
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(str(out))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out / WEIGHTS_FILE).chmod(_user_file_mode())  # safetensors writes its file 0600
     log.info("exported %s (%d tensors) to %s", spec.name, len(tensors), out)
     return out
+
+
+def _user_file_mode() -> int:
+    """The mode a new file gets from ``open()`` under this process's umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def export_checkpoint(checkpoint_dir: str | Path, spec: ModelSpec, out_dir: str | Path) -> Path:
@@ -118,6 +134,7 @@ class Exported:
     out_dir: Path
     checkpoint: Path
     step: int
+    tokenizer: bool = True  # whether the run's tokenizer was written beside the weights
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
@@ -140,8 +157,32 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
             "potluck train --out DIR saves one at the end of a run (and every N steps with "
             "--checkpoint-every N)"
         )
-    path = export_checkpoint(checkpoint, _saved_model(checkpoint, Path(run_dir)), out)
-    return Exported(out_dir=path, checkpoint=checkpoint, step=checkpoint_step(checkpoint))
+    model = _saved_model(checkpoint, Path(run_dir))
+    tokenizer = _run_tokenizer(Path(run_dir), model)  # a bad one is told before writing
+    path = export_checkpoint(checkpoint, model, out)
+    if tokenizer is not None:
+        tokenizer.save(path)
+    return Exported(out_dir=path, checkpoint=checkpoint, step=checkpoint_step(checkpoint),
+                    tokenizer=tokenizer is not None)
+
+
+def _run_tokenizer(run_dir: Path, model: ModelSpec) -> Tokenizer | None:
+    """The tokenizer the run trained with: the one it kept in ``tokenizer/`` (read as any
+    ``--tokenizer`` directory is; saving it writes tokenizer files only), or, for a run
+    without one (random tokens, or a run of a potluck before it kept it), the byte
+    tokenizer when the model's vocabulary is the byte one; else None, with a warning."""
+    from potluck.data.tokenizer import ByteTokenizer, load_tokenizer
+    from potluck.model import byte_vocab
+
+    kept = run_dir / TOKENIZER_DIR
+    if kept.is_dir():
+        return load_tokenizer(kept)
+    if model.vocab_size == byte_vocab.VOCAB_SIZE:
+        return ByteTokenizer()
+    log.warning("%s keeps no tokenizer (a run on random tokens, or one from before potluck "
+                "kept it): the export has the weights only; save the run's tokenizer beside "
+                "them with save_pretrained", run_dir)
+    return None
 
 
 def _saved_model(checkpoint: Path, run_dir: Path) -> ModelSpec:

@@ -9,8 +9,8 @@ also checks, and ``potluck train --print-commands``), a plan that spans several
 machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVICES``
 shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
-the plan computes, and the plan's execution traits are ones potluck's runtime runs
-(:func:`check_execution`), as is what its explicit TP executor runs
+the plan computes, ``--init-from``'s weights fit that model, and the plan's execution
+traits are ones potluck's runtime runs (:func:`check_execution`), as is what its explicit TP executor runs
 (:func:`check_explicit_tp`). Each failure is one :class:`~potluck.errors.ConfigError`
 that says how to fix it, raised before anything is written.
 """
@@ -58,6 +58,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         check_gpus(plan)
     check_data(plan, options)
     check_resume(plan, options)
+    check_init_from(plan, options)
 
 
 def check_gpus(plan: Plan) -> None:
@@ -69,10 +70,15 @@ def check_gpus(plan: Plan) -> None:
 
 
 def check_options(options: TrainOptions) -> None:
-    """What the options alone can tell: counts, learning rate, the run directory."""
+    """What the options alone can tell: counts, learning rate, the run directory, and that
+    ``--init-from`` is a directory holding safetensors weights."""
     check_counts(options)
     check_trace(options)
     check_out_dir(options)
+    if options.init_from is not None:
+        from potluck.runtime.checkpoints.weight_files import weight_files
+
+        weight_files(options.init_from)
 
 
 # Choices the runtime follows whatever their value: the gradient all-reduce overlaps the
@@ -163,6 +169,20 @@ def check_data(plan: Plan, options: TrainOptions) -> None:
     tokenizer = load_tokenizer(options.tokenizer)
     check_tokenizer_fits(tokenizer, computed.model)
     check_one_sequence(options.data, tokenizer, computed.training.seq_len)
+
+
+def check_init_from(plan: Plan, options: TrainOptions) -> None:
+    """--init-from's weights fit the model the plan trains (their headers only are read)."""
+    if options.init_from is None:
+        return
+    if options.stand_in is not None:
+        raise ConfigError("--init-from loads the model's own weights, which a stand-in (--stand-in, "
+                          "or --emulate's for a model too big for this machine) cannot use; "
+                          "train without --stand-in, or without --init-from")
+    from potluck.runtime.checkpoints.pretrained import checked_weights
+    from potluck.runtime.models.build import build_model
+
+    checked_weights(options.init_from, build_model(plan.model), plan.model.name)
 
 
 # Model fields a checkpoint need not share with the model it resumes: its name, whether

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,6 +36,13 @@ from potluck.model.spec import ModelSpec
 from potluck.runtime.shards import host_shard
 
 DEFAULT_INIT_STD = 0.02
+
+
+class WeightSource(Protocol):
+    """Pretrained values by parameter name (:class:`~potluck.runtime.checkpoints.pretrained.\
+PretrainedWeights`): this rank's part of a parameter, on the host."""
+
+    def local_value(self, name: str, param: torch.Tensor) -> torch.Tensor: ...
 
 
 @contextmanager
@@ -132,14 +139,17 @@ def _owners(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Paramet
 def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
                 aliases: dict[str, str] | None = None,
                 kinds: dict[str, InitKind] | None = None, std: float | None = None, *,
-                host_values: Mapping[str, torch.Tensor] | None = None) -> None:
+                host_values: Mapping[str, torch.Tensor] | None = None,
+                weights: WeightSource | None = None) -> None:
     """Give every meta parameter of ``modules`` storage on ``device`` and its initial value.
 
     Parameter names are taken relative to each module (pipeline stages carry the
     model's own names). ``aliases`` maps a name to the name whose value it takes
     (a tied head takes the embedding's); ``kinds`` says how each starts (default:
     :func:`init_kinds` of each module); ``host_values`` holds, by name, the full
-    values of parameters that were real before :func:`park_on_meta`. Real parameters,
+    values of parameters that were real before :func:`park_on_meta`; ``weights``, when
+    given, the pretrained value of every other meta parameter (each rank reads only its
+    shard). Real parameters,
     parked ones included, are moved, not re-initialized; a tensor-parallel shard is cut
     from the full value on the host and only the shard is moved to ``device``.
     Parameters shared between or within modules stay shared.
@@ -154,7 +164,7 @@ def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
                 value_name = aliases.get(name, name)
                 kind = module_kinds.get(value_name, InitKind.NORMAL)
                 done[id(param)] = _materialized(param, value_name, kind, device, seed, std,
-                                                host_values)
+                                                host_values, weights)
             owner._parameters[leaf] = done[id(param)]
         _materialize_buffers(module, device)
 
@@ -179,18 +189,22 @@ def park_on_meta(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _materialized(param: nn.Parameter, name: str, kind: InitKind, device: torch.device,
                   seed: int, std: float,
-                  host_values: Mapping[str, torch.Tensor] | None) -> nn.Parameter:
+                  host_values: Mapping[str, torch.Tensor] | None,
+                  weights: WeightSource | None = None) -> nn.Parameter:
     local = param.to_local() if isinstance(param, DTensor) else param
     if local.device.type != "meta":
         return param if local.device == device else nn.Parameter(param.to(device))
     full = host_values.get(name) if host_values else None
-    full = initial_value(name, kind, param.shape, seed, std) if full is None else full
-    if isinstance(param, DTensor):
-        value = DTensor.from_local(host_shard(full, param).to(device), param.device_mesh,
-                                   param.placements, run_check=False, shape=param.shape,
-                                   stride=param.stride())
+    if full is not None or weights is None:
+        full = initial_value(name, kind, param.shape, seed, std) if full is None else full
+        shard = host_shard(full, param)
     else:
-        value = full.to(device)
+        shard = weights.local_value(name, param)
+    if isinstance(param, DTensor):
+        value = DTensor.from_local(shard.to(device), param.device_mesh, param.placements,
+                                   run_check=False, shape=param.shape, stride=param.stride())
+    else:
+        value = shard.to(device)
     return nn.Parameter(value, requires_grad=param.requires_grad)
 
 
