@@ -7,7 +7,9 @@ a rank fails or dies, the launcher publishes it in the store, the others stop
 on their own (their watchdogs read the note:
 :mod:`~potluck.runtime.launch.watchdog`) within a grace period or are
 terminated; the error raised names the rank that failed first and why (a rank
-that stopped for a watchdog's note is reported with that note). A run that
+that stopped for a watchdog's note is reported with that note). A rank the watchdogs
+found silent (hung, or stopped with SIGSTOP, as a lost machine looks) is killed at once
+and reported like a rank that died, so an elastic run plans around its device. A run that
 exceeds ``timeout_s`` is stopped the same way. The launcher hosts the
 rendezvous store itself (as torchrun's agent does), so it outlives every rank;
 no rank outlives the launcher or the fork server that starts the ranks
@@ -195,6 +197,7 @@ def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: f
     first_failure_at: float | None = None
     while len(results) + len(failures) < len(processes):
         _drain(reports, results, failures, devices, notes)
+        _kill_silent(processes, results, failures, devices, notes)
         _note_deaths(processes, results, failures, devices, notes)
         if watch is not None and not failures:
             watch(notes)
@@ -242,6 +245,20 @@ def _note_deaths(processes: list, results: dict, failures: dict, devices: Sequen
             failures[rank] = _death(rank, code, notes)
             if failures[rank].error_type == "Exit":
                 notes.publish(_described(failures[rank], devices))
+
+
+def _kill_silent(processes: list, results: dict, failures: dict, devices: Sequence[str],
+                 notes: JobNotes) -> None:
+    """Kill the ranks the watchdogs found silent (SIGKILL ends a stopped process too); each
+    is then a death, its device lost."""
+    for rank in notes.silent(len(processes)):
+        if rank in results or rank in failures:
+            continue
+        processes[rank].kill()
+        note, name = notes.failure() or "", f"rank {rank} ({devices[rank]}) "
+        said = note.removeprefix(name) if note.startswith(name) else "stopped responding"
+        failures[rank] = _Report(rank, False, error_type="Exit", exit_code=-9,
+                                 message=f"{said}; the launcher killed it")
 
 
 def _death(rank: int, code: int, notes: JobNotes) -> _Report:
