@@ -20,9 +20,10 @@ gone warns with a C++ stack before raising the same error as an exception.
 
 Ranks start from a fork server (a clean process that has imported torch, transformers
 and potluck's runtime, :data:`PRELOAD`, but never the caller's module, which may touch
-CUDA when imported) or, for a GPU run (:func:`~potluck.runtime.launch.gpus.start_method`)
-and for a function of ``__main__``, by spawn: a fork of a process that initialized CUDA
-cannot use CUDA.
+CUDA when imported; a launcher that dies while it starts a rank leaves one line there, not
+a traceback: :mod:`~potluck.runtime.launch.fork_server_hook`) or, for a GPU run
+(:func:`~potluck.runtime.launch.gpus.start_method`) and for a function of ``__main__``,
+by spawn: a fork of a process that initialized CUDA cannot use CUDA.
 
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
@@ -101,7 +102,8 @@ def rank_env(rank: int, world_size: int, device: str, port: int,
     return env
 
 
-PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
+PRELOAD = ("potluck.runtime.launch.fork_server_hook", "torch", "torch.distributed.pipelining",
+           "torch.distributed.tensor.parallel",
            "transformers.models.auto.modeling_auto", "transformers.models.auto.configuration_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
            "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
