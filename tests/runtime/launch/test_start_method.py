@@ -96,14 +96,13 @@ def test_the_fork_servers_modules_touch_no_cuda_when_imported():
 
 
 # The launcher dies (SIGKILL) after asking the fork server for a rank and before sending it
-# what to run, as one killed during an elastic restart does; the fork server preloads
-# potluck's own modules of PRELOAD only (torch would make it slow to start).
-LAUNCHER_DIES_MID_START = """
-import multiprocessing.forkserver as forkserver, os, signal, time
-from potluck.runtime.launch.gpus import StartMethod
-from potluck.runtime.launch.local import PRELOAD, start_context
-context = start_context(StartMethod.FORK_SERVER)
-context.set_forkserver_preload([m for m in PRELOAD if m.startswith("potluck.runtime.launch")])
+# what to run, as one killed during an elastic restart does; the fork server preloads only
+# the hook of PRELOAD that says so (torch would make it slow to start).
+HOOK = "potluck.runtime.launch.fork_server_hook"
+LAUNCHER_DIES_MID_START = f"""
+import multiprocessing, multiprocessing.forkserver as forkserver, os, signal, time
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload([{HOOK!r}])
 warm = context.Process(target=time.sleep, args=(0.0,))
 warm.start()
 warm.join()
@@ -118,6 +117,7 @@ context.Process(target=time.sleep, args=(0.0,)).start()
 
 
 def test_a_launcher_killed_while_it_starts_a_rank_leaves_one_line_not_a_traceback():
+    assert HOOK in PRELOAD
     result = _python(LAUNCHER_DIES_MID_START)
     assert result.returncode == -9
     lines = [line for line in result.stderr.splitlines() if line.strip()]
