@@ -3,7 +3,11 @@ CPU cluster of two machines, never sharing a device, the long job offered the sh
 machine when it ends; and the command's bad input, one line each."""
 
 import json
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +126,73 @@ def test_an_interrupt_stops_every_run(files, tmp_path, monkeypatch):
         api.schedule_run(cluster, jobs, out=tmp_path / "run", policy="fair",
                          progress=interrupt_at_the_second_start)
     assert len(processes) == 2 and all(p.poll() is not None for p in processes)
+
+
+# `potluck schedule --run` in its own process, its jobs stand-ins that sleep, one of which
+# ignores SIGTERM (so only the SIGKILL after the grace period ends it).
+SCHEDULER = """
+import sys
+from potluck.multijob import executor
+scripts = {{"short": "import time; time.sleep(60)",
+            "long": "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "time.sleep(60)"}}
+executor.STOP_GRACE_S = 1.0
+executor._Executor._command = lambda self, job, run_dir: [sys.executable, "-c",
+                                                          scripts[job.name]]
+sys.argv = ["potluck", "schedule", "--cluster", {cluster!r}, "--jobs", {jobs!r}, "--run",
+            "--out", {out!r}]
+from potluck.cli import main
+main()
+"""
+
+
+def _children(pid):
+    """The live children of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(condition, bound_s):
+    deadline = time.monotonic() + bound_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_no_job_outlives_the_scheduler_whether_terminated_or_killed(files, tmp_path, sig):
+    cluster, jobs = files
+    script = SCHEDULER.format(cluster=str(cluster), jobs=str(jobs), out=str(tmp_path / "run"))
+    scheduler = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: len(_children(scheduler.pid)) == 2, 30.0)
+        jobs_pids = _children(scheduler.pid)
+        scheduler.send_signal(sig)
+        _, err = scheduler.communicate(timeout=30.0)
+        assert _wait_for(lambda: not any(_alive(pid) for pid in jobs_pids), 5.0)
+    finally:
+        scheduler.kill()
+        scheduler.communicate()
+    if sig == signal.SIGTERM:  # the runs stopped first, then one line and 128 + SIGTERM
+        assert scheduler.returncode == 143, err
+        assert err.strip().splitlines()[-1].startswith("potluck: error: stopped by SIGTERM")
+        assert "Traceback" not in err
 
 
 def test_running_jobs_keep_their_machines_where_the_policy_gives_them_none():

@@ -30,7 +30,11 @@ model, emulated only to run several machines' ranks on this one. Every event is 
 of progress and one line of ``DIR/schedule.jsonl`` (``time_s``, ``job``, ``action``:
 start, join, leave, finish or fail, ``devices``). Every wait is bounded: a run past
 ``job_timeout_s`` is stopped and reported as failed, a failed run is reported in one line
-and the others go on, and an interrupt stops every run's process group. Nothing of the
+and the others go on, and an interrupt or a SIGTERM (what ``timeout``, ``kill`` and Slurm
+send) stops every run's process group: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`.
+A run never outlives the executor, even one SIGKILLed: each is started with the kernel's
+parent-death signal (:func:`~potluck.runtime.launch.lifeline.dies_with_this_process`), and
+its own ranks end with it. Nothing of the
 jobs file runs as code: it names presets and numbers; the command lines are built here.
 """
 
@@ -43,14 +47,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, device_id
-from potluck.errors import ConfigError, InfeasibleError
+from potluck.errors import ConfigError, InfeasibleError, PotluckError
 from potluck.multijob.allocations import Allocation, capacity
 from potluck.multijob.jobs import Job
 from potluck.multijob.machines import Machine, assign_machines
@@ -58,6 +64,7 @@ from potluck.multijob.policies import Active, Policy, allocate
 from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.elastic.joins import register, release
+from potluck.runtime.launch.lifeline import dies_with_this_process
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,12 @@ POLL_S = 0.2
 STOP_GRACE_S = 5.0  # after SIGTERM, a run's process group gets this long before SIGKILL
 
 Progress = Callable[[str], None]
+
+
+class Terminated(PotluckError):
+    """``potluck schedule --run`` got a SIGTERM; every run was stopped."""
+
+    exit_code = 128 + signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -128,11 +141,32 @@ def run_schedule(jobs: Sequence[Job], table: ThroughputTable, policy: Policy,
     """Run ``jobs`` on ``table``'s cluster under ``policy`` until each has finished or failed."""
     settings.check()
     executor = _Executor(tuple(jobs), table, policy, settings, progress or log.info)
-    try:
-        executor.loop()
-    finally:
-        executor.stop_all()
+    with _sigterm_raises(settings.out_dir):
+        try:
+            executor.loop()
+        finally:
+            executor.stop_all()
     return executor.outcome()
+
+
+@contextmanager
+def _sigterm_raises(out_dir: Path) -> Iterator[None]:
+    """In the main thread, a SIGTERM raises :class:`Terminated`, so the runs are stopped as
+    on Ctrl-C (elsewhere signals cannot be handled; the parent-death signal still ends the
+    runs with the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated(f"stopped by SIGTERM; every job's run was stopped (their run "
+                         f"directories: {out_dir}/<job>)")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -164,6 +198,7 @@ class _Executor:
         self.emulate = _needs_emulation(self.spec)
         self.changed = True  # re-decide at the next poll
         self.clock0 = time.monotonic()
+        self.tie_to_executor = dies_with_this_process()
         settings.out_dir.mkdir(parents=True, exist_ok=True)
         (settings.out_dir / SCHEDULE_FILE).write_text("")
 
@@ -249,7 +284,8 @@ class _Executor:
             with (run_dir / LOG_FILE).open("ab") as out:
                 process = subprocess.Popen(
                     self._command(job, run_dir), stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    preexec_fn=self.tie_to_executor)
         except (OSError, ConfigError, InfeasibleError) as err:
             self._fail(job, f"could not start: {err}")
             return
@@ -304,7 +340,7 @@ class _Executor:
         for name, run in list(self.runs.items()):
             code = run.process.poll()
             if code is None and self.now_s() - run.started_s > self.settings.job_timeout_s:
-                _stop(run.process)
+                _stop([run.process])
                 self._end(name, f"stopped after {self.settings.job_timeout_s:g} s (--job-timeout)")
             elif code is not None:
                 self._end(name, None if code == 0 else _last_error(run.run_dir, code))
@@ -339,10 +375,14 @@ class _Executor:
         self.say(f"{event.time_s:8.1f} s  {job}: {action} {shown}" + (f" ({detail})" if detail else ""))
 
     def stop_all(self) -> None:
-        """Stop every run still going (an interrupt, or an error of the executor)."""
+        """Stop every run still going (an interrupt, a SIGTERM, or an error of the
+        executor); another SIGTERM or Ctrl-C meanwhile waits until they are stopped."""
         going = [name for name, run in self.runs.items() if run.process.poll() is None]
-        for name in going:
-            _stop(self.runs[name].process)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            _stop([self.runs[name].process for name in going])
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         for name in going:
             log.warning("%s: stopped (its run directory: %s)", name, self.runs[name].run_dir)
 
@@ -418,15 +458,20 @@ def _last_error(run_dir: Path, code: int) -> str:
     return f"exited with {code}: {said} (log: {path})"
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop a run's whole process group: SIGTERM, then SIGKILL after a grace period."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _stop(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stop runs' whole process groups together: SIGTERM, then SIGKILL to the groups whose
+    run is still going after :data:`STOP_GRACE_S`."""
+    going = list(processes)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for process in going:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in going:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        going = [process for process in going if process.poll() is None]

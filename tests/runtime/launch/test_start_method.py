@@ -93,3 +93,33 @@ def test_the_fork_servers_modules_touch_no_cuda_when_imported():
         "print(calls)\n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# The launcher dies (SIGKILL) after asking the fork server for a rank and before sending it
+# what to run, as one killed during an elastic restart does; the fork server preloads only
+# the hook of PRELOAD that says so (torch would make it slow to start).
+HOOK = "potluck.runtime.launch.fork_server_hook"
+LAUNCHER_DIES_MID_START = f"""
+import multiprocessing, multiprocessing.forkserver as forkserver, os, signal, time
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload([{HOOK!r}])
+warm = context.Process(target=time.sleep, args=(0.0,))
+warm.start()
+warm.join()
+real = forkserver.connect_to_new_process
+def dying(fds):
+    asked = real(fds)
+    time.sleep(1.0)  # the fork server forks the rank, which waits for what to run
+    os.kill(os.getpid(), signal.SIGKILL)
+forkserver.connect_to_new_process = dying
+context.Process(target=time.sleep, args=(0.0,)).start()
+"""
+
+
+def test_a_launcher_killed_while_it_starts_a_rank_leaves_one_line_not_a_traceback():
+    assert HOOK in PRELOAD
+    result = _python(LAUNCHER_DIES_MID_START)
+    assert result.returncode == -9
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "potluck: a rank was being started when its launcher exited" in lines[0]

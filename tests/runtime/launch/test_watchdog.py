@@ -49,17 +49,21 @@ def _one_dies_while_the_other_blocks(plan, victim: int, how: str) -> None:
 
 @pytest.mark.parametrize("how, named", [
     ("kill", r"^rank 1 \(cpu\.0:1\) was killed by signal 9"),
-    ("stop", r"^rank 1 \(cpu\.0:1\) stopped responding"),
+    ("stop", r"^rank 1 \(cpu\.0:1\) stopped responding \(no heartbeat for 3 s\); "
+             r"the launcher killed it"),
 ], ids=["killed", "stopped"])
-def test_a_rank_that_dies_or_stops_while_the_others_block_is_named(how, named):
-    """The launcher's grace period (90 s for the kill) and timeout are longer than the bound:
-    only the survivor's own watchdog can end it in time."""
+def test_a_rank_that_dies_or_stops_while_the_others_block_is_named_and_lost(how, named):
+    """The launcher's grace period (90 s) and timeout are longer than the bound: only the
+    survivor's own watchdog, and for a stopped rank the launcher killing it once the
+    watchdog names it, can end it in time. Either way its device is lost (an elastic run
+    plans around it) and no process of it is left."""
     plan = _two_rank_plan()
     began = time.monotonic()
-    with pytest.raises(RankFailure, match=named):
+    with pytest.raises(RankFailure, match=named) as failure:
         run_local(_one_dies_while_the_other_blocks, plan.devices, (plan, 1, how),
-                  grace_s=90.0 if how == "kill" else 2.0, timeout_s=2 * BOUND_S)
+                  grace_s=90.0, timeout_s=2 * BOUND_S)
     assert time.monotonic() - began < BOUND_S
+    assert failure.value.lost_devices == ("cpu.0:1",)
 
 
 def _finishes_early_or_computes_long(plan) -> int:

@@ -14,7 +14,14 @@ from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
-from potluck.runtime.timing.emulate import EmulationClock, OpTargets, predict, stage_targets
+from potluck.runtime.timing.emulate import (
+    OVERRUN_BUDGET,
+    EmulationClock,
+    OpTargets,
+    needed_dilation,
+    predict,
+    stage_targets,
+)
 from potluck.runtime.training import train_rank
 
 FAST_AND_SLOW = parse_cluster(
@@ -104,16 +111,51 @@ def test_pipelines_sharing_a_network_card_are_padded_as_the_cost_model_charges_t
     assert sends[1] > sends[0]
 
 
-def test_calibration_makes_the_dilation_cover_the_slowest_op():
+def test_calibration_makes_the_dilation_cover_the_op_but_for_the_overrun_budget():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         clock = EmulationClock({0: OpTargets(1e-4, 2e-4)}, 0.0, 0.0)
         began = time.perf_counter()
         clock.run(OpKind.FORWARD, 0, lambda: _busy(0.01, 0))
         took_s = time.perf_counter() - began  # the clock's own measure lies in [0.01, took_s]
-        assert 1.5 * 0.01 / 1e-4 <= clock.calibrate(margin=1.5) <= 1.5 * took_s / 1e-4
+        at_least = 1.5 * 0.01 / 1e-4 / (1 + OVERRUN_BUDGET)
+        assert at_least * (1 - 1e-9) <= clock.calibrate(margin=1.5) <= 1.5 * took_s / 1e-4
     finally:
         dist.destroy_process_group()
+
+
+def _stretched_s(ops, dilation):
+    """What the ops take padded to ``dilation`` x their predictions (an overrun: its own time)."""
+    return sum(max(took_s, dilation * predicted_s) for took_s, predicted_s in ops)
+
+
+def test_tiny_ops_that_cost_the_cpu_a_fixed_overhead_do_not_set_the_dilation():
+    """A layer's sub-batch pieces under tp_overlap_chunks: predicted at microseconds, they
+    cost the CPU its fixed per-op overhead. Covering their ratio (10,000 here) would make
+    the step 100x longer than the big ops need; the chosen stretch covers the big ops and
+    lets the tiny ones overrun by at most the budget of the step."""
+    big = [(0.1, 1e-3)] * 10  # 100x their prediction
+    tiny = [(1e-3, 1e-7)] * 20  # 10,000x theirs, 2% of the CPU's time
+    ops = big + tiny
+    dilation = needed_dilation(ops)
+    assert 100 / (1 + OVERRUN_BUDGET) <= dilation < 110  # the tiny ones: 10,000
+    predicted_s = sum(p for _, p in ops)
+    assert _stretched_s(ops, dilation) <= (1 + OVERRUN_BUDGET) * dilation * predicted_s * (1 + 1e-9)
+    assert needed_dilation(big) == pytest.approx(100 / (1 + OVERRUN_BUDGET), rel=1e-6)
+    assert needed_dilation([]) == 0.0
+    # the budget is of the whole step, which also holds communication and bubbles
+    assert needed_dilation(big, step_s=0.02) < needed_dilation(big, step_s=0.01)
+    assert needed_dilation(big, step_s=0.001) == needed_dilation(big)  # at least the ops' sum
+
+
+def test_ops_that_hold_the_cpus_time_set_the_dilation_whatever_their_size():
+    """When the slow ops are where the time goes, the stretch covers them: a smaller one
+    would make the step longer than the budget allows."""
+    ops = [(0.1, 1e-3)] * 10 + [(1.0, 1e-3)] * 10  # 100x and 1,000x, the latter most of the time
+    dilation = needed_dilation(ops)
+    assert dilation > 800
+    predicted_s = sum(p for _, p in ops)
+    assert _stretched_s(ops, 0.9 * dilation) > (1 + OVERRUN_BUDGET) * 0.9 * dilation * predicted_s
 
 
 def _assert_emulated_step(measured_s: float, predicted_s: float) -> None:

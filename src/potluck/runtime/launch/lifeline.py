@@ -15,6 +15,10 @@ end it when what started it is gone:
   or blocked SIGTERM from the process that started the launcher (exec keeps
   both): the launcher's SIGTERM, and a user's, then stop it.
 
+A process started with :func:`dies_with_this_process` as its ``preexec_fn`` (a job that
+``potluck schedule --run`` launches) gets the same parent-death signal before it execs,
+so it ends with the process that started it even when that one is SIGKILLed.
+
 Ctrl-C is the launcher's to handle (as torchrun's agent does): it stops the
 ranks. The fork server and the ranks start with SIGINT blocked
 (:func:`starting_processes`) and the ranks then ignore it, so a Ctrl-C while
@@ -38,7 +42,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -81,13 +85,35 @@ def starting_processes() -> Iterator[None]:
         signal.raise_signal(signal.SIGINT)
 
 
+def dies_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child is SIGKILLed when this
+    process dies, however it dies, and exits at once if it already has. Linux only
+    (elsewhere it does nothing). The kernel ties the child to the *thread* that starts it:
+    start it from a thread that lives as long as the child should (the main thread)."""
+    parent_pid = os.getpid()
+    prctl = _prctl()  # looked up here: between fork and exec only the call itself is safe
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the signal was set
+            os._exit(LAUNCHER_GONE_EXIT)
+
+    return preexec
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _set_parent_death_signal() -> None:
     """SIGKILL this process when its parent dies (Linux only; the parent is the thread that
     forked it: the fork server's main thread, or the launcher thread that spawned it)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    prctl = _prctl()
+    if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
 
 

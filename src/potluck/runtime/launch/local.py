@@ -7,7 +7,9 @@ a rank fails or dies, the launcher publishes it in the store, the others stop
 on their own (their watchdogs read the note:
 :mod:`~potluck.runtime.launch.watchdog`) within a grace period or are
 terminated; the error raised names the rank that failed first and why (a rank
-that stopped for a watchdog's note is reported with that note). A run that
+that stopped for a watchdog's note is reported with that note). A rank the watchdogs
+found silent (hung, or stopped with SIGSTOP, as a lost machine looks) is killed at once
+and reported like a rank that died, so an elastic run plans around its device. A run that
 exceeds ``timeout_s`` is stopped the same way. The launcher hosts the
 rendezvous store itself (as torchrun's agent does), so it outlives every rank;
 no rank outlives the launcher or the fork server that starts the ranks
@@ -18,9 +20,10 @@ gone warns with a C++ stack before raising the same error as an exception.
 
 Ranks start from a fork server (a clean process that has imported torch, transformers
 and potluck's runtime, :data:`PRELOAD`, but never the caller's module, which may touch
-CUDA when imported) or, for a GPU run (:func:`~potluck.runtime.launch.gpus.start_method`)
-and for a function of ``__main__``, by spawn: a fork of a process that initialized CUDA
-cannot use CUDA.
+CUDA when imported; a launcher that dies while it starts a rank leaves one line there, not
+a traceback: :mod:`~potluck.runtime.launch.fork_server_hook`) or, for a GPU run
+(:func:`~potluck.runtime.launch.gpus.start_method`) and for a function of ``__main__``,
+by spawn: a fork of a process that initialized CUDA cannot use CUDA.
 
 A plan that spans several machines starts with one torchrun command per
 machine instead (:mod:`potluck.runtime.launch.torchrun`).
@@ -99,7 +102,8 @@ def rank_env(rank: int, world_size: int, device: str, port: int,
     return env
 
 
-PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
+PRELOAD = ("potluck.runtime.launch.fork_server_hook", "torch", "torch.distributed.pipelining",
+           "torch.distributed.tensor.parallel",
            "transformers.models.auto.modeling_auto", "transformers.models.auto.configuration_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
            "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
@@ -195,6 +199,7 @@ def _collect(processes: list, reports: Any, devices: Sequence[str], timeout_s: f
     first_failure_at: float | None = None
     while len(results) + len(failures) < len(processes):
         _drain(reports, results, failures, devices, notes)
+        _kill_silent(processes, results, failures, devices, notes)
         _note_deaths(processes, results, failures, devices, notes)
         if watch is not None and not failures:
             watch(notes)
@@ -242,6 +247,20 @@ def _note_deaths(processes: list, results: dict, failures: dict, devices: Sequen
             failures[rank] = _death(rank, code, notes)
             if failures[rank].error_type == "Exit":
                 notes.publish(_described(failures[rank], devices))
+
+
+def _kill_silent(processes: list, results: dict, failures: dict, devices: Sequence[str],
+                 notes: JobNotes) -> None:
+    """Kill the ranks the watchdogs found silent (SIGKILL ends a stopped process too); each
+    is then a death, its device lost."""
+    for rank in notes.silent(len(processes)):
+        if rank in results or rank in failures:
+            continue
+        processes[rank].kill()
+        note, name = notes.failure() or "", f"rank {rank} ({devices[rank]}) "
+        said = note.removeprefix(name) if note.startswith(name) else "stopped responding"
+        failures[rank] = _Report(rank, False, error_type="Exit", exit_code=-9,
+                                 message=f"{said}; the launcher killed it")
 
 
 def _death(rank: int, code: int, notes: JobNotes) -> _Report:

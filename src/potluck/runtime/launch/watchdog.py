@@ -11,8 +11,10 @@ fetches its id, holds the shared connection and would stop the heartbeat). Every
   rank silent, or the local launcher that saw a rank exit;
 - watches the next two ranks that have not stopped: a counter that stays put for
   ``silence_s`` seconds and as many of this rank's own beats means that rank died or
-  hangs, and the watcher publishes so. Counters, not clocks: machines need not agree on
-  the time, and a watcher that was paused itself blames nobody.
+  hangs, and the watcher publishes so, and marks it silent (:meth:`JobNotes.silent`): the
+  local launcher then kills it, a hung rank being as lost as a dead one. Counters, not
+  clocks: machines need not agree on the time, and a watcher that was paused itself
+  blames nobody.
 
 On a note the thread gives the main thread ``notice_s`` to meet the failure itself: with
 gloo a survivor's collective fails as soon as the dead rank's sockets close, and
@@ -56,6 +58,7 @@ NOTICE_S = 5.0  # how long the main thread may take to meet a published failure 
 STOP_WAIT_S = 5.0
 _FAILURE = "failure"
 _REPLAN = "replan"
+_SILENT = "silent"  # set once any rank is marked silent; silent/<rank> says which
 
 
 class RankFailure(PotluckError):
@@ -116,6 +119,17 @@ class JobNotes:
 
     def stopped(self, rank: int) -> bool:
         return self.store.check([f"stopped/{rank}"])
+
+    def mark_silent(self, rank: int) -> None:
+        """Say that ``rank`` stopped responding (its launcher kills it)."""
+        self.store.set(f"{_SILENT}/{rank}", "1")
+        self.store.set(_SILENT, "1")
+
+    def silent(self, world_size: int) -> list[int]:
+        """The ranks marked silent (one store call while there are none)."""
+        if not self.store.check([_SILENT]):
+            return []
+        return [rank for rank in range(world_size) if self.store.check([f"{_SILENT}/{rank}"])]
 
     def publish(self, message: str) -> str:
         """Publish a failure unless another came first; the note that stands."""
@@ -263,6 +277,7 @@ class Watchdog:
             if self.notes.stopped(rank):  # finished: watch the next rank instead
                 self._stopped.add(rank)
                 continue
+            self.notes.mark_silent(rank)
             return self.notes.publish(f"{self.name(rank)} stopped responding (no heartbeat "
                                       f"for {self.silence_s:.0f} s)")
         return None

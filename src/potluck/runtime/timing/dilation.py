@@ -41,7 +41,7 @@ def calibrate_dilation(trainer: Trainer, clock: EmulationClock, source: BatchSou
         if done < CALIBRATION_STEPS:  # the first step warms up (lazy setup, first calls)
             clock.restart_measuring()
     trainer.flush()  # the priority schedule's gathers must not land after the restore
-    clock.calibrate()
+    clock.calibrate(step_s=trainer.predicted_step_time_s)
     saved.restore(trainer)
 
 

@@ -4,10 +4,14 @@ Each rank runs its real computation on CPU (so numerics are exactly those of
 a real run) and then sleeps until the op has taken as long as the cost model
 predicts for the plan's device, stretched by one global **dilation** factor:
 ``target = dilation x predicted``. The dilation makes the CPU fast enough
-relative to the emulated devices: it is calibrated so that every real op
-finishes before its target (largest measured/predicted ratio over all ops of
-all ranks, times a margin), so the CPU is never the bottleneck and relative
-speeds (an A100 stage against a 3090 stage) are the cost model's. Measured
+relative to the emulated devices: it is calibrated (:func:`needed_dilation`, times a
+margin, the largest over all ranks) so that the ops that still overrun their targets add
+at most :data:`OVERRUN_BUDGET` of the stretched time, so the CPU is never the bottleneck
+and relative speeds (an A100 stage against a 3090 stage) are the cost model's. Not every
+op must finish before its target: a tiny op (a sub-batch piece of the explicit TP
+executor, predicted at a few microseconds) costs the CPU its fixed Python and dispatch
+overhead however small it is, so covering the slowest op's ratio would stretch every
+other op, and the run, tens of times more than the emulation needs. Measured
 step times are then compared with ``dilation x`` the predicted step time.
 
 What each op should take comes from the one cost model
@@ -49,7 +53,10 @@ from potluck.runtime.timing.targets import stage_targets as stage_targets  # re-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CALIBRATION_MARGIN = 1.5
-__all__ = ["EmulationClock", "OpTargets", "emulate", "predict", "stage_targets"]
+OVERRUN_BUDGET = 0.05  # what overrunning ops may add to a rank's stretched time
+BISECTIONS = 40  # needed_dilation's search: to 1e-12 of the slowest op's ratio
+__all__ = ["EmulationClock", "OpTargets", "emulate", "needed_dilation", "predict",
+           "stage_targets"]
 
 
 class _EmulatedWork:
@@ -79,6 +86,7 @@ class EmulationClock:
         self.dilation = dilation or 0.0
         self.max_ratio = 0.0
         self.slowest: object = None  # the op that set max_ratio
+        self.measured: list[tuple[float, float]] = []  # (took_s, predicted_s) while measuring
         self.overruns = 0
         self.p2p = P2PEmulation(targets.sends_s, self.dilation) if targets.sends_s else None
         self._nested: list[float] = []  # per op running: the time its nested ops took
@@ -136,8 +144,8 @@ class EmulationClock:
         finally:
             nested_s = self._nested.pop()
         elapsed_s = time.perf_counter() - start_s - nested_s
-        if predicted_s > 0 and measured and elapsed_s / predicted_s > self.max_ratio:
-            self.max_ratio, self.slowest = elapsed_s / predicted_s, what
+        if predicted_s > 0 and measured:
+            self._measure(elapsed_s, predicted_s, what)
         target_s = self.dilation * predicted_s
         if self.dilation > 0:
             if elapsed_s <= target_s:
@@ -146,6 +154,12 @@ class EmulationClock:
                 self.overruns += 1
         self.exclude(time.perf_counter() - start_s)
         return result
+
+    def _measure(self, elapsed_s: float, predicted_s: float, what: object) -> None:
+        if elapsed_s / predicted_s > self.max_ratio:
+            self.max_ratio, self.slowest = elapsed_s / predicted_s, what
+        if self.dilation <= 0:  # still measuring: calibrate() reads them
+            self.measured.append((elapsed_s, predicted_s))
 
     def exclude(self, seconds: float) -> None:
         """``seconds`` of the op running now went to a nested op or a wait, not its own work."""
@@ -195,18 +209,45 @@ class EmulationClock:
     def restart_measuring(self) -> None:
         """Forget the ops measured so far (a warm-up)."""
         self.max_ratio, self.slowest = 0.0, None
+        self.measured.clear()
 
-    def calibrate(self, margin: float = CALIBRATION_MARGIN) -> float:
-        """Set the dilation from the ops measured so far, the same on every rank."""
-        ratio = torch.tensor([self.max_ratio], dtype=torch.float64)
-        dist.all_reduce(ratio, op=dist.ReduceOp.MAX)
-        self.dilation = float(ratio) * margin
+    def calibrate(self, margin: float = CALIBRATION_MARGIN, step_s: float | None = None
+                  ) -> float:
+        """Set the dilation from the ops measured so far (one step's, whose predicted time
+        is ``step_s`` where known), the same on every rank: ``margin`` times the largest
+        :func:`needed_dilation` of any rank."""
+        needed = torch.tensor([needed_dilation(self.measured, step_s)], dtype=torch.float64)
+        dist.all_reduce(needed, op=dist.ReduceOp.MAX)
+        self.dilation = float(needed) * margin
         if self.p2p is not None:
             self.p2p.dilation = self.dilation
         self.overruns = 0
-        log.info("emulation: dilation %.1f (slowest op %.1fx its prediction; this rank's: %s "
-                 "at %.1fx)", self.dilation, float(ratio), self.slowest, self.max_ratio)
+        self.measured.clear()
+        log.info("emulation: dilation %.1f (needed %.1f; this rank's slowest op, %s, %.1fx "
+                 "its prediction)", self.dilation, float(needed), self.slowest, self.max_ratio)
         return self.dilation
+
+
+def needed_dilation(ops: list[tuple[float, float]], step_s: float | None = None,
+                    budget: float = OVERRUN_BUDGET) -> float:
+    """The smallest stretch ``d`` at which the ops ``(took_s, predicted_s)`` of one step that
+    take longer than ``d x predicted_s`` add at most ``budget`` of the stretched step:
+    ``sum(max(0, took - d x predicted)) <= budget x d x step``, the step's predicted time
+    ``step_s`` (default, and at least: the ops' sum). At most the slowest op's ratio (where
+    nothing overruns); 0 for no ops."""
+    if not ops:
+        return 0.0
+    total_s = max(step_s or 0.0, sum(predicted_s for _, predicted_s in ops))
+
+    def fits(d: float) -> bool:
+        over_s = sum(max(0.0, took_s - d * predicted_s) for took_s, predicted_s in ops)
+        return over_s <= budget * d * total_s
+
+    low, high = 0.0, max(took_s / predicted_s for took_s, predicted_s in ops)
+    for _ in range(BISECTIONS):
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high
 
 
 def emulate(model: Any, dilation: float | None = None, timing: Plan | None = None
