@@ -199,6 +199,27 @@ def check_name(value: Any, what: str = "node group name") -> str:
     return name
 
 
+MAX_HOST_NAME_CHARS = 253  # RFC 1035: a full domain name
+
+
+def check_host_name(value: Any, what: str = "host name") -> str:
+    """A machine's host name (it reaches ``#SBATCH --nodelist`` and the launch scripts):
+    names as :func:`check_name` allows them, joined by ``.`` (``gpu-a01``,
+    ``gpu-a01.lab.example``); no spaces, quotes, ``;``, ``/`` or empty parts (``..``)."""
+    name = non_empty_str(value)
+    try:
+        for part in name.split("."):
+            check_name(part, what)
+    except ConfigError:
+        raise ConfigError(f"{what} {name!r} must be names of {NAME_CHARACTERS} joined by '.', "
+                          "such as gpu-a01 or gpu-a01.lab.example (host names reach sbatch "
+                          "and shell scripts)") from None
+    if len(name) > MAX_HOST_NAME_CHARS:
+        raise ConfigError(f"{what} {name[:20]!r}... has more than {MAX_HOST_NAME_CHARS} "
+                          "characters")
+    return name
+
+
 def group_name(value: Any) -> str:
     """A node group's name (:func:`check_name`)."""
     return check_name(value, "node group name")
