@@ -42,8 +42,7 @@ from potluck.cluster.execution import Execution
 from potluck.cluster.spec import ClusterSpec, check_host_name, check_name
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.loading import load_model
-from potluck.model.spec import ModelSpec
-from potluck.planner.checks import check_seq_len
+from potluck.model.spec import ModelSpec, check_seq_len
 from potluck.plans import TrainingShape
 from potluck.units import parse_count
 from potluck.yamlio import load_yaml
