@@ -690,7 +690,8 @@ def train(
         help="When ranks die or devices join (potluck join), replan and continue from the "
              "newest checkpoint (DIR/replans.jsonl).")] = False,
     inject_failure: Annotated[str | None, typer.Option(
-        help="RANK@STEP: kill that rank (SIGKILL) when it reaches that step (a drill).")] = None,
+        help="--elastic: RANK@STEP, kill that rank (SIGKILL) when it reaches that step (a "
+             "drill).")] = None,
     max_restarts: Annotated[int, typer.Option(help="--elastic: restarts after failures.")] = 3,
     replan_margin: Annotated[float, typer.Option(
         help="--elastic: how much faster a plan with joined devices must be.")] = 0.1,
