@@ -10,6 +10,7 @@ Capital ``B`` means bytes, lower-case ``b`` bits, as on network datasheets.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 from potluck.errors import ConfigError
@@ -133,8 +134,9 @@ MAX_PORT = 65535
 
 def whole_number(value: object, what: str = "count", least: int = 1,
                  most: int = MAX_COUNT) -> int:
-    """A whole number from ``least`` to ``most`` (not true/false, not a float)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A whole number from ``least`` to ``most`` (not true/false, not a float; a numpy
+    integer is one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{what} must be a whole number, not {value!r}")
     if value < least:
         raise ConfigError(f"{what} must be at least {least}, not {value}")
