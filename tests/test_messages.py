@@ -206,6 +206,19 @@ def test_schedule_warns_of_a_job_beyond_its_model_positions(monkeypatch, capsys,
     assert code == 2 and "jobs[0] (long).seq_len: seq_len 4096 exceeds" in line
 
 
+def test_schedule_run_says_the_jobs_files_warnings_before_it_launches(monkeypatch, write,
+                                                                      tmp_path):
+    from potluck import api
+
+    monkeypatch.setattr("potluck.multijob.executor.run_schedule", lambda *args: "launched")
+    cluster = write("lab.yaml", SCHEDULE_CLUSTER)
+    jobs = write("jobs.yaml", "jobs:\n  - {name: long, model: tiny-llama, global_batch: 8, "
+                              "seq_len: 512, tokens: 1B}\n")
+    said: list[str] = []
+    assert api.schedule_run(cluster, jobs, out=tmp_path / "run", progress=said.append) == "launched"
+    assert len(said) == 1 and said[0].startswith("note: ") and "seq_len 512 is beyond" in said[0]
+
+
 def test_train_says_the_plans_warning_before_it_starts(monkeypatch, capsys, write, tmp_path):
     cluster = write("one.yaml", ONE_A100)
     code, out, err = run(monkeypatch, capsys, "train", "-c", str(cluster), "-m", "tiny-llama",
@@ -364,3 +377,45 @@ def test_a_schedule_that_is_no_choice_is_refused_with_auto_among_the_choices(
                        "--schedule", "2f2b")
     assert code != 0
     assert "auto" in error_line(err) and "1f1b" in error_line(err)
+
+
+# ---- a bad value of a flag: one line, whichever flag of its kind ------------------------------
+
+TWO_MACHINES = "nodes: [{name: box, gpu: rtx3090, gpus_per_node: 1, count: 2}]\n"
+ONE_OFFER = "offers:\n  - {name: seller, gpu: rtx4090, gpus_per_node: 1, price_per_hour: 0.5}\n"
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["train", "--timeout", "0"], "--timeout: must be a positive number, not 0.0"),
+    (["train", "--timeout", "-5"], "--timeout: must be a positive number, not -5.0"),
+    (["train", "--timeout", "nan"], "--timeout: nan is not a finite number"),
+    (["train", "--dilation", "0"], "--dilation: must be a positive number"),
+    (["train", "--dilation", "nan"], "--dilation: nan is not a finite number"),
+    (["train", "--steps", str(10**20)], "--steps must be at most 2,147,483,647"),
+    (["train", "--master-port", "99999"], "--master-port must be at most 65,535"),
+    (["train", "--trace-steps", "0"], "--trace-steps must be at least 1, not 0"),
+    (["train", "--inject-failure", "1@2"], "--inject-failure is a drill of an elastic run"),
+    (["plan", "--global-batch", "9" * 20], "--global-batch must be at most 2,147,483,647"),
+    (["plan", "--top", "0"], "--top must be at least 1, not 0"),
+    (["plan", "--lifetime-years", "inf", "--mode", "buy"], "--lifetime-years: inf is not a finite"),
+    (["plan", "--deadline-hours", "nan", "--tokens", "1M"], "--deadline-hours: nan is not a finite"),
+    (["cost", "--top", "0"], "--top must be at least 1, not 0"),
+    (["profile", "--budget", "nan"], "--budget: nan is not a finite number"),
+])
+def test_a_flag_value_out_of_its_kinds_range_is_one_line(monkeypatch, capsys, write, tmp_path,
+                                                         args, fragment):
+    from potluck import api
+    from potluck.plans import save_plan
+
+    cluster = write("lab.yaml", TWO_MACHINES)
+    plan = tmp_path / "plan.json"
+    save_plan(api.plan(cluster, "tiny-llama", global_batch=4, seq_len=32, dp=2).best, plan)
+    command, *flags = args
+    given = {"train": ["--plan", str(plan), "--print-commands"],
+             "plan": ["-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4"],
+             "cost": ["-m", "tiny-llama", "--tokens", "1M", "--offers",
+                      str(write("offers.yaml", ONE_OFFER))],
+             "profile": ["-o", str(tmp_path / "measured.yaml")]}[command]
+    code, out, err = run(monkeypatch, capsys, command, *given, *flags)
+    assert code == 2 and "torchrun" not in out
+    assert fragment in error_line(err)

@@ -153,12 +153,57 @@ def test_a_custom_device_that_cannot_compute_is_refused_at_load(tmp_path, key, v
      "cluster.device_types.0.tflops: Input should be greater than 0"),
     (lambda d: d["cluster"]["nodes"][0].update(count=100_000_000), "at most 16,384"),
     (lambda d: d["cluster"]["nodes"][0].update(gpu="ghost"), "'ghost' is none of the device types"),
+    # every key one the plan has: a misspelt setting would be off
+    (lambda d: d.update(zer0=1), "zer0: unknown key, which potluck would ignore (a misspelt "
+                                 "setting would be off); did you mean 'zero'?"),
+    (lambda d: d.update(recompte="full"), "recompte: unknown key"),
+    (lambda d: d["training"].update(global_bach=64),
+     "training.global_bach: unknown key, which potluck would ignore (a misspelt setting would "
+     "be off); did you mean 'global_batch'?"),
+    # the plan agrees with itself: the model with the config the run builds it from
+    (lambda d: d["model"].update(hf_config={"model_type": "llama", "hidden_size": 128}),
+     "model.hidden_size 64 contradicts model.hf_config.hidden_size 128"),
+    (lambda d: (d["model"].update(learned_positions=True), d["training"].update(seq_len=512)),
+     "training.seq_len 512 exceeds tiny-llama's 256 learned positions"),
+    (lambda d: d["cluster"].update(name="lab\nrm -rf ~"), "cluster name 'lab\\nrm -rf ~' cannot "
+                                                        "contain '\\n'"),
 ])
 def test_a_plan_file_is_validated_on_load_naming_the_field(tmp_path, plan_data, change, fragment):
     data = json.loads(json.dumps(plan_data))
     change(data)
     plan = write_plan(tmp_path / "plan.json", data)
     one_line_error(potluck("simulate", plan, cwd=tmp_path), str(plan), fragment)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 2, gpus_per_node: 4}\n",
+     "lab.yaml:2: malformed YAML: key 'gpus_per_node' is written twice in one mapping (first at "
+     "line 2; YAML would keep the last silently); keep one"),
+    ("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 2, nvlink: yes}\n",
+     "nodes[0].nvlink: must be none, pairs or all, not true (YAML reads yes, on and true as "
+     "true): write pairs"),
+    ("devices:\n  mine: {memory: 24GB, tflops: 10, matmul_efficiency: 50}\n"
+     "nodes:\n  - {name: box, gpu: mine, gpus_per_node: 1}\n",
+     "matmul_efficiency: 50 is no share of the peak; write one such as 0.8"),
+    ('name: "lab\\e[2J"\n' + CLUSTER, "cluster name 'lab\\x1b[2J' cannot contain '\\x1b'"),
+])
+def test_a_cluster_file_value_yaml_or_a_typo_would_change_is_one_line(tmp_path, text, fragment):
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(text)
+    one_line_error(potluck("plan", "-c", cluster, "-m", "tiny-llama"), fragment)
+
+
+def test_a_model_config_whose_rope_scaling_transformers_does_not_know_is_one_line(tmp_path):
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(CLUSTER)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 300,
+              "rope_scaling": {"type": "nosuch", "factor": 2.0}}
+    path = tmp_path / "mine" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    one_line_error(potluck("plan", "-c", cluster, "-m", path),
+                   "rope_scaling type 'nosuch' is none of default, linear, dynamic, yarn")
 
 
 def test_a_bert_config_is_refused_not_planned_as_a_llama(tmp_path):

@@ -22,16 +22,16 @@ from potluck.economics.study import CostStudy, cost_study
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.model.loading import load_model
-from potluck.model.spec import ModelSpec
+from potluck.model.spec import ModelSpec, check_seq_len
 from potluck.multijob.simulation import DEFAULT_RESTART_S
-from potluck.planner.checks import check_seq_len, pin_notes
+from potluck.planner.checks import pin_notes
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.requests.host_limit import search_explained
 from potluck.planner.requests.placement_cost import placement_cost_note
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.plans.memory import Offload, Swap
-from potluck.units import parse_count
+from potluck.units import non_negative_number, parse_count, whole_number
 
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
@@ -162,6 +162,7 @@ def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | No
                    top_k: int = 5) -> SearchOptions:
     """:class:`~potluck.planner.options.SearchOptions` from the pins of ``potluck plan``
     (``None`` or ``auto``: left to the search); a ConfigError for a technique it does not know."""
+    whole_number(top_k, "--top")
     return SearchOptions(
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
         recompute=_pin(recompute, Recompute), partition=Partition(partition),
@@ -600,8 +601,11 @@ def schedule_run(cluster: str | Path | ClusterSpec, jobs: str | Path | Sequence[
     settings.check()
     table = ThroughputTable(spec)
     if isinstance(jobs, str | Path):
-        jobs = load_jobs(jobs, spec, lambda job: table.refusal(job.shape),
-                         as_execution(execution, spec)).jobs
+        read = load_jobs(jobs, spec, lambda job: table.refusal(job.shape),
+                         as_execution(execution, spec))
+        for note in read.notes if progress is not None else ():
+            progress(f"note: {note}")
+        jobs = read.jobs
     return run_schedule(tuple(jobs), table, chosen, settings, progress)
 
 
@@ -638,6 +642,4 @@ def _schedule_policy(policy: str) -> Any:
 
 
 def _restart_s(restart_s: float) -> float:
-    if not 0 <= restart_s < float("inf"):
-        raise ConfigError(f"--restart-s must be at least 0 seconds, not {restart_s}")
-    return restart_s
+    return non_negative_number(restart_s, "--restart-s")

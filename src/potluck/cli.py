@@ -27,6 +27,7 @@ from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
+from potluck.units import port_number, whole_number
 
 if TYPE_CHECKING:
     from potluck.multijob import JobsFileError
@@ -198,6 +199,7 @@ def cost(
     from potluck.economics.report import render_study, study_json
 
     _check_choice("--dtype", dtype, DType)
+    whole_number(top, "--top")
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
                        electricity_usd_per_kwh=electricity_usd_per_kwh, pue=pue)
     with step_progress(err_console, OFFERS) as report:
@@ -692,7 +694,8 @@ def train(
         help="When ranks die or devices join (potluck join), replan and continue from the "
              "newest checkpoint (DIR/replans.jsonl).")] = False,
     inject_failure: Annotated[str | None, typer.Option(
-        help="RANK@STEP: kill that rank (SIGKILL) when it reaches that step (a drill).")] = None,
+        help="--elastic: RANK@STEP, kill that rank (SIGKILL) when it reaches that step (a "
+             "drill).")] = None,
     max_restarts: Annotated[int, typer.Option(help="--elastic: restarts after failures.")] = 3,
     replan_margin: Annotated[float, typer.Option(
         help="--elastic: how much faster a plan with joined devices must be.")] = 0.1,
@@ -710,12 +713,14 @@ def train(
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
     _note_weights_left(model, init_from)
+    whole_number(trace_steps, "--trace-steps")
+    port_number(master_port, "--master-port")
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, init_from=init_from, steps=steps, lr=lr,
         seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
-        trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
+        trace_steps=trace_steps if trace else 0, elastic=elastic,
         inject_failure=inject_failure, count_memory=count_memory,
     )
     model = api.model_to_train(model, plan_file, init_from)

@@ -10,6 +10,7 @@ Capital ``B`` means bytes, lower-case ``b`` bits, as on network datasheets.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 from potluck.errors import ConfigError
@@ -116,6 +117,37 @@ def non_negative_number(value: object, what: str = "value") -> float:
     if number < 0:
         raise ConfigError(f"{what}: must be a non-negative number, not {value!r}")
     return number
+
+
+def fraction(value: object, what: str = "value") -> float:
+    """A share of a whole: a plain number above 0 and at most 1 (0.7, not 70)."""
+    number = positive_number(value, what)
+    if number > 1:
+        raise ConfigError(f"{what}: must be a fraction above 0 and at most 1 (0.7 for 70%), "
+                          f"not {value!r}")
+    return number
+
+
+MAX_COUNT = 2**31 - 1  # steps, sequences, rows: what a 32-bit index holds
+MAX_PORT = 65535
+
+
+def whole_number(value: object, what: str = "count", least: int = 1,
+                 most: int = MAX_COUNT) -> int:
+    """A whole number from ``least`` to ``most`` (not true/false, not a float; a numpy
+    integer is one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{what} must be a whole number, not {value!r}")
+    if value < least:
+        raise ConfigError(f"{what} must be at least {least}, not {value}")
+    if value > most:
+        raise ConfigError(f"{what} must be at most {most:,}, not {value:,}")
+    return value
+
+
+def port_number(value: object, what: str = "port") -> int:
+    """A TCP port: a whole number from 1 to 65535."""
+    return whole_number(value, what, 1, MAX_PORT)
 
 
 def _plain_number(value: object, what: str, kind: str) -> float:

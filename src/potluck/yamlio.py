@@ -41,6 +41,7 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    _check_keys_once(loader, node)
     loader.flatten_mapping(node)
     result = LineDict()
     result.line = node.start_mark.line + 1
@@ -50,6 +51,28 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
         result[key] = loader.construct_object(value_node, deep=True)
         result.key_lines[key] = key_node.start_mark.line + 1
     return result
+
+
+def _check_keys_once(loader: _LineLoader, node: yaml.MappingNode) -> None:
+    """Every key of a mapping written once (YAML would keep the last silently) and a
+    name or number, not a list or mapping. Keys a merge (``<<: *base``) brings may be
+    written again: that overrides them."""
+    first_lines: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if isinstance(key, list | dict):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a name or a number, not a list or mapping",
+                key_node.start_mark)
+        if key in first_lines:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is written twice in one mapping (first at line "
+                f"{first_lines[key]}; YAML would keep the last silently); keep one",
+                key_node.start_mark)
+        first_lines[key] = line
 
 
 def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:

@@ -86,7 +86,7 @@ def test_cost_says_its_dtype_and_which_gpus_compute_in_another(monkeypatch, caps
     (["--tokens", "lots"], "--tokens: cannot read 'lots'"),
     (["--tokens", "1B", "--dtype", "fp8"], "--dtype must be one of bf16, fp16, fp32, tf32, not 'fp8'"),
     (["--tokens", "1B", "--mode", "lease"], "--mode must be one of rent, buy"),
-    (["--tokens", "1B", "--utilization", "2"], "--utilization must be in (0, 1]"),
+    (["--tokens", "1B", "--utilization", "2"], "--utilization: must be a fraction above 0 and at most 1"),
     (["--tokens", "1B", "--offers", "BAD"], ":3: offers[0].gpus_per_node: must be a whole number"),
     (["--tokens", "1B", "--offers", "nowhere.yaml"], "offers file 'nowhere.yaml' not found"),
 ])

@@ -51,6 +51,22 @@ hosts:
     assert read.hosts == {"slow": ("node-s1", "node-s2")}
 
 
+@pytest.mark.parametrize("host", ["h1\\ntouch owned #", "a;reboot", "a b", "../..", "-x", "$(id)",
+                                  "a..b", "'q'"])
+def test_a_host_name_that_would_reach_a_shell_unquoted_is_refused(tmp_path, host):
+    """Host names reach #SBATCH --nodelist and the launch script's case; each part is a
+    name a cluster file allows, parts joined by dots."""
+    with pytest.raises(JobsFileError) as caught:
+        _load(tmp_path, f"""
+jobs:
+  - {{name: a, model: tiny-llama, global_batch: 4, seq_len: 256, tokens: 1M}}
+hosts:
+  slow: ["{host}", node-s2.lab.example]
+""")
+    (problem,) = caught.value.problems
+    assert "hosts.slow.0: host name" in problem and "joined by '.'" in problem
+
+
 def test_every_problem_is_gathered_one_line_each(tmp_path):
     with pytest.raises(JobsFileError) as caught:
         _load(tmp_path, """

@@ -42,7 +42,7 @@ from typing import Annotated, Any
 from pydantic import Field, NonNegativeFloat, PositiveFloat, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
-from potluck.cluster.catalog import DeviceType
+from potluck.cluster.catalog import DeviceType, Efficiency, matmul_efficiency
 from potluck.cluster.nodes import (
     DEFAULT_INTER_LATENCY_S,
     LinkSpec,
@@ -86,7 +86,7 @@ KIND_IN_PLANS = WithJsonSchema({"title": "Kind", "type": "string"})
 @dataclass(frozen=True)
 class DeviceCalibration:
     device: str  # a device type name of the cluster
-    matmul_efficiency: PositiveFloat | None = None
+    matmul_efficiency: Efficiency | None = None
     memory_bandwidth_factor: PositiveFloat | None = None
     measured: Annotated[SkipJsonSchema[MeasuredDevice | None], NOT_IN_PLANS] = None  # not read back
 
@@ -128,7 +128,7 @@ def parse_calibration(top: Fields, device_names: set[str], group_names: set[str]
                            table.line_of(name))
             entry.check_keys(_DEVICE_KEYS)
             devices.append(DeviceCalibration(
-                str(name), entry.optional("matmul_efficiency", positive_number),
+                str(name), entry.optional("matmul_efficiency", matmul_efficiency),
                 entry.optional("memory_bandwidth_factor", positive_number)))
     links = []
     if section.has("links"):

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 from potluck.errors import ConfigError
 from potluck.units import (
@@ -30,6 +30,19 @@ from potluck.units import (
 )
 
 DEFAULT_MATMUL_EFFICIENCY = 0.8
+# A share of the peak: GeForce cards run above their rated boost clock (the catalog's
+# figures reach 1.14), no card at 1.5 times it; 50 is a percentage meant as 0.5.
+MAX_MATMUL_EFFICIENCY = 1.5
+Efficiency = Annotated[float, Field(gt=0, le=MAX_MATMUL_EFFICIENCY)]
+
+
+def matmul_efficiency(value: Any, what: str = "matmul_efficiency") -> float:
+    """A GEMM ceiling: the share of ``tflops`` large GEMMs reach (0.8, not 80)."""
+    number = positive_number(value, what)
+    if number > MAX_MATMUL_EFFICIENCY:
+        raise ConfigError(f"{what}: {value!r} is no share of the peak; write one such as 0.8 "
+                          f"(80%), at most {MAX_MATMUL_EFFICIENCY}")
+    return number
 DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S = 1000e9
 DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S = 12.9e9
 
@@ -59,7 +72,7 @@ class DeviceType:
     link: LinkKind = LinkKind.NONE
     link_bandwidth_bytes_per_s: NonNegativeFloat = 0.0
     pcie_bandwidth_bytes_per_s: PositiveFloat = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
-    matmul_efficiency: PositiveFloat = DEFAULT_MATMUL_EFFICIENCY  # GEMM ceiling (planner.gemm)
+    matmul_efficiency: Efficiency = DEFAULT_MATMUL_EFFICIENCY  # GEMM ceiling (planner.gemm)
     price_per_hour_usd: NonNegativeFloat = 0.0
     spot_price_per_hour_usd: NonNegativeFloat = 0.0
     purchase_price_usd: NonNegativeFloat = 0.0
@@ -92,7 +105,8 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "tf32_tflops": ("tf32_tflops", float),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
-_POSITIVE = {"tflops", "matmul_efficiency"}  # the other numbers may be 0 (free, not known)
+_POSITIVE = {"tflops"}  # the other numbers may be 0 (free, not known)
+
 # YAML field -> DeviceType attribute, in the catalog's order (what `potluck catalog NAME` lists).
 FIELD_ATTRS: dict[str, str] = {key: attr for key, (attr, _) in _FIELDS.items()}
 # A `sources` key that covers several fields; a field's own key wins, then its group, then `all`.
@@ -135,7 +149,8 @@ def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
     what = f"device {name!r} {key}"
     if convert is float:
         # the peak and the share of it reached divide every compute time: zero is no device
-        check = positive_number if key in _POSITIVE else non_negative_number
+        check = matmul_efficiency if key == "matmul_efficiency" else (
+            positive_number if key in _POSITIVE else non_negative_number)
         return check(value, what)
     return convert(value, what=what)
 

@@ -122,7 +122,7 @@ def cluster_from_data(data: Any, label: str, default_name: str = "cluster") -> C
     links = _links(top, {group.name for group in groups})
     used = dict.fromkeys(group.gpu for group in groups)
     device_types = tuple(lookup(name, custom) for name in used)
-    name = top.get("name", non_empty_str, default_name)
+    name = top.get("name", cluster_name, default_name)
     spec = ClusterSpec(nodes=groups, device_types=device_types, links=links, name=name)
     if top.has("execution"):
         spec = replace(spec, execution=parse_execution(
@@ -199,6 +199,45 @@ def check_name(value: Any, what: str = "node group name") -> str:
     return name
 
 
+MAX_HOST_NAME_CHARS = 253  # RFC 1035: a full domain name
+
+
+def check_host_name(value: Any, what: str = "host name") -> str:
+    """A machine's host name (it reaches ``#SBATCH --nodelist`` and the launch scripts):
+    names as :func:`check_name` allows them, joined by ``.`` (``gpu-a01``,
+    ``gpu-a01.lab.example``); no spaces, quotes, ``;``, ``/`` or empty parts (``..``)."""
+    name = non_empty_str(value)
+    try:
+        for part in name.split("."):
+            check_name(part, what)
+    except ConfigError:
+        raise ConfigError(f"{what} {name!r} must be names of {NAME_CHARACTERS} joined by '.', "
+                          "such as gpu-a01 or gpu-a01.lab.example (host names reach sbatch "
+                          "and shell scripts)") from None
+    if len(name) > MAX_HOST_NAME_CHARS:
+        raise ConfigError(f"{what} {name[:20]!r}... has more than {MAX_HOST_NAME_CHARS} "
+                          "characters")
+    return name
+
+
+MAX_CLUSTER_NAME_CHARS = 200
+
+
+def cluster_name(value: Any, what: str = "cluster name") -> str:
+    """A cluster's name: free text shown in titles and messages (markup is printed as
+    written; the name reaches no path and no command), one line of printable characters:
+    a newline or a terminal escape would forge or hide output."""
+    name = non_empty_str(value)
+    hidden = sorted({c for c in name if not c.isprintable()})
+    if hidden:
+        raise ConfigError(f"{what} {name!r} cannot contain {', '.join(map(repr, hidden))} "
+                          "(line breaks and control characters); write it on one line")
+    if len(name) > MAX_CLUSTER_NAME_CHARS:
+        raise ConfigError(f"{what} {name[:20]!r}... has more than {MAX_CLUSTER_NAME_CHARS} "
+                          "characters")
+    return name
+
+
 def group_name(value: Any) -> str:
     """A node group's name (:func:`check_name`)."""
     return check_name(value, "node group name")
@@ -243,9 +282,12 @@ def default_nvlink(device_type: DeviceType) -> NvlinkTopology:
 
 
 def parse_nvlink_topology(value: Any) -> NvlinkTopology:
-    """``none``, ``pairs`` or ``all`` (``false`` means none)."""
+    """``none``, ``pairs`` or ``all`` (``false`` means none; ``true`` names neither)."""
     if value is False:
         return NvlinkTopology.NONE
+    if value is True:
+        raise ConfigError("must be none, pairs or all, not true (YAML reads yes, on and true "
+                          "as true): write pairs (GPUs bridged two by two) or all (NVSwitch)")
     try:
         return NvlinkTopology(str(value).lower())
     except ValueError:
@@ -286,6 +328,7 @@ def check_spec(spec: ClusterSpec) -> None:
     """What :func:`cluster_from_data` checks of names, references and size, for a cluster
     that did not come from a cluster file (a plan file carries one). Numbers are checked
     by the types of the fields (positive, at least 0) when the plan is read."""
+    _at("name", cluster_name, spec.name)
     types = {}
     for i, device_type in enumerate(spec.device_types):
         _at(f"device_types[{i}].name", check_name, device_type.name, "device type name")

@@ -23,6 +23,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.options import SearchOptions
 from potluck.planner.requests.memo import PlanMemo
 from potluck.plans import Plan, TrainingShape
+from potluck.units import positive_number, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,10 @@ class CostRequest:
             raise ConfigError(f"--tokens must be at least 1, not {self.tokens}")
         for flag, value in (("--deadline-hours", self.deadline_hours),
                             ("--max-usd-per-hour", self.max_usd_per_hour)):
-            if value is not None and not value > 0:
-                raise ConfigError(f"{flag} must be above 0, not {value}")
-        if self.max_gpus is not None and self.max_gpus < 1:
-            raise ConfigError(f"--max-gpus must be at least 1, not {self.max_gpus}")
+            if value is not None:
+                positive_number(value, flag)
+        if self.max_gpus is not None:
+            whole_number(self.max_gpus, "--max-gpus")
 
 
 @dataclass(frozen=True)

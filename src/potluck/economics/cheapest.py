@@ -33,6 +33,7 @@ from potluck.planner.options import SearchOptions
 from potluck.planner.requests.host_limit import search_explained
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
+from potluck.units import positive_number
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ def check_deadline(result: SearchResult, tokens: int | None, deadline_hours: flo
     """For the time objective: raise InfeasibleError when even the fastest plan is too slow."""
     if deadline_hours is None:
         return
+    positive_number(deadline_hours, "--deadline-hours")
     if tokens is None:
         raise ConfigError("--deadline-hours needs --tokens: how many tokens to train by then")
     prediction = result.best.prediction

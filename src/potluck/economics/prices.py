@@ -34,6 +34,7 @@ from potluck.cluster.spec import ClusterSpec, NodeGroup
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan
+from potluck.units import fraction, non_negative_number, positive_number
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +62,10 @@ class Pricing:
     pue: float = DEFAULT_PUE
 
     def __post_init__(self) -> None:
-        if not self.lifetime_years > 0:
-            raise ConfigError(f"--lifetime-years must be above 0, not {self.lifetime_years}")
-        if not 0 < self.utilization <= 1:
-            raise ConfigError(f"--utilization must be in (0, 1], not {self.utilization}")
-        if not self.electricity_usd_per_kwh >= 0:
-            raise ConfigError(
-                f"--electricity-usd-per-kwh must not be negative, not {self.electricity_usd_per_kwh}"
-            )
-        if not self.pue >= 1:
+        positive_number(self.lifetime_years, "--lifetime-years")
+        fraction(self.utilization, "--utilization")
+        non_negative_number(self.electricity_usd_per_kwh, "--electricity-usd-per-kwh")
+        if not 1 <= positive_number(self.pue, "--pue"):
             raise ConfigError(f"--pue must be at least 1, not {self.pue}")
         if self.spot and self.mode is PriceMode.BUY:
             raise ConfigError("--spot applies to rented GPUs; drop it or use --mode rent")

@@ -105,6 +105,7 @@ def model_from_hf_config(config: dict[str, Any], name: str = "model") -> ModelSp
     A config without ``model_type`` is read by its keys (``n_embd``: GPT-2,
     ``intermediate_size``: LLaMA), unless its ``architectures`` name no causal language
     model (a BERT or T5 config is refused, not misread)."""
+    _check_rope_scaling(config, name)
     model_type = str(config.get("model_type") or "").lower()
     if model_type and model_type != "gpt2" and model_type not in _LLAMA_LIKE:
         _check_architectures(config, name)
@@ -119,6 +120,48 @@ def model_from_hf_config(config: dict[str, Any], name: str = "model") -> ModelSp
         return _from_llama_config(config, name, model_type or "llama")
     raise ConfigError(f"model config {name!r} has no model_type and neither GPT-2 keys (n_embd) "
                       f"nor LLaMA keys (intermediate_size); potluck plans {_FAMILIES}")
+
+
+# How transformers (5.x: modeling_rope_utils.ROPE_INIT_FUNCTIONS, and "default") scales
+# rotary positions; named here, not imported: importing transformers takes seconds.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+
+
+def _check_rope_scaling(config: dict[str, Any], name: str) -> None:
+    """``rope_scaling`` (``rope_parameters`` in transformers 5) is a mapping whose
+    ``rope_type`` (or older ``type``) transformers knows: a misspelt one would fail only
+    when the run builds the model."""
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = config.get(key)
+        if scaling is None:
+            continue
+        if not isinstance(scaling, dict):
+            raise ConfigError(f"model config {name!r}: {key!r} must be a mapping such as "
+                              f'{{"rope_type": "linear", "factor": 2.0}}, not {scaling!r}')
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise ConfigError(f"model config {name!r}: {key} type {kind!r} is none of "
+                              f"{', '.join(ROPE_TYPES)}")
+
+
+# A ModelSpec size -> the config.json keys that give it (LLaMA-like and generic; GPT-2).
+_SIZE_KEYS = {"hidden_size": ("hidden_size", "n_embd"),
+              "num_layers": ("num_hidden_layers", "n_layer"),
+              "num_heads": ("num_attention_heads", "n_head"), "vocab_size": ("vocab_size",)}
+
+
+def config_contradiction(spec: ModelSpec) -> str | None:
+    """Where ``spec`` and its own ``hf_config`` (the config.json the runtime builds the model
+    from) disagree on a size, one line; None when they agree or it carries none. A plan
+    whose model says one size and whose config another would train one model against a
+    prediction for the other."""
+    config = spec.hf_config or {}
+    for field, keys in _SIZE_KEYS.items():
+        key = next((k for k in keys if k in config), None)
+        if key is not None and config[key] != getattr(spec, field):
+            return (f"model.{field} {getattr(spec, field)} contradicts model.hf_config.{key} "
+                    f"{config[key]!r} (the run builds the model from hf_config)")
+    return None
 
 
 def _architectures(config: dict[str, Any]) -> str:

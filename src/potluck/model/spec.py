@@ -207,6 +207,26 @@ PRESETS: dict[str, ModelSpec] = {
                 ffn_hidden_size=256),
     )
 }
+def check_seq_len(model: ModelSpec, seq_len: int, flag: str = "--seq-len") -> str | None:
+    """The one rule for a sequence longer than the model's positions (``max_seq_len``): a
+    model with a learned table of positions (GPT-2 and GPT-3) has no embedding for a
+    position beyond it, so the request is refused; a model with rotary positions (LLaMA,
+    Qwen) runs at any length but was trained no further, so the returned warning says so
+    (None within the positions). ``flag`` names the setting in the messages."""
+    if seq_len <= model.max_seq_len:
+        return None
+    if model.learned_positions:
+        raise ConfigError(
+            f"{flag} {seq_len} exceeds {model.name}'s {model.max_seq_len} learned positions "
+            f"(it has no embedding beyond them); use {flag} {model.max_seq_len} or less"
+        )
+    return (f"{flag} {seq_len} is beyond {model.name}'s {model.max_seq_len} positions: its "
+            "rotary positions run at any length, but it was not trained on sequences this "
+            "long and its quality falls unless its RoPE is scaled (rope_scaling in its "
+            f"config.json) and it is trained on them; {flag} {model.max_seq_len} or less "
+            "keeps within them")
+
+
 def model_to_dict(spec: ModelSpec) -> dict[str, Any]:
     """A JSON-ready description of the model (what plan files carry)."""
     from pydantic import TypeAdapter

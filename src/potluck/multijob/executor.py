@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -65,6 +64,7 @@ from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.elastic.joins import register, release
 from potluck.runtime.launch.lifeline import dies_with_this_process
+from potluck.units import non_negative_number, positive_number, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +95,13 @@ class RunSettings:
     replan_margin: float | None = None  # None: potluck train's default
 
     def check(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"--steps must be at least 1, not {self.steps}")
+        whole_number(self.steps, "--steps")
         if self.checkpoint_every < 1:
             raise ConfigError("--checkpoint-every must be at least 1 with --run (a job "
                               f"changes machines at a checkpoint), not {self.checkpoint_every}")
-        if not 0 < self.dilation < math.inf:
-            raise ConfigError(f"--dilation must be above 0, not {self.dilation}")
-        if not 0 <= self.seconds_per_hour < math.inf:
-            raise ConfigError(f"--seconds-per-hour must be at least 0, not {self.seconds_per_hour}")
-        if not 0 < self.job_timeout_s < math.inf:
-            raise ConfigError(f"--job-timeout must be above 0 seconds, not {self.job_timeout_s}")
+        positive_number(self.dilation, "--dilation")
+        non_negative_number(self.seconds_per_hour, "--seconds-per-hour")
+        positive_number(self.job_timeout_s, "--job-timeout")
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,10 @@ from pydantic import (
 )
 
 from potluck.cluster.execution import Execution
-from potluck.cluster.spec import ClusterSpec, check_name
+from potluck.cluster.spec import ClusterSpec, check_host_name, check_name
 from potluck.errors import ConfigError, PotluckError
 from potluck.model.loading import load_model
-from potluck.model.spec import ModelSpec
-from potluck.planner.checks import check_seq_len
+from potluck.model.spec import ModelSpec, check_seq_len
 from potluck.plans import TrainingShape
 from potluck.units import parse_count
 from potluck.yamlio import load_yaml
@@ -69,6 +68,7 @@ def _checked(check: Callable[[Any, str], Any], what: str) -> BeforeValidator:
 
 
 WholeNumber = Annotated[int, Field(strict=True, ge=1)]
+HostName = Annotated[str, _checked(check_host_name, "host name")]
 
 
 class JobEntry(BaseModel):
@@ -92,7 +92,7 @@ class JobsDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     jobs: Annotated[list[Any], Field(min_length=1)]
-    hosts: dict[str, list[str]] | None = None
+    hosts: dict[str, list[HostName]] | None = None
 
 
 @dataclass(frozen=True)

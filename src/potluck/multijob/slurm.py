@@ -68,28 +68,36 @@ def plan_hosts(outcome: JobOutcome, hosts: dict[str, tuple[str, ...]]) -> dict[s
 
 def sbatch_script(outcome: JobOutcome, result: ScheduleResult, launch: Path,
                   hosts: dict[str, tuple[str, ...]]) -> str:
+    """The job's sbatch script: every value from a file shell-quoted (names are checked
+    when read: :func:`potluck.cluster.spec.check_host_name`), every comment one line."""
     job, main = outcome.job, outcome.main
     names = [host_name(m, hosts) for m in main.machines]
-    moved = (f"# the schedule moves it {len(outcome.segments) - 1} times; this pins its main "
-             "allocation\n" if len(outcome.segments) > 1 else "")
-    return (
-        "#!/bin/bash\n"
-        f"# potluck schedule ({result.policy.value}): job {job.name}, "
-        f"{job.model_name or job.shape.model.name}, {job.tokens:,} tokens\n"
-        f"# allocation {main.allocation.label()} "
+    moved = (f"the schedule moves it {len(outcome.segments) - 1} times; this pins its main "
+             "allocation" if len(outcome.segments) > 1 else "")
+    comments = (
+        f"potluck schedule ({result.policy.value}): job {job.name}, "
+        f"{job.model_name or job.shape.model.name}, {job.tokens:,} tokens",
+        f"allocation {main.allocation.label()} "
         f"({', '.join(machine_name(m) for m in main.machines)}); plan {main.plan.layout()}, "
-        f"predicted {main.tokens_per_s:,.0f} tokens/s\n"
-        f"# predicted from {main.start_s / HOUR_S:.2f} h to {main.end_s / HOUR_S:.2f} h on the "
-        "schedule's clock\n" + moved +
-        f"#SBATCH --job-name={job.name}\n"
+        f"predicted {main.tokens_per_s:,.0f} tokens/s",
+        f"predicted from {main.start_s / HOUR_S:.2f} h to {main.end_s / HOUR_S:.2f} h on the "
+        "schedule's clock", moved)
+    return (
+        "#!/bin/bash\n" + "".join(_comment(text) for text in comments if text) +
+        f"#SBATCH --job-name={shlex.quote(job.name)}\n"
         f"#SBATCH --nodes={len(names)}\n"
-        f"#SBATCH --nodelist={','.join(names)}\n"
+        f"#SBATCH --nodelist={shlex.quote(','.join(names))}\n"
         "#SBATCH --ntasks-per-node=1\n"
         "#SBATCH --exclusive\n"
-        f"#SBATCH --output={job.name}-%j.out\n"
+        f"#SBATCH --output={shlex.quote(job.name + '-%j.out')}\n"
         "set -euo pipefail\n"
         f"srun --nodes={len(names)} --ntasks-per-node=1 bash {shlex.quote(str(launch))}\n"
     )
+
+
+def _comment(text: str) -> str:
+    """``text`` as one comment line of a script, whatever line breaks it holds."""
+    return f"# {' '.join(text.split())}\n"
 
 
 def launch_script(outcome: JobOutcome, plan_path: Path, run_dir: Path,
@@ -113,11 +121,11 @@ def launch_script(outcome: JobOutcome, plan_path: Path, run_dir: Path,
         for node, host in by_machine.items())
     return (
         "#!/bin/bash\n"
-        f"# One torchrun per machine of job {outcome.job.name}, {steps} steps; srun runs it on "
-        "each machine.\n"
+        + _comment(f"One torchrun per machine of job {outcome.job.name}, {steps} steps; srun "
+                   "runs it on each machine.") +
         "set -euo pipefail\n"
         'case "${SLURMD_NODENAME:-$(hostname -s)}" in\n' + cases +
-        f'  *) echo "potluck: $(hostname -s) is no machine of job {outcome.job.name}" >&2; '
+        f'  *) echo "potluck: $(hostname -s) is no machine of job "{shlex.quote(outcome.job.name)} >&2; '
         "exit 1 ;;\nesac\n"
     )
 

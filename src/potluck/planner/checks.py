@@ -10,7 +10,7 @@ from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.model.counts import Recompute
 from potluck.model.sharding import heads_problem
-from potluck.model.spec import ModelSpec
+from potluck.model.spec import ModelSpec, check_seq_len
 from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES, CostModel
 from potluck.planner.formulas import StateSharding
 from potluck.planner.options import Partition, SearchOptions
@@ -19,6 +19,7 @@ from potluck.plans import Plan, TrainingShape
 from potluck.plans.feasibility import explicit_tp_model_problem, zero3_schedule_problem
 from potluck.plans.memory import Offload
 from potluck.schedules import AUTO_NOTE
+from potluck.units import whole_number
 
 GB = 1e9
 
@@ -59,26 +60,6 @@ def _check_ep(model: ModelSpec, options: SearchOptions) -> None:
                           f"experts; use a divisor of {model.num_experts}")
     if options.dp is not None and options.dp % ep:
         raise ConfigError(f"--ep {ep} does not divide --dp {options.dp}; use a divisor of it")
-
-
-def check_seq_len(model: ModelSpec, seq_len: int, flag: str = "--seq-len") -> str | None:
-    """The one rule for a sequence longer than the model's positions (``max_seq_len``): a
-    model with a learned table of positions (GPT-2 and GPT-3) has no embedding for a
-    position beyond it, so the request is refused; a model with rotary positions (LLaMA,
-    Qwen) runs at any length but was trained no further, so the returned warning says so
-    (None within the positions). ``flag`` names the setting in the messages."""
-    if seq_len <= model.max_seq_len:
-        return None
-    if model.learned_positions:
-        raise ConfigError(
-            f"{flag} {seq_len} exceeds {model.name}'s {model.max_seq_len} learned positions "
-            f"(it has no embedding beyond them); use {flag} {model.max_seq_len} or less"
-        )
-    return (f"{flag} {seq_len} is beyond {model.name}'s {model.max_seq_len} positions: its "
-            "rotary positions run at any length, but it was not trained on sequences this "
-            "long and its quality falls unless its RoPE is scaled (rope_scaling in its "
-            f"config.json) and it is trained on them; {flag} {model.max_seq_len} or less "
-            "keeps within them")
 
 
 def check_request(cluster: Cluster, model: ModelSpec, training: TrainingShape,
@@ -168,8 +149,9 @@ def _check_batch_over_replicas(batch: int, options: SearchOptions) -> None:
 
 
 def _check_at_least_one(flag: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(f"{flag} must be at least 1, not {value}")
+    """A count the user gave: from 1 to :data:`potluck.units.MAX_COUNT`."""
+    if value is not None:
+        whole_number(value, flag)
 
 
 def _check_device_count(cluster: Cluster, options: SearchOptions) -> None:

@@ -1,9 +1,11 @@
 """Plan files: JSON in and out, validated as a file from someone else (a known version,
-every field of its type, every number finite, every name as a cluster file allows it),
-and the JSON schema the README documents."""
+every key one the plan has, every field of its type, every number finite, every name as a
+cluster file allows it, the model as its own config says and the sequence within its
+learned positions), and the JSON schema the README documents."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from functools import cache
@@ -14,6 +16,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from potluck.cluster.spec import check_spec
 from potluck.errors import ConfigError
+from potluck.model.loading import config_contradiction
+from potluck.model.spec import check_seq_len
 from potluck.plans.data import PLAN_VERSION, Plan
 from potluck.yamlio import parse_json
 
@@ -39,6 +43,9 @@ def plan_from_dict(data: Any, label: str = "plan") -> Plan:
         raise ConfigError(f"{label}: a plan must be a JSON object")
     _check_version(data, label)
     data = _upgraded(data)
+    unknown = _unknown_key(data, plan_json_schema())
+    if unknown is not None:
+        raise ConfigError(f"{label}: {unknown} (or make the plan again with `potluck plan`)")
     where = _non_finite(data)
     if where is not None:
         raise ConfigError(f"{label}: {where}: is not a finite number; make the plan again "
@@ -56,7 +63,59 @@ def plan_from_dict(data: Any, label: str = "plan") -> Plan:
         check_spec(plan.cluster)
     except ConfigError as err:
         raise ConfigError(f"{label}: cluster: {err}") from None
+    _check_itself(plan, label)
     return plan
+
+
+def _check_itself(plan: Plan, label: str) -> None:
+    """The plan agrees with itself: its model with the config it carries, its sequence with
+    the model's learned positions (:func:`potluck.model.spec.check_seq_len`; beyond rotary
+    positions the plan's own note says so)."""
+    problem = config_contradiction(plan.model)
+    if problem is None:
+        try:
+            check_seq_len(plan.model, plan.training.seq_len, flag="training.seq_len")
+        except ConfigError as err:
+            problem = str(err)
+    if problem is not None:
+        raise ConfigError(f"{label}: {problem}; make the plan again with `potluck plan`")
+
+
+def _unknown_key(value: Any, schema: dict[str, Any], where: str = "") -> str | None:
+    """The first key of ``value`` that ``schema`` (the plan's JSON schema, or a part of it)
+    has no place for, with the closest known key; None when there is none."""
+    schema = _resolved(schema, value)
+    if isinstance(value, dict) and "properties" in schema:
+        known = list(schema["properties"])
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                tip = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
+                return (f"{path}: unknown key, which potluck would ignore (a misspelt setting "
+                        f"would be off); {tip}")
+            found = _unknown_key(item, schema["properties"][key], path)
+            if found is not None:
+                return found
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found = _unknown_key(item, schema["items"], f"{where}.{index}")
+            if found is not None:
+                return found
+    return None
+
+
+def _resolved(schema: dict[str, Any], value: Any) -> dict[str, Any]:
+    """``schema`` with its ``$ref`` followed and, of ``anyOf`` choices, the one for a JSON
+    object (or array) when ``value`` is one."""
+    if "$ref" in schema:
+        schema = plan_json_schema()["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    kind = "object" if isinstance(value, dict) else "array" if isinstance(value, list) else None
+    for choice in schema.get("anyOf", ()):
+        choice = _resolved(choice, value)
+        if kind is not None and choice.get("type") == kind:
+            return choice
+    return schema
 
 
 def _upgraded(data: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +165,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     Path(path).write_text(plan_to_json(plan) + "\n")
 
 
+@cache
 def plan_json_schema() -> dict[str, Any]:
     """The JSON schema of a plan file (documented in the README)."""
     return _adapter().json_schema()

@@ -35,6 +35,7 @@ from potluck.errors import PotluckError
 from potluck.model.spec import ModelSpec
 from potluck.profiler import comm
 from potluck.profiler.compute import DeviceMeasurement, measure_device
+from potluck.units import positive_number, whole_number
 
 Progress = Callable[[float, str], None]  # (fraction done, what is being measured)
 
@@ -60,6 +61,13 @@ class ProfileOptions:
     dtypes: tuple[str, ...] | None = None  # default: fp32 on CPUs, bf16/fp16/fp32 on GPUs
     p2p_bytes: float | None = None  # default: 16 MB on CPUs, 256 MB on GPUs
     timeout_s: float | None = None  # stop after this long (default: deadline_s)
+
+    def __post_init__(self) -> None:
+        positive_number(self.budget_s, "--budget")
+        if self.timeout_s is not None:
+            positive_number(self.timeout_s, "--timeout")
+        if self.ranks is not None:
+            whole_number(self.ranks, "--ranks")
 
 
 @dataclass(frozen=True)

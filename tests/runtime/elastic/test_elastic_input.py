@@ -38,9 +38,11 @@ def _one_line(monkeypatch, capsys, *args) -> str:
 
 
 @pytest.mark.parametrize(("extra", "fragment"), [
-    (["--inject-failure", "one@two"], "--inject-failure takes RANK@STEP, such as 1@5"),
-    (["--inject-failure", "2@3"], "--inject-failure 2@3: the plan has ranks 0-1"),
-    (["--inject-failure", "1@9"], "the step must be 1-7"),
+    (["--elastic", "--inject-failure", "one@two"], "--inject-failure takes RANK@STEP, such as 1@5"),
+    (["--elastic", "--inject-failure", "2@3"], "--inject-failure 2@3: the plan has ranks 0-1"),
+    (["--elastic", "--inject-failure", "1@9"], "the step must be 1-7"),
+    (["--inject-failure", "1@2"], "--inject-failure is a drill of an elastic run (a rank killed "
+                                  "for it to recover from); add --elastic"),
     (["--elastic", "--replan-margin", "1.5"], "--replan-margin is a fraction"),
     (["--elastic", "--max-restarts", "-1"], "--max-restarts must be 0 or more"),
 ])

@@ -38,6 +38,7 @@ from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
+from potluck.units import positive_number, whole_number
 
 
 def check_local(plan: Plan, options: TrainOptions) -> None:
@@ -75,6 +76,7 @@ def check_options(options: TrainOptions) -> None:
     check_counts(options)
     check_trace(options)
     check_out_dir(options)
+    check_drill(options)
     if options.init_from is not None:
         from potluck.runtime.checkpoints.weight_files import weight_files
 
@@ -131,16 +133,26 @@ def _is_figure(value: object) -> bool:
 
 
 def check_counts(options: TrainOptions) -> None:
-    """--steps is at least 1, --checkpoint-every not negative, --lr positive and finite."""
+    """--steps from 1 to :data:`~potluck.units.MAX_COUNT`, --checkpoint-every not negative,
+    --lr, --timeout and --dilation positive and finite."""
     if not (math.isfinite(options.lr) and options.lr > 0):
         raise ConfigError(f"--lr must be a positive number such as 3e-4, not {options.lr}")
-    if options.steps < 1:
-        raise ConfigError(f"--steps must be at least 1, not {options.steps}")
+    whole_number(options.steps, "--steps")
     if options.checkpoint_every < 0:
         raise ConfigError(
             f"--checkpoint-every must be 0 (only the final state) or a number of steps, "
             f"not {options.checkpoint_every}"
         )
+    positive_number(options.timeout_s, "--timeout")
+    if options.dilation is not None:
+        positive_number(options.dilation, "--dilation")
+
+
+def check_drill(options: TrainOptions) -> None:
+    """--inject-failure is a drill of an elastic run (:mod:`potluck.runtime.elastic.drills`)."""
+    if options.inject_failure and not options.elastic:
+        raise ConfigError("--inject-failure is a drill of an elastic run (a rank killed for it "
+                          "to recover from); add --elastic")
 
 
 def check_trace(options: TrainOptions) -> None:

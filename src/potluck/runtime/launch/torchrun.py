@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from potluck.cluster.topology import Cluster
 from potluck.plans import Plan, plan_to_json
 from potluck.runtime.launch.gpus import DEVICE_ORDER
+from potluck.units import port_number
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ def torchrun_commands(plan: Plan, plan_path: str, master_addr: str, master_port:
     With ``max_restarts`` (an elastic run) the machines meet through torchrun's c10d
     rendezvous at ``master_addr:master_port``, any number of them from one up, and the
     agents restart the ranks up to that many times (:mod:`potluck.runtime.elastic.rendezvous`)."""
+    port_number(master_port, "--master-port")
     nodes = plan_nodes(plan)
     commands = []
     for node_rank, (node, nproc) in enumerate(nodes):
