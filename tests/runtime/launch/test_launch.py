@@ -199,6 +199,8 @@ def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
     """Each machine's worker trains with the options potluck train's command line gave."""
     assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS == {f.name for f in fields(TrainOptions)}
     save_plan(two_machine_plan(), tmp_path / "plan.json")
+    (tmp_path / "hf").mkdir()  # --init-from is checked to hold safetensors weights
+    (tmp_path / "hf" / "model.safetensors").write_bytes(len(b"{}").to_bytes(8, "little") + b"{}")
     flags = [word for words in TRAIN_FLAGS.values() for word in words]
     commands = printed_commands(potluck("train", "--plan", "plan.json", "--print-commands",
                                         *flags, cwd=tmp_path))
