@@ -36,6 +36,7 @@ from potluck.plans import Plan, check_plan, explicit_tp, explicit_tp_plan_proble
 from potluck.plans.feasibility import EXPLICIT_TP_OFF
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
+from potluck.runtime.loop.schedule import check_schedule
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
 
@@ -125,9 +126,8 @@ def _is_figure(value: object) -> bool:
 
 
 def check_counts(options: TrainOptions) -> None:
-    """--steps is at least 1, --checkpoint-every not negative, --lr positive and finite."""
-    if not (math.isfinite(options.lr) and options.lr > 0):
-        raise ConfigError(f"--lr must be a positive number such as 3e-4, not {options.lr}")
+    """--steps is at least 1, --checkpoint-every not negative, the learning-rate schedule
+    and the optimizer's settings sensible."""
     if options.steps < 1:
         raise ConfigError(f"--steps must be at least 1, not {options.steps}")
     if options.checkpoint_every < 0:
@@ -135,6 +135,19 @@ def check_counts(options: TrainOptions) -> None:
             f"--checkpoint-every must be 0 (only the final state) or a number of steps, "
             f"not {options.checkpoint_every}"
         )
+    check_schedule(options.schedule())
+    check_optimizer_settings(options)
+
+
+def check_optimizer_settings(options: TrainOptions) -> None:
+    """--weight-decay is 0 or more, --max-grad-norm positive (or None: no clipping)."""
+    if not (math.isfinite(options.weight_decay) and options.weight_decay >= 0):
+        raise ConfigError(f"--weight-decay must be 0 or a positive number such as 0.1, "
+                          f"not {options.weight_decay}")
+    norm = options.max_grad_norm
+    if norm is not None and not (math.isfinite(norm) and norm > 0):
+        raise ConfigError(f"--max-grad-norm must be a positive number such as 1.0 "
+                          f"(0: no clipping), not {norm}")
 
 
 def check_trace(options: TrainOptions) -> None:
