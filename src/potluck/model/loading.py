@@ -63,11 +63,10 @@ def load_model(name_or_path: str) -> ModelSpec:
 
     names = preset_names()
     close = closest_names(str(name_or_path), names)
-    hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise ConfigError(
-        f"unknown model {name_or_path!r}: {hint}give a preset ({', '.join(names)}), "
-        "a config.json or a Hugging Face model directory"
-    )
+    presets = f"did you mean {', '.join(close)}? give a preset" if close else \
+        f"give a preset ({', '.join(names)})"
+    raise ConfigError(f"unknown model {name_or_path!r}: {presets}, a config.json or a Hugging "
+                      "Face model directory")
 
 
 def _model_name(config_path: Path, config: dict[str, Any]) -> str:
