@@ -374,6 +374,9 @@ def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
     (["cost", "-m", "gpt3-125m"], "Missing option '--tokens'; see potluck cost --help"),
     (["simulate"], "Missing argument"),
     (["nosuch"], "No such command 'nosuch'; see potluck --help"),
+    (["plan", "--batch-size", "8"], "No such option: --batch-size (potluck calls it "
+                                    "--global-batch); see potluck plan --help"),
+    (["train", "--learning-rate", "1"], "No such option: --learning-rate (potluck calls it --lr)"),
 ])
 def test_usage_errors_are_one_line_with_the_help_to_read(args, fragment):
     result = potluck(*args, columns=80)
@@ -381,6 +384,13 @@ def test_usage_errors_are_one_line_with_the_help_to_read(args, fragment):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("potluck: error: "), result.stderr
     assert fragment in lines[0]
+
+
+def test_version_is_one_line_on_stdout():
+    from potluck.version import __version__
+
+    result = potluck("--version")
+    assert result.returncode == 0 and result.stdout == f"potluck {__version__}\n"
 
 
 def test_help_shows_every_option_and_command_whole_at_80_columns():
