@@ -324,10 +324,19 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(tmp_path):
 
 
 def test_a_plan_over_several_machines_prints_one_torchrun_command_per_machine(tmp_path):
+    """--print-commands prints them (exit 0); without it nothing is trained, which a non-zero
+    exit and one line say, and the run directory is left alone."""
     cluster = tmp_path / "two.yaml"
     cluster.write_text("nodes: [{name: cpu, gpu: cpu, gpus_per_node: 1, count: 2}]\n")
-    result = potluck("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
-                     "--seq-len", "32", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    args = ("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+            "--seq-len", "32", "--out", str(tmp_path / "run"))
+    refused = potluck(*args, cwd=tmp_path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and refused.stdout == "" and len(lines) == 1, refused.stderr
+    assert "nothing was trained: the plan spans 2 machines; print one torchrun command per " \
+           "machine with --print-commands" in lines[0]
+    assert not (tmp_path / "run").exists()
+    result = potluck(*args, "--print-commands", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if "torchrun" in line]
     assert len(commands) == 2 and all("--node-rank" in c or "--node_rank" in c for c in commands)

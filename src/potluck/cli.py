@@ -747,7 +747,7 @@ def train(
     api.check_launch(chosen, options)  # before any command is printed
     for note in chosen.notes:  # what the plan says of itself (a sequence beyond the positions)
         err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-    if print_commands or api.needs_torchrun(chosen, options):
+    if print_commands:
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
                                  max_restarts if elastic else None)
         return

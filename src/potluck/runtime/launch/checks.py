@@ -52,8 +52,9 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     backend = world_backend(plan, options.emulate)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
-            f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
-            "machine (potluck train --print-commands), or dry-run it here with --emulate"
+            f"nothing was trained: the plan spans {len(nodes)} machines; print one torchrun "
+            "command per machine with --print-commands and run each on its machine, or "
+            "dry-run the plan here with --emulate"
         )
     if backend == "nccl":
         check_gpus(plan)
