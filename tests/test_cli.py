@@ -350,7 +350,7 @@ def test_demo_plans_and_dry_runs_with_whole_headings_at_80_columns(tmp_path):
     assert headings == ["1. plan llama2-7b for mixed-lab",
                         "2. plan it for two-fast-two-slow, dry-run it on this CPU", "summary"]
     assert "measured/predicted" in result.stdout and "…" not in result.stdout
-    assert "3 emulated steps of about" in result.stderr and "train: step 3/3" in result.stderr
+    assert "3 emulated steps of about" in result.stderr and "train: step 2 (3/3 done)" in result.stderr
 
 
 def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):

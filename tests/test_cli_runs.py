@@ -148,8 +148,8 @@ def test_an_emulated_run_says_how_long_it_will_take_and_how_far_it_is(tmp_path, 
     said_s = float(each.group(1)) * (60 if each.group(2) == "min" else 1)
     assert said_s == pytest.approx(predicted_s, rel=0.05, abs=0.06)
     progress = [line for line in lines if line.startswith("train: step ")]
-    assert progress[0].startswith("train: step 1/3 | loss ") and progress[-1].startswith(
-        "train: step 3/3 | loss "), result.stderr
+    assert progress[0].startswith("train: step 0 (1/3 done) | loss ") and progress[-1].startswith(
+        "train: step 2 (3/3 done) | loss "), result.stderr
     assert all("elapsed, about" in line and line.endswith("left") for line in progress)
     assert lines.index(estimate) < lines.index(progress[0])
 
