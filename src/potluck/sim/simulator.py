@@ -307,7 +307,7 @@ def _reduce_phase(phase: list[GradientGroup], network: Network, window: dict[Sta
     for ids, group in zip(ops, phase, strict=True):
         end = max(max(timings.end_s[op] for op in ids), max(done_s[m] for m in group.members))
         syncs.append(GradientSync(tuple(group.members), min(timings.start_s[op] for op in ids),
-                                  end))
+                                  end, tuple(done_s[m] for m in group.members)))
     for sync in syncs:
         for member in sync.members:
             done_s[member] = max(done_s[member], sync.end_s)
