@@ -26,7 +26,6 @@ from potluck.model.counts import Recompute
 from potluck.planner.options import Partition
 from potluck.plans import DType
 from potluck.plans.memory import Offload, Swap
-from potluck.runtime.loop.schedule import LRSchedule
 from potluck.schedules import Schedule
 from potluck.version import __version__
 
@@ -680,7 +679,7 @@ def train(
         help="bf16, fp16, fp32 or tf32 when planning now (default bf16; --plan: the plan's).")] = None,
     lr: Annotated[float, typer.Option(help="AdamW's peak learning rate (after any warm-up).")] = 3e-4,
     lr_schedule: Annotated[str, typer.Option(
-        help=f"{_or(LRSchedule)}: after the warm-up keep --lr (constant) or decay it to "
+        help=f"{_or(api.LRSchedule)}: after the warm-up keep --lr (constant) or decay it to "
              "--min-lr by the last step.")] = "constant",
     warmup_steps: Annotated[int, typer.Option(
         help="Steps rising linearly to --lr (step s of them: lr * (s+1)/(N+1)).")] = 0,
@@ -730,10 +729,9 @@ def train(
         checkpoint_every = max(1, steps // ELASTIC_CHECKPOINTS)
     if dtype is not None:
         _check_choice("--dtype", dtype, DType)
-    _check_choice("--lr-schedule", lr_schedule, LRSchedule)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr,
-        lr_schedule=LRSchedule(lr_schedule),
+        lr_schedule=lr_schedule,
         warmup_steps=warmup_steps, min_lr=min_lr, weight_decay=weight_decay,
         max_grad_norm=max_grad_norm or None, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
