@@ -182,12 +182,10 @@ def normalize_name(name: str) -> str:
 
 
 def closest_names(name: str, known: list[str], n: int = 3) -> list[str]:
-    """Known names that look like ``name``, best first: those containing it or contained
-    in it, then difflib's close matches, each group by similarity."""
+    """Known names that look like ``name``, best first."""
     wanted = normalize_name(name)
     matches = difflib.get_close_matches(wanted, known, n=n, cutoff=0.4)
-    contains = sorted((k for k in known if wanted and (wanted in k or k in wanted)),
-                      key=lambda k: -difflib.SequenceMatcher(None, wanted, k).ratio())
+    contains = [k for k in known if wanted and (wanted in k or k in wanted)]
     return list(dict.fromkeys(contains + matches))[:n]
 
 
