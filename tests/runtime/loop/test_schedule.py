@@ -14,6 +14,7 @@ import pytest
 import torch
 from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
+from potluck import api
 from potluck.errors import ConfigError
 from potluck.runtime import Trainer, build_model, parallelize, start
 from potluck.runtime.checkpoints import training_run
@@ -50,6 +51,21 @@ def test_warmup_rises_to_the_peak_then_each_schedule_goes_its_way(kind):
     else:
         assert after == pytest.approx([MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * k / 3))
                                        for k in range(3)])
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"steps": 1, "warmup_steps": 2}, "--warmup-steps 2 is more than the run's --steps 1; "
+                                      "warm up for fewer steps"),
+    ({"warmup_steps": -1}, "--warmup-steps must be 0 or more, not -1"),
+    ({"lr": 1e-3, "min_lr": 0.01}, "--min-lr must be between 0 and --lr 0.001, not 0.01"),
+    ({"min_lr": float("nan")}, "--min-lr must be between 0 and --lr 0.0003, not nan"),
+    ({"weight_decay": -0.1}, "--weight-decay must be 0 or a positive number such as 0.1, not -0.1"),
+    ({"max_grad_norm": float("inf")}, "--max-grad-norm must be a positive number such as 1.0"),
+    ({"lr_schedule": "step"}, "--lr-schedule must be one of constant, cosine, linear, not 'step'"),
+])
+def test_bad_schedule_and_optimizer_values_are_one_line(fields, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        api.train_options(**fields)
 
 
 def test_torchs_scheduler_steps_the_optimizer_along_the_schedule():
