@@ -80,7 +80,8 @@ class Schedule:
         return None
 
     def describe(self) -> str:
-        warmup = f", {self.warmup_steps} warm-up steps" if self.warmup_steps else ""
+        plural = "s" if self.warmup_steps != 1 else ""
+        warmup = f", {self.warmup_steps} warm-up step{plural}" if self.warmup_steps else ""
         if self.kind is LRSchedule.CONSTANT:
             return f"constant at {self.lr:g}{warmup}"
         return f"{self.kind} from {self.lr:g} to {self.min_lr:g}{warmup} over " \
