@@ -324,10 +324,19 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(tmp_path):
 
 
 def test_a_plan_over_several_machines_prints_one_torchrun_command_per_machine(tmp_path):
+    """--print-commands prints them (exit 0); without it nothing is trained, which a non-zero
+    exit and one line say, and the run directory is left alone."""
     cluster = tmp_path / "two.yaml"
     cluster.write_text("nodes: [{name: cpu, gpu: cpu, gpus_per_node: 1, count: 2}]\n")
-    result = potluck("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
-                     "--seq-len", "32", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    args = ("train", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+            "--seq-len", "32", "--out", str(tmp_path / "run"))
+    refused = potluck(*args, cwd=tmp_path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and refused.stdout == "" and len(lines) == 1, refused.stderr
+    assert "nothing was trained: the plan spans 2 machines; print one torchrun command per " \
+           "machine with --print-commands" in lines[0]
+    assert not (tmp_path / "run").exists()
+    result = potluck(*args, "--print-commands", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if "torchrun" in line]
     assert len(commands) == 2 and all("--node-rank" in c or "--node_rank" in c for c in commands)
@@ -341,7 +350,7 @@ def test_demo_plans_and_dry_runs_with_whole_headings_at_80_columns(tmp_path):
     assert headings == ["1. plan llama2-7b for mixed-lab",
                         "2. plan it for two-fast-two-slow, dry-run it on this CPU", "summary"]
     assert "measured/predicted" in result.stdout and "…" not in result.stdout
-    assert "3 emulated steps of about" in result.stderr and "train: step 3/3" in result.stderr
+    assert "3 emulated steps of about" in result.stderr and "train: step 2 (3/3 done)" in result.stderr
 
 
 def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
@@ -380,6 +389,9 @@ def test_a_run_resumes_and_its_checkpoint_exports_to_hugging_face(tmp_path):
     (["cost", "-m", "gpt3-125m"], "Missing option '--tokens'; see potluck cost --help"),
     (["simulate"], "Missing argument"),
     (["nosuch"], "No such command 'nosuch'; see potluck --help"),
+    (["plan", "--batch-size", "8"], "No such option: --batch-size (potluck calls it "
+                                    "--global-batch); see potluck plan --help"),
+    (["train", "--learning-rate", "1"], "No such option: --learning-rate (potluck calls it --lr)"),
 ])
 def test_usage_errors_are_one_line_with_the_help_to_read(args, fragment):
     result = potluck(*args, columns=80)
@@ -387,6 +399,13 @@ def test_usage_errors_are_one_line_with_the_help_to_read(args, fragment):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("potluck: error: "), result.stderr
     assert fragment in lines[0]
+
+
+def test_version_is_one_line_on_stdout():
+    from potluck.version import __version__
+
+    result = potluck("--version")
+    assert result.returncode == 0 and result.stdout == f"potluck {__version__}\n"
 
 
 def test_help_shows_every_option_and_command_whole_at_80_columns():

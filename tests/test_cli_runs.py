@@ -48,6 +48,9 @@ def _data(tmp_path, kind):
     (["--lr", "-1"], "--lr must be a positive number such as 3e-4, not -1.0"),
     (["--lr", "nan"], "--lr must be a positive number such as 3e-4, not nan"),
     (["--lr", "0"], "--lr must be a positive number such as 3e-4, not 0.0"),
+    (["--lr-schedule", "step"], "--lr-schedule must be one of constant, cosine, linear"),
+    (["--lr", "1e-3", "--min-lr", "0.01"], "--min-lr must be between 0 and --lr 0.001"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number such as 1.0"),
     (["--emulate", "--stand-in", "gpt3-125m"], "a stand-in must have the same number of blocks"),
 ])
 def test_a_run_that_fails_before_it_starts_writes_nothing(tmp_path, plan_file, extra, fragment):
@@ -142,8 +145,8 @@ def test_an_emulated_run_says_how_long_it_will_take_and_how_far_it_is(tmp_path, 
     said_s = float(each.group(1)) * (60 if each.group(2) == "min" else 1)
     assert said_s == pytest.approx(predicted_s, rel=0.05, abs=0.06)
     progress = [line for line in lines if line.startswith("train: step ")]
-    assert progress[0].startswith("train: step 1/3 | loss ") and progress[-1].startswith(
-        "train: step 3/3 | loss "), result.stderr
+    assert progress[0].startswith("train: step 0 (1/3 done) | loss ") and progress[-1].startswith(
+        "train: step 2 (3/3 done) | loss "), result.stderr
     assert all("elapsed, about" in line and line.endswith("left") for line in progress)
     assert lines.index(estimate) < lines.index(progress[0])
 

@@ -13,6 +13,8 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe  # noqa: E402
 
 from potluck.calibrate.compare_memory import compare_run_memory  # noqa: E402
 from potluck.cli import app  # noqa: E402
+from potluck.cluster.spec import parse_cluster  # noqa: E402
+from potluck.planner.cost import GPU_RUNTIME_OVERHEAD_BYTES  # noqa: E402
 from potluck.planner.evaluate import predict  # noqa: E402
 from potluck.plans import save_plan  # noqa: E402
 
@@ -72,3 +74,22 @@ def test_a_gpu_runs_reserve_and_use_show_beside_its_allocator_peak(tmp_path):
         (1500.0, 4000.0), (1900.0, 4000.0)]  # the peer's reserve counts where it lives
     table = CliRunner().invoke(app, ["compare", str(run)])
     assert table.exit_code == 0 and "reserved" in table.output and "0.0019" in table.output
+
+
+def test_cpu_ranks_standing_for_gpus_are_compared_without_the_gpu_runtime(tmp_path):
+    """An emulated run's ranks are CPU processes: no CUDA context or NCCL workspaces, so the
+    cost model's 1 GB per GPU for them is left out of the prediction, and said to be."""
+    cluster = parse_cluster("nodes:\n  - {name: box, gpu: a100-80g-pcie, gpus_per_node: 2}\n",
+                            "gpus.yaml")
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 2, 4)], cluster=cluster,
+                     device_ids=["box.0:0", "box.0:1"])
+    save_plan(plan, tmp_path / "plan.json")
+    steps = [{"device": d, "device_bytes": 5e6, "host_bytes": 0.0, "held_on": {}}
+             for d in plan.devices]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "memory": steps}) + "\n")
+    first, _ = compare_run_memory(tmp_path)
+    assert first.overhead_left_out_bytes == GPU_RUNTIME_OVERHEAD_BYTES
+    assert first.predicted_device_bytes == predict(plan).memory[0].total_bytes - 1e9
+    assert abs(first.device_error) < 1.0  # was +13,000 %: 1 GB against a few MB
+    table = CliRunner().invoke(app, ["compare", str(tmp_path)], env={"COLUMNS": "200"})
+    assert "predicted leaves out the 1 GB a GPU's runtime takes" in table.output

@@ -31,6 +31,7 @@ from potluck.planner.requests.placement_cost import placement_cost_note
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.plans.memory import Offload, Swap
+from potluck.runtime.loop.schedule import LRSchedule
 from potluck.units import non_negative_number, parse_count, whole_number
 
 if TYPE_CHECKING:
@@ -330,10 +331,12 @@ def _check_execution_flag(chosen: Plan, execution: str | Path | Execution | None
 
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
                   out: str | Path | None = None, init_from: str | Path | None = None,
+                  lr_schedule: str | LRSchedule = LRSchedule.CONSTANT,
                   **fields: object) -> TrainOptions:
     """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults (``data`` is
     the shipped corpus; the tokenizer, ``init_from``'s when that model directory holds one),
-    checked (learning rate, counts, run directory): a ConfigError for a bad one."""
+    checked (learning rate and its schedule, counts, run directory): a ConfigError for a
+    bad one."""
     from potluck.data.corpus import builtin_corpus_path
     from potluck.data.tokenizer import TOKENIZER_FILES
     from potluck.runtime.launch.checks import check_options
@@ -346,10 +349,19 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
         data=str(data if data is not None else builtin_corpus_path()),
         tokenizer=str(tokenizer) if tokenizer is not None else None,
         out_dir=str(out) if out is not None else None,
-        init_from=str(init_from) if init_from is not None else None, **fields,
+        init_from=str(init_from) if init_from is not None else None,
+        lr_schedule=_lr_schedule(lr_schedule), **fields,
     )
     check_options(options)
     return options
+
+
+def _lr_schedule(value: str | LRSchedule) -> LRSchedule:
+    try:
+        return LRSchedule(value)
+    except ValueError:
+        names = ", ".join(schedule.value for schedule in LRSchedule)
+        raise ConfigError(f"--lr-schedule must be one of {names}, not {value!r}") from None
 
 
 def run_plan(chosen: Plan, options: TrainOptions, *,
@@ -499,7 +511,8 @@ def train(cluster: str | Path | ClusterSpec | None = None,
     ``execution`` is as for :func:`plan`; potluck's runtime refuses traits it does not run
     (:func:`potluck.runtime.launch.checks.check_execution`).
     Further keyword arguments are :class:`potluck.runtime.options.TrainOptions` fields
-    (``steps``, ``lr``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
+    (``steps``, ``lr``, ``lr_schedule``, ``warmup_steps``, ``min_lr``, ``weight_decay``,
+    ``max_grad_norm``, ``seed``, ``out``, ``data`` (default: the shipped corpus),
     ``tokenizer``, ``init_from`` (a Hugging Face model directory whose weights the run
     starts from; ``model`` defaults to it), ``emulate``, ``checkpoint_every``, ``resume``,
     ``stand_in``, ...).

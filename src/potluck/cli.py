@@ -28,6 +28,7 @@ from potluck.plans import DType
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 from potluck.units import port_number, whole_number
+from potluck.version import __version__
 
 if TYPE_CHECKING:
     from potluck.multijob import JobsFileError
@@ -54,6 +55,19 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        console.print(f"potluck {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", help="Print potluck's version and exit.", is_eager=True,
+        callback=_print_version)] = False) -> None:
+    pass
 
 OFFERS = Steps("offer", "offers", "a search each; offers of the same hardware share one")
 SEARCHES = Steps("search", "searches", "a job shape on an allocation each; as many as the "
@@ -669,7 +683,17 @@ def train(
     seq_len: Annotated[int | None, typer.Option(help="Tokens per sequence (default 2048).")] = None,
     dtype: Annotated[str | None, typer.Option(
         help="bf16, fp16, fp32 or tf32 when planning now (default bf16; --plan: the plan's).")] = None,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-4,
+    lr: Annotated[float, typer.Option(help="AdamW's peak learning rate (after any warm-up).")] = 3e-4,
+    lr_schedule: Annotated[str, typer.Option(
+        help=f"{_or(api.LRSchedule)}: after the warm-up keep --lr (constant) or decay it to "
+             "--min-lr by the last step.")] = "constant",
+    warmup_steps: Annotated[int, typer.Option(
+        help="Steps rising linearly to --lr (step s of them: lr * (s+1)/(N+1)).")] = 0,
+    min_lr: Annotated[float, typer.Option(
+        help="Where cosine and linear decay end (0 to --lr).")] = 0.0,
+    weight_decay: Annotated[float, typer.Option(help="AdamW's decoupled weight decay.")] = 0.0,
+    max_grad_norm: Annotated[float, typer.Option(
+        help="Clip gradients to this global norm (0: no clipping).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of initial weights and data order.")] = 0,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Run directory: plan.json, metrics.jsonl, checkpoints/.")] = None,
@@ -717,7 +741,9 @@ def train(
     port_number(master_port, "--master-port")
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, init_from=init_from, steps=steps, lr=lr,
-        seed=seed, emulate=emulate,
+        lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr, weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm or None, seed=seed, emulate=emulate,
         checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=trace_steps if trace else 0, elastic=elastic,
@@ -730,7 +756,7 @@ def train(
     api.check_launch(chosen, options)  # before any command is printed
     for note in chosen.notes:  # what the plan says of itself (a sequence beyond the positions)
         err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-    if print_commands or api.needs_torchrun(chosen, options):
+    if print_commands:
         _print_torchrun_commands(chosen, plan_file, options, master_addr, master_port,
                                  max_restarts if elastic else None)
         return
@@ -917,7 +943,7 @@ def main() -> None:
         if type(err).__name__ == "NoArgsIsHelpError":  # plain `potluck`: the help
             err.show()
             sys.exit(err.exit_code)
-        _fail(f"{err.format_message().rstrip('.')}; see {_command_path()} --help", err.exit_code)
+        _fail(f"{_usage_message(err).rstrip('.')}; see {_command_path()} --help", err.exit_code)
     except _CLICK_ERROR as err:
         _fail(err.format_message(), err.exit_code)
     except PotluckError as err:
@@ -926,6 +952,25 @@ def main() -> None:
         err_console.print("potluck: interrupted")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# Flags other trainers spell differently, and potluck's flag for the same thing.
+FLAG_SYNONYMS = {"--batch-size": "--global-batch", "--global-batch-size": "--global-batch",
+                 "--bs": "--global-batch", "--mbs": "--micro-batch-size",
+                 "--learning-rate": "--lr", "--max-steps": "--steps", "--iters": "--steps"}
+
+
+def _usage_message(err: Exception) -> str:
+    """click's message, except for an unknown flag that is another trainer's name of one of
+    the command's flags: that flag is named (click's guess for ``--batch-size`` is
+    ``--micro-batch-size``, not the batch a step trains on)."""
+    name = getattr(err, "option_name", None)
+    synonym = FLAG_SYNONYMS.get(name) if isinstance(name, str) else None
+    command = getattr(getattr(err, "ctx", None), "command", None)
+    flags = {opt for param in getattr(command, "params", ()) for opt in param.opts}
+    if synonym in flags:
+        return f"No such option: {name} (potluck calls it {synonym})"
+    return err.format_message()
 
 
 def _command_path() -> str:

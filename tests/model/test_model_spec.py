@@ -102,3 +102,18 @@ def test_unsupported_config_is_one_clear_error(tmp_path):
 def test_heads_must_divide_hidden_size():
     with pytest.raises(ConfigError, match="hidden_size"):
         model_from_hf_config(dict(LLAMA_CONFIG, num_attention_heads=30))
+
+
+@pytest.mark.parametrize(("name", "close"), [
+    ("llama2-7", "did you mean llama2-7b, llama2-70b, llama3-70b? give a preset, a config.json"),
+    ("qwen2.5-7", "did you mean qwen2.5-7b, qwen2.5-72b,"),
+])
+def test_a_mistyped_model_name_shows_the_closest_presets_not_all_of_them(name, close):
+    with pytest.raises(ConfigError) as err:
+        load_model(name)
+    assert close in str(err.value) and "gemma2-27b" not in str(err.value)
+
+
+def test_a_name_like_no_preset_lists_them_all():
+    with pytest.raises(ConfigError, match=r"give a preset \(gemma2-27b, .*tiny-llama\)"):
+        load_model("zzzz")

@@ -9,6 +9,7 @@ from potluck.ops import OpKind
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import Pipeline, Plan, Stage, TrainingShape, check_plan, mixed_tp
 from potluck.schedules import SCHEDULES, Schedule, schedule_for
+from potluck.sim import simulate
 
 
 def test_every_schedule_name_has_exactly_its_module():
@@ -86,3 +87,26 @@ def test_the_search_only_emits_plans_the_runtime_runs_as_written(schedule):
         for pipeline in plan.pipelines:
             assert schedule_for(schedule).accepts(pipeline.num_micro_batches, pipeline.pp,
                                                   plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
+
+
+@pytest.mark.parametrize(("schedule", "micro_batches", "virtual", "advice"), [
+    # zb cannot run mixed TP; interleaved cannot run 5 micro-batches in rounds of 2
+    (Schedule.ZERO_BUBBLE, 5, 1, "; schedule gpipe or 1f1b runs it as laid out"),
+    (Schedule.GPIPE, 4, 2, "; schedule interleaved runs it as laid out"),
+    (Schedule.ZERO_BUBBLE, 4, 2, "; schedule interleaved runs it as laid out"),
+])
+def test_simulating_with_a_schedule_that_cannot_run_the_plan_names_only_those_that_can(
+        schedule, micro_batches, virtual, advice):
+    """simulate --schedule cannot change the plan's micro-batch count or layout: it advises
+    only schedules that run the plan as it is."""
+    plan = _plan(Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B,
+                 micro_batches, (1, 2), virtual)
+    with pytest.raises(ConfigError) as err:
+        simulate(plan, schedule=schedule)
+    assert str(err.value).endswith(advice), str(err.value)
+
+
+def test_a_plan_file_no_schedule_runs_says_to_plan_again():
+    with pytest.raises(ConfigError, match="no schedule runs this pipeline as laid out: make a new "
+                                          "plan with schedule zb$"):
+        check_plan(_plan(Schedule.ZERO_BUBBLE, 5, (1, 2), virtual=2))

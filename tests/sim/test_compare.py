@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from rich.console import Console
 from simkit import cluster, flat_model, make_plan
 
 from potluck.errors import ConfigError
 from potluck.sim import simulate
-from potluck.sim.compare import compare_traces, step_time_s
+from potluck.sim.compare import (
+    OpComparison,
+    TraceComparison,
+    compare_traces,
+    error_text,
+    render_comparison,
+    step_time_s,
+)
 from potluck.sim.trace import simulation_trace
 from potluck.traces import Trace, read_trace, write_trace
 
@@ -76,3 +84,17 @@ def test_cli_compare_json(predicted: Trace, tmp_path) -> None:
     assert ran.exit_code == 0, ran.output
     errors = {row["kind"]: row["error"] for row in json.loads(ran.stdout)["by_kind"]}
     assert errors["forward"] == pytest.approx(-0.5)
+
+
+def test_an_op_one_side_does_not_have_is_not_comparable_rather_than_minus_100_percent():
+    """A gradient all-reduce the backward hides entirely is predicted at 0 s; the run still
+    measures microseconds of waiting. No ratio says how far apart those are."""
+    hidden = OpComparison("dp_allreduce", -1, -1, predicted_s=0.0, measured_s=1.2e-6)
+    assert hidden.error is None and error_text(hidden.error) == "n/c"
+    assert OpComparison("forward", -1, -1, 1.1, 1.0).error == pytest.approx(0.1)
+    comparison = TraceComparison(1.0, 1.0, (hidden,), (hidden,))
+    console = Console(record=True, width=120)
+    render_comparison(console, comparison)
+    text = console.export_text()
+    assert "n/c" in text and "-100.0%" not in text and "n/c: not comparable" in text
+    assert comparison.as_dict()["by_kind"][0]["error"] is None

@@ -12,6 +12,7 @@ from potluck.cli import app
 from potluck.cluster import parse_cluster
 from potluck.errors import ConfigError
 from potluck.model import load_model
+from potluck.planner.evaluate import predict
 from potluck.planner.search import SearchOptions, search
 from potluck.plans import Schedule, TrainingShape, save_plan
 from potluck.sim import simulate
@@ -118,3 +119,23 @@ def test_stages_without_tensor_parallelism_spend_exactly_no_time_in_it() -> None
     plan = search(spec, load_model("gpt3-1.3b"), TrainingShape(64, 2048),
                   SearchOptions(tp=1, pp=3)).best
     assert [d.tp_comm_s for d in simulate(plan).devices] == [0.0] * 3
+
+
+def test_a_devices_predicted_all_reduce_is_its_wait_after_its_backward_as_the_runtime_records(
+        result) -> None:
+    """The runtime's trace times ``dp_allreduce`` as a rank's wait for its gradient
+    reductions after its schedule (their exposed part); the prediction drew the whole
+    overlapped span, as long as the backward it hides behind. One event per device: from its
+    last backward's end to its last reduction's end, the longest near the cost model's dp_s
+    (the simulator shares links between reductions in time, the cost model by formula)."""
+    events = simulation_trace(result).events
+    last_backward = {}
+    for e in events:
+        if e.kind == "backward":
+            last_backward[e.device] = max(last_backward.get(e.device, 0.0), e.end_s)
+    reductions = [e for e in events if e.kind == "dp_allreduce"]
+    assert sorted(e.device for e in reductions) == sorted(result.plan.devices)
+    for e in reductions:
+        assert e.start_s == pytest.approx(last_backward[e.device])
+    assert max(e.duration_s for e in reductions) == pytest.approx(
+        predict(result.plan).breakdown.dp_s, rel=0.05)

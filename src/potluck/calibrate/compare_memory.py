@@ -11,6 +11,12 @@ A GPU run's rows also give each device's allocator reserve and its memory in use
 process (:mod:`potluck.runtime.loop.peak_memory`); a peer's reserve counts what the
 swapping rank's allocator reserved there, and both are shown beside the allocator peak
 (None for CPU runs and runs of older versions).
+
+Like is compared with like: ranks that ran as CPU processes (a CPU run, or GPUs emulated
+with ``--emulate``; their rows have no GPU figures) have no CUDA context, cuBLAS or NCCL
+workspaces, so the cost model's runtime overhead of each GPU
+(:meth:`~potluck.planner.cost.CostModel.overhead_bytes`, 1 GB) is left out of their
+prediction (``overhead_left_out_bytes``) and the table says so.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 
 from rich.console import Console
 
+from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
+from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan, load_plan
 from potluck.tables import compact_table
@@ -42,6 +50,7 @@ class RankMemory:
     measured_host_bytes: float
     measured_reserved_bytes: float | None = None  # GPUs: the allocators' reserve there
     measured_used_bytes: float | None = None  # GPUs: the device's memory in use, all processes
+    overhead_left_out_bytes: float = 0.0  # the GPU runtime's, absent from a CPU rank
 
     @property
     def device_error(self) -> float:
@@ -103,11 +112,21 @@ def compare_memory(plan: Plan, steps: list[tuple[dict[str, Any], ...]]) -> tuple
                           "version of potluck (potluck train --out DIR)")
     measured, gpus = measured_peaks(steps), measured_gpu_peaks(steps)
     prediction = plan.prediction or predict(plan)
+    left_out = {} if gpus else runtime_overheads(plan)
     return tuple(
-        RankMemory(m.device, m.total_bytes, measured.get(m.device, (0.0, 0.0))[0],
+        RankMemory(m.device, m.total_bytes - left_out.get(m.device, 0.0),
+                   measured.get(m.device, (0.0, 0.0))[0],
                    float(getattr(m, "host_bytes", 0.0)), measured.get(m.device, (0.0, 0.0))[1],
-                   *gpus.get(m.device, (None, None)))
+                   *gpus.get(m.device, (None, None)),
+                   overhead_left_out_bytes=left_out.get(m.device, 0.0))
         for m in prediction.memory)
+
+
+def runtime_overheads(plan: Plan) -> dict[str, float]:
+    """What the cost model adds to each device of ``plan`` for its GPU runtime (0 for a CPU),
+    by device id."""
+    cost, devices = CostModel.for_plan(plan), Cluster(plan.cluster).by_id
+    return {device: cost.overhead_bytes(devices[device].type) for device in plan.devices}
 
 
 def compare_run_memory(run_dir: str | Path) -> tuple[RankMemory, ...]:
@@ -132,6 +151,11 @@ def render_memory(console: Console, ranks: tuple[RankMemory, ...]) -> None:
                       *(figures if gpus else ()),
                       f"{r.predicted_host_bytes / 1e6:.4g}", f"{r.measured_host_bytes / 1e6:.4g}")
     console.print(table)
+    left_out = max((r.overhead_left_out_bytes for r in ranks), default=0.0)
+    if left_out:
+        console.print(f"predicted leaves out the {left_out / 1e9:.3g} GB a GPU's runtime takes "
+                      "(CUDA context, cuBLAS and NCCL workspaces): these ranks ran as CPU "
+                      "processes, which hold none", highlight=False)
 
 
 def _megabytes(nbytes: float | None) -> str:

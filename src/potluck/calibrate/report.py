@@ -8,7 +8,7 @@ from rich.console import Console
 
 from potluck.calibrate.calibrate_run import CalibrationOutcome
 from potluck.calibrate.fit_links import current_link
-from potluck.sim.compare import TraceComparison
+from potluck.sim.compare import TraceComparison, error_text
 from potluck.tables import compact_table
 from potluck.units import format_bandwidth, format_duration
 
@@ -69,7 +69,7 @@ def render_calibration(console: Console, outcome: CalibrationOutcome) -> None:
     for c in before.by_kind:
         a = later[c.kind]
         table.add_row(c.kind, f"{c.measured_s * 1e3:.4g}", f"{c.predicted_s * 1e3:.4g}",
-                      f"{c.error:+.1%}", f"{a.predicted_s * 1e3:.4g}", f"{a.error:+.1%}")
+                      error_text(c.error), f"{a.predicted_s * 1e3:.4g}", error_text(a.error))
     console.print(table)
     console.print(f"calibrated cluster file: {outcome.cluster_file}", highlight=False)
 

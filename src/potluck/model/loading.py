@@ -9,6 +9,7 @@ without a ``model_type``); any other decoder-only causal LM through the model it
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,12 @@ def load_model(name_or_path: str) -> ModelSpec:
     from potluck.cluster.catalog import closest_names
 
     names = preset_names()
-    close = closest_names(str(name_or_path), names)
-    hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise ConfigError(
-        f"unknown model {name_or_path!r}: {hint}give a preset ({', '.join(names)}), "
-        "a config.json or a Hugging Face model directory"
-    )
+    close = sorted(closest_names(key, names),  # the likeliest first: llama2-7b for llama2-7
+                   key=lambda name: -difflib.SequenceMatcher(None, key, name).ratio())
+    presets = f"did you mean {', '.join(close)}? give a preset" if close else \
+        f"give a preset ({', '.join(names)})"
+    raise ConfigError(f"unknown model {name_or_path!r}: {presets}, a config.json or a Hugging "
+                      "Face model directory")
 
 
 def _model_name(config_path: Path, config: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from potluck.model.counts import Recompute
 from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.plans.data import Pipeline, Plan, Stage, mixed_tp
-from potluck.schedules import Schedule, schedule_for
+from potluck.schedules import Schedule, schedule_problem
 
 
 def check_plan(plan: Plan) -> None:
@@ -286,8 +286,8 @@ def _check_pipeline(plan: Plan, index: int, pipeline: Pipeline, cluster: Any) ->
 def check_pipeline_schedule(plan: Plan, index: int, schedule: Schedule) -> None:
     """One ConfigError if ``schedule`` cannot run pipeline ``index`` of ``plan`` as laid out."""
     pipeline = plan.pipelines[index]
-    problem = schedule_for(schedule).problem(
-        pipeline.num_micro_batches, pipeline.pp, plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
+    problem = schedule_problem(schedule, pipeline.num_micro_batches, pipeline.pp,
+                               plan.virtual_stages, mixed_tp=mixed_tp(pipeline))
     if problem is not None:
         raise ConfigError(f"pipeline {index}: {problem}")
 

@@ -10,17 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from potluck.runtime.loop.schedule import LRSchedule, Schedule
+
 
 @dataclass(frozen=True)
 class TrainOptions:
     """How to train a plan. Every field is a flag of the torchrun worker; all but
-    ``max_grad_norm``, ``seq_len``, ``progress`` and ``keep_checkpoints`` are also flags of
-    ``potluck train`` (those four are set from Python or by the CLI itself)."""
+    ``seq_len``, ``progress`` and ``keep_checkpoints`` are also flags of
+    ``potluck train`` (those three are set from Python or by the CLI itself)."""
 
     steps: int = 20  # total steps of the run (a resumed run continues up to it)
-    lr: float = 3e-4
+    lr: float = 3e-4  # the peak learning rate (after any warm-up)
+    lr_schedule: LRSchedule = LRSchedule.CONSTANT  # after the warm-up: constant or decaying
+    warmup_steps: int = 0  # steps rising linearly to lr
+    min_lr: float = 0.0  # where cosine and linear decay end
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
     seed: int = 0
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: float | None = 1.0  # clip gradients to this global norm (None: no clipping)
     out_dir: str | None = None  # metrics.jsonl (and tensorboard/) go here
     data: str | None = None  # a .txt/.jsonl file or directory; None: random tokens
     tokenizer: str | None = None  # a local HF tokenizer directory; None: bytes
@@ -39,3 +45,8 @@ class TrainOptions:
     elastic: bool = False  # replan and continue when ranks die or devices join
     inject_failure: str | None = None  # "RANK@STEP": that rank is killed there (a drill)
     count_memory: bool = False  # CPU ranks count the bytes they hold (memory rows; on when emulating)
+
+    def schedule(self) -> Schedule:
+        """The learning rate of each step of this run (:mod:`potluck.runtime.loop.schedule`)."""
+        return Schedule(lr=self.lr, kind=self.lr_schedule, warmup_steps=self.warmup_steps,
+                        min_lr=self.min_lr, total_steps=self.steps)

@@ -104,7 +104,9 @@ def train_rank(plan: Plan, options: TrainOptions,
             if weights is not None:
                 weights.close()
             source = source or batch_source(computed, options)
-            trainer = Trainer(parallel, lr=options.lr, max_grad_norm=options.max_grad_norm,
+            trainer = Trainer(parallel, schedule=options.schedule(),
+                              weight_decay=options.weight_decay,
+                              max_grad_norm=options.max_grad_norm,
                               predicted_step_time_s=predict(plan).iteration_time_s
                               if options.emulate else None, emulated=options.emulate)
             clock = emulate(parallel, options.dilation, timing=plan) if options.emulate else None

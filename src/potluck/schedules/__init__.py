@@ -41,6 +41,24 @@ AUTO_NOTE = (f"schedule {AUTO_SCHEDULE.value} chosen by --schedule auto (GPipe's
              "than stages); pin another with --schedule")
 
 
+def schedule_problem(name: Schedule | str, micro_batches: int, stages: int,
+                     virtual_stages: int = 1, *, mixed_tp: bool = False) -> str | None:
+    """Why schedule ``name`` cannot run this pipeline as laid out (None: it can), and what
+    can: the schedules that run it, or, when none does, planning again (its micro-batch
+    count and layout are the plan's, which no other flag changes)."""
+    shape = (micro_batches, stages, virtual_stages)
+    problem = schedule_for(name).problem(*shape, mixed_tp=mixed_tp)
+    if problem is None:
+        return None
+    others = [schedule.value for schedule, runner in SCHEDULES.items()
+              if runner.accepts(*shape, mixed_tp=mixed_tp)]
+    if not others:
+        return (f"{problem}; no schedule runs this pipeline as laid out: make a new plan "
+                f"with schedule {schedule_for(name).name.value}")
+    names = " or ".join(others)
+    return f"{problem}; schedule {names} runs it as laid out"
+
+
 def schedule_for(name: Schedule | str) -> PipelineSchedule:
     """The schedule called ``name`` (a :class:`Schedule` or its value, e.g. ``"1f1b"``)."""
     found = SCHEDULES.get(name)  # type: ignore[call-overload]  # a member, or its value
@@ -50,4 +68,5 @@ def schedule_for(name: Schedule | str) -> PipelineSchedule:
 __all__ = [
     "AUTO_NOTE", "AUTO_SCHEDULE", "SCHEDULES", "Action", "P2PCalls", "PipelineSchedule",
     "PipelineTime", "RankOrder", "Schedule", "StageWork", "local_order", "schedule_for",
+    "schedule_problem",
 ]

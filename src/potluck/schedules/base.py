@@ -89,16 +89,18 @@ class PipelineSchedule(ABC):
     def problem(self, micro_batches: int, stages: int, virtual_stages: int = 1, *,
                 mixed_tp: bool = False) -> str | None:
         """Why the runtime cannot run ``micro_batches`` over ``stages`` ranks this way (None:
-        it can); ``mixed_tp``: the pipeline's stages have different tensor-parallel degrees."""
+        it can); ``mixed_tp``: the pipeline's stages have different tensor-parallel degrees.
+        Which schedules can run it instead is :func:`potluck.schedules.schedule_problem`'s
+        to say."""
         if micro_batches < 1 or stages < 1 or virtual_stages < 1:
             return "a pipeline needs at least one stage, micro-batch and chunk"
         if not self.interleaved and virtual_stages != 1:
-            return (f"schedule {self.name.value} runs one stage per device; a plan with "
-                    f"{virtual_stages} virtual stages needs schedule interleaved or zb")
+            return (f"schedule {self.name.value} runs one stage per device, not the plan's "
+                    f"{virtual_stages} virtual stages")
         if mixed_tp and not self.supports_mixed_tp:
             return (f"schedule {self.name.value} cannot run a pipeline whose stages have "
                     "different tensor-parallel degrees (their followers mirror forwards and "
-                    "full backwards only); use schedule interleaved or 1f1b for this layout")
+                    "full backwards only)")
         return None
 
     def accepts(self, micro_batches: int, stages: int, virtual_stages: int = 1, *,

@@ -39,8 +39,7 @@ class Interleaved(PipelineSchedule):
             count = rounds(stages, micro_batches)
             return (f"the {self.name.value} schedule runs micro-batches in {count} rounds "
                     f"(torch.distributed.pipelining's max(1, micro-batches // stages)) and needs "
-                    f"their count ({micro_batches}) to be a multiple of {count}; change the "
-                    "micro-batch count or the schedule")
+                    f"their count ({micro_batches}) to be a multiple of {count}")
         return problem
 
     def torch_schedule(self, stages: Sequence[Any], micro_batches: int, loss_fn: LossFn) -> Any:

@@ -6,7 +6,8 @@ over its steps (the first one left out when there are several: it warms up;
 the median, so that a step another process slowed down does not skew it).
 Op durations are averaged per (pipeline, stage, kind) and per kind over all
 devices (the devices of a tensor-parallel group run the same ops). The error
-is ``predicted / measured - 1``: positive when the prediction is too slow.
+is ``predicted / measured - 1``: positive when the prediction is too slow; none (``n/c``,
+not comparable) where either side is zero.
 """
 
 from __future__ import annotations
@@ -34,8 +35,17 @@ class OpComparison:
     measured_s: float
 
     @property
-    def error(self) -> float:
-        return self.predicted_s / self.measured_s - 1.0 if self.measured_s > 0 else float("inf")
+    def error(self) -> float | None:
+        """Predicted over measured, minus one; None where the two are not comparable: one of
+        them is zero (nothing predicted, or nothing measured: no ratio says how far apart)."""
+        if self.predicted_s <= 0 or self.measured_s <= 0:
+            return None
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def error_text(error: float | None) -> str:
+    """An error for a table: ``+12.3%``, or ``n/c`` (not comparable)."""
+    return "n/c" if error is None else f"{error:+.1%}"
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,12 @@ def render_comparison(console: Console, comparison: TraceComparison) -> None:
         for c in rows:
             table.add_row("all" if c.pipeline < 0 else str(c.pipeline),
                           "all" if c.stage < 0 else str(c.stage), c.kind,
-                          f"{c.predicted_s * 1e3:.4g}", f"{c.measured_s * 1e3:.4g}", f"{c.error:+.1%}")
+                          f"{c.predicted_s * 1e3:.4g}", f"{c.measured_s * 1e3:.4g}",
+                          error_text(c.error))
         console.print(table)
+    if any(c.error is None for c in comparison.by_kind + comparison.by_stage):
+        console.print("n/c: not comparable, one side is zero (a gradient all-reduce the "
+                      "backward hides entirely, say).", highlight=False)
     if any(c.kind.startswith(("send_", "recv_")) for c in comparison.by_kind):
         console.print("A measured send or receive is the time the rank waited for it (the bubble "
                       "and the peer's lateness included); a predicted one is the transfer alone.",

@@ -70,6 +70,16 @@ class GradientSync:
     members: tuple[tuple[int, int], ...]  # (pipeline, stage)
     start_s: float  # the first bytes move (during the members' last backward)
     end_s: float  # the last byte arrived and every member's gradients were complete
+    ready_s: tuple[float, ...] = ()  # per member: its gradients complete (its backward over)
+
+    def exposed(self) -> list[tuple[tuple[int, int], float, float]]:
+        """Per member, the part of the all-reduce it waits for once its own gradients are
+        complete: ``(member, start_s, end_s)``. What the runtime's trace records as
+        ``dp_allreduce`` (its wait after the schedule) and the cost model's ``dp_s`` are;
+        the part that overlaps the backward is hidden behind it."""
+        ready = self.ready_s or (self.start_s,) * len(self.members)
+        return [(member, start, max(start, self.end_s))
+                for member, start in zip(self.members, ready, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.placement import StageRef
 from potluck.planner.comm.step_overlap import gathered_forward_delay_s, next_step_bound_s
@@ -117,13 +116,8 @@ def state_transfers(runs: list[PipelineRun], workloads: list[PipelineWorkload]
 
 
 def _check_override(plan: Plan, schedule: PipelineSchedule) -> None:
-    """One ConfigError unless ``schedule`` runs every pipeline of ``plan`` as laid out."""
-    if schedule.chunks(plan.virtual_stages) != plan.virtual_stages:
-        raise ConfigError(
-            f"the plan has {plan.virtual_stages} virtual stages per device; schedule "
-            f"{schedule.name.value} runs one: simulate it with --schedule interleaved or zb, "
-            "or plan again with this schedule"
-        )
+    """One ConfigError unless ``schedule`` runs every pipeline of ``plan`` as laid out (the
+    plan's virtual stages included), naming the schedules that do."""
     for index in range(plan.dp):
         check_pipeline_schedule(plan, index, schedule.name)
 
@@ -313,7 +307,7 @@ def _reduce_phase(phase: list[GradientGroup], network: Network, window: dict[Sta
     for ids, group in zip(ops, phase, strict=True):
         end = max(max(timings.end_s[op] for op in ids), max(done_s[m] for m in group.members))
         syncs.append(GradientSync(tuple(group.members), min(timings.start_s[op] for op in ids),
-                                  end))
+                                  end, tuple(done_s[m] for m in group.members)))
     for sync in syncs:
         for member in sync.members:
             done_s[member] = max(done_s[member], sync.end_s)

@@ -5,9 +5,11 @@ Every compute op of a pipeline is drawn on each device of its stage; the
 tensor-parallel collectives of one forward or backward as one ``tp_allreduce``
 covering the end of that op; a send as ``send_*`` on the sending stage's
 devices and the matching ``recv_*`` on the receiving stage's; then the
-gradient all-reduces and the optimizer steps; then the state transfers of issue 13
-(``swap_out``, ``swap_in``, ``param_allgather``) on each device of their stage's comm
-stream.
+gradient all-reduces, one ``dp_allreduce`` per device for the part it waits for (from its
+last backward's end to its last group's end, as the runtime records its wait for them: the
+part that overlaps the backward is hidden in it), and the optimizer steps; then the state
+transfers of issue 13 (``swap_out``, ``swap_in``, ``param_allgather``) on each device of
+their stage's comm stream.
 """
 
 from __future__ import annotations
@@ -60,12 +62,22 @@ def _pipeline_events(ops: Iterable, k: int, stages: list[tuple[str, ...]]) -> It
                                  k, stage, op.micro_batch, op.chunk)
 
 
-def _step_events(result: Any, plan: Any) -> Iterator[TraceEvent]:
+def _exposed_reductions(result: Any) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per stage, one span over every gradient group it is in, from its gradients complete to
+    its last group's end: as the runtime waits for all of them in one ``dp_allreduce``."""
+    spans: dict[tuple[int, int], tuple[float, float]] = {}
     for sync in result.gradient_syncs:
-        for k, i in sync.members:
-            for device in plan.pipelines[k].stages[i].devices:
-                yield TraceEvent(device, COMM, OpKind.DP_ALLREDUCE.value, sync.start_s,
-                                 sync.end_s - sync.start_s, k, i)
+        for member, start_s, end_s in sync.exposed():
+            first_s, last_s = spans.get(member, (start_s, end_s))
+            spans[member] = (min(first_s, start_s), max(last_s, end_s))
+    return spans
+
+
+def _step_events(result: Any, plan: Any) -> Iterator[TraceEvent]:
+    for (k, i), (start_s, end_s) in _exposed_reductions(result).items():
+        for device in plan.pipelines[k].stages[i].devices:
+            yield TraceEvent(device, COMM, OpKind.DP_ALLREDUCE.value, start_s, end_s - start_s,
+                             k, i)
     for step in result.optimizer_steps:
         for device in plan.pipelines[step.pipeline].stages[step.stage].devices:
             yield TraceEvent(device, COMPUTE, OpKind.OPTIMIZER.value, step.start_s,

@@ -22,6 +22,7 @@ from potluck.runtime.launch.local import free_port, run_local
 from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
+from potluck.runtime.loop.schedule import LRSchedule
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.worker import _defaults, parse_options, worker_args
 
@@ -138,6 +139,7 @@ def test_torchrun_numbers_ranks_machine_by_machine(monkeypatch):
 # A value other than potluck train's default for every TrainOptions field.
 NON_DEFAULT = {
     "steps": 7, "lr": 1e-3, "seed": 5, "max_grad_norm": None, "out_dir": "runs/x",
+    "lr_schedule": LRSchedule.COSINE, "warmup_steps": 2, "min_lr": 1e-5, "weight_decay": 0.1,
     "data": None, "tokenizer": "tok dir", "init_from": "hf dir", "emulate": True,
     "dilation": 2.5, "stand_in": "tiny",
     "seq_len": 32, "timeout_s": 30.0, "tensorboard": True, "progress": False,
@@ -191,8 +193,11 @@ TRAIN_FLAGS = {
     "checkpoint_every": ["--checkpoint-every", "2"], "resume": ["--resume"],
     "trace_steps": ["--trace", "--trace-steps", "2"], "elastic": ["--elastic"],
     "inject_failure": ["--inject-failure", "1@2"], "count_memory": ["--count-memory"],
+    "lr_schedule": ["--lr-schedule", "linear"], "warmup_steps": ["--warmup-steps", "1"],
+    "min_lr": ["--min-lr", "1e-4"], "weight_decay": ["--weight-decay", "0.1"],
+    "max_grad_norm": ["--max-grad-norm", "0"],
 }
-NOT_TRAIN_FLAGS = {"max_grad_norm", "seq_len", "progress", "keep_checkpoints"}
+NOT_TRAIN_FLAGS = {"seq_len", "progress", "keep_checkpoints"}
 
 
 def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
@@ -208,7 +213,9 @@ def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
                        tokenizer="tok", init_from="hf", emulate=True, dilation=2.5,
                        stand_in="tiny",
                        timeout_s=30.0, tensorboard=True, checkpoint_every=2, resume=True,
-                       trace_steps=2, elastic=True, inject_failure="1@2", count_memory=True)
+                       trace_steps=2, elastic=True, inject_failure="1@2", count_memory=True,
+                       lr_schedule=LRSchedule.LINEAR, warmup_steps=1, min_lr=1e-4,
+                       weight_decay=0.1, max_grad_norm=None)
     assert {f.name for f in fields(TrainOptions)
             if getattr(expected, f.name) != getattr(_defaults(), f.name)} == set(TRAIN_FLAGS)
     assert len(commands) == 2

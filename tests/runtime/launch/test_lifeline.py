@@ -43,7 +43,7 @@ class Run:
 
     def finish(self) -> tuple[int, list[str]]:
         """potluck's exit code and the lines of its stderr, read to the end, without the
-        run's progress lines (``train: step k/N ...``, written there before the kill)."""
+        run's progress lines (``train: step k (d/N done) ...``, written there before the kill)."""
         try:
             _, err = self.launcher.communicate(timeout=GONE_S)
         except subprocess.TimeoutExpired:

@@ -34,7 +34,7 @@ def test_progress_lines_come_every_few_seconds_and_after_the_last_step(monkeypat
         now[0] = 100.0 + at_s
         progress.on_step(_step(step))
     assert [line.split(" | ")[0] for line in console.lines] == [
-        "train: step 1/10", "train: step 4/10", "train: step 10/10"]
+        "train: step 0 (1/10 done)", "train: step 3 (4/10 done)", "train: step 9 (10/10 done)"]
     assert console.lines[0].endswith("| 2 s elapsed, about 18 s left")  # 2 s a step, 9 to go
     assert console.lines[-1].endswith("| 20 s elapsed, about 0 s left")
     assert "loss 2.5000" in console.lines[1]
@@ -48,7 +48,7 @@ def test_a_resumed_run_counts_its_progress_from_where_it_resumed(monkeypatch):
     now[0] = 5.0
     progress.on_step(_step(6))
     assert console.lines == [console.lines[0]]
-    assert console.lines[0].startswith("train: step 7/8") and "about 5 s left" in console.lines[0]
+    assert console.lines[0].startswith("train: step 6 (7/8 done)") and "about 5 s left" in console.lines[0]
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(4.25, "4.2 s"), (45, "45 s"), (456, "7.6 min"),

@@ -33,6 +33,8 @@ another plan, with or without ZeRO (any stage) or offload.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,8 +50,13 @@ from potluck.runtime.checkpoints.storage import (
     save_checkpoint,
     training_state,
 )
+from potluck.runtime.loop.schedule import restore_schedule, schedule_state
 from potluck.runtime.loop.trainer import StepMetrics, Trainer
 from potluck.runtime.options import TrainOptions
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_SETTINGS = "optimizer"  # trainer_state.json's key of optimizer_settings()
 
 
 def checkpoint_dir(options: TrainOptions) -> str:
@@ -103,6 +110,7 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
         trainer_state["data"] = source.state_dict(next_step)
     if trainer.loss_scale is not None:
         trainer_state["loss_scale"] = trainer.loss_scale.state_dict()
+    trainer_state[OPTIMIZER_SETTINGS] = optimizer_settings(trainer)
     path = save_checkpoint(out_dir, next_step, state, trainer_state)
     trainer.note_checkpoint(path)
     if model.layout.rank == 0 and trainer.good_checkpoint is not None:
@@ -145,8 +153,43 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     if "loss_scale" in saved and trainer.loss_scale is not None:
         trainer.loss_scale.load_state_dict(saved["loss_scale"])
     trainer.step_index = _saved_step(saved, path)
+    if OPTIMIZER_SETTINGS in saved:
+        restore_optimizer_settings(trainer, saved[OPTIMIZER_SETTINGS], path)
     trainer.note_checkpoint(path, resumed=True)
     return trainer.step_index
+
+
+def optimizer_settings(trainer: Trainer) -> dict[str, Any]:
+    """The trainer's settings that are not the optimizer's own values (those, ``lr``,
+    ``weight_decay``, ``betas``..., are in ``values.json``): the gradient clipping norm and
+    the learning-rate schedule with the scheduler's place in it."""
+    return {"max_grad_norm": trainer.max_grad_norm,
+            "schedule": schedule_state(trainer.schedule, trainer.scheduler)}
+
+
+def restore_optimizer_settings(trainer: Trainer, saved: Any, path: Path) -> None:
+    """Continue with the checkpoint's clipping norm and learning-rate schedule (a run
+    resumed with other flags says so once, on rank 0). Checked first: a ConfigError for a
+    damaged one."""
+    where = f"checkpoint {path}"
+    if not (isinstance(saved, dict) and "schedule" in saved and "max_grad_norm" in saved):
+        raise ConfigError(f"{where}: its optimizer settings are damaged")
+    norm = saved["max_grad_norm"]
+    if norm is not None and not _is_positive(norm):
+        raise ConfigError(f"{where}: its max_grad_norm {norm!r} is not a positive number")
+    schedule, scheduler = restore_schedule(trainer.optimizer, saved["schedule"],
+                                           trainer.step_index, where)
+    flags = (trainer.schedule.describe(), trainer.max_grad_norm)
+    if trainer.model.layout.rank == 0 and (schedule.describe(), norm) != flags:
+        log.warning("resuming with the checkpoint's learning-rate schedule (%s) and gradient "
+                    "clipping (%s), not this run's flags", schedule.describe(),
+                    "off" if norm is None else f"max norm {norm:g}")
+    trainer.schedule, trainer.scheduler, trainer.max_grad_norm = schedule, scheduler, norm
+
+
+def _is_positive(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 def _saved_step(saved: dict[str, Any], path: Path) -> int:

@@ -36,6 +36,7 @@ from potluck.plans import Plan, check_plan, explicit_tp, explicit_tp_plan_proble
 from potluck.plans.feasibility import EXPLICIT_TP_OFF
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.torchrun import plan_nodes
+from potluck.runtime.loop.schedule import check_schedule
 from potluck.runtime.models.stand_in import compute_plan
 from potluck.runtime.options import TrainOptions
 from potluck.units import positive_number, whole_number
@@ -52,8 +53,9 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
     backend = world_backend(plan, options.emulate)
     if len(nodes) > 1 and not options.emulate:
         raise ConfigError(
-            f"the plan spans {len(nodes)} machines; start it with the torchrun command for each "
-            "machine (potluck train --print-commands), or dry-run it here with --emulate"
+            f"nothing was trained: the plan spans {len(nodes)} machines; print one torchrun "
+            "command per machine with --print-commands and run each on its machine, or "
+            "dry-run the plan here with --emulate"
         )
     if backend == "nccl":
         check_gpus(plan)
@@ -134,9 +136,9 @@ def _is_figure(value: object) -> bool:
 
 def check_counts(options: TrainOptions) -> None:
     """--steps from 1 to :data:`~potluck.units.MAX_COUNT`, --checkpoint-every not negative,
-    --lr, --timeout and --dilation positive and finite."""
-    if not (math.isfinite(options.lr) and options.lr > 0):
-        raise ConfigError(f"--lr must be a positive number such as 3e-4, not {options.lr}")
+    --timeout and --dilation positive and finite, the learning rate and its schedule
+    (:meth:`~potluck.runtime.loop.schedule.Schedule.problem`) and the optimizer's settings
+    sensible."""
     whole_number(options.steps, "--steps")
     if options.checkpoint_every < 0:
         raise ConfigError(
@@ -146,6 +148,8 @@ def check_counts(options: TrainOptions) -> None:
     positive_number(options.timeout_s, "--timeout")
     if options.dilation is not None:
         positive_number(options.dilation, "--dilation")
+    check_schedule(options.schedule())
+    check_optimizer_settings(options)
 
 
 def check_drill(options: TrainOptions) -> None:
@@ -153,6 +157,17 @@ def check_drill(options: TrainOptions) -> None:
     if options.inject_failure and not options.elastic:
         raise ConfigError("--inject-failure is a drill of an elastic run (a rank killed for it "
                           "to recover from); add --elastic")
+
+
+def check_optimizer_settings(options: TrainOptions) -> None:
+    """--weight-decay is 0 or more, --max-grad-norm positive (or None: no clipping)."""
+    if not (math.isfinite(options.weight_decay) and options.weight_decay >= 0):
+        raise ConfigError(f"--weight-decay must be 0 or a positive number such as 0.1, "
+                          f"not {options.weight_decay}")
+    norm = options.max_grad_norm
+    if norm is not None and not (math.isfinite(norm) and norm > 0):
+        raise ConfigError(f"--max-grad-norm must be a positive number such as 1.0 "
+                          f"(0: no clipping), not {norm}")
 
 
 def check_trace(options: TrainOptions) -> None:

@@ -17,7 +17,10 @@ an emulated run's rows also
 devices, what two emulated runs are compared by, since each calibrates its
 own dilation). Progress goes to stderr: on a terminal a bar with loss, tokens/s,
 step time (predicted against measured), time elapsed and left; otherwise (a log, a
-pipe) :class:`ProgressLines`, a line every few seconds. An emulated run first says
+pipe) :class:`ProgressLines`, a line every few seconds. Steps are numbered from 0
+everywhere (``metrics.jsonl``, progress, ``--inject-failure``, checkpoints' ``step_N``
+hold the state after N steps); progress also counts the steps done (``step 9 (10/10
+done)``). An emulated run first says
 how long it will take (:func:`estimate_line`). :func:`summarize` is the line printed
 after a run.
 """
@@ -212,7 +215,8 @@ class ProgressBar:
         self._progress.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
-        self._progress.update(self._task, advance=1, description=_describe(metrics))
+        self._progress.update(self._task, advance=1,
+                              description=f"step {metrics.step} | {_describe(metrics)}")
 
     def close(self) -> None:
         self._progress.stop()
@@ -220,7 +224,9 @@ class ProgressBar:
 
 class ProgressLines:
     """One plain line per :data:`PROGRESS_EVERY_S` seconds, after the first and after the
-    last step (for a log or a pipe): step k/N, loss, time elapsed and left."""
+    last step (for a log or a pipe): the step (numbered from 0, as in ``metrics.jsonl`` and
+    ``--inject-failure``), how many of the run's steps are done, loss, time elapsed and
+    left."""
 
     def __init__(self, total_steps: int, done_steps: int, console: Any) -> None:
         self.total_steps = total_steps
@@ -238,7 +244,8 @@ class ProgressLines:
         self.printed_s = now_s
         elapsed_s = now_s - self.started_s
         left_s = elapsed_s / max(1, done - self.first_step) * (self.total_steps - done)
-        self.console.print(f"train: step {done}/{self.total_steps} | {_describe(metrics)} | "
+        self.console.print(f"train: step {metrics.step} ({done}/{self.total_steps} done) | "
+                           f"{_describe(metrics)} | "
                            f"{_wall(elapsed_s)} elapsed, about {_wall(left_s)} left",
                            highlight=False, markup=False, soft_wrap=True)
 

@@ -6,10 +6,12 @@ gradient sum across replicas) -> the loss scale divided out (fp16) and gradient
 clipping by the global norm -> optimizer step ->
 ``ParallelModel.sync_parameters`` (ZeRO-1: each replica
 updated only the parameters whose optimizer states it keeps; the updates are
-gathered). Under a ZeRO-1 plan any torch optimizer, the default AdamW or
-one passed in, keeps states for this rank's share only; where the rank's stage
-offloads its optimizer (``StageMemory.offload``) the optimizer steps host
-masters (:func:`offloaded`). It measures each
+gathered) -> the learning-rate scheduler's step (after skipped steps too: the rate
+is a function of the step index, :mod:`~potluck.runtime.loop.schedule`). Under a
+ZeRO-1 plan any torch optimizer, the default AdamW or one passed in, keeps states
+for this rank's share only; where the rank's stage offloads its optimizer
+(``StageMemory.offload``) the optimizer steps host masters (:func:`offloaded`). It
+measures each
 step (its time, and its own peak memory on a GPU:
 :mod:`~potluck.runtime.loop.peak_memory`) and hands :class:`StepMetrics` to its
 callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
@@ -58,6 +60,7 @@ from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
 from potluck.runtime.loop.peak_memory import PeakMemory, peak_memory
+from potluck.runtime.loop.schedule import Schedule, advance, make_scheduler
 from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
 
 log = logging.getLogger(__name__)
@@ -253,18 +256,25 @@ class Trainer:
 
     def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer | None = None, *,
                  lr: float = 3e-4, max_grad_norm: float | None = 1.0,
+                 schedule: Schedule | None = None, weight_decay: float = 0.0,
                  callbacks: Sequence[Callback] = (),
                  predicted_step_time_s: float | None = None,
                  loss_scale: DynamicLossScale | None = None, emulated: bool = False) -> None:
-        """``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast, else none;
-        ``emulated``: the model's clock stretches ops (metrics carry the dilation)."""
+        """``schedule``: each step's learning rate (default: ``lr`` throughout; when given,
+        the default optimizer starts from its ``lr``); ``weight_decay``: the default
+        optimizer's; ``loss_scale``: default a :class:`DynamicLossScale` under fp16 autocast,
+        else none; ``emulated``: the model's clock stretches ops (metrics carry the
+        dilation)."""
         self.model = model
         if loss_scale is None and model.session.any_fp16:
             loss_scale = DynamicLossScale()
         self.loss_scale = loss_scale
-        self.optimizer = with_masters(model, offloaded(model, optimizer or default_optimizer(model, lr)))
+        self.schedule = schedule or Schedule(lr=lr)
+        self.optimizer = with_masters(model, offloaded(model, optimizer or default_optimizer(
+            model, self.schedule.lr, weight_decay)))
         if model.zero is not None:
             model.zero.attach(self.optimizer)
+        self.scheduler = make_scheduler(self.optimizer, self.schedule)
         self.max_grad_norm = max_grad_norm
         self.callbacks = list(callbacks) if model.layout.rank == 0 else []
         prediction = model.layout.plan.prediction
@@ -311,6 +321,7 @@ class Trainer:
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
             metrics = self._metrics(output, step_time_s, scale)
+            advance(self.scheduler)
         for record in [*completed, *([] if self.model.priority else [metrics])]:
             self._report(record)
         self.step_index += 1
