@@ -814,9 +814,10 @@ def _emulation_line(chosen, options) -> str:
 def _note_plan_change(chosen, out: Path) -> None:
     """Say so when a resumed run continues under a plan other than the one it saved."""
     from potluck.plans import load_plan, plan_to_json
+    from potluck.yamlio import read_text
 
     path = out / "plan.json"
-    if not path.is_file() or path.read_text() == plan_to_json(chosen) + "\n":
+    if not path.is_file() or read_text(path, "plan") == plan_to_json(chosen) + "\n":
         return
     try:
         before = load_plan(path).layout()
@@ -850,8 +851,9 @@ def _refuse_replacing_a_plan(chosen, path: Path) -> None:
     """The torchrun commands need the plan in a file at once, before any rank has run:
     never replace another plan there (a run's, which a resume continues)."""
     from potluck.plans import plan_to_json
+    from potluck.yamlio import read_bounded
 
-    if path.exists() and (not path.is_file() or path.read_text(errors="replace")
+    if path.exists() and (not path.is_file() or read_bounded(path, "plan").decode(errors="replace")
                           != plan_to_json(chosen) + "\n"):
         raise ConfigError(f"{path} holds another plan; write this one elsewhere with potluck plan "
                           "-o FILE and pass --plan FILE")

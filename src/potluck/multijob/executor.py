@@ -58,6 +58,7 @@ from potluck.multijob.policies import Active, Policy, allocate
 from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.elastic.joins import register, release
+from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,8 @@ def _running_devices(run_dir: Path) -> set[str]:
 def _last_error(run_dir: Path, code: int) -> str:
     """The run's one-line error (potluck's, else the log's last line) and its exit code."""
     path = run_dir / LOG_FILE
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    text = read_bounded(path, "log", MAX_LOG_BYTES).decode(errors="replace") if path.is_file() else ""
+    lines = text.splitlines()
     lines = [line.strip() for line in lines if line.strip()]
     errors = [line for line in lines if line.startswith("potluck: error:")]
     said = (errors or lines or ["no output"])[-1].removeprefix("potluck: error:").strip()
