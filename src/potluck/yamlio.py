@@ -92,8 +92,7 @@ def read_bounded(path: str | Path, what: str, max_bytes: int = MAX_FILE_BYTES) -
     with os.fdopen(descriptor, "rb") as file:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            raise ConfigError(f"{path}: the {what} is {_kind(mode)}, not a regular file; "
-                              "give a file")
+            raise ConfigError(f"{path}: the {what} is {_kind(mode)}, not a regular file")
         try:
             data = file.read(max_bytes + 1)
         except OSError as err:

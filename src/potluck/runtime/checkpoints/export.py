@@ -71,8 +71,14 @@ def export_hf(state_dict: Mapping[str, torch.Tensor], spec: ModelSpec,
 
 
 def export_checkpoint(checkpoint_dir: str | Path, spec: ModelSpec, out_dir: str | Path) -> Path:
-    """Export the model weights of a potluck checkpoint; runs in one process."""
-    return export_hf(load_full_state_dict(checkpoint_dir, "model"), spec, out_dir)
+    """Export the model weights of a potluck checkpoint; runs in one process. Every tensor
+    the checkpoint's headers describe is checked against the model before it is read."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config_for(spec))
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    shapes.update({name: tuple(buffer.shape) for name, buffer in model.named_buffers()})
+    state = load_full_state_dict(checkpoint_dir, "model", shapes)
+    return export_hf(state, spec, out_dir)
 
 
 def _checked_tensors(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module,
