@@ -90,14 +90,14 @@ def read_bounded(path: str | Path, what: str, max_bytes: int = MAX_FILE_BYTES) -
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
     with os.fdopen(descriptor, "rb") as file:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{path}: the {what} is {_kind(mode)}, not a regular file")
-        try:
-            data = file.read(max_bytes + 1)
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise ConfigError(f"{path}: the {what} is {_kind(status.st_mode)}, not a regular file")
+        try:  # a file that grows after fstat is caught by the length read
+            data = file.read(max_bytes + 1) if status.st_size <= max_bytes else b""
         except OSError as err:
             raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
-    if len(data) > max_bytes:
+    if status.st_size > max_bytes or len(data) > max_bytes:
         raise ConfigError(f"{path}: the {what} is larger than {max_bytes:,} bytes, more than "
                           "potluck reads from such a file; is it the right file?")
     return data
