@@ -144,20 +144,7 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     step to continue from (collective: every rank calls). Parameter all-gathers still in
     flight are finished first, so none writes over the loaded values."""
     trainer.flush()
-    path, first_refusal = resume_checkpoint(out_dir), None
-    while True:
-        try:
-            saved = _load(trainer, path)
-            break
-        except UnusableCheckpoint as err:
-            first_refusal = first_refusal or err
-            older = newest_verified(out_dir, before=checkpoint_step(path))
-            if older is None:
-                raise UnusableCheckpoint(f"{first_refusal}; no older checkpoint can be resumed "
-                                         "either: train again without --resume") from None
-            if trainer.model.layout.rank == 0:
-                log.warning("%s; trying %s, the newest older one that verifies", err, older)
-            path = older
+    path, saved = _load_newest_usable(trainer, out_dir)
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)
@@ -166,6 +153,25 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     trainer.step_index = saved["step"]
     trainer.note_checkpoint(path, resumed=True)
     return trainer.step_index
+
+
+def _load_newest_usable(trainer: Trainer, out_dir: str) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that verifies and loads without an :class:`UnusableCheckpoint`,
+    loaded, and its trainer state; one line when none does."""
+    path, first_refusal = resume_checkpoint(out_dir), None
+    while True:
+        try:
+            return path, _load(trainer, path)
+        except UnusableCheckpoint as err:
+            first_refusal = first_refusal or err
+            older = newest_verified(out_dir, before=checkpoint_step(path))
+            if older is None:
+                oldest = "" if err is first_refusal else f" ({err})"
+                raise UnusableCheckpoint(f"{first_refusal}; no older checkpoint can be resumed "
+                                         f"either{oldest}: train again without --resume") from None
+            if trainer.model.layout.rank == 0:
+                log.warning("%s; trying %s, the newest older one that verifies", err, older)
+            path = older
 
 
 def _load(trainer: Trainer, path: Path) -> dict[str, Any]:
