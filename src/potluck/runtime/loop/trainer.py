@@ -462,7 +462,7 @@ class Trainer:
     def _stop_unscaled(self) -> None:
         """Stop at a non-finite step without loss scaling (bf16, fp32): nothing to lower."""
         self.flush()  # every rank stops at this step: its metrics are still reported
-        dtype = self.model.layout.plan.training.dtype.value
+        dtype = self.model.session.compute_dtype.value  # what this rank computes in
         raise TrainingError(
             f"stopped at step {self.step_index - 1}: its loss or gradients are inf or NaN in "
             f"{dtype}, where no loss scaling overflows ({self._suspects()}); {self._good()}")
