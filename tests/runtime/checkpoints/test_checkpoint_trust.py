@@ -218,6 +218,15 @@ def test_a_checkpoint_that_verifies_but_is_not_finite_is_skipped_for_an_older_on
     assert not any(row["skipped"] for row in rows)
 
 
+def test_export_skips_a_checkpoint_whose_weights_are_not_finite(run, tmp_path):
+    _rewrite_shard(_step_dir(run, 4), _inf_weights)
+    result = potluck("export", str(run), "--out", str(tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    assert "exported step 2" in result.stdout
+    warning = next(line for line in result.stderr.splitlines() if "holds inf or NaN" in line)
+    assert "step_000004 cannot be exported" in warning and "trying" in warning
+
+
 def test_when_no_checkpoint_can_be_resumed_the_run_stops_with_one_line(run):
     """Step 4 says it is step 10**18 (which ran nothing and exited 0), step 2 has lr NaN
     (which trained NaN and exited 0), each with its manifest updated: the run names

@@ -322,7 +322,7 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     if values := first_problem_on_any_rank(values, process_group):
         raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: its {VALUES} {values}")
     _read(path, tensors, reader, process_group)
-    if problem := first_problem_on_any_rank(_non_finite(tensors), process_group):
+    if problem := first_problem_on_any_rank(non_finite(tensors), process_group):
         raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: {problem}")
     _masters_from_weights(state, absent)
     restore_values(state, saved_values)
@@ -331,7 +331,7 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     return read_trainer_state(path)
 
 
-def _non_finite(state: Mapping[str, Any], prefix: str = "") -> str | None:
+def non_finite(state: Mapping[str, Any], prefix: str = "") -> str | None:
     """The first floating-point tensor of ``state`` (this rank's shard of a DTensor) that
     holds an inf or a NaN, named; None: every one is finite."""
     from torch.distributed.tensor import DTensor
