@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from potluck import api
+from potluck.calibrate.measured.runs import MAX_RUNS
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
 from potluck.console.progress import Steps, fraction_progress, step_progress
 from potluck.economics import prices
@@ -434,7 +435,8 @@ def calibrate(
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="CSV of iteration times measured by any framework: "
         "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s (optional "
-        "dtype,recompute,schedule,zero1,partition,groups); needs --model and --cluster.")] = None,
+        f"dtype,recompute,schedule,zero1,partition,groups), at most {MAX_RUNS} runs; needs "
+        "--model and --cluster.")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="With --measured: the model the runs trained.")] = None,
     cluster: Annotated[Path | None, typer.Option(
