@@ -284,3 +284,23 @@ def test_names_free_to_hold_any_text_are_printed_as_written(tmp_path):
     result = potluck("plan", "-c", cluster, "-m", model, "--global-batch", 8, "--seq-len", 128)
     assert result.returncode == 0, result.stderr
     assert "[bold]mine on [/bold] [red]lab (" in result.stdout
+
+
+@pytest.mark.parametrize(("command", "kind", "fragment"), [
+    ("plan", "/dev/zero", "is a character device, not a regular file"),
+    ("simulate", "fifo", "is a FIFO, not a regular file"),
+    ("plan", "huge", "is larger than 67,108,864 bytes"),
+])
+def test_a_device_a_fifo_or_a_huge_file_is_one_line_before_it_is_read(tmp_path, command, kind,
+                                                                       fragment):
+    """Read to its end, a link to /dev/zero fills the memory and a FIFO blocks for ever."""
+    path = tmp_path / ("lab.yaml" if command == "plan" else "plan.json")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        with open(path, "wb") as file:
+            file.truncate((64 << 20) + 1)  # sparse: no disk used
+    else:
+        path.symlink_to(kind)
+    args = ("-c", path, "-m", "tiny-llama") if command == "plan" else (path,)
+    one_line_error(potluck(command, *args, cwd=tmp_path), str(path), fragment)

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from potluck import api
+from potluck.calibrate.measured.runs import MAX_RUNS
 from potluck.cluster.execution import PRESET_SUMMARIES, PRESETS
 from potluck.console.progress import Steps, fraction_progress, step_progress
 from potluck.economics import prices
@@ -450,7 +451,8 @@ def calibrate(
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="CSV of iteration times measured by any framework: "
         "tp,pp,dp,micro_batch_size,global_batch,seq_len,iteration_time_s (optional "
-        "dtype,recompute,schedule,zero1,partition,groups); needs --model and --cluster.")] = None,
+        f"dtype,recompute,schedule,zero1,partition,groups), at most {MAX_RUNS} runs; needs "
+        "--model and --cluster.")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="With --measured: the model the runs trained.")] = None,
     cluster: Annotated[Path | None, typer.Option(
@@ -863,9 +865,10 @@ def _emulation_line(chosen, options) -> str:
 def _note_plan_change(chosen, out: Path) -> None:
     """Say so when a resumed run continues under a plan other than the one it saved."""
     from potluck.plans import load_plan, plan_to_json
+    from potluck.yamlio import read_text
 
     path = out / "plan.json"
-    if not path.is_file() or path.read_text() == plan_to_json(chosen) + "\n":
+    if not path.is_file() or read_text(path, "plan") == plan_to_json(chosen) + "\n":
         return
     try:
         before = load_plan(path).layout()
@@ -899,8 +902,9 @@ def _refuse_replacing_a_plan(chosen, path: Path) -> None:
     """The torchrun commands need the plan in a file at once, before any rank has run:
     never replace another plan there (a run's, which a resume continues)."""
     from potluck.plans import plan_to_json
+    from potluck.yamlio import read_bounded
 
-    if path.exists() and (not path.is_file() or path.read_text(errors="replace")
+    if path.exists() and (not path.is_file() or read_bounded(path, "plan").decode(errors="replace")
                           != plan_to_json(chosen) + "\n"):
         raise ConfigError(f"{path} holds another plan; write this one elsewhere with potluck plan "
                           "-o FILE and pass --plan FILE")

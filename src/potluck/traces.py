@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
+from potluck.yamlio import MAX_LOG_BYTES, read_text
 
 TRACE_VERSION = 1
 _US = 1e6
@@ -170,7 +171,7 @@ def read_trace(path: str | Path) -> Trace:
     if not path.is_file():
         raise ConfigError(f"trace file {str(path)!r} not found")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "trace", MAX_LOG_BYTES))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}:{err.lineno}: not a JSON trace: {err.msg}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):

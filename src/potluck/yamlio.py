@@ -5,12 +5,19 @@ the bad line, and JSON; a file that is not UTF-8 text is one clear error, not a 
 each key and item. :class:`Fields` reads one mapping with typed getters and
 prefixes every error with ``file:line``. ``read_text`` and ``parse_json`` serve the
 JSON files (plans, model configs).
+
+Every file potluck reads from the user or from a run directory goes through
+:func:`read_bounded`: a regular file of at most a stated size, read once through one
+descriptor, so a link to ``/dev/zero``, a FIFO or a file of terabytes is one line instead
+of an exhausted memory or a hang.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,20 +96,52 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _co
 def load_yaml(path: str | Path, what: str) -> Any:
     """Parse a YAML file; a missing or malformed file is one clear ConfigError."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{what} {str(path)!r} not found; check the path")
     return parse_yaml(read_text(path, what), str(path))
 
 
-def read_text(path: Path, what: str) -> str:
-    """The file's text; one ConfigError when it cannot be read or is not UTF-8 text."""
+MAX_FILE_BYTES = 64 << 20  # a cluster, plan, model, jobs or checkpoint JSON/YAML file
+MAX_LOG_BYTES = 1 << 30  # a run's metrics.jsonl, trace.json or log: ~2 million steps' rows
+
+
+def read_bounded(path: str | Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path``; one ConfigError when it is not a regular file (a device, a
+    FIFO, a directory), holds more than ``max_bytes`` or cannot be read."""
     try:
-        return path.read_text(encoding="utf-8")
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise ConfigError(f"{path}: the {what} is {_kind(status.st_mode)}, not a regular file")
+        try:  # a file that grows after fstat is caught by the length read
+            data = file.read(max_bytes + 1) if status.st_size <= max_bytes else b""
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+    if status.st_size > max_bytes or len(data) > max_bytes:
+        raise ConfigError(f"{path}: the {what} is larger than {max_bytes:,} bytes, more than "
+                          "potluck reads from such a file; is it the right file?")
+    return data
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO",
+             stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
+
+
+def read_text(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The file's text (see :func:`read_bounded`); one ConfigError when it cannot be read or
+    is not UTF-8 text."""
+    data = read_bounded(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: the {what} is not UTF-8 text (byte {err.start} is "
                           f"{err.object[err.start:err.start + 1]!r}); give a text file") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
 
 
 def parse_json(path: Path, what: str) -> Any:

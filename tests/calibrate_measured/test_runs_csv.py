@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from potluck.calibrate.measured.runs import read_runs
+from potluck.calibrate.measured.runs import MAX_CSV_BYTES, read_runs
 from potluck.errors import ConfigError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition
@@ -101,3 +103,38 @@ def test_each_mistake_is_one_line_naming_the_row(tmp_path, text: str, message: s
 def test_a_missing_file_is_one_line(tmp_path) -> None:
     with pytest.raises(ConfigError, match="cannot read measured runs .*nope.csv"):
         read_runs(tmp_path / "nope.csv", {"box": 8})
+
+
+def test_too_many_runs_are_one_line_with_the_limit(tmp_path) -> None:
+    from potluck.calibrate.measured.runs import MAX_RUNS
+
+    rows = "\n".join(["1,1,2,1,8,512,0.5"] * (MAX_RUNS + 1))
+    with pytest.raises(ConfigError, match=f"more than {MAX_RUNS} runs; calibrate against at most"):
+        read_runs(runs_file(tmp_path, f"{HEADER}\n{rows}\n"), {"box": 4, "big": 4})
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x00\x01\x02\x03" * 64, r"runs.csv:1: a NUL byte: this is a binary file, not a CSV"),
+    (b"\x89PNG\r\n\x1a\n\xff\xfe", r"runs.csv: the measured runs CSV is not UTF-8 text"),
+])
+def test_a_binary_file_is_one_line(tmp_path, content: bytes, message: str) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        read_runs(path, {"box": 8})
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "huge"])
+def test_a_device_a_fifo_or_a_huge_file_is_refused_before_it_is_read(tmp_path, target) -> None:
+    """A link to /dev/zero would fill the memory, a FIFO block for ever."""
+    path = tmp_path / "runs.csv"
+    if target == "fifo":
+        os.mkfifo(path)
+    elif target == "huge":
+        with open(path, "wb") as file:
+            file.truncate(MAX_CSV_BYTES + 1)  # sparse: no disk used
+    else:
+        path.symlink_to(target)
+    message = "larger than" if target == "huge" else "not a regular file"
+    with pytest.raises(ConfigError, match=message):
+        read_runs(path, {"box": 8})

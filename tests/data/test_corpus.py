@@ -75,3 +75,13 @@ def test_builtin_corpus_ships_with_the_package_and_is_small_english_text():
     assert 50_000 < total_bytes < 400_000
     text = " ".join(read_documents(builtin_corpus_path()))
     assert text.isascii() and " the " in text
+
+
+def test_a_data_file_too_large_to_read_whole_is_one_line(tmp_path: Path):
+    from potluck.data.corpus import MAX_DATA_FILE_BYTES
+
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as file:
+        file.truncate(MAX_DATA_FILE_BYTES + 1)  # sparse: no disk used, and never read
+    with pytest.raises(ConfigError, match="huge.txt: the data file is larger than 4,294,967,296"):
+        read_documents(tmp_path)

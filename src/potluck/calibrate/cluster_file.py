@@ -28,6 +28,7 @@ from potluck.cluster.calibration_file import (
 from potluck.cluster.catalog import DeviceType, catalog
 from potluck.cluster.nodes import NodeGroup
 from potluck.cluster.spec import ClusterSpec, default_nvlink, load_cluster
+from potluck.yamlio import read_text
 
 
 def _size_text(num_bytes: float) -> str:
@@ -112,7 +113,7 @@ def write_calibrated(out: str | Path, fit: Fit, plan_cluster: ClusterSpec,
     """Write ``fit`` (and the fitted ``execution`` fields) into ``cluster_file``'s text (or
     a description of ``plan_cluster``) at ``out``; return the file's cluster read back."""
     if cluster_file is not None:
-        base, text = load_cluster(cluster_file), Path(cluster_file).read_text()
+        base, text = load_cluster(cluster_file), read_text(Path(cluster_file), "cluster file")
     else:
         base, text = plan_cluster, cluster_text(plan_cluster)
     return write_calibrated_cluster(out, text, calibration(fit, base), execution)

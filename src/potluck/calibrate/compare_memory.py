@@ -34,6 +34,7 @@ from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan, load_plan
 from potluck.tables import compact_table
+from potluck.yamlio import MAX_LOG_BYTES, read_text
 
 METRICS_FILE = "metrics.jsonl"
 PLAN_FILE = "plan.json"
@@ -66,7 +67,8 @@ def memory_rows(run_dir: str | Path) -> list[tuple[dict[str, Any], ...]]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in read_text(path, METRICS_FILE, MAX_LOG_BYTES).splitlines()
+            if line.strip()]
     return [tuple(row["memory"]) for row in rows if row.get("memory")]
 
 

@@ -30,6 +30,7 @@ from potluck.sim import simulate
 from potluck.sim.compare import TraceComparison, compare_traces, side_by_side
 from potluck.sim.trace import simulation_trace
 from potluck.traces import Trace, read_trace, write_trace
+from potluck.yamlio import MAX_LOG_BYTES, read_text
 
 PREDICTED_FILE = "predicted.json"
 SIDE_BY_SIDE_FILE = "side_by_side.json"
@@ -97,7 +98,7 @@ def _is_trace(path: Path) -> bool:
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} not found: give a run directory, a plan file or a trace")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "plan or trace", MAX_LOG_BYTES))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
     return isinstance(data, dict) and "traceEvents" in data
@@ -150,7 +151,7 @@ def run_step_time(run_dir: str | Path) -> RunStepTime:
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(path, METRICS_FILE, MAX_LOG_BYTES).splitlines(), 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:

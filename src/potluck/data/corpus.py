@@ -4,8 +4,8 @@ A ``.txt`` file is one document. A ``.jsonl`` file holds one JSON object per
 line, each a document in its ``text`` field (other fields are ignored, blank
 lines skipped). A directory is searched recursively for both kinds, in sorted
 path order, so the document order never depends on the file system. Every
-mistake (missing path, no text, a line without ``text``) is a one-line
-ConfigError that names the file and line.
+mistake (missing path, no text, a line without ``text``, a file over
+:data:`MAX_DATA_FILE_BYTES`) is a one-line ConfigError that names the file and line.
 
 A small English corpus ships with potluck (:func:`builtin_corpus_path`), so the
 demo and the tests need nothing from the network.
@@ -19,8 +19,10 @@ from importlib import resources
 from pathlib import Path
 
 from potluck.errors import ConfigError
+from potluck.yamlio import read_bounded
 
 SUFFIXES = (".txt", ".jsonl")
+MAX_DATA_FILE_BYTES = 4 << 30  # one file is read whole: split a larger corpus into files
 
 
 def builtin_corpus_path() -> Path:
@@ -64,8 +66,9 @@ def no_text_error(path: str | Path) -> ConfigError:
 
 
 def _read_text(file: Path) -> str:
+    data = read_bounded(file, "data file", MAX_DATA_FILE_BYTES)
     try:
-        return file.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{file}: not UTF-8 text (byte {err.start})") from None
 

@@ -65,6 +65,7 @@ from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.elastic.joins import register, release
 from potluck.runtime.launch.lifeline import dies_with_this_process
 from potluck.units import non_negative_number, positive_number, whole_number
+from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +448,8 @@ def _running_devices(run_dir: Path) -> set[str]:
 def _last_error(run_dir: Path, code: int) -> str:
     """The run's one-line error (potluck's, else the log's last line) and its exit code."""
     path = run_dir / LOG_FILE
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    text = read_bounded(path, "log", MAX_LOG_BYTES).decode(errors="replace") if path.is_file() else ""
+    lines = text.splitlines()
     lines = [line.strip() for line in lines if line.strip()]
     errors = [line for line in lines if line.startswith("potluck: error:")]
     said = (errors or lines or ["no output"])[-1].removeprefix("potluck: error:").strip()

@@ -155,7 +155,7 @@ def _non_finite(value: Any, where: str = "") -> str | None:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"plan file {str(path)!r} not found; make one with `potluck plan -o`")
     data = parse_json(path, "plan file")
     return plan_from_dict(data, str(path))

@@ -43,6 +43,7 @@ from potluck.planner.gemm import effective_dtype
 from potluck.plans import DType
 from potluck.profiler.run import ProfileResult
 from potluck.version import __version__
+from potluck.yamlio import read_text
 
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "tesla")
 
@@ -153,4 +154,4 @@ def write_calibrated(out: str | Path, result: ProfileResult, type_name: str,
     if cluster is None:
         return write_calibrated_cluster(out, *_profiled_file(result, type_name))
     calibration = file_calibration(load_cluster(cluster), result, type_name)
-    return write_calibrated_cluster(out, Path(cluster).read_text(), calibration)
+    return write_calibrated_cluster(out, read_text(Path(cluster), "cluster file"), calibration)

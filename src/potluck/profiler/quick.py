@@ -34,6 +34,7 @@ import torch
 
 from potluck.cluster.calibration import Calibration, calibrate_device, calibrate_group
 from potluck.cluster.spec import ClusterSpec
+from potluck.errors import ConfigError
 from potluck.model.spec import ModelSpec
 from potluck.profiler.calibration_file import profiled_calibration
 from potluck.profiler.compute import (
@@ -43,6 +44,7 @@ from potluck.profiler.compute import (
     memory_bandwidth,
 )
 from potluck.profiler.run import ProfileResult
+from potluck.yamlio import read_bounded
 
 log = logging.getLogger(__name__)
 CPU = "cpu"
@@ -99,15 +101,15 @@ def _key(model: ModelSpec, ranks: int) -> tuple:
 
 def _cached(cache: Path, key: tuple) -> DeviceMeasurement | None:
     """The cache's measurement when it is this key's and holds finite positive figures."""
+    if not cache.exists():
+        return None
     try:
-        data = json.loads(cache.read_bytes())
+        data = json.loads(read_bounded(cache, "CPU measurement cache"))
         if data.get("key") != repr(key):
             return None
         flops = {str(k): float(v) for k, v in data["matmul_flops"].items()}
         bandwidth = float(data["memory_bandwidth_bytes_per_s"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ConfigError, ValueError, TypeError, KeyError, AttributeError):
         log.warning("%s is not a CPU measurement potluck wrote; measuring again", cache)
         return None
     if not all(math.isfinite(v) and v > 0 for v in (*flops.values(), bandwidth)) or not flops:

@@ -205,3 +205,34 @@ def test_plain_values_come_back_with_their_types_or_are_refused_before_loading(t
     with pytest.raises(ConfigError, match="value 'optim.betas' is a list, this run has a str"):
         load_checkpoint(latest_checkpoint(tmp_path), wrong)
     assert wrong["optim"]["w"].tolist() == [0.0, 0.0], "refused only after loading tensors"
+
+
+GROUP = "optim.param_groups.w"  # how the flattened optimizer state keys a parameter's group
+
+
+@pytest.mark.parametrize(("setting", "value", "wanted"), [
+    ("lr", float("nan"), "a finite number of at least 0"), ("lr", -1.0, "at least 0"),
+    ("eps", -1.0, "at least 0"), ("weight_decay", float("inf"), "finite"),
+    ("foreach", "yes", "true or false"), ("betas", [1.5, 0.9], "two finite numbers in [0, 1)"),
+])
+def test_optimizer_settings_no_optimizer_steps_with_are_refused_before_loading(
+        tmp_path: Path, setting: str, value, wanted: str):
+    from potluck.runtime.checkpoints.storage import UnusableCheckpoint
+
+    good = {"lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0, "foreach": None, "betas": (0.9, 0.95)}
+    saved = {**good, setting: value}
+    save_checkpoint(tmp_path, 1, {"optim": {"w": torch.ones(2), "param_groups": {"w": saved}}},
+                    {"step": 1})
+    live = {"optim": {"w": torch.zeros(2), "param_groups": {"w": dict(good)}}}
+    with pytest.raises(UnusableCheckpoint) as err:
+        load_checkpoint(latest_checkpoint(tmp_path), live)
+    assert f"'{GROUP}.{setting}' is" in str(err.value) and wanted in str(err.value)
+    assert live["optim"]["w"].tolist() == [0.0, 0.0], "refused before loading tensors"
+
+
+def test_a_tensor_that_is_not_finite_is_named_and_not_resumed(tmp_path: Path):
+    from potluck.runtime.checkpoints.storage import UnusableCheckpoint
+
+    save_checkpoint(tmp_path, 1, {"model": {"w": torch.tensor([1.0, float("nan")])}}, {"step": 1})
+    with pytest.raises(UnusableCheckpoint, match="cannot be resumed: model.w holds inf or NaN"):
+        load_checkpoint(latest_checkpoint(tmp_path), {"model": {"w": torch.zeros(2)}})

@@ -159,9 +159,17 @@ def test_export_to_an_existing_file_is_one_line_and_writes_nothing(run, tmp_path
     assert target.read_bytes() == b"keep me"
 
 
-def _rewrite_consistently_with_inf_weights(checkpoint: Path) -> None:
-    """Every weight of the shard set to inf and the manifest updated to match: a checkpoint
-    that verifies but holds a broken state (as a run that diverged would have saved)."""
+def _update_manifest(checkpoint: Path, name: str) -> None:
+    """The manifest's entry of ``name`` made to match the file: damage that verifies."""
+    path = checkpoint / name
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"][name] = {"bytes": path.stat().st_size,
+                               "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _rewrite_shard(checkpoint: Path, change) -> None:
+    """``change(tensors, metadata)`` applied to the shard, the manifest updated to match."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -169,27 +177,92 @@ def _rewrite_consistently_with_inf_weights(checkpoint: Path) -> None:
     with safe_open(str(shard), framework="pt") as file:
         metadata = file.metadata()
         tensors = {key: file.get_tensor(key) for key in file.keys()}
+    change(tensors, metadata)
+    save_file(tensors, str(shard), metadata=metadata)
+    _update_manifest(checkpoint, SHARD)
+
+
+def _rewrite_json(checkpoint: Path, name: str, change) -> None:
+    """``change(data)`` applied to a JSON file of the checkpoint, the manifest updated."""
+    data = json.loads((checkpoint / name).read_text())
+    change(data)
+    (checkpoint / name).write_text(json.dumps(data))
+    _update_manifest(checkpoint, name)
+
+
+def _set_lr(value):
+    def change(values: dict) -> None:
+        for key in values:
+            if key.endswith(".lr"):
+                values[key] = value
+    return change
+
+
+def _inf_weights(tensors: dict, metadata: dict) -> None:
     for key, tensor in tensors.items():
         if key.startswith("model.") and tensor.is_floating_point():
             tensor.fill_(float("inf"))
-    save_file(tensors, str(shard), metadata=metadata)
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    manifest["files"][SHARD] = {"bytes": shard.stat().st_size,
-                                "sha256": hashlib.sha256(shard.read_bytes()).hexdigest()}
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_a_run_whose_every_step_is_skipped_stops_and_prunes_nothing(run):
-    from potluck.runtime.loop.trainer import MAX_SKIPPED_STEPS
-
-    _rewrite_consistently_with_inf_weights(_step_dir(run, 4))
-    result = _resume(run, 40, "--checkpoint-every", "1")
-    line = _error_line(result)
-    last = 4 + MAX_SKIPPED_STEPS - 1
-    assert f"stopped after step {last}: {MAX_SKIPPED_STEPS} steps in a row were skipped" in line
-    assert "no step since it resumed from" in line and "step_000004" in line
+def test_a_checkpoint_that_verifies_but_is_not_finite_is_skipped_for_an_older_one(run):
+    """Inf weights with a matching manifest (as a diverged run saves them): the run
+    resumes from step 2 and says why, instead of skipping every step and exiting 0."""
+    _rewrite_shard(_step_dir(run, 4), _inf_weights)
+    result = _resume(run, 6)
+    assert result.returncode == 0, result.stderr
+    warning = next(line for line in result.stderr.splitlines() if "holds inf or NaN" in line)
+    assert "step_000004 cannot be resumed" in warning and "trying" in warning
+    assert "step_000002" in warning
     rows = _metrics(run)
-    assert [row["step"] for row in rows] == list(range(last + 1))
-    assert all(row["skipped"] for row in rows[4:])
-    assert (_step_dir(run, 2) / "COMPLETE").is_file(), "the last good checkpoint was pruned"
-    assert (_step_dir(run, 4) / "COMPLETE").is_file()
+    assert [row["step"] for row in rows] == list(range(6))
+    assert not any(row["skipped"] for row in rows)
+
+
+def test_export_skips_a_checkpoint_whose_weights_are_not_finite(run, tmp_path):
+    _rewrite_shard(_step_dir(run, 4), _inf_weights)
+    result = potluck("export", str(run), "--out", str(tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    assert "exported step 2" in result.stdout
+    warning = next(line for line in result.stderr.splitlines() if "holds inf or NaN" in line)
+    assert "step_000004 cannot be exported" in warning and "trying" in warning
+
+
+def test_when_no_checkpoint_can_be_resumed_the_run_stops_with_one_line(run):
+    """Step 4 says it is step 10**18 (which ran nothing and exited 0), step 2 has lr NaN
+    (which trained NaN and exited 0), each with its manifest updated: the run names
+    step 4's problem after a warning naming step 2's, and trains nothing."""
+    _rewrite_json(_step_dir(run, 4), "trainer_state.json",
+                  lambda state: state.update(step=10**18))
+    _rewrite_json(_step_dir(run, 2), "values.json", _set_lr(float("nan")))
+    result = _resume(run, 6)
+    line = _error_line(result)
+    assert "step_000004 cannot be resumed" in line
+    assert "says step 1000000000000000000, but the checkpoint is of step 4" in line
+    assert "no older checkpoint can be resumed either (checkpoint" in line
+    assert "step_000002 cannot be resumed: its values.json value" in line and ".lr' is nan" in line
+    assert len(_metrics(run)) == 4
+
+
+def test_shard_offsets_past_the_model_are_refused_before_export_allocates(run, tmp_path):
+    """Offsets [1e12, 0] in a shard header made export try to allocate 256 TB."""
+    def far_offsets(tensors: dict, metadata: dict) -> None:
+        sharding = json.loads(metadata["DCP_SHARDING_INFO"])
+        key = next(k for k in sharding if k.startswith("model.") and k.endswith("embed_tokens.weight"))
+        sharding[key]["saved_offsets"] = [10**12, 0]
+        metadata["DCP_SHARDING_INFO"] = json.dumps(sharding)
+
+    _rewrite_shard(_step_dir(run, 4), far_offsets)
+    line = _error_line(potluck("export", str(run), "--out", str(tmp_path / "hf")))
+    assert "step_000004 does not fit the model" in line
+    assert "embed_tokens.weight" in line and "1000000000" in line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_manifest_linked_to_dev_zero_is_one_line(run, tmp_path):
+    """Read to its end, /dev/zero fills the memory."""
+    for step in (2, 4):
+        manifest = _step_dir(run, step) / "manifest.json"
+        manifest.unlink()
+        manifest.symlink_to("/dev/zero")
+    line = _error_line(potluck("export", str(run), "--out", str(tmp_path / "hf")))
+    assert "manifest.json is a character device, not a regular file" in line

@@ -98,3 +98,24 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_ranks_that_cannot_fit_in_host_memory_are_refused_before_any_starts(monkeypatch):
+    """64 emulated ranks in 3 GB: one line with what they need and what there is, instead
+    of the kernel's OOM killer ending the run without a word."""
+    from potluck.cluster.spec import parse_cluster
+    from potluck.runtime.launch import host_memory
+
+    cluster = parse_cluster("nodes:\n  - {name: box, gpu: rtx3090, gpus_per_node: 8, count: 8}\n")
+    ids = [f"box.{node}:{gpu}" for node in range(8) for gpu in range(8)]
+    plan = make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 1)] * 64, cluster=cluster,
+                     device_ids=ids)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 3e9)
+    with pytest.raises(ConfigError) as err:
+        check_local(plan, TrainOptions(emulate=True))
+    message = str(err.value)
+    assert "\n" not in message
+    assert "64 ranks need at least 21.8 GB of host memory" in message
+    assert "3.0 GB is available" in message
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 64e9)
+    check_local(plan, TrainOptions(emulate=True))

@@ -37,7 +37,7 @@ from potluck.model.spec import ModelSpec
 from potluck.planner.evaluate import predict
 from potluck.plans import Execution
 from potluck.version import __version__
-from potluck.yamlio import parse_yaml
+from potluck.yamlio import parse_yaml, read_text
 
 MIN_RUNS = 2  # one input from one run would explain it by construction
 
@@ -132,10 +132,9 @@ def _silent(fraction: float, what: str) -> None:
 
 
 def _read(cluster: str | Path) -> str:
-    try:
-        return Path(cluster).read_text()
-    except OSError:
-        raise ConfigError(f"cluster file {str(cluster)!r} not found; check the path") from None
+    if not Path(cluster).exists():
+        raise ConfigError(f"cluster file {str(cluster)!r} not found; check the path")
+    return read_text(Path(cluster), "cluster file")
 
 
 def _check_enough(runs_file: Path, total: int, planned: list[PlannedRun],

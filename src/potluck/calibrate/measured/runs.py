@@ -13,6 +13,8 @@ search's choice, 2, balanced, any node groups; ``uniform`` is the even split of 
 batch most frameworks use; ``groups`` names the node groups the run used, joined by
 ``+``, e.g. ``box3090+a100``). Lines starting
 with ``#`` are comments. Every mistake is one line naming the file, the line and the fix.
+A file holds at most :data:`MAX_RUNS` runs (each is planned several times per fit) and
+:data:`MAX_CSV_BYTES` bytes of UTF-8 text.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ from potluck.planner.options import Partition, SearchOptions
 from potluck.plans import DType, Execution, TrainingShape
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
+from potluck.yamlio import read_text
 
 REQUIRED = ("tp", "pp", "dp", "micro_batch_size", "global_batch", "seq_len", "iteration_time_s")
 OPTIONAL = ("dtype", "recompute", "schedule", "zero", "zero1", "virtual_stages", "partition",
             "groups")
 VIRTUAL_SCHEDULES = (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+MAX_RUNS = 200  # 8 runs calibrated in 22 s, 64 in 190 s (2 loaded cores): 200 take ~10 min
+MAX_CSV_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -88,22 +93,41 @@ class MeasuredRun:
 def read_runs(path: str | Path, group_gpus: dict[str, int]) -> tuple[MeasuredRun, ...]:
     """The runs of ``path``, checked against a cluster of these node groups (name: GPUs)."""
     path = Path(path)
+    reader = csv.reader(_lines(path))
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read measured runs {path}: {err.strerror}") from None
-    lines = [line if not line.lstrip().startswith("#") else "" for line in text.splitlines()]
-    reader = csv.reader(lines)
-    header = _header(path, next((row for row in reader if any(c.strip() for c in row)), None))
-    header_line = reader.line_num
-    runs = []
-    for row in reader:
-        if any(cell.strip() for cell in row):
-            runs.append(_run(path, reader.line_num, header, row, group_gpus))
+        header = _header(path, next((row for row in reader if any(c.strip() for c in row)), None))
+        header_line = reader.line_num
+        runs = []
+        for row in reader:
+            if any(cell.strip() for cell in row):
+                runs.append(_run(path, reader.line_num, header, row, group_gpus))
+                _check_count(path, len(runs))
+    except csv.Error as err:
+        raise ConfigError(f"{path}:{reader.line_num}: not CSV ({err}); give a text file of "
+                          "comma-separated values") from None
     if not runs:
         raise ConfigError(f"{path}:{header_line}: no runs after the header; add one line per "
                           f"measured run ({','.join(REQUIRED)})")
     return tuple(runs)
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, comments blanked (so that line numbers stay); a binary file is one
+    ConfigError."""
+    if not path.exists():
+        raise ConfigError(f"cannot read measured runs {path}: no such file")
+    text = read_text(path, "measured runs CSV", MAX_CSV_BYTES)
+    if (nul := text.find("\0")) >= 0:
+        raise ConfigError(f"{path}:{text.count(chr(10), 0, nul) + 1}: a NUL byte: this is a "
+                          "binary file, not a CSV of measured runs")
+    return [line if not line.lstrip().startswith("#") else "" for line in text.splitlines()]
+
+
+def _check_count(path: Path, runs: int) -> None:
+    if runs > MAX_RUNS:
+        raise ConfigError(f"{path}: more than {MAX_RUNS:,} runs; calibrate against at most "
+                          f"{MAX_RUNS:,} (each is planned for every set of inputs tried): keep "
+                          "a sample of different layouts")
 
 
 def _header(path: Path, row: list[str] | None) -> list[str]:

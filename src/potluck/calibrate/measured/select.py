@@ -115,7 +115,8 @@ def select_terms(model: RunModel, candidates: list[Parameter],
     folds = min(count, MAX_FOLDS)
     limit = min(count // 2, count - 2)
     first = [(p,) for p in pool] + _pairs(model, pool) if limit >= 2 else [(p,) for p in pool]
-    at_most = len(first) + sum(len(pool) - size for size in range(2, limit))
+    # growing a set of ``size`` inputs tries each input it lacks; sets stop at ``limit``
+    at_most = len(first) + sum(len(pool) - size for size in range(2, min(limit, len(pool))))
     tried = [_score(model, (), folds)] + _each(model, first, folds, report, at_most)
     tried += _extend(model, pool, tried, limit, folds, report, at_most)
     report(1.0, f"scored {len(tried)} sets of inputs")

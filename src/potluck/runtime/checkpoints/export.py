@@ -88,7 +88,17 @@ def _user_file_mode() -> int:
 
 def export_checkpoint(checkpoint_dir: str | Path, spec: ModelSpec, out_dir: str | Path) -> Path:
     """Export the model weights of a potluck checkpoint; runs in one process."""
-    return export_hf(load_full_state_dict(checkpoint_dir, "model"), spec, out_dir)
+    return export_hf(checkpoint_weights(checkpoint_dir, spec), spec, out_dir)
+
+
+def checkpoint_weights(checkpoint_dir: str | Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint, every tensor its headers describe checked against
+    the model before it is read."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config_for(spec))
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    shapes.update({name: tuple(buffer.shape) for name, buffer in model.named_buffers()})
+    return load_full_state_dict(checkpoint_dir, "model", shapes)
 
 
 def _checked_tensors(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module,
@@ -141,8 +151,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
     """Export the newest checkpoint of a ``potluck train --out`` directory that verifies to a
     Hugging Face directory; the model is the one the run computed (a stand-in, when emulated).
 
-    A damaged newer checkpoint is skipped with a warning that names the bad file; the
-    result says which step was exported.
+    A damaged newer checkpoint is skipped with a warning that names the bad file, and so is
+    one whose weights hold inf or NaN; the result says which step was exported.
     """
     from potluck.runtime.checkpoints.storage import CHECKPOINTS_DIR, checkpoint_step, newest_verified
 
@@ -157,9 +167,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
             "potluck train --out DIR saves one at the end of a run (and every N steps with "
             "--checkpoint-every N)"
         )
-    model = _saved_model(checkpoint, Path(run_dir))
+    checkpoint, model, weights = _newest_finite(Path(run_dir), checkpoint)
     tokenizer = _run_tokenizer(Path(run_dir), model)  # a bad one is told before writing
-    path = export_checkpoint(checkpoint, model, out)
+    path = export_hf(weights, model, out)
     if tokenizer is not None:
         tokenizer.save(path)
     return Exported(out_dir=path, checkpoint=checkpoint, step=checkpoint_step(checkpoint),
@@ -183,6 +193,26 @@ def _run_tokenizer(run_dir: Path, model: ModelSpec) -> Tokenizer | None:
                 "kept it): the export has the weights only; save the run's tokenizer beside "
                 "them with save_pretrained", run_dir)
     return None
+
+
+def _newest_finite(run_dir: Path, checkpoint: Path
+                   ) -> tuple[Path, ModelSpec, dict[str, torch.Tensor]]:
+    """``checkpoint``, or the newest older one that verifies, whose weights are finite: the
+    checkpoint, its model and its weights; one line when none is."""
+    from potluck.runtime.checkpoints.storage import checkpoint_step, newest_verified, non_finite
+
+    first: str | None = None
+    while True:
+        spec = _saved_model(checkpoint, run_dir)
+        weights = checkpoint_weights(checkpoint, spec)
+        if (problem := non_finite(weights)) is None:
+            return checkpoint, spec, weights
+        first = first or f"checkpoint {checkpoint} cannot be exported: {problem}"
+        older = newest_verified(run_dir, alone=True, before=checkpoint_step(checkpoint))
+        if older is None:
+            raise ConfigError(f"{first}; no older checkpoint has finite weights")
+        log.warning("checkpoint %s cannot be exported: %s; trying %s", checkpoint, problem, older)
+        checkpoint = older
 
 
 def _saved_model(checkpoint: Path, run_dir: Path) -> ModelSpec:

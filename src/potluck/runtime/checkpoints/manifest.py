@@ -28,6 +28,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from potluck.errors import ConfigError
+from potluck.yamlio import read_text
+
 MANIFEST = "manifest.json"
 MARKER = "COMPLETE"  # written after the manifest; a manifest lists neither itself nor it
 FORMAT_VERSION = 2  # 1: DCP's pickled .metadata (refused); 2: safetensors shards + JSON
@@ -73,13 +76,15 @@ def _manifest_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
         return (f"it has a DCP {OLD_METADATA} file, which is a pickle (the format of potluck "
                 "before checkpoints were verified): loading it could run code, so potluck does "
                 "not read it; train again with this version"), {}
+    if not (path / MANIFEST).exists():
+        return f"it has no {MANIFEST} (no checksums to verify its files with)", {}
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads(read_text(path / MANIFEST, MANIFEST))
         listed = dict(manifest["files"])
         version = manifest["format"]
-    except FileNotFoundError:
-        return f"it has no {MANIFEST} (no checksums to verify its files with)", {}
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except ConfigError as err:
+        return str(err), {}
+    except (ValueError, KeyError, TypeError, RecursionError):
         return f"its {MANIFEST} is not a potluck manifest (damaged?)", {}
     if version != FORMAT_VERSION:
         return f"its format is {version!r}; this potluck reads format {FORMAT_VERSION}", {}

@@ -88,11 +88,13 @@ from potluck.runtime.checkpoints.values import (
     VALUES,
     read_values,
     restore_values,
+    settings_problem,
     split_state,
     values_problem,
     values_text,
 )
 from potluck.runtime.grads.master_weights import MASTER
+from potluck.yamlio import read_text
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,12 @@ TRAINER_STATE = "trainer_state.json"
 PARTIAL_SUFFIX = ".partial"
 _STEP_NAME = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class UnusableCheckpoint(ConfigError):
+    """A checkpoint that verifies and fits the model but holds a state no run can continue
+    from (a plain value of another type, an optimizer setting no optimizer steps with, a
+    tensor that is not finite): an older one may do."""
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -131,14 +139,16 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def newest_verified(out_dir: str | Path, process_group: dist.ProcessGroup | None = None, *,
-                    alone: bool = False) -> Path | None:
-    """The newest finished checkpoint whose files match its manifest (None: there is none).
+                    alone: bool = False, before: int | None = None) -> Path | None:
+    """The newest finished checkpoint whose files match its manifest (None: there is none),
+    of a step below ``before`` if given.
 
     Each damaged one is skipped with one warning naming the bad file and the step used
     instead; when every one is damaged, a ConfigError names the newest one's bad file.
     Collective unless ``alone`` (one process checks every file itself).
     """
-    found = complete_checkpoints(out_dir)
+    found = [path for path in complete_checkpoints(out_dir)
+             if before is None or checkpoint_step(path) < before]
     damaged: list[tuple[Path, str]] = []
     for path in reversed(found):
         problem = checkpoint_problem(path, process_group, alone=alone)
@@ -290,7 +300,9 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     allocated; they may be any subset of the saved keys, laid out under any plan.
     Every file is first checked against the manifest (``verify=False``: the caller
     just did, as :func:`resume_checkpoint` does). A damaged file, a key missing from
-    the checkpoint or a shape that differs is a ConfigError raised on every rank alike.
+    the checkpoint or a shape that differs is a ConfigError raised on every rank alike;
+    a plain value missing or of another type, an optimizer setting no optimizer steps with or
+    a loaded tensor that is not finite, an :class:`UnusableCheckpoint`.
     """
     path = Path(path)
     if not (path / MARKER).is_file():
@@ -302,16 +314,33 @@ def load_checkpoint(path: str | Path, state: dict[str, Any],
     absent = _absent_masters(state, metadata) if metadata is not None else []
     tensors, _ = split_state(_without_masters(state, absent))
     if problem is None and metadata is not None:
-        problem = _state_problem(tensors, metadata) or values_problem(state, saved_values)
+        problem = _state_problem(tensors, metadata)
     problem = first_problem_on_any_rank(problem, process_group)
     if problem:
         raise ConfigError(f"checkpoint {path} does not fit this model: {problem}")
+    values = values_problem(state, saved_values) or settings_problem(saved_values)
+    if values := first_problem_on_any_rank(values, process_group):
+        raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: its {VALUES} {values}")
     _read(path, tensors, reader, process_group)
+    if problem := first_problem_on_any_rank(non_finite(tensors), process_group):
+        raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: {problem}")
     _masters_from_weights(state, absent)
     restore_values(state, saved_values)
     if not _distributed() or dist.get_rank(process_group) == 0:
         log.info("loaded checkpoint %s", path)
     return read_trainer_state(path)
+
+
+def non_finite(state: Mapping[str, Any], prefix: str = "") -> str | None:
+    """The first floating-point tensor of ``state`` (this rank's shard of a DTensor) that
+    holds an inf or a NaN, named; None: every one is finite."""
+    from torch.distributed.tensor import DTensor
+
+    for key, value in _flat_tensors(state, prefix):
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            return f"{key} holds inf or NaN"
+    return None
 
 
 def _absent_masters(state: Mapping[str, Any], metadata: Metadata) -> list[str]:
@@ -345,7 +374,7 @@ def _saved(path: Path, reader: HuggingFaceStorageReader
            ) -> tuple[dict[str, Any], Metadata | None, str | None]:
     """The saved plain values and the shards' metadata, or why they cannot be read."""
     try:
-        saved_values = read_values((path / VALUES).read_text())
+        saved_values = read_values(read_text(path / VALUES, VALUES))
         metadata = reader.read_metadata()
     except ConfigError as err:
         return {}, None, str(err)
@@ -372,19 +401,23 @@ def _one_line(err: BaseException) -> str:
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
     try:
-        state = json.loads((Path(path) / TRAINER_STATE).read_text())
-    except (OSError, ValueError):
+        state = json.loads(read_text(Path(path) / TRAINER_STATE, TRAINER_STATE))
+    except (ConfigError, ValueError, RecursionError):
         state = None
     if not isinstance(state, dict):
         raise ConfigError(f"{Path(path) / TRAINER_STATE} is missing or not a JSON object")
     return state
 
 
-def load_full_state_dict(path: str | Path, section: str = "model") -> dict[str, torch.Tensor]:
+def load_full_state_dict(path: str | Path, section: str = "model",
+                         shapes: Mapping[str, tuple[int, ...]] | None = None
+                         ) -> dict[str, torch.Tensor]:
     """Every tensor of one section (e.g. ``model``) as full, unsharded CPU tensors.
 
     Runs in this process alone (no collectives), whatever plan saved the checkpoint;
-    every file is checked against the manifest first.
+    every file is checked against the manifest first. ``shapes``: the shape of every
+    tensor the section may hold (the model's), checked before anything is allocated, so
+    that a shard header's offsets cannot ask for more memory than the model needs.
     """
     path = Path(path)
     if problem := checkpoint_problem(path, alone=True):
@@ -395,13 +428,29 @@ def load_full_state_dict(path: str | Path, section: str = "model") -> dict[str, 
     except Exception as err:  # noqa: BLE001 - a malformed shard header
         raise ConfigError(f"checkpoint {path} cannot be read: {_one_line(err)}") from err
     prefix = f"{section}."
-    tensors = {key.removeprefix(prefix): torch.empty(item.size, dtype=item.properties.dtype)
-               for key, item in metadata.state_dict_metadata.items()
-               if key.startswith(prefix) and isinstance(item, TensorStorageMetadata)}
+    items = {key.removeprefix(prefix): item for key, item in metadata.state_dict_metadata.items()
+             if key.startswith(prefix) and isinstance(item, TensorStorageMetadata)}
+    if shapes is not None and (problem := _shapes_problem(items, shapes)):
+        raise ConfigError(f"checkpoint {path} does not fit the model: {problem}")
+    tensors = {key: torch.empty(item.size, dtype=item.properties.dtype)
+               for key, item in items.items()}
     if not tensors:
         raise ConfigError(f"checkpoint {path} has no {section!r} tensors")
     _read(path, {section: tensors}, reader, None)
     return tensors
+
+
+def _shapes_problem(items: Mapping[str, TensorStorageMetadata],
+                    shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The first tensor of the shard headers that is not one of ``shapes`` or has another
+    shape there (its offsets reaching past the model's shape, for one)."""
+    for key, item in items.items():
+        if key not in shapes:
+            return f"it holds {key!r}, which the model has not"
+        if tuple(item.size) != tuple(shapes[key]):
+            return (f"its shards make {key!r} {tuple(item.size)} (offsets and shapes in their "
+                    f"headers), the model needs {tuple(shapes[key])}")
+    return None
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:

@@ -4,7 +4,9 @@
 any run with an output directory, after the last one; :func:`save` and
 :func:`resume` do the work. :func:`resume` continues from the newest
 checkpoint whose files match their checksums (a damaged one is skipped with a
-warning naming the bad file).
+warning naming the bad file) and whose state a run can continue from: its optimizer
+settings valid and finite, its tensors finite, its trainer state's step the step of its
+name (:func:`trainer_state_problem`); one that is not is skipped with a warning too.
 
 A checkpoint is *known good* once a step run from its state had finite
 gradients and a finite loss (``Trainer.note_checkpoint``; a step's own loss says
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,12 @@ from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
 from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
+    TRAINER_STATE,
+    UnusableCheckpoint,
     apply_training_state,
+    checkpoint_step,
     load_checkpoint,
+    newest_verified,
     prune_checkpoints,
     resume_checkpoint,
     save_checkpoint,
@@ -138,21 +144,18 @@ def _states_only(optim: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
-    """Load the newest checkpoint under ``out_dir`` that verifies; returns the step to
-    continue from (collective: every rank calls). Parameter all-gathers still in flight
-    are finished first, so none writes over the loaded values."""
+    """Load the newest checkpoint under ``out_dir`` that verifies and holds a state a run
+    can continue from (each newer one that does not is named in a warning); returns the
+    step to continue from (collective: every rank calls). Parameter all-gathers still in
+    flight are finished first, so none writes over the loaded values."""
     trainer.flush()
-    path = resume_checkpoint(out_dir)
-    model = trainer.model
-    state = training_state([model.module], [trainer.optimizer])
-    saved = load_checkpoint(path, state, verify=False)  # resume_checkpoint verified it
-    apply_training_state([model.module], [trainer.optimizer], state)
+    path, saved = _load_newest_usable(trainer, out_dir)
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)
     if "loss_scale" in saved and trainer.loss_scale is not None:
         trainer.loss_scale.load_state_dict(saved["loss_scale"])
-    trainer.step_index = _saved_step(saved, path)
+    trainer.step_index = saved["step"]  # checked by trainer_state_problem
     if OPTIMIZER_SETTINGS in saved:
         restore_optimizer_settings(trainer, saved[OPTIMIZER_SETTINGS], path)
     trainer.note_checkpoint(path, resumed=True)
@@ -192,8 +195,44 @@ def _is_positive(value: Any) -> bool:
             and math.isfinite(value) and value > 0)
 
 
-def _saved_step(saved: dict[str, Any], path: Path) -> int:
-    step = saved.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ConfigError(f"checkpoint {path}: its trainer state has no step number")
-    return step
+def _load_newest_usable(trainer: Trainer, out_dir: str) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that verifies and loads without an :class:`UnusableCheckpoint`,
+    loaded, and its trainer state; one line when none does."""
+    path, first_refusal = resume_checkpoint(out_dir), None
+    while True:
+        try:
+            return path, _load(trainer, path)
+        except UnusableCheckpoint as err:
+            first_refusal = first_refusal or err
+            older = newest_verified(out_dir, before=checkpoint_step(path))
+            if older is None:
+                oldest = "" if err is first_refusal else f" ({err})"
+                raise UnusableCheckpoint(f"{first_refusal}; no older checkpoint can be resumed "
+                                         f"either{oldest}: train again without --resume") from None
+            if trainer.model.layout.rank == 0:
+                log.warning("%s; trying %s, the newest older one that verifies", err, older)
+            path = older
+
+
+def _load(trainer: Trainer, path: Path) -> dict[str, Any]:
+    """Checkpoint ``path`` into the trainer's model and optimizer; its trainer state.
+    A state no run can continue from is an :class:`UnusableCheckpoint` (on every rank)."""
+    model = trainer.model
+    state = training_state([model.module], [trainer.optimizer])
+    saved = load_checkpoint(path, state, verify=False)  # newest_verified verified it
+    if problem := trainer_state_problem(saved, checkpoint_step(path)):
+        raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: its {TRAINER_STATE} "
+                                 f"{problem}")
+    apply_training_state([model.module], [trainer.optimizer], state)
+    return saved
+
+
+def trainer_state_problem(saved: Mapping[str, Any], step: int) -> str | None:
+    """Why a checkpoint's trainer state, saved as checkpoint ``step``, cannot be resumed
+    (None: it can). Add a check here with each key :func:`save` writes."""
+    saved_step = saved.get("step")
+    if not isinstance(saved_step, int) or isinstance(saved_step, bool):
+        return f"has no step number (step: {saved_step!r})"
+    if saved_step != step:
+        return f"says step {saved_step}, but the checkpoint is of step {step}"
+    return None

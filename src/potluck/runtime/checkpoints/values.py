@@ -6,13 +6,17 @@ moments) or plain values (an optimizer's param-group settings: ``lr``,
 values go to ``values.json``, keyed by their dotted path
 (``optim.param_groups.model.norm.weight.betas``), because DCP would pickle
 them. On load each value takes the type of the live one it replaces (JSON
-has lists where the optimizer had tuples, and may write ``1`` for ``1.0``).
+has lists where the optimizer had tuples, and may write ``1`` for ``1.0``), and an
+optimizer setting must hold a value the optimizer can step with
+(:func:`settings_problem`: a finite, non-negative ``lr``, ``betas`` in [0, 1), a bool
+``foreach``...), so that a crafted ``values.json`` is refused instead of training NaN.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -74,6 +78,53 @@ def values_problem(state: Mapping[str, Any], saved: Mapping[str, Any]) -> str | 
         except ConfigError as err:
             return str(err).removeprefix("checkpoint ")
     return None
+
+
+def settings_problem(saved: Mapping[str, Any]) -> str | None:
+    """The first saved optimizer setting no optimizer can step with (see
+    :func:`setting_problem`); None: every one can."""
+    return next(filter(None, (setting_problem(key, value) for key, value in saved.items())), None)
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """Why the saved optimizer setting ``key`` (a dotted path ending in the setting's name:
+    ``optim.param_groups.model.norm.weight.lr``) cannot be stepped with; None: it can, or
+    the setting has no rule here. Add a rule to :data:`SETTING_RULES` with a new setting."""
+    name = key.rsplit(".", 1)[-1]
+    rule = SETTING_RULES.get(name) if key.startswith("optim.param_groups.") else None
+    if rule is None or value is None:
+        return None
+    wanted = rule[1]
+    return None if rule[0](value) else f"value {key!r} is {value!r}; it must be {wanted}"
+
+
+def _non_negative(value: Any) -> bool:
+    return _real(value) and value >= 0
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _betas(value: Any) -> bool:
+    return (isinstance(value, list | tuple) and len(value) == 2
+            and all(_real(beta) and 0 <= beta < 1 for beta in value))
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+_NON_NEGATIVE = (_non_negative, "a finite number of at least 0")
+_FLAG = (_flag, "true or false")
+SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "lr": _NON_NEGATIVE, "initial_lr": _NON_NEGATIVE, "eps": _NON_NEGATIVE,
+    "weight_decay": _NON_NEGATIVE, "momentum": _NON_NEGATIVE, "dampening": _NON_NEGATIVE,
+    "betas": (_betas, "two finite numbers in [0, 1)"),
+    "foreach": _FLAG, "fused": _FLAG, "capturable": _FLAG, "differentiable": _FLAG,
+    "maximize": _FLAG, "amsgrad": _FLAG, "nesterov": _FLAG, "decoupled_weight_decay": _FLAG,
+}
+"""Each optimizer setting's test and what it must be (None passes: torch's "default")."""
 
 
 def restore_values(state: dict[str, Any], saved: Mapping[str, Any], prefix: str = "") -> None:

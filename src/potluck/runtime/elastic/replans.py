@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from potluck.yamlio import read_text
+
 REPLANS_FILE = "replans.jsonl"
 
 
@@ -53,4 +55,4 @@ def read_replans(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / REPLANS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_text(path, REPLANS_FILE).splitlines() if line.strip()]

@@ -9,8 +9,10 @@ also checks, and ``potluck train --print-commands``), a plan that spans several
 machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVICES``
 shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model
-the plan computes, ``--init-from``'s weights fit that model, and the plan's execution
-traits are ones potluck's runtime runs (:func:`check_execution`), as is what its explicit TP executor runs
+the plan computes, ``--init-from``'s weights fit that model, this machine's memory holds
+the ranks (:func:`~potluck.runtime.launch.host_memory.check_host_memory`), and the plan's
+execution traits are ones potluck's runtime runs
+(:func:`check_execution`), as is what its explicit TP executor runs
 (:func:`check_explicit_tp`). Each failure is one :class:`~potluck.errors.ConfigError`
 that says how to fix it, raised before anything is written.
 """
@@ -35,6 +37,7 @@ from potluck.model.spec import ModelSpec
 from potluck.plans import Plan, check_plan, explicit_tp, explicit_tp_plan_problem
 from potluck.plans.feasibility import EXPLICIT_TP_OFF
 from potluck.runtime.launch.gpus import world_backend
+from potluck.runtime.launch.host_memory import check_host_memory
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.loop.schedule import check_schedule
 from potluck.runtime.models.stand_in import compute_plan
@@ -59,6 +62,7 @@ def check_local(plan: Plan, options: TrainOptions) -> None:
         )
     if backend == "nccl":
         check_gpus(plan)
+    check_host_memory(compute_plan(plan, options), host_states=backend == "gloo")
     check_data(plan, options)
     check_resume(plan, options)
     check_init_from(plan, options)

@@ -39,6 +39,7 @@ from typing import Any
 from potluck.errors import ConfigError
 from potluck.runtime.loop.trainer import Callback, StepMetrics
 from potluck.runtime.options import TrainOptions
+from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def keep_steps_before(path: Path, first_step: int) -> None:
     of steps before ``first_step``; a torn or foreign line is dropped too."""
     if not path.is_file():
         return
-    lines = path.read_text(errors="replace").splitlines()
+    lines = _text(path).splitlines()
     kept = [line for line in lines if (step := _step_of(line)) is not None and step < first_step]
     if len(kept) == len(lines):
         return
@@ -95,7 +96,7 @@ def logged_steps(out_dir: str | Path) -> dict[int, StepMetrics]:
     logged: dict[int, StepMetrics] = {}
     if not path.is_file():
         return logged
-    for line in path.read_text(errors="replace").splitlines():
+    for line in _text(path).splitlines():
         try:
             row = json.loads(line)
             metrics = StepMetrics(**{k: v for k, v in row.items() if k in names})
@@ -103,6 +104,11 @@ def logged_steps(out_dir: str | Path) -> dict[int, StepMetrics]:
             continue
         logged[metrics.step] = metrics
     return logged
+
+
+def _text(path: Path) -> str:
+    """The metrics file's text, a torn (not UTF-8) line's bytes replaced."""
+    return read_bounded(path, METRICS_FILE, MAX_LOG_BYTES).decode(errors="replace")
 
 
 def _step_of(line: str) -> int | None:

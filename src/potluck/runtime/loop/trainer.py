@@ -15,12 +15,14 @@ measures each
 step (its time, and its own peak memory on a GPU:
 :mod:`~potluck.runtime.loop.peak_memory`) and hands :class:`StepMetrics` to its
 callbacks on rank 0 (metrics.jsonl, progress bar, TensorBoard). Every rank
-computes the same metrics; only rank 0 reports them. A step whose gradients hold an inf or NaN on any
-rank is skipped on every rank (``skipped`` in its metrics); under fp16 autocast a
-:class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` makes that the rare overflow
-it is meant to be. A run stops (:class:`~potluck.errors.TrainingError`, on every rank
-at the same step) after :data:`MAX_SKIPPED_STEPS` skipped steps in a row that lowering
-the loss scale could not have helped.
+computes the same metrics; only rank 0 reports them. Under fp16 autocast a step whose
+gradients hold an inf or NaN on any rank is skipped on every rank (``skipped`` in its
+metrics) and the :class:`~potluck.runtime.loop.loss_scale.DynamicLossScale` lowered, which
+makes that the rare overflow it is meant to be; the run stops
+(:class:`~potluck.errors.TrainingError`, on every rank at the same step) after
+:data:`MAX_SKIPPED_STEPS` skipped steps in a row that lowering the scale could not have
+helped. Without loss scaling (bf16, fp32) nothing overflows from scaling: a step that is
+not finite means the weights or the settings are, and the run stops at that step.
 
 Under the data-parallel priority schedule (``plan.comm.dp_priority_schedule``) a step
 ends without a barrier: nothing world-wide runs between a rank's optimizer step and its
@@ -66,14 +68,13 @@ from potluck.runtime.parallel_model import ParallelModel, grad_coefficient
 log = logging.getLogger(__name__)
 
 MAX_SKIPPED_STEPS = 8
-"""Skipped steps in a row after which a run stops. Only steps that a lower loss scale
-could not have saved count: every skip without fp16 loss scaling (bf16 and fp32 never
-overflow from scaling), and under fp16 the skips once the scale is at its floor. The
-default scale starts at 2^16 with a floor of 1, so a run whose state is inf or NaN stops
-after at most 16 + 8 skips in fp16 (more if the scale had grown), after 8 otherwise.
-Eight in a row is far beyond a bad batch or two: data differs from step to step, a
-skipped step leaves the weights as they were, and so each further skip means the
-weights, the optimizer state or the learning rate are broken."""
+"""Skipped fp16 steps in a row after which a run stops, counting only those that a lower
+loss scale could not have saved (once the scale is at its floor). The default scale starts
+at 2^16 with a floor of 1, so a run whose state is inf or NaN stops after at most 16 + 8
+skips (more if the scale had grown). Eight in a row is far beyond a bad batch or two: data
+differs from step to step, a skipped step leaves the weights as they were, and so each
+further skip means the weights, the optimizer state or the learning rate are broken.
+Without loss scaling (bf16, fp32) the first non-finite step stops the run."""
 
 
 class BatchSource(Protocol):
@@ -448,35 +449,45 @@ class Trainer:
         if self.loss_scale is not None:
             log.info("step %d: fp16 gradients overflowed at loss scale %g; step skipped, "
                      "scale lowered", self.step_index, scale)
-        else:
-            level = logging.WARNING if self.skipped_in_a_row == 0 else logging.DEBUG
-            log.log(level, "step %d: gradients are inf or NaN; optimizer step skipped (lower "
-                    "the learning rate if this repeats)", self.step_index)
 
     def _count_skips(self, grads_finite: bool, lowerable: bool) -> None:
-        """Stop after MAX_SKIPPED_STEPS skips in a row that a lower scale cannot avoid
-        (identical on every rank: all of them see the same all-reduced gradient norm)."""
+        """Stop after MAX_SKIPPED_STEPS fp16 skips in a row that a lower scale cannot avoid,
+        at the first skip without loss scaling (identical on every rank: all of them see
+        the same all-reduced gradient norm)."""
         if grads_finite:
             self.skipped_in_a_row = 0
             return
         if lowerable:
             return
         self.skipped_in_a_row += 1
+        if self.loss_scale is None:
+            self._stop_unscaled()
         if self.skipped_in_a_row < MAX_SKIPPED_STEPS:
             return
         self.flush()  # every rank stops at this step: the last metrics are still reported
-        if self.good_checkpoint:
-            good = f"the newest good checkpoint is {self.good_checkpoint}"
-        elif self.resumed_from:
-            good = f"no step since it resumed from {self.resumed_from} was finite"
-        else:
-            good = "no checkpoint of this run is known to be good"
-        lr = float(self.optimizer.param_groups[0]["lr"])
         raise TrainingError(
             f"stopped after step {self.step_index - 1}: {self.skipped_in_a_row} steps in a row "
             "were skipped because their gradients were inf or NaN, which a lower loss scale "
-            f"cannot fix (the weights are no longer finite, or the learning rate {lr:g} is too "
-            f"high); {good}")
+            f"cannot fix ({self._suspects()}); {self._good()}")
+
+    def _stop_unscaled(self) -> None:
+        """Stop at a non-finite step without loss scaling (bf16, fp32): nothing to lower."""
+        self.flush()  # every rank stops at this step: its metrics are still reported
+        dtype = self.model.session.compute_dtype.value  # what this rank computes in
+        raise TrainingError(
+            f"stopped at step {self.step_index - 1}: its loss or gradients are inf or NaN in "
+            f"{dtype}, where no loss scaling overflows ({self._suspects()}); {self._good()}")
+
+    def _suspects(self) -> str:
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        return f"the weights are no longer finite, or the learning rate {lr:g} is too high"
+
+    def _good(self) -> str:
+        if self.good_checkpoint:
+            return f"the newest good checkpoint is {self.good_checkpoint}"
+        if self.resumed_from:
+            return f"no step since it resumed from {self.resumed_from} was finite"
+        return "no checkpoint of this run is known to be good"
 
     def _update(self) -> None:
         self.optimizer.step()
