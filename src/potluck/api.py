@@ -359,6 +359,15 @@ def check_launch(chosen: Plan, options: TrainOptions) -> None:
     world_backend(chosen, options.emulate)
 
 
+def claim_run_dir(options: TrainOptions) -> None:
+    """Before a run's ranks (or its torchrun commands) start: a run directory holding another
+    run is refused unless ``options.resume`` or ``options.overwrite`` (which deletes that
+    run's files now; :mod:`potluck.runtime.launch.run_dir`)."""
+    from potluck.runtime.launch.run_dir import claim_run_dir as claim
+
+    claim(options)
+
+
 def needs_torchrun(chosen: Plan, options: TrainOptions) -> bool:
     """Whether ``chosen`` spans machines that torchrun must start, one command each (an
     emulated run starts all its ranks on this machine)."""

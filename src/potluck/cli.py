@@ -671,6 +671,9 @@ def train(
     checkpoint_every: Annotated[int, typer.Option(
         help="Also checkpoint to DIR every N steps (0: the final state only).")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        help="DIR holds another run: delete its files first (without this or --resume, "
+             "such a DIR is refused).")] = False,
     tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
     dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
     stand_in: Annotated[str | None, typer.Option(help="Emulate computing this model (tiny).")] = None,
@@ -707,7 +710,8 @@ def train(
         _check_choice("--dtype", dtype, DType)
     options = api.train_options(
         data=data, tokenizer=tokenizer, out=out, steps=steps, lr=lr, seed=seed, emulate=emulate,
-        checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
+        checkpoint_every=checkpoint_every, resume=resume, overwrite=overwrite,
+        tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=max(1, trace_steps) if trace else 0, elastic=elastic,
         inject_failure=inject_failure, count_memory=count_memory,
@@ -833,6 +837,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
     """One torchrun command per machine; the plan is written where they can read it."""
     from potluck.plans import save_plan
 
+    api.claim_run_dir(options)
     path = plan_file
     if path is None:
         path = Path(options.out_dir or ".") / "plan.json"

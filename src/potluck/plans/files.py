@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from potluck.cluster.spec import check_spec
 from potluck.errors import ConfigError
 from potluck.plans.data import PLAN_VERSION, Plan
+from potluck.safe_files import write_text
 from potluck.yamlio import parse_json
 
 
@@ -103,7 +104,8 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(plan_to_json(plan) + "\n")
+    """Write ``plan`` as JSON (atomically, never through a link; one line if it cannot be)."""
+    write_text(path, plan_to_json(plan) + "\n")
 
 
 def plan_json_schema() -> dict[str, Any]:

@@ -34,6 +34,7 @@ class TrainOptions:
     checkpoint_every: int = 0  # also save to out_dir/checkpoints every N steps (0: at the end only)
     keep_checkpoints: int = 2  # newest checkpoints kept (0: all), and the newest known good
     resume: bool = False  # continue from the newest checkpoint in out_dir
+    overwrite: bool = False  # out_dir holds another run: the launcher deletes its files first
     trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)
     elastic: bool = False  # replan and continue when ranks die or devices join
     inject_failure: str | None = None  # "RANK@STEP": that rank is killed there (a drill)

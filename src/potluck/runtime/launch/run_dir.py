@@ -1,0 +1,87 @@
+"""A run directory (``potluck train --out DIR``): what shows that it holds a run, and who
+may train into it.
+
+A run leaves ``plan.json``, ``metrics.jsonl`` and ``checkpoints/`` there, and perhaps
+``trace.json`` (and ``potluck compare``'s ``predicted.json`` and ``side_by_side.json``
+beside it), ``tensorboard/``, an elastic run's ``replans.jsonl``, ``joined/`` and
+``leaving/``, and the CPU measurement its plan was made with. A second run trained into
+the same directory would mix with the first: ``metrics.jsonl`` cut to the new run's rows,
+the old run's later checkpoints kept over the new one's, ``potluck export`` taking the old
+run's last step, a later ``--resume`` continuing a mix of both. So :func:`claim_run_dir`,
+which the launcher calls once every check has passed and before any rank starts, refuses
+a directory that holds a run unless the run continues it (``--resume``) or replaces it
+(``--overwrite``: the old run's files are deleted first, never through a link).
+A ``plan.json`` alone (``potluck plan -o DIR/plan.json``, the torchrun commands' plan) is
+not a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from potluck.errors import ConfigError
+from potluck.runtime.options import TrainOptions
+from potluck.safe_files import check_no_link, remove_tree
+
+PLAN_FILE = "plan.json"  # the plan a run directory was trained with
+# What a run writes besides its plan (names as their writers spell them: loop/metrics.py,
+# checkpoints/storage.py, timing/recorder.py, calibrate/compare_run.py, elastic/replans.py,
+# elastic/joins.py, profiler/quick.py).
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trace.json", "predicted.json",
+             "side_by_side.json", "tensorboard", "replans.jsonl", "joined", "leaving")
+LAUNCH_FILES = (PLAN_FILE, "cpu_measured.json")  # written before the first step
+
+
+def run_files(run_dir: str | Path) -> list[Path]:
+    """The files and folders of a run in ``run_dir`` (none: it holds no run)."""
+    root = Path(run_dir)
+    return [root / name for name in RUN_FILES if (root / name).is_symlink()
+            or (root / name).exists()]
+
+
+def check_no_links(run_dir: str | Path) -> None:
+    """None of a run's files or folders in ``run_dir`` is a symbolic link (potluck would
+    refuse to write through it once the run had trained: say so before it starts)."""
+    for name in (*RUN_FILES, *LAUNCH_FILES):
+        check_no_link(Path(run_dir) / name, run_dir)
+
+
+def claim_run_dir(options: TrainOptions) -> None:
+    """Let a run train into ``options.out_dir``: one that holds another run is refused unless
+    ``options.resume`` (continue it) or ``options.overwrite`` (its files are deleted now)."""
+    if options.out_dir is None:
+        return
+    check_resume_or_overwrite(options)
+    check_no_links(options.out_dir)
+    found = run_files(options.out_dir)
+    if options.resume or not found:
+        return
+    if not options.overwrite:
+        raise ConfigError(
+            f"--out {options.out_dir} holds another run ({_describe(found)}); continue it with "
+            "--resume, replace it with --overwrite (its files are deleted first), or give "
+            "another --out")
+    root = Path(options.out_dir)
+    for path in [*found, *(root / name for name in LAUNCH_FILES)]:
+        remove_tree(path, root, missing_ok=True)
+
+
+def check_resume_or_overwrite(options: TrainOptions) -> None:
+    """--resume and --overwrite exclude each other."""
+    if options.resume and options.overwrite:
+        raise ConfigError("--resume continues the run in --out DIR and --overwrite deletes it; "
+                          "give one of them")
+
+
+def _describe(found: list[Path]) -> str:
+    """``metrics.jsonl, checkpoints/ up to step 40``."""
+    from potluck.runtime.checkpoints.storage import checkpoint_step, complete_checkpoints
+
+    names = [path.name + ("/" if path.is_dir() else "") for path in found]
+    try:
+        newest = complete_checkpoints(found[0].parent)
+    except ConfigError:  # a link among them
+        newest = []
+    if newest and "checkpoints/" in names:
+        names[names.index("checkpoints/")] += f" up to step {checkpoint_step(newest[-1])}"
+    return ", ".join(names)
