@@ -196,3 +196,15 @@ def test_bad_options_are_refused_before_torch_is_imported():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": str(SRC)}, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_training_into_another_runs_directory_is_one_line_naming_the_flags(tmp_path, plan_file):
+    """Without --resume or --overwrite the new run would have cut the old one's metrics.jsonl
+    to its own rows and kept the old run's later checkpoints over its own."""
+    out = tmp_path / "old"
+    (out / "checkpoints" / "step_000040").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 39, "loss": 1.0}\n')
+    line = _one_line(potluck("train", "--plan", str(plan_file), "--steps", "3", "--out", str(out)))
+    assert f"--out {out} holds another run (metrics.jsonl, checkpoints/ up to step 40)" in line
+    assert "--resume" in line and "--overwrite" in line
+    assert (out / "metrics.jsonl").read_text() == '{"step": 39, "loss": 1.0}\n'

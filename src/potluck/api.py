@@ -309,10 +309,11 @@ def _check_execution_flag(chosen: Plan, execution: str | Path | Execution | None
 def train_options(*, data: str | Path | None = None, tokenizer: str | Path | None = None,
                   out: str | Path | None = None, **fields: object) -> TrainOptions:
     """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults (``data`` is
-    the shipped corpus), checked (learning rate, counts, run directory): a ConfigError
-    for a bad one."""
+    the shipped corpus), checked (learning rate, counts, run directory, which may hold
+    another run only with ``resume`` or ``overwrite``): a ConfigError for a bad one."""
     from potluck.data.corpus import builtin_corpus_path
     from potluck.runtime.launch.checks import check_options
+    from potluck.runtime.launch.run_dir import check_run_dir
     from potluck.runtime.options import TrainOptions
 
     options = TrainOptions(
@@ -321,6 +322,7 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
         out_dir=str(out) if out is not None else None, **fields,
     )
     check_options(options)
+    check_run_dir(options)
     return options
 
 

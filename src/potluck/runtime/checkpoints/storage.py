@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -82,6 +81,14 @@ from potluck.runtime.checkpoints.manifest import (
     first_problem_on_any_rank,
     manifest_text,
 )
+from potluck.runtime.checkpoints.names import (  # noqa: F401 - storage's names, as before
+    CHECKPOINTS_DIR,
+    PARTIAL_SUFFIX,
+    STEP_NAME,
+    checkpoint_path,
+    checkpoint_step,
+    is_step_name,
+)
 from potluck.runtime.checkpoints.rng import save_rng
 from potluck.runtime.checkpoints.values import (
     VALUES,
@@ -104,22 +111,8 @@ from potluck.safe_files import (
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
-PARTIAL_SUFFIX = ".partial"
-_STEP_NAME = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def checkpoint_path(out_dir: str | Path, step: int) -> Path:
-    return Path(out_dir) / CHECKPOINTS_DIR / f"step_{step:06d}"
-
-
-def checkpoint_step(path: str | Path) -> int:
-    match = _STEP_NAME.match(Path(path).name)
-    if not match:
-        raise ConfigError(f"{path}: not a checkpoint directory (expected step_NNNNNN)")
-    return int(match.group(1))
 
 
 def complete_checkpoints(out_dir: str | Path) -> list[Path]:
@@ -131,9 +124,9 @@ def complete_checkpoints(out_dir: str | Path) -> list[Path]:
         return []
     found = []
     for path in root.iterdir():
-        if _STEP_NAME.match(path.name.removesuffix(PARTIAL_SUFFIX)):
+        if is_step_name(path.name):
             check_no_link(path, out_dir)
-            if path.is_dir() and _STEP_NAME.match(path.name) and (path / MARKER).is_file():
+            if path.is_dir() and STEP_NAME.match(path.name) and (path / MARKER).is_file():
                 found.append(path)
     return sorted(found, key=checkpoint_step)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from potluck.errors import ConfigError
+from potluck.runtime.checkpoints.names import CHECKPOINTS_DIR, newest_step_dir
 from potluck.runtime.options import TrainOptions
 from potluck.safe_files import check_no_link, remove_tree
 
@@ -27,7 +28,7 @@ PLAN_FILE = "plan.json"  # the plan a run directory was trained with
 # What a run writes besides its plan (names as their writers spell them: loop/metrics.py,
 # checkpoints/storage.py, timing/recorder.py, calibrate/compare_run.py, elastic/replans.py,
 # elastic/joins.py, profiler/quick.py).
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trace.json", "predicted.json",
+RUN_FILES = ("metrics.jsonl", CHECKPOINTS_DIR, "trace.json", "predicted.json",
              "side_by_side.json", "tensorboard", "replans.jsonl", "joined", "leaving")
 LAUNCH_FILES = (PLAN_FILE, "cpu_measured.json")  # written before the first step
 
@@ -46,21 +47,31 @@ def check_no_links(run_dir: str | Path) -> None:
         check_no_link(Path(run_dir) / name, run_dir)
 
 
-def claim_run_dir(options: TrainOptions) -> None:
-    """Let a run train into ``options.out_dir``: one that holds another run is refused unless
-    ``options.resume`` (continue it) or ``options.overwrite`` (its files are deleted now)."""
+def check_run_dir(options: TrainOptions) -> None:
+    """A run may train into ``options.out_dir``: no link among a run's files there, and no
+    other run unless ``options.resume`` or ``options.overwrite`` (``potluck train`` checks
+    this before it plans, the launcher again before it deletes anything)."""
     if options.out_dir is None:
         return
     check_resume_or_overwrite(options)
     check_no_links(options.out_dir)
     found = run_files(options.out_dir)
-    if options.resume or not found:
-        return
-    if not options.overwrite:
+    if found and not options.resume and not options.overwrite:
         raise ConfigError(
             f"--out {options.out_dir} holds another run ({_describe(found)}); continue it with "
             "--resume, replace it with --overwrite (its files are deleted first), or give "
             "another --out")
+
+
+def claim_run_dir(options: TrainOptions) -> None:
+    """Let a run train into ``options.out_dir`` (:func:`check_run_dir`); with
+    ``options.overwrite`` the other run's files there are deleted now."""
+    check_run_dir(options)
+    if options.out_dir is None or options.resume:
+        return
+    found = run_files(options.out_dir)
+    if not found:
+        return
     root = Path(options.out_dir)
     for path in [*found, *(root / name for name in LAUNCH_FILES)]:
         remove_tree(path, root, missing_ok=True)
@@ -75,13 +86,8 @@ def check_resume_or_overwrite(options: TrainOptions) -> None:
 
 def _describe(found: list[Path]) -> str:
     """``metrics.jsonl, checkpoints/ up to step 40``."""
-    from potluck.runtime.checkpoints.storage import checkpoint_step, complete_checkpoints
-
     names = [path.name + ("/" if path.is_dir() else "") for path in found]
-    try:
-        newest = complete_checkpoints(found[0].parent)
-    except ConfigError:  # a link among them
-        newest = []
-    if newest and "checkpoints/" in names:
-        names[names.index("checkpoints/")] += f" up to step {checkpoint_step(newest[-1])}"
+    newest = newest_step_dir(found[0].parent)
+    if newest is not None and f"{CHECKPOINTS_DIR}/" in names:
+        names[names.index(f"{CHECKPOINTS_DIR}/")] += f" up to step {newest}"
     return ", ".join(names)
