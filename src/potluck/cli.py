@@ -904,6 +904,10 @@ def main() -> None:
         _fail(err.format_message(), err.exit_code)
     except PotluckError as err:
         _fail(str(err), err.exit_code)
+    except OSError as err:  # the file system refused something no check named
+        from potluck.safe_files import os_error_text
+
+        _fail(os_error_text(err), 1)
     except (KeyboardInterrupt, typer.Abort):
         err_console.print("potluck: interrupted")
         sys.exit(130)

@@ -16,7 +16,7 @@ here:
 - :func:`remove_tree` deletes a folder of potluck's, never a link or what it points at.
 - :func:`output_error` turns an ``OSError`` (disk full, read-only, permission denied, a
   folder where a file goes) into one :class:`~potluck.errors.ConfigError` line that
-  names the path.
+  names the path; :func:`os_error_text` is the CLI's last resort for one that escaped.
 
 The run directory itself may be a link (a scratch disk mounted elsewhere): ``root`` is
 where the checks start, and the folders above it are the user's.
@@ -45,6 +45,7 @@ _FIXES = {
     errno.ENOTDIR: "a part of the path is a file, not a directory: give another path",
     errno.ENOENT: "its folder does not exist: create it or give another path",
     errno.ELOOP: "it is a symbolic link, which potluck never writes through: remove it",
+    errno.EEXIST: "a file is in the way of a folder: give another path",
 }
 
 
@@ -54,6 +55,14 @@ def output_error(path: str | Path, err: OSError, action: str = "write") -> Confi
     reason = err.strerror or type(err).__name__
     detail = f"{fix} ({reason})" if fix else reason
     return ConfigError(f"cannot {action} {path}: {detail}")
+
+
+def os_error_text(err: OSError) -> str:
+    """One line for an ``OSError`` nothing else explained: its path, its reason, the fix."""
+    path = f"{err.filename}: " if err.filename else ""
+    fix = _FIXES.get(err.errno or 0)
+    reason = err.strerror or str(err) or type(err).__name__
+    return f"{path}{fix} ({reason})" if fix else f"{path}{reason}"
 
 
 @contextlib.contextmanager
