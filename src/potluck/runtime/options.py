@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What the launching process acts on before any rank (or torchrun command) starts, so never
+# a flag of the ranks: deleting the other run in the run directory.
+LAUNCHER_ONLY = frozenset({"overwrite"})
+
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How to train a plan. Every field is a flag of the torchrun worker; all but
-    ``max_grad_norm``, ``seq_len``, ``progress`` and ``keep_checkpoints`` are also flags of
-    ``potluck train`` (those four are set from Python or by the CLI itself)."""
+    """How to train a plan. Every field but those of :data:`LAUNCHER_ONLY` is a flag of the
+    torchrun worker; all but ``max_grad_norm``, ``seq_len``, ``progress`` and
+    ``keep_checkpoints`` are also flags of ``potluck train`` (those four are set from Python
+    or by the CLI itself)."""
 
     steps: int = 20  # total steps of the run (a resumed run continues up to it)
     lr: float = 3e-4

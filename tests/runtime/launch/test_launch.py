@@ -22,7 +22,7 @@ from potluck.runtime.launch.local import free_port, run_local
 from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
-from potluck.runtime.options import TrainOptions
+from potluck.runtime.options import LAUNCHER_ONLY, TrainOptions
 from potluck.runtime.worker import _defaults, parse_options, worker_args
 
 SRC = Path(__file__).parents[3] / "src"
@@ -153,7 +153,7 @@ def effective(options: TrainOptions) -> TrainOptions:
 
 
 def test_every_option_reaches_the_worker_alone_and_together():
-    assert set(NON_DEFAULT) == {f.name for f in fields(TrainOptions)}
+    assert set(NON_DEFAULT) | LAUNCHER_ONLY == {f.name for f in fields(TrainOptions)}
     for name, value in NON_DEFAULT.items():
         options = replace(_defaults(), **{name: value})
         assert options != _defaults(), name
@@ -195,7 +195,8 @@ NOT_TRAIN_FLAGS = {"max_grad_norm", "seq_len", "progress", "keep_checkpoints"}
 
 def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
     """Each machine's worker trains with the options potluck train's command line gave."""
-    assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS == {f.name for f in fields(TrainOptions)}
+    assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS | LAUNCHER_ONLY == {
+        f.name for f in fields(TrainOptions)}
     save_plan(two_machine_plan(), tmp_path / "plan.json")
     flags = [word for words in TRAIN_FLAGS.values() for word in words]
     commands = printed_commands(potluck("train", "--plan", "plan.json", "--print-commands",
