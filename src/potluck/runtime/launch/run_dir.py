@@ -3,16 +3,16 @@ may train into it.
 
 A run leaves ``plan.json``, ``metrics.jsonl`` and ``checkpoints/`` there, and perhaps
 ``trace.json`` (and ``potluck compare``'s ``predicted.json`` and ``side_by_side.json``
-beside it), ``tensorboard/``, an elastic run's ``replans.jsonl``, ``joined/`` and
-``leaving/``, and the CPU measurement its plan was made with. A second run trained into
-the same directory would mix with the first: ``metrics.jsonl`` cut to the new run's rows,
+beside it), ``tensorboard/``, an elastic run's ``replans.jsonl``, and the CPU measurement
+its plan was made with. A second run trained into the same directory would mix with the
+first: ``metrics.jsonl`` cut to the new run's rows,
 the old run's later checkpoints kept over the new one's, ``potluck export`` taking the old
 run's last step, a later ``--resume`` continuing a mix of both. So :func:`claim_run_dir`,
 which the launcher calls once every check has passed and before any rank starts, refuses
 a directory that holds a run unless the run continues it (``--resume``) or replaces it
 (``--overwrite``: the old run's files are deleted first, never through a link).
 A ``plan.json`` alone (``potluck plan -o DIR/plan.json``, the torchrun commands' plan) is
-not a run.
+not a run, nor are devices offered before the run starts (``potluck join``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from potluck.safe_files import check_no_link, remove_tree
 PLAN_FILE = "plan.json"  # the plan a run directory was trained with
 # What a run writes besides its plan (names as their writers spell them: loop/metrics.py,
 # checkpoints/storage.py, timing/recorder.py, calibrate/compare_run.py, elastic/replans.py,
-# elastic/joins.py, profiler/quick.py).
+# profiler/quick.py).
 RUN_FILES = ("metrics.jsonl", CHECKPOINTS_DIR, "trace.json", "predicted.json",
-             "side_by_side.json", "tensorboard", "replans.jsonl", "joined", "leaving")
+             "side_by_side.json", "tensorboard", "replans.jsonl")
 LAUNCH_FILES = (PLAN_FILE, "cpu_measured.json")  # written before the first step
+# Devices offered to or taken from an elastic run (elastic/joins.py): ``potluck join`` may
+# write them before the run starts, so they are no sign of another run, and stay.
+OFFER_FOLDERS = ("joined", "leaving")
 
 
 def run_files(run_dir: str | Path) -> list[Path]:
@@ -43,7 +46,7 @@ def run_files(run_dir: str | Path) -> list[Path]:
 def check_no_links(run_dir: str | Path) -> None:
     """None of a run's files or folders in ``run_dir`` is a symbolic link (potluck would
     refuse to write through it once the run had trained: say so before it starts)."""
-    for name in (*RUN_FILES, *LAUNCH_FILES):
+    for name in (*RUN_FILES, *LAUNCH_FILES, *OFFER_FOLDERS):
         check_no_link(Path(run_dir) / name, run_dir)
 
 
