@@ -474,3 +474,14 @@ def test_a_plan_output_that_cannot_be_written_is_one_line(tmp_path, where, reque
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert lines[0].startswith("potluck: error: ") and says in lines[0], lines[0]
+
+
+def test_a_plan_output_in_a_folder_not_there_yet_creates_it(tmp_path):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out = tmp_path / "plans" / "tiny" / "plan.json"
+    result = potluck("plan", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                     "--seq-len", "32", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["model"]["name"] == "tiny-llama"
+    assert [p.name for p in out.parent.iterdir()] == ["plan.json"]  # no temporary file left
