@@ -141,7 +141,7 @@ def run(plan: Plan | tuple[Plan, Plan], out_dir: Path, args: argparse.Namespace,
     out_dir.mkdir(parents=True, exist_ok=True)
     before = wait_for_quiet(args.quiet_share, args.quiet_wait)
     train(timing, TrainOptions(steps=args.steps, out_dir=str(out_dir), trace_steps=args.steps - 3,
-                               progress=False, **options))
+                               progress=False, overwrite=True, **options))  # a rerun replaces
     save_plan(plan, out_dir / "plan.json")  # after: the run writes the plan it ran (timing)
     background = max(before, busy_share(1.0))
     background_file.write_text(f"{background}\n")

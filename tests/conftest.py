@@ -12,3 +12,16 @@ from potluck.console.progress import QUIET_ENV
 @pytest.fixture(autouse=True)
 def _no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(QUIET_ENV, "0")
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder this user cannot write into (mode 0o500); skipped where the user still can
+    (root, unless it has given up CAP_DAC_OVERRIDE)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o500)
+    try:
+        (folder / "probe").write_text("")
+    except PermissionError:
+        return folder
+    pytest.skip("this user writes into read-only folders (root)")

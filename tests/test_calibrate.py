@@ -198,3 +198,20 @@ def test_an_emulated_runs_sends_give_the_pipeline_link_its_figures() -> None:
     assert fit.key.between == ("a", "b")
     assert fit.bandwidth_bytes_per_s == pytest.approx(link.bandwidth_bytes_per_s / slow, rel=1e-6)
     assert fit.latency_s == pytest.approx(link.latency_s * slow, rel=1e-6)
+
+
+@pytest.mark.parametrize("where", ["a directory", "read-only"])
+def test_a_calibration_output_that_cannot_be_written_is_one_line(tmp_path, where,
+                                                                 request) -> None:
+    run = synthetic_run(tmp_path / "run", dp=2, pp=1)
+    if where == "read-only":
+        folder = request.getfixturevalue("read_only_folder")
+        out, says = folder / "calibrated.yaml", "permission denied"
+    else:
+        folder = out = tmp_path / "out"
+        folder.mkdir()
+        says = "it is a directory: give a file name"
+    with pytest.raises(ConfigError, match=says) as refused:
+        calibrate_run(run, out=out)
+    assert str(folder) in str(refused.value) and "\n" not in str(refused.value)
+    assert list(folder.iterdir()) == []

@@ -116,3 +116,15 @@ def test_the_cli_compares_a_run_directory(tmp_path) -> None:
     assert {"step_error", "cost_model_error", "by_kind", "by_stage"} <= result.keys()
     assert {row["kind"] for row in result["by_kind"]} >= {"forward", "backward", "dp_allreduce",
                                                           "optimizer"}
+
+
+@pytest.mark.parametrize("name", ["predicted.json", "side_by_side.json"])
+def test_compare_never_writes_through_a_link_in_the_run_directory(tmp_path, name) -> None:
+    """A link planted in a shared run directory must not carry compare's writes elsewhere."""
+    run = synthetic_run(tmp_path / "run", dp=2, pp=1)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (run / name).symlink_to(victim)
+    with pytest.raises(ConfigError, match=f"{name} is a symbolic link"):
+        compare_paths(run)
+    assert victim.read_text() == "mine\n"

@@ -476,3 +476,37 @@ def test_a_framework_preset_says_its_placement_and_what_it_costs(cluster_file):
                                "--global-batch", "32", "--json").stdout)
     assert plain["placement"].startswith("planned")
     assert not [n for n in plain["notes"] if "the framework's placement" in n]
+
+
+def _unwritable(tmp_path: Path, where: str, request) -> tuple[Path, str]:
+    """An output path that cannot be written, and what the error line says of it."""
+    if where == "a directory":
+        return tmp_path, f"cannot write {tmp_path}: it is a directory: give a file name"
+    if where == "under a file":
+        (tmp_path / "notes.txt").write_text("mine\n")
+        return tmp_path / "notes.txt" / "plan.json", "a file is in the way of a folder"
+    locked = request.getfixturevalue("read_only_folder")
+    return locked / "plan.json", f"cannot write {locked / 'plan.json'}: permission denied"
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file", "read-only"])
+def test_a_plan_output_that_cannot_be_written_is_one_line(tmp_path, where, request):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out, says = _unwritable(tmp_path, where, request)
+    result = potluck("plan", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                     "--seq-len", "32", "-o", str(out))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("potluck: error: ") and says in lines[0], lines[0]
+
+
+def test_a_plan_output_in_a_folder_not_there_yet_creates_it(tmp_path):
+    cluster = tmp_path / "cpus.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    out = tmp_path / "plans" / "tiny" / "plan.json"
+    result = potluck("plan", "-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4",
+                     "--seq-len", "32", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["model"]["name"] == "tiny-llama"
+    assert [p.name for p in out.parent.iterdir()] == ["plan.json"]  # no temporary file left

@@ -266,3 +266,15 @@ def test_a_model_directory_with_weights_says_how_to_start_from_them(tmp_path):
     assert f"note: {model} holds weights; training starts from new ones (add --init-from" \
         in result.stderr
     assert result.returncode != 0 and "--lr must be a positive number" in result.stderr
+
+
+def test_training_into_another_runs_directory_is_one_line_naming_the_flags(tmp_path, plan_file):
+    """Without --resume or --overwrite the new run would have cut the old one's metrics.jsonl
+    to its own rows and kept the old run's later checkpoints over its own."""
+    out = tmp_path / "old"
+    (out / "checkpoints" / "step_000040").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 39, "loss": 1.0}\n')
+    line = _one_line(potluck("train", "--plan", str(plan_file), "--steps", "3", "--out", str(out)))
+    assert f"--out {out} holds another run (metrics.jsonl, checkpoints/ up to step 40)" in line
+    assert "--resume" in line and "--overwrite" in line
+    assert (out / "metrics.jsonl").read_text() == '{"step": 39, "loss": 1.0}\n'

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from potluck.errors import ConfigError
 from potluck.ops import OpKind
 from potluck.traces import COMM, COMPUTE, Stream, Trace, TraceEvent, read_trace, write_trace
 
@@ -39,3 +42,16 @@ def test_threads_and_names_are_the_streams_and_op_kinds_as_written(tmp_path) -> 
 def test_a_stream_may_be_given_by_its_name() -> None:
     event = TraceEvent("box.0:0", "comm", "tp_allreduce", 0.0, 1.0)
     assert event.stream is Stream.COMM and event.kind == OpKind.TP_ALLREDUCE
+
+
+def test_a_trace_is_never_written_through_a_link_and_leaves_no_temporary_file(tmp_path):
+    trace = Trace(["cpu.0:0"], [TraceEvent("cpu.0:0", COMPUTE, "forward", 0.0, 1.0)])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (tmp_path / "trace.json").symlink_to(victim)
+    with pytest.raises(ConfigError, match="trace.json is a symbolic link"):
+        write_trace(trace, tmp_path / "trace.json")
+    assert victim.read_text() == "mine\n"
+    write_trace(trace, tmp_path / "other.json")
+    assert read_trace(tmp_path / "other.json").devices == ["cpu.0:0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json", "trace.json", "victim.txt"]

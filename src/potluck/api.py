@@ -335,11 +335,12 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
                   **fields: object) -> TrainOptions:
     """:class:`~potluck.runtime.options.TrainOptions` with potluck's defaults (``data`` is
     the shipped corpus; the tokenizer, ``init_from``'s when that model directory holds one),
-    checked (learning rate and its schedule, counts, run directory): a ConfigError for a
-    bad one."""
+    checked (learning rate and its schedule, counts, run directory, which may hold another
+    run only with ``resume`` or ``overwrite``): a ConfigError for a bad one."""
     from potluck.data.corpus import builtin_corpus_path
     from potluck.data.tokenizer import TOKENIZER_FILES
     from potluck.runtime.launch.checks import check_options
+    from potluck.runtime.launch.run_dir import check_run_dir
     from potluck.runtime.options import TrainOptions
 
     if tokenizer is None and init_from is not None \
@@ -353,6 +354,7 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
         lr_schedule=_lr_schedule(lr_schedule), **fields,
     )
     check_options(options)
+    check_run_dir(options)
     return options
 
 
@@ -397,6 +399,15 @@ def check_launch(chosen: Plan, options: TrainOptions) -> None:
 
     check_execution(chosen)
     world_backend(chosen, options.emulate)
+
+
+def claim_run_dir(options: TrainOptions) -> None:
+    """Before a run's ranks (or its torchrun commands) start: a run directory holding another
+    run is refused unless ``options.resume`` or ``options.overwrite`` (which deletes that
+    run's files now; :mod:`potluck.runtime.launch.run_dir`)."""
+    from potluck.runtime.launch.run_dir import claim_run_dir as claim
+
+    claim(options)
 
 
 def needs_torchrun(chosen: Plan, options: TrainOptions) -> bool:

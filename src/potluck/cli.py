@@ -703,6 +703,9 @@ def train(
     checkpoint_every: Annotated[int, typer.Option(
         help="Also checkpoint to DIR every N steps (0: the final state only).")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        help="DIR holds another run: delete its files first (without this or --resume, "
+             "such a DIR is refused).")] = False,
     tensorboard: Annotated[bool, typer.Option(help="Also write DIR/tensorboard.")] = False,
     dilation: Annotated[float | None, typer.Option(help="Emulation time stretch (default: auto).")] = None,
     stand_in: Annotated[str | None, typer.Option(help="Emulate computing this model (tiny).")] = None,
@@ -746,7 +749,8 @@ def train(
         lr_schedule=lr_schedule,
         warmup_steps=warmup_steps, min_lr=min_lr, weight_decay=weight_decay,
         max_grad_norm=max_grad_norm or None, seed=seed, emulate=emulate,
-        checkpoint_every=checkpoint_every, resume=resume, tensorboard=tensorboard,
+        checkpoint_every=checkpoint_every, resume=resume, overwrite=overwrite,
+        tensorboard=tensorboard,
         dilation=dilation, stand_in=stand_in, timeout_s=timeout,
         trace_steps=trace_steps if trace else 0, elastic=elastic,
         inject_failure=inject_failure, count_memory=count_memory,
@@ -885,6 +889,7 @@ def _print_torchrun_commands(chosen, plan_file: Path | None, options, master_add
     """One torchrun command per machine; the plan is written where they can read it."""
     from potluck.plans import save_plan
 
+    api.claim_run_dir(options)
     path = plan_file
     if path is None:
         path = Path(options.out_dir or ".") / "plan.json"
@@ -952,6 +957,10 @@ def main() -> None:
         _fail(err.format_message(), err.exit_code)
     except PotluckError as err:
         _fail(str(err), err.exit_code)
+    except OSError as err:  # the file system refused something no check named
+        from potluck.safe_files import os_error_text
+
+        _fail(os_error_text(err), 1)
     except (KeyboardInterrupt, typer.Abort):
         err_console.print("potluck: interrupted")
         sys.exit(130)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.errors import ConfigError
+from potluck.safe_files import write_text
 from potluck.yamlio import MAX_LOG_BYTES, read_text
 
 TRACE_VERSION = 1
@@ -129,7 +130,8 @@ def _comm_lanes(events: list[TraceEvent]) -> dict[int, int]:
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(trace_json(trace), separators=(",", ":")))
+    """Write ``trace`` as Chrome trace JSON (atomically, never through a link)."""
+    write_text(path, json.dumps(trace_json(trace), separators=(",", ":")))
 
 
 def _thread_name(tid: int) -> str:

@@ -31,6 +31,7 @@ from potluck.calibrate.run import RunRecord, load_run
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import PotluckError
 from potluck.plans import check_plan_matches
+from potluck.safe_files import writing
 from potluck.sim.compare import TraceComparison
 from potluck.version import __version__
 
@@ -80,7 +81,8 @@ def calibrate_run(run_dir: str | Path, cluster: str | Path | None = None,
         after = compare_run(record, applied_overhead(replace(record.plan, cluster=calibrated),
                                                      overhead_s))
         check_not_worse(record, before, after)
-        os.replace(pending, path)
+        with writing(path):
+            os.replace(pending, path)
     finally:
         pending.unlink(missing_ok=True)
     return CalibrationOutcome(record, fit, path, calibrated, before, after)

@@ -26,6 +26,7 @@ from potluck.calibrate.run import RunRecord, device_seconds, load_run, record_of
 from potluck.errors import ConfigError
 from potluck.planner.evaluate import predict
 from potluck.plans import Plan, load_plan
+from potluck.safe_files import real_dir
 from potluck.sim import simulate
 from potluck.sim.compare import TraceComparison, compare_traces, side_by_side
 from potluck.sim.trace import simulation_trace
@@ -52,8 +53,7 @@ def compare_run(record: RunRecord, plan: Plan | None = None) -> TraceComparison:
 
 def write_traces(record: RunRecord, out_dir: str | Path) -> list[Path]:
     """Write ``predicted.json`` and ``side_by_side.json`` into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = real_dir(out_dir)
     predicted = predicted_trace(record.plan)
     paths = [out_dir / PREDICTED_FILE, out_dir / SIDE_BY_SIDE_FILE]
     write_trace(predicted, paths[0])
@@ -87,8 +87,7 @@ def _compare_two_traces(predicted: Trace, measured: Trace, out_dir: str | Path |
     comparison = compare_traces(predicted, measured)
     if out_dir is None:
         return comparison, []
-    path = Path(out_dir) / SIDE_BY_SIDE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = real_dir(out_dir) / SIDE_BY_SIDE_FILE
     write_trace(side_by_side(predicted, measured), path)
     return comparison, [path]
 

@@ -36,6 +36,7 @@ from potluck.cluster.calibration import (
 )
 from potluck.cluster.spec import ClusterSpec, load_cluster
 from potluck.errors import ConfigError
+from potluck.safe_files import write_text
 
 _SECTION = re.compile(r"^calibration\s*:")
 EXECUTION_SECTION = "execution"
@@ -151,6 +152,6 @@ def write_calibrated_cluster(path: str | Path, text: str, calibration: Calibrati
     """Write ``text`` with ``calibration`` as its section (and the fitted ``execution``
     fields in its ``execution:`` section) to ``path``; return the file's cluster read back
     as the planner reads it."""
-    Path(path).write_text(with_execution(with_calibration(text, calibration), execution or {},
-                                         str(path)))
+    write_text(path, with_execution(with_calibration(text, calibration), execution or {},
+                                    str(path)))
     return load_cluster(path)

@@ -64,6 +64,7 @@ from potluck.multijob.throughput import ThroughputTable
 from potluck.plans import Plan, load_plan, save_plan
 from potluck.runtime.elastic.joins import register, release
 from potluck.runtime.launch.lifeline import dies_with_this_process
+from potluck.safe_files import open_append, write_text, writing
 from potluck.units import non_negative_number, positive_number, whole_number
 from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 
@@ -197,7 +198,7 @@ class _Executor:
         self.clock0 = time.monotonic()
         self.tie_to_executor = dies_with_this_process()
         settings.out_dir.mkdir(parents=True, exist_ok=True)
-        (settings.out_dir / SCHEDULE_FILE).write_text("")
+        write_text(settings.out_dir / SCHEDULE_FILE, "")
 
     def now_s(self) -> float:
         return time.monotonic() - self.clock0
@@ -276,9 +277,8 @@ class _Executor:
         run_dir = self.settings.out_dir / job.name
         try:
             plan = self._plan(job, machines)
-            run_dir.mkdir(parents=True, exist_ok=True)
             save_plan(plan, run_dir / "plan.json")
-            with (run_dir / LOG_FILE).open("ab") as out:
+            with open_append(run_dir / LOG_FILE) as out:
                 process = subprocess.Popen(
                     self._command(job, run_dir), stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True,
@@ -366,7 +366,8 @@ class _Executor:
     def _event(self, job: str, action: str, devices: set[str], detail: str) -> None:
         event = ScheduleEvent(round(self.now_s(), 3), job, action, tuple(sorted(devices)), detail)
         self.events.append(event)
-        with (self.settings.out_dir / SCHEDULE_FILE).open("a") as out:
+        path = self.settings.out_dir / SCHEDULE_FILE
+        with open_append(path) as out, writing(path):
             out.write(json.dumps(asdict(event)) + "\n")
         shown = ", ".join(event.devices) or "-"
         self.say(f"{event.time_s:8.1f} s  {job}: {action} {shown}" + (f" ({detail})" if detail else ""))

@@ -19,6 +19,7 @@ from potluck.errors import ConfigError
 from potluck.model.loading import config_contradiction
 from potluck.model.spec import check_seq_len
 from potluck.plans.data import PLAN_VERSION, Plan
+from potluck.safe_files import write_text
 from potluck.yamlio import parse_json
 
 
@@ -162,7 +163,8 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(plan_to_json(plan) + "\n")
+    """Write ``plan`` as JSON (atomically, never through a link; one line if it cannot be)."""
+    write_text(path, plan_to_json(plan) + "\n")
 
 
 @cache

@@ -44,6 +44,7 @@ from potluck.profiler.compute import (
     memory_bandwidth,
 )
 from potluck.profiler.run import ProfileResult
+from potluck.safe_files import write_text
 from potluck.yamlio import read_bounded
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,8 @@ def keep_measurement(model: ModelSpec, ranks: int, cache_dir: str | Path) -> Non
     key = _key(model, ranks)
     if key not in _MEASURED:
         return
-    cache = Path(cache_dir) / CACHE_FILE
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_name(cache.name + ".partial")
-    partial.write_text(json.dumps({"key": repr(key), **asdict(_MEASURED[key])}))
-    partial.replace(cache)
+    write_text(Path(cache_dir) / CACHE_FILE,
+               json.dumps({"key": repr(key), **asdict(_MEASURED[key])}))
 
 
 def _key(model: ModelSpec, ranks: int) -> tuple:

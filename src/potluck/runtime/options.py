@@ -12,12 +12,16 @@ from dataclasses import dataclass
 
 from potluck.runtime.loop.schedule import LRSchedule, Schedule
 
+# What the launching process acts on before any rank (or torchrun command) starts, so never
+# a flag of the ranks: deleting the other run in the run directory.
+LAUNCHER_ONLY = frozenset({"overwrite"})
+
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How to train a plan. Every field is a flag of the torchrun worker; all but
-    ``seq_len``, ``progress`` and ``keep_checkpoints`` are also flags of
-    ``potluck train`` (those three are set from Python or by the CLI itself)."""
+    """How to train a plan. Every field but those of :data:`LAUNCHER_ONLY` is a flag of the
+    torchrun worker; all but ``seq_len``, ``progress`` and ``keep_checkpoints`` are also
+    flags of ``potluck train`` (those three are set from Python or by the CLI itself)."""
 
     steps: int = 20  # total steps of the run (a resumed run continues up to it)
     lr: float = 3e-4  # the peak learning rate (after any warm-up)
@@ -41,6 +45,7 @@ class TrainOptions:
     checkpoint_every: int = 0  # also save to out_dir/checkpoints every N steps (0: at the end only)
     keep_checkpoints: int = 2  # newest checkpoints kept (0: all), and the newest known good
     resume: bool = False  # continue from the newest checkpoint in out_dir
+    overwrite: bool = False  # out_dir holds another run: the launcher deletes its files first
     trace_steps: int = 0  # record this many steps' ops into out_dir/trace.json (0: off)
     elastic: bool = False  # replan and continue when ranks die or devices join
     inject_failure: str | None = None  # "RANK@STEP": that rank is killed there (a drill)

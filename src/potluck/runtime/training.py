@@ -40,6 +40,7 @@ from potluck.runtime.elastic.supervisor import ElasticSettings, train_elastic
 from potluck.runtime.launch.checks import check_local, check_options
 from potluck.runtime.launch.gpus import start_method
 from potluck.runtime.launch.local import run_local
+from potluck.runtime.launch.run_dir import PLAN_FILE, claim_run_dir
 from potluck.runtime.launch.session import start
 from potluck.runtime.launch.watchdog import JobNotes
 from potluck.runtime.loop.batches import batch_source
@@ -52,8 +53,6 @@ from potluck.runtime.parallel_model import parallelize
 from potluck.runtime.timing.dilation import calibrate_dilation
 from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
 from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
-
-PLAN_FILE = "plan.json"  # the plan a run directory was trained with
 
 
 def train(plan: Plan | str | Path, options: TrainOptions | None = None, *,
@@ -69,6 +68,7 @@ def train(plan: Plan | str | Path, options: TrainOptions | None = None, *,
     options = with_stand_in_if_too_big(plan, options)
     check_local(plan, options)
     check_elastic(plan, options)
+    claim_run_dir(options)  # another run there: refused, or deleted with options.overwrite
     if before_launch is not None:
         before_launch(plan, options)
     if options.elastic:
@@ -154,11 +154,7 @@ def _write_plan(plan: Plan, options: TrainOptions, rank: int) -> None:
     checkpoint loaded): a run that fails before leaves its directory as it was."""
     if rank != 0 or not options.out_dir:
         return
-    path = Path(options.out_dir) / PLAN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    save_plan(plan, partial)
-    partial.replace(path)
+    save_plan(plan, Path(options.out_dir) / PLAN_FILE)  # atomic: a temporary file, a rename
 
 
 def _write_tokenizer(options: TrainOptions, rank: int) -> None:

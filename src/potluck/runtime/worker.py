@@ -17,13 +17,13 @@ import argparse
 import faulthandler
 import logging
 import sys
-from dataclasses import fields
+from dataclasses import Field, fields
 from functools import cache
 from typing import Any, get_args, get_type_hints
 
 from potluck.errors import PotluckError
 from potluck.plans import load_plan
-from potluck.runtime.options import TrainOptions
+from potluck.runtime.options import LAUNCHER_ONLY, TrainOptions
 
 log = logging.getLogger("potluck.worker")
 
@@ -37,6 +37,11 @@ def _defaults() -> TrainOptions:
     return TrainOptions(data=str(builtin_corpus_path()))
 
 
+def _worker_fields() -> list[Field]:
+    """The options a rank takes as flags (not the launcher's own, :data:`LAUNCHER_ONLY`)."""
+    return [field for field in fields(TrainOptions) if field.name not in LAUNCHER_ONLY]
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -45,7 +50,7 @@ def worker_args(options: TrainOptions) -> list[str]:
     """The flags that reproduce ``options`` (only those that differ from ``potluck train``'s
     defaults, so that no path of this machine's install is written)."""
     args: list[str] = []
-    for field in fields(TrainOptions):
+    for field in _worker_fields():
         value = getattr(options, field.name)
         if value == getattr(_defaults(), field.name):
             continue
@@ -73,7 +78,7 @@ def _value_type(name: str) -> type:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="potluck.runtime.worker")
     parser.add_argument("--plan", required=True)
-    for field in fields(TrainOptions):
+    for field in _worker_fields():
         default, kind = getattr(_defaults(), field.name), _value_type(field.name)
         if kind is bool:
             parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction,

@@ -31,14 +31,15 @@ def _arm(where: str) -> None:
     if where == "writing":
         HuggingFaceStorageWriter.write_data = _kill_after(HuggingFaceStorageWriter.write_data)
     elif where == "marker":
-        original = storage._write_synced
+        original = storage.write_text
 
-        def write_then_die(path: Path, text: str) -> None:
-            original(path, text)
+        def write_then_die(path: Path, text: str, **options) -> Path:
+            written = original(path, text, **options)
             if path.name == storage.MARKER:
                 os.kill(os.getpid(), signal.SIGKILL)
+            return written
 
-        storage._write_synced = write_then_die
+        storage.write_text = write_then_die
     else:
         raise SystemExit(f"unknown kill point {where!r}")
 

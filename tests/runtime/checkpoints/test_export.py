@@ -14,8 +14,13 @@ from transformers import AutoModelForCausalLM
 from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
 from potluck.model.loading import model_from_hf_config
-from potluck.model.spec import PRESETS, ModelSpec
-from potluck.runtime.checkpoints.export import export_checkpoint, export_hf, merge_state_dicts
+from potluck.model.spec import PRESETS, ModelSpec, model_to_dict
+from potluck.runtime.checkpoints.export import (
+    export_checkpoint,
+    export_hf,
+    export_run,
+    merge_state_dicts,
+)
 from potluck.runtime.checkpoints.storage import latest_checkpoint, save_checkpoint, training_state
 
 TINY_QWEN_TIED = replace(PRESETS["tiny-llama"], name="tiny-qwen2", family="qwen2",
@@ -62,6 +67,29 @@ def test_export_from_a_checkpoint_reloads_with_equal_logits(tmp_path: Path):
     out = export_checkpoint(latest_checkpoint(tmp_path), spec, tmp_path / "hf")
     reloaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert torch.equal(_logits(reloaded), _logits(source))
+
+
+def _run_with_a_checkpoint(run: Path) -> None:
+    spec = PRESETS["tiny-llama"]
+    source = _model(spec)
+    save_checkpoint(run, 5, training_state([source], [torch.optim.AdamW(source.parameters())]),
+                    {"step": 5, "model": model_to_dict(spec)})
+
+
+def test_export_into_the_run_directory_itself_is_refused(tmp_path: Path):
+    _run_with_a_checkpoint(tmp_path)
+    for out in (tmp_path, tmp_path / "checkpoints" / "hf"):
+        with pytest.raises(ConfigError, match="export to a directory of its own"):
+            export_run(tmp_path, out)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000005"]
+
+
+def test_export_into_a_read_only_folder_is_one_line(tmp_path: Path, read_only_folder: Path):
+    _run_with_a_checkpoint(tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"cannot create the folder {read_only_folder / 'hf'}: "
+                                          "permission denied"):
+        export_run(tmp_path / "run", read_only_folder / "hf")
 
 
 def test_export_keeps_the_training_dtype(tmp_path: Path):

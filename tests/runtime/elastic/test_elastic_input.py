@@ -70,3 +70,14 @@ def test_joining_names_devices_of_the_runs_cluster(monkeypatch, capsys, tmp_path
     assert "device 'gpu.0:0' is not in the run's cluster" in line
     assert _cli(monkeypatch, capsys, "join", run, "-d", "cpu.0:1")[0] == 0
     assert [p.name for p in (run / "joined").iterdir()] == ["cpu.0:1"]
+
+
+def test_joining_a_read_only_run_is_one_line(monkeypatch, capsys, plan_file, read_only_folder):
+    run = read_only_folder
+    run.chmod(0o700)
+    (run / "plan.json").write_text(plan_file.read_text())
+    run.chmod(0o500)
+    line = _one_line(monkeypatch, capsys, "join", run, "-d", "cpu.0:1")
+    assert line == (f"potluck: error: cannot create the folder {run / 'joined'}: permission "
+                    "denied: write elsewhere or change the folder's permissions (Permission "
+                    "denied)")

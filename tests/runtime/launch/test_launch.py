@@ -23,7 +23,7 @@ from potluck.runtime.launch.session import local_device_id
 from potluck.runtime.launch.torchrun import plan_nodes, torchrun_commands, torchrun_rank_order
 from potluck.runtime.loop.batches import batch_source
 from potluck.runtime.loop.schedule import LRSchedule
-from potluck.runtime.options import TrainOptions
+from potluck.runtime.options import LAUNCHER_ONLY, TrainOptions
 from potluck.runtime.worker import _defaults, parse_options, worker_args
 
 SRC = Path(__file__).parents[3] / "src"
@@ -156,7 +156,7 @@ def effective(options: TrainOptions) -> TrainOptions:
 
 
 def test_every_option_reaches_the_worker_alone_and_together():
-    assert set(NON_DEFAULT) == {f.name for f in fields(TrainOptions)}
+    assert set(NON_DEFAULT) | LAUNCHER_ONLY == {f.name for f in fields(TrainOptions)}
     for name, value in NON_DEFAULT.items():
         options = replace(_defaults(), **{name: value})
         assert options != _defaults(), name
@@ -202,7 +202,8 @@ NOT_TRAIN_FLAGS = {"seq_len", "progress", "keep_checkpoints"}
 
 def test_every_train_flag_reaches_the_workers_of_the_printed_commands(tmp_path):
     """Each machine's worker trains with the options potluck train's command line gave."""
-    assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS == {f.name for f in fields(TrainOptions)}
+    assert set(TRAIN_FLAGS) | NOT_TRAIN_FLAGS | LAUNCHER_ONLY == {
+        f.name for f in fields(TrainOptions)}
     save_plan(two_machine_plan(), tmp_path / "plan.json")
     (tmp_path / "hf").mkdir()  # --init-from is checked to hold safetensors weights
     (tmp_path / "hf" / "model.safetensors").write_bytes(len(b"{}").to_bytes(8, "little") + b"{}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from potluck.errors import ConfigError
 from potluck.runtime.loop import metrics
 from potluck.runtime.loop.metrics import PROGRESS_EVERY_S, ProgressLines, StepEstimate, estimate_line
 from potluck.runtime.loop.trainer import StepMetrics
@@ -56,3 +57,17 @@ def test_a_resumed_run_counts_its_progress_from_where_it_resumed(monkeypatch):
 def test_the_estimate_reads_as_people_say_durations(seconds, text):
     line = estimate_line(1, StepEstimate(seconds, dilation=2.0), stand_in="tiny")
     assert f"1 emulated step of about {text} each" in line and f"about {text} in all" in line
+
+
+@pytest.mark.parametrize("resumed_from", [0, 2])
+def test_metrics_jsonl_is_never_written_through_a_link(tmp_path, resumed_from):
+    """A run (or a resume, which first drops the rows from its step on) refuses a
+    metrics.jsonl that is a link, leaving the linked file as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text('{"step": 5, "loss": 1.0}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(ConfigError, match="metrics.jsonl is a symbolic link"):
+        metrics.MetricsLog(run, first_step=resumed_from)
+    assert victim.read_text() == '{"step": 5, "loss": 1.0}\n'

@@ -3,6 +3,8 @@
 - :mod:`~potluck.runtime.checkpoints.storage`: sharded, atomic checkpoints on
   torch.distributed.checkpoint (safetensors shards, JSON for the rest),
   knowing nothing of the trainer;
+- :mod:`~potluck.runtime.checkpoints.names`: where checkpoints live and what they are
+  called (no torch);
 - :mod:`~potluck.runtime.checkpoints.manifest`: every file's SHA-256, written at
   save and checked before anything is read;
 - :mod:`~potluck.runtime.checkpoints.values`: the non-tensor leaves of a state as JSON;

@@ -34,6 +34,7 @@ from potluck.errors import ConfigError
 from potluck.model.hf import hf_config_for
 from potluck.model.spec import ModelSpec
 from potluck.runtime.checkpoints.storage import load_full_state_dict
+from potluck.safe_files import real_dir, writing
 
 if TYPE_CHECKING:
     from potluck.data.tokenizer import Tokenizer
@@ -70,11 +71,11 @@ def export_hf(state_dict: Mapping[str, torch.Tensor], spec: ModelSpec,
     dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
     config.architectures = [type(model).__name__]
     config.dtype = str(dtype).removeprefix("torch.")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(out))
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out / WEIGHTS_FILE).chmod(_user_file_mode())  # safetensors writes its file 0600
+    out = real_dir(out_dir)
+    with writing(out, "export to"):
+        config.save_pretrained(str(out))
+        save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        (out / WEIGHTS_FILE).chmod(_user_file_mode())  # safetensors writes its file 0600
     log.info("exported %s (%d tensors) to %s", spec.name, len(tensors), out)
     return out
 
@@ -160,6 +161,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Exported:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory to write the Hugging Face "
                           "model into")
+    _check_outside_run(Path(run_dir), out)
     checkpoint = newest_verified(run_dir, alone=True)
     if checkpoint is None:
         raise ConfigError(
@@ -213,6 +215,17 @@ def _newest_finite(run_dir: Path, checkpoint: Path
             raise ConfigError(f"{first}; no older checkpoint has finite weights")
         log.warning("checkpoint %s cannot be exported: %s; trying %s", checkpoint, problem, older)
         checkpoint = older
+
+
+def _check_outside_run(run_dir: Path, out: Path) -> None:
+    """``--out`` is neither the run directory nor inside its checkpoints."""
+    from potluck.runtime.checkpoints.storage import CHECKPOINTS_DIR
+
+    run, target = run_dir.resolve(), out.resolve()
+    if target == run or target.is_relative_to(run / CHECKPOINTS_DIR):
+        raise ConfigError(f"--out {out} is the run directory {run_dir} (or inside its "
+                          f"checkpoints); export to a directory of its own, such as "
+                          f"--out {run_dir / 'hf'}")
 
 
 def _saved_model(checkpoint: Path, run_dir: Path) -> ModelSpec:

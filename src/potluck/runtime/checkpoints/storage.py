@@ -51,9 +51,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import re
-import shutil
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -64,6 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -83,6 +81,14 @@ from potluck.runtime.checkpoints.manifest import (
     first_problem_on_any_rank,
     manifest_text,
 )
+from potluck.runtime.checkpoints.names import (  # noqa: F401 - storage's names, as before
+    CHECKPOINTS_DIR,
+    PARTIAL_SUFFIX,
+    STEP_NAME,
+    checkpoint_path,
+    checkpoint_step,
+    is_step_name,
+)
 from potluck.runtime.checkpoints.rng import save_rng
 from potluck.runtime.checkpoints.values import (
     VALUES,
@@ -94,14 +100,20 @@ from potluck.runtime.checkpoints.values import (
     values_text,
 )
 from potluck.runtime.grads.master_weights import MASTER
+from potluck.safe_files import (
+    check_no_link,
+    output_error,
+    real_dir,
+    remove_tree,
+    sync_dir,
+    write_text,
+    writing,
+)
 from potluck.yamlio import read_text
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
-PARTIAL_SUFFIX = ".partial"
-_STEP_NAME = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -111,24 +123,19 @@ class UnusableCheckpoint(ConfigError):
     tensor that is not finite): an older one may do."""
 
 
-def checkpoint_path(out_dir: str | Path, step: int) -> Path:
-    return Path(out_dir) / CHECKPOINTS_DIR / f"step_{step:06d}"
-
-
-def checkpoint_step(path: str | Path) -> int:
-    match = _STEP_NAME.match(Path(path).name)
-    if not match:
-        raise ConfigError(f"{path}: not a checkpoint directory (expected step_NNNNNN)")
-    return int(match.group(1))
-
-
 def complete_checkpoints(out_dir: str | Path) -> list[Path]:
-    """The finished checkpoints under ``out_dir``, oldest first."""
+    """The finished checkpoints under ``out_dir``, oldest first; a link among them (or
+    ``checkpoints`` itself a link) is refused, never followed."""
     root = Path(out_dir) / CHECKPOINTS_DIR
+    check_no_link(root, out_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir()
-             if p.is_dir() and _STEP_NAME.match(p.name) and (p / MARKER).is_file()]
+    found = []
+    for path in root.iterdir():
+        if is_step_name(path.name):
+            check_no_link(path, out_dir)
+            if path.is_dir() and STEP_NAME.match(path.name) and (path / MARKER).is_file():
+                found.append(path)
     return sorted(found, key=checkpoint_step)
 
 
@@ -214,14 +221,13 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     distributed = _distributed()
     coordinator = not distributed or dist.get_rank(process_group) == 0
     if coordinator:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        remove_tree(partial, out_dir, missing_ok=True)  # a save killed before this one
+        real_dir(partial, out_dir)
     _barrier(process_group)
     writer = _ShardWriter(partial)
-    with _single_process_is_intended():
-        dcp.save(_writable(tensors), storage_writer=writer, process_group=process_group,
-                 no_dist=not distributed)
-    rng = save_rng(partial).relative_to(partial)
+    _save_shards(_writable(tensors), writer, partial, process_group)
+    with writing(partial, "write the checkpoint"):
+        rng = save_rng(partial).relative_to(partial)
     files, values = _gathered(digests(partial, [*writer.written, str(rng)]), values,
                               process_group)
     if coordinator:
@@ -230,6 +236,23 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
         log.info("saved checkpoint %s", final)
     _barrier(process_group)
     return final
+
+
+def _save_shards(tensors: dict[str, Any], writer: _ShardWriter, partial: Path,
+                 group: dist.ProcessGroup | None) -> None:
+    """DCP's save; a rank's OSError (the disk full, read-only) becomes one line naming the
+    checkpoint and the reason, raised on every rank alike."""
+    try:
+        with _single_process_is_intended():
+            dcp.save(tensors, storage_writer=writer, process_group=group,
+                     no_dist=not _distributed())
+    except CheckpointException as err:
+        failures = [failure[0] for failure in err.failures.values()]
+        os_error = next((e for e in failures if isinstance(e, OSError)), None)
+        if os_error is not None:
+            raise output_error(partial, os_error, "write the checkpoint") from None
+        raise ConfigError(f"cannot write the checkpoint {partial}: "
+                          f"{_one_line(failures[0]) if failures else err}") from None
 
 
 def _writable(state: Mapping[str, Any], seen: set[int] | None = None) -> dict[str, Any]:
@@ -273,22 +296,25 @@ def _commit(partial: Path, final: Path, step: int, texts: Mapping[str, str],
             files: dict[str, Any]) -> None:
     """Write the JSON files, the manifest and the marker, then give the directory its name."""
     for name, text in texts.items():
-        _write_synced(partial / name, text)
+        write_text(partial / name, text + "\n", sync=True)
         files[name] = file_digest(partial / name)
-    _write_synced(partial / MANIFEST, manifest_text(files))
+    write_text(partial / MANIFEST, manifest_text(files) + "\n", sync=True)
     world_size = dist.get_world_size() if _distributed() else 1
     marker = {"step": step, "world_size": world_size,
               "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    _write_synced(partial / MARKER, json.dumps(marker))
-    if final.exists():
-        stale = final.with_name(final.name + ".old")
-        shutil.rmtree(stale, ignore_errors=True)
-        final.rename(stale)
-        partial.rename(final)
-        shutil.rmtree(stale)
-    else:
-        partial.rename(final)
-    _fsync_dir(final.parent)
+    write_text(partial / MARKER, json.dumps(marker) + "\n", sync=True)
+    root = final.parents[1]
+    check_no_link(final, root)
+    with writing(final, "finish the checkpoint"):
+        if final.exists():
+            stale = final.with_name(final.name + ".old")
+            remove_tree(stale, root, missing_ok=True)
+            final.rename(stale)
+            partial.rename(final)
+            remove_tree(stale, root)
+        else:
+            partial.rename(final)
+        sync_dir(final.parent)
 
 
 def load_checkpoint(path: str | Path, state: dict[str, Any],
@@ -459,7 +485,7 @@ def prune_checkpoints(out_dir: str | Path, keep_last: int, keep: Path | None = N
     doomed = complete_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []
     doomed = [path for path in doomed if keep is None or path.resolve() != Path(keep).resolve()]
     for path in doomed:
-        shutil.rmtree(path)
+        remove_tree(path, out_dir)
     return doomed
 
 
@@ -527,17 +553,3 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
     if _distributed():
         dist.barrier(group=group)
 
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as file:
-        file.write(text + "\n")
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

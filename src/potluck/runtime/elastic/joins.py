@@ -17,6 +17,7 @@ from pathlib import Path
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan
+from potluck.safe_files import real_dir, write_text, writing
 
 JOINED_DIR = "joined"
 LEAVING_DIR = "leaving"
@@ -43,11 +44,12 @@ def _mark(run_dir: str | Path, plan: Plan, device_ids: Iterable[str], folder_nam
         if device not in known:
             raise ConfigError(f"device {device!r} is not in the run's cluster "
                               f"{plan.cluster.name!r} (its ids: {', '.join(sorted(known))})")
-    folder = Path(run_dir) / folder_name
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = real_dir(Path(run_dir) / folder_name, run_dir)
     for device in ids:
-        (Path(run_dir) / cleared_name / device).unlink(missing_ok=True)
-        (folder / device).touch()
+        cleared = Path(run_dir) / cleared_name / device
+        with writing(cleared, "delete"):
+            cleared.unlink(missing_ok=True)  # a link itself, never what it points at
+        write_text(folder / device, "", root=run_dir)
     return ids
 
 

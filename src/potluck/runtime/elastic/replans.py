@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from potluck.safe_files import open_append, writing
 from potluck.yamlio import read_text
 
 REPLANS_FILE = "replans.jsonl"
@@ -44,8 +45,7 @@ class ReplanRecord:
 def append_replan(run_dir: str | Path, record: ReplanRecord) -> None:
     """Add ``record`` to the run's ``replans.jsonl`` (a whole line, flushed)."""
     path = Path(run_dir) / REPLANS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
+    with open_append(path) as out, writing(path):
         out.write(json.dumps(record.to_json()) + "\n")
         out.flush()
 

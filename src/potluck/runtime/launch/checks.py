@@ -38,6 +38,7 @@ from potluck.plans import Plan, check_plan, explicit_tp, explicit_tp_plan_proble
 from potluck.plans.feasibility import EXPLICIT_TP_OFF
 from potluck.runtime.launch.gpus import world_backend
 from potluck.runtime.launch.host_memory import check_host_memory
+from potluck.runtime.launch.run_dir import check_resume_or_overwrite
 from potluck.runtime.launch.torchrun import plan_nodes
 from potluck.runtime.loop.schedule import check_schedule
 from potluck.runtime.models.stand_in import compute_plan
@@ -181,7 +182,8 @@ def check_trace(options: TrainOptions) -> None:
 
 
 def check_out_dir(options: TrainOptions) -> None:
-    """--out is a directory or does not exist yet."""
+    """--out is a directory or does not exist yet; --resume and --overwrite not both."""
+    check_resume_or_overwrite(options)
     if options.out_dir is not None and Path(options.out_dir).exists() \
             and not Path(options.out_dir).is_dir():
         raise ConfigError(f"--out {options.out_dir} is a file, not a run directory; "
@@ -232,6 +234,7 @@ def check_resume(plan: Plan, options: TrainOptions) -> None:
     if not options.out_dir:
         raise ConfigError("--resume needs --out DIR (the run directory to continue)")
     path = resume_checkpoint(options.out_dir)
+    _check_steps_left(path, options.steps)
     try:
         saved = read_trainer_state(path).get("model")
         saved_model = model_from_dict(saved) if saved is not None else None
@@ -240,6 +243,17 @@ def check_resume(plan: Plan, options: TrainOptions) -> None:
                           ) from None
     if saved_model is not None:
         _check_same_model(path, saved_model, compute_plan(plan, options).model)
+
+
+def _check_steps_left(path: Path, steps: int) -> None:
+    """--steps counts the whole run, so a resumed run must ask for more than it has done."""
+    from potluck.runtime.checkpoints.storage import checkpoint_step
+
+    done = checkpoint_step(path)
+    if steps <= done:
+        raise ConfigError(
+            f"--steps {steps} is not beyond the {done} steps the run has done ({path}): "
+            f"--steps counts the whole run, so continue it with --steps {done + 1} or more")
 
 
 def _check_same_model(path: Path, saved: ModelSpec, model: ModelSpec) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -39,12 +38,14 @@ from typing import Any
 from potluck.errors import ConfigError
 from potluck.runtime.loop.trainer import Callback, StepMetrics
 from potluck.runtime.options import TrainOptions
+from potluck.safe_files import open_append, real_dir, write_text, writing
 from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 
 log = logging.getLogger(__name__)
 
 EMULATION_FIELDS = ("dilation", "device_step_time_s")
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 
 
 def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
@@ -62,13 +63,13 @@ class MetricsLog:
 
     def __init__(self, out_dir: str | Path, first_step: int = 0) -> None:
         self.path = Path(out_dir) / METRICS_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         keep_steps_before(self.path, first_step)
-        self._file = self.path.open("a")
+        self._file = open_append(self.path)
 
     def on_step(self, metrics: StepMetrics) -> None:
-        self._file.write(json.dumps(metrics_row(metrics)) + "\n")
-        self._file.flush()
+        with writing(self.path):
+            self._file.write(json.dumps(metrics_row(metrics)) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -83,9 +84,7 @@ def keep_steps_before(path: Path, first_step: int) -> None:
     kept = [line for line in lines if (step := _step_of(line)) is not None and step < first_step]
     if len(kept) == len(lines):
         return
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
+    write_text(path, "".join(line + "\n" for line in kept))
     log.info("%s: dropped %d lines from step %d on", path, len(lines) - len(kept), first_step)
 
 
@@ -129,7 +128,7 @@ class TensorBoardLog:
         except ImportError:
             raise ConfigError("--tensorboard needs the tensorboard package: "
                               "pip install 'potluck[tensorboard]'") from None
-        self._writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+        self._writer = SummaryWriter(str(real_dir(Path(out_dir) / TENSORBOARD_DIR, out_dir)))
 
     def on_step(self, metrics: StepMetrics) -> None:
         for key, value in metrics.as_dict().items():
