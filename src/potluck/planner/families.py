@@ -74,6 +74,10 @@ class FamilySetting:
         """Hashed once: settings key the evaluator's caches, looked up millions of times."""
         return hash(tuple(getattr(self, f.name) for f in fields(self)))
 
+    def __getstate__(self) -> dict:
+        """The fields only: a string's hash differs from one process to another."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
 
 @dataclass(frozen=True)
 class FamilyOption:
