@@ -139,3 +139,36 @@ def test_no_pipeline_gets_more_than_its_slot_holds():
     assert split_micro_batches(slots, 12) == [[6], [6]]
     assert split_micro_batches(slots, 12, minimum=2) == [[6], [6]]
     assert split_micro_batches([PipelineSlot(0.0, 1.0, replicas=2, most=3)], 7) is None
+
+
+def _bisected_counts(slots, total):
+    """The micro-batch counts of a bisection run to the end (1e-12), without stopping early."""
+    from potluck.planner.partition import _count_within
+
+    low = min(s.fill_s + s.period_s for s in slots)
+    high = max(s.fill_s + -(-total // s.replicas) * s.period_s for s in slots)
+    for _ in range(200):
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+        mid = 0.5 * (low + high)
+        if sum(_count_within(s, mid) for s in slots) >= total:
+            high = mid
+        else:
+            low = mid
+    return [_count_within(s, high) for s in slots]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_bisection_stops_early_only_where_its_counts_are_decided(seed):
+    """Replicas, caps and equal slots (steps at the same moment) included."""
+    from potluck.planner.partition import _spread, _trim_totals
+
+    rng = random.Random(seed)
+    slots = [PipelineSlot(rng.choice([0.0, rng.uniform(0, 3)]), rng.choice([1.0, rng.uniform(0.5, 3)]),
+                          rng.randint(1, 3), rng.choice([None, rng.randint(2, 40)]))
+             for _ in range(rng.randint(1, 4))]
+    slots += slots[:rng.randint(0, 1)]
+    total = rng.randint(1, min(64, sum(s.replicas * (s.most or 64) for s in slots)))
+    counts = _trim_totals(slots, _bisected_counts(slots, total), total)
+    expected = [_spread(count, slot.replicas) for count, slot in zip(counts, slots, strict=True)]
+    assert split_micro_batches(slots, total) == expected

@@ -12,7 +12,7 @@ come from :class:`~potluck.planner.cost.CostModel`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 from potluck.cluster.spec import NodeGroup
@@ -56,6 +56,28 @@ class FamilySetting:
     def sharding(self, dp: int) -> StateSharding:
         return StateSharding.of(dp, int(self.zero), self.offload)
 
+    def for_replicas(self, dp: int) -> FamilySetting:
+        """The setting as a family of ``dp`` pipelines sees it: one pipeline shards nothing,
+        so its layout and times are those of ZeRO stage 0 (what lets the search's memory
+        levels share its evaluation)."""
+        return self._unsharded if dp == 1 else self
+
+    @cached_property
+    def _unsharded(self) -> FamilySetting:
+        return replace(self, zero=0) if self.zero else self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """Hashed once: settings key the evaluator's caches, looked up millions of times."""
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __getstate__(self) -> dict:
+        """The fields only: a string's hash differs from one process to another."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
 
 @dataclass(frozen=True)
 class FamilyOption:
@@ -71,6 +93,9 @@ class FamilyOption:
     dp_quick_s: float
     optimizer_s: float = 0.0
     key: tuple = ()  # (order, dp, layout, wrap): how to rebuild this family for another setting
+    # per stage, its gradient bytes and the backward time that hides their reduction
+    # (what the all-reduce between families is estimated from: cross_family_dp_s)
+    gradients: tuple[tuple[float, float], ...] = ()
 
     @property
     def dp(self) -> int:
@@ -105,9 +130,9 @@ class FamilyEvaluator:
         self._ring_cache: dict[tuple[str, ...], RingLink] = {}
         self._splits: dict[tuple, list[int] | None] = {}
         self._slots: dict[tuple, StageSlot | None] = {}
-        self._gradient_cache: dict[tuple, list[tuple[float, float]]] = {}
         self._params_cache: dict[tuple, float] = {}
         self._comm_cache: dict[tuple, StageComm] = {}
+        self._options: dict[tuple, FamilyOption | None] = {}
         # quick estimates: every GPU of a machine crosses its card at once
         self._whole_machines = NicSharing.whole_machines(cluster, cluster.devices)
 
@@ -126,8 +151,16 @@ class FamilyEvaluator:
         embedding and the head sit on the same kind of device (``group``: the first
         group's units are split between both ends) or the same machine (``node``: the
         first machine's units are), which keeps a tied embedding's gradient exchange
-        off the network."""
+        off the network. Memoized: a search meets a family again in many groupings and at
+        every memory level (:meth:`FamilySetting.for_replicas`)."""
         layout_key = (tuple((g.name, g.count, tp) for g, tp in order), dp, layout, wrap)
+        key = (layout_key, setting.for_replicas(dp))
+        if key not in self._options:
+            self._options[key] = self._evaluate(order, dp, layout, setting, wrap, layout_key)
+        return self._options[key]
+
+    def _evaluate(self, order: tuple[tuple[NodeGroup, int], ...], dp: int, layout: UnitLayout,
+                  setting: FamilySetting, wrap: Wrap, layout_key: tuple) -> FamilyOption | None:
         if layout_key not in self._layouts:
             self._layouts[layout_key] = self._assemble(order, dp, layout, wrap)
         assembled = self._layouts[layout_key]
@@ -151,6 +184,7 @@ class FamilyEvaluator:
                            layout: str = "explicit") -> FamilyOption | None:
         """Split layers over pipelines that share one stage structure; ``dp`` is the size of
         the data-parallel group their states are sharded over (ZeRO-1)."""
+        setting = setting.for_replicas(dp)
         pp = len(pipelines[0])
         num_layers = self.cost.model.num_layers
         if pp * setting.virtual_stages > num_layers or dp % setting.ep:
@@ -167,7 +201,7 @@ class FamilyEvaluator:
         dp_quick = self._dp_quick_s(pipelines, layers, works, setting.ep)
         optimizer = self._optimizer_s(pipelines[0], layers, setting.sharding(dp), setting.ep)
         return FamilyOption(groups, layout, pipelines, tuple(layers), works, fill, period, dp_quick,
-                            optimizer)
+                            optimizer, gradients=self._gradients(pipelines[0], layers, works))
 
     def _params(self, num_layers: int, i: int, pp: int, tp: int, ep: int = 1) -> float:
         """Parameters each device of stage ``i`` of ``pp`` holds (cached: the search asks often)."""
@@ -306,12 +340,17 @@ class FamilyEvaluator:
 
     def _coefficients(self, unit: Unit, first: bool, last: bool, pp: int, dp: int,
                       setting: FamilySetting) -> tuple[float, float, float, float, float, float]:
-        key = (unit.group, unit.tp, first, last, pp, dp, setting)
+        # what the stage's time and memory depend on: of the stage count only whether there
+        # are several (StageShape.pp: a tied head's separate copy), of the replicas only how
+        # they shard the states (the coefficients recur over every pp, dp and memory level)
+        sharding = setting.sharding(dp)
+        key = (unit.group, unit.tp, first, last, pp > 1, setting.micro_batch, setting.recompute,
+               setting.schedule, setting.ep, sharding)
         coefficients = self._coefficient_cache.get(key)
         if coefficients is None:
             shape = self._with_comm(StageShape(0, first, last, pp, setting.micro_batch,
                                                setting.recompute, ep=setting.ep), unit, setting)
-            coefficients = self._slot_coefficients(unit.devices, shape, setting.sharding(dp))
+            coefficients = self._slot_coefficients(unit.devices, shape, sharding)
             self._coefficient_cache[key] = coefficients
         return coefficients
 
@@ -436,22 +475,17 @@ class FamilyEvaluator:
                                                    link.latency_s) for b in (1.0, 2.0))
         per_byte, fixed = two - one, 2 * one - two
         worst = max(fixed + per_byte * num_bytes - overlap
-                    for family in families for num_bytes, overlap in self._gradients(family))
+                    for family in families for num_bytes, overlap in family.gradients)
         return max(0.0, worst)
 
-    def _gradients(self, family: FamilyOption) -> list[tuple[float, float]]:
-        """Per stage of ``family``, its gradient bytes and the backward time that hides their
-        reduction (cached: a family recurs in many combinations)."""
-        key = (family.pipelines[0], family.layers, family.works)
-        found = self._gradient_cache.get(key)
-        if found is None:
-            pp, overlaps = family.pp, self.cost.execution.overlap_grad_reduce
-            found = self._gradient_cache[key] = [
-                (self._params(family.layers[i], i, pp, unit.tp)
-                 * self.cost.grad_bytes(unit.devices[0].type),
-                 family.works[i].backward_s if overlaps else 0.0)
-                for i, unit in enumerate(family.pipelines[0])]
-        return found
+    def _gradients(self, pipeline: tuple[Unit, ...], layers: list[int],
+                   works: tuple[StageWork, ...]) -> tuple[tuple[float, float], ...]:
+        """Per stage, its gradient bytes and the backward time that hides their reduction."""
+        pp, overlaps = len(layers), self.cost.execution.overlap_grad_reduce
+        return tuple((self._params(layers[i], i, pp, unit.tp)
+                      * self.cost.grad_bytes(unit.devices[0].type),
+                      works[i].backward_s if overlaps else 0.0)
+                     for i, unit in enumerate(pipeline))
 
 
 def _expert_peers(pipelines: tuple[tuple[Unit, ...], ...], stage: int, ep: int

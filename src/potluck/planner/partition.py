@@ -155,16 +155,17 @@ def split_micro_batches(slots: list[PipelineSlot], total: int, uniform: bool = F
         return [[total // pipelines] * slot.replicas for slot in slots]
     low = min(s.fill_s + s.period_s for s in slots)
     high = max(s.fill_s + math.ceil(total / s.replicas) * s.period_s for s in slots)
+    at_low, at_high = _counts_within(slots, low), _counts_within(slots, high)
     for _ in range(200):
-        if high - low <= 1e-12 * max(1.0, high):
+        if high - low <= 1e-12 * max(1.0, high) or _settled(slots, at_low, at_high, total):
             break
         mid = 0.5 * (low + high)
-        if sum(_count_within(s, mid) for s in slots) >= total:
-            high = mid
+        at_mid = _counts_within(slots, mid)
+        if sum(at_mid) >= total:
+            high, at_high = mid, at_mid
         else:
-            low = mid
-    totals = [_count_within(s, high) for s in slots]
-    totals = _trim_totals(slots, totals, total)
+            low, at_low = mid, at_mid
+    totals = _trim_totals(slots, at_high, total)
     return [_spread(count, slot.replicas) for count, slot in zip(totals, slots, strict=True)]
 
 
@@ -185,6 +186,25 @@ def _split_above(slots: list[PipelineSlot], total: int, uniform: bool,
     if shares is None:
         return None
     return [[m + minimum for m in share] for share in shares]
+
+
+def _counts_within(slots: list[PipelineSlot], time_s: float) -> list[int]:
+    return [_count_within(slot, time_s) for slot in slots]
+
+
+def _settled(slots: list[PipelineSlot], at_low: list[int], at_high: list[int],
+             total: int) -> bool:
+    """Whether the bisection's counts at its upper end are already those it ends with: they
+    sum to ``total`` exactly (counts never fall below it there, nor rise as the end comes
+    down), or a single pipeline slot takes a single step between the ends (that step is
+    where ``total`` is first reached)."""
+    reached = sum(at_high)
+    if reached == total:
+        return True
+    if reached < total or sum(at_low) >= total:
+        return False
+    changed = [k for k, (a, b) in enumerate(zip(at_low, at_high, strict=True)) if a != b]
+    return len(changed) == 1 and at_high[changed[0]] - at_low[changed[0]] == slots[changed[0]].replicas
 
 
 def _count_within(slot: PipelineSlot, time_s: float) -> int:

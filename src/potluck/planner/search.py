@@ -149,6 +149,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     found: list[Plan] = []
     groupings: dict[tuple, list[Grouping]] = {}  # the best of the last level with plans
     levels, runs = memory_levels(options), _runs(cluster, model, options)
+    families = FamilyEvaluator(cluster, cost)  # one for every level: families recur in each
     for index, level in enumerate(levels):
         if found and level.swap_families:
             continue  # layouts that fit only by swapping: for when nothing else fits
@@ -157,7 +158,7 @@ def search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             share = _share(progress, (index * len(runs) + run) / (len(levels) * len(runs)),
                            1 / (len(levels) * len(runs)))
             runner = _Search(cluster, cost, training, pinned, share,
-                             groupings.get(_run_key(pinned), []))
+                             groupings.get(_run_key(pinned), []), families)
             plans.extend(runner.run(level))
             candidates += runner.candidates
             if runner.best_groupings:
@@ -225,13 +226,14 @@ def _run_key(options: SearchOptions) -> tuple:
 class _Search:
     def __init__(self, cluster: Cluster, cost: CostModel, training: TrainingShape,
                  options: SearchOptions, progress: Callable[[float], None] | None,
-                 seeds: list[Grouping] | None = None) -> None:
+                 seeds: list[Grouping] | None = None,
+                 families: FamilyEvaluator | None = None) -> None:
         self.cluster = cluster
         self.cost = cost
         self.training = training
         self.options = options
         self.progress = progress
-        self.families = FamilyEvaluator(cluster, cost)
+        self.families = families or FamilyEvaluator(cluster, cost)
         self.groups = tuple(
             g for g in cluster.spec.nodes if options.groups is None or g.name in options.groups
         )

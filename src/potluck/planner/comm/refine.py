@@ -185,7 +185,12 @@ def _applies(plan: Plan, name: str) -> bool:
 
 def _fitting_prediction(plan: Plan, cost: CostModel) -> Prediction | None:
     """The plan's prediction, or None if it is not one the checks accept or it overfills a
-    device."""
+    device (remembered: half the trials are a plan already predicted, a setting that
+    changes nothing or another candidate's refinement at the same point)."""
+    return cost.remembered(("fitting_prediction", plan), lambda: _new_prediction(plan, cost))
+
+
+def _new_prediction(plan: Plan, cost: CostModel) -> Prediction | None:
     from potluck.errors import ConfigError
     from potluck.planner.evaluate import host_memory_problem, predict
 

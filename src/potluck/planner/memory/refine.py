@@ -74,6 +74,15 @@ class _Refiner:
         self.host_used: dict[str, float] = {}
         self.held: dict[str, float] = {}
         self.need: dict[str, float] = {}
+        # per stage, what each memory choice needs and scores whatever the rest of the plan
+        # holds: tables the cost model keeps, as a stage recurs in many candidate plans (at
+        # every memory level) and each is probed at many block counts
+        self.needs = {s.ref: cost.remembered(
+            ("stage_needs", s.devices[0].type, len(s.devices), s.base, s.in_flight, s.sharding),
+            dict) for s in self.stages}
+        self.scores = {s.ref: cost.remembered(
+            ("stage_scores", s.devices, s.base, s.micro_batches, s.sharding), dict)
+            for s in self.stages}
 
     def _stages(self) -> Iterator[_Stage]:
         plan = self.plan
@@ -252,26 +261,49 @@ class _Refiner:
     def _bytes(self, stage: _Stage, memory: StageMemory) -> tuple[float, float, float] | None:
         """(device, host, peer) bytes per device of ``memory`` on the stage, None if they
         do not fit the device, the machine's host memory or the peer's room."""
+        on_device, host, peer = self._needs(stage, memory)
+        device = stage.devices[0]
+        tp = len(stage.devices)
+        room = usable_memory_bytes(device.type) - self.held.get(device.id, 0.0)
+        if on_device > room or host * tp > self._host_room(device.node):
+            return None
+        if peer and memory.swap_peer is not None:
+            if peer * tp > self._room(self.cost.cluster.device(memory.swap_peer)):
+                return None
+        return on_device, host, peer
+
+    def _needs(self, stage: _Stage, memory: StageMemory) -> tuple[float, float, float]:
+        """(device, host, peer) bytes per device of ``memory`` on the stage, whatever the rest
+        of the plan holds."""
+        table = self.needs[stage.ref]
+        found = table.get(memory)
+        if found is None:
+            found = table[memory] = self._new_needs(stage, memory)
+        return found
+
+    def _new_needs(self, stage: _Stage, memory: StageMemory) -> tuple[float, float, float]:
         shape = _shape(stage.base, memory)
         device = stage.devices[0]
         tp = len(stage.devices)
         sharding = self.cost.stage_sharding(shape, stage.sharding)
         on_device = self.cost.stage_memory_bytes(device.type, tp, shape, stage.in_flight,
                                                  sharding)
-        room = usable_memory_bytes(device.type) - self.held.get(device.id, 0.0)
         swap = self.cost.swap_bytes(device.type, tp, shape, stage.in_flight)
         host = self.cost.host_bytes(device.type, tp, shape, sharding) + swap.host
-        if on_device > room or host * tp > self._host_room(device.node):
-            return None
-        if swap.peer and memory.swap_peer is not None:
-            if swap.peer * tp > self._room(self.cost.cluster.device(memory.swap_peer)):
-                return None
         return on_device, host, swap.peer
 
     def _price(self, stage: _Stage, memory: StageMemory) -> _Choice | None:
         found = self._bytes(stage, memory)
         if found is None:
             return None
+        table = self.scores[stage.ref]
+        score = table.get(memory)
+        if score is None:
+            score = table[memory] = self._score(stage, memory)
+        return _Choice(memory, score, *found)
+
+    def _score(self, stage: _Stage, memory: StageMemory) -> float:
+        """The stage's share of an iteration: its micro-batches' passes and its optimizer step."""
         shape = _shape(stage.base, memory)
         work = self.cost.stage_time(stage.devices, shape).work
         sharding = self.cost.stage_sharding(shape, stage.sharding)
@@ -283,8 +315,7 @@ class _Refiner:
                                               params / sharding.optimizer_shards * ranks)
         else:
             step = self.cost.optimizer_step_s(device.type, params, sharding)
-        score = stage.micro_batches * (work.forward_s + work.backward_s) + step
-        return _Choice(memory, score, *found)
+        return stage.micro_batches * (work.forward_s + work.backward_s) + step
 
     def _with_memory(self, chosen: dict[tuple[int, int], _Choice]) -> Plan:
         pipelines = []
