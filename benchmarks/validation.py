@@ -422,6 +422,12 @@ def calibrated(vset: ValidationSet, outcomes: list[Outcome], k: int) -> Calibrat
     chosen = calibration_rows([o.run for o in outcomes], k)
     fitted_lines = {r.line for r in chosen}
     before = [o for o in outcomes if o.run.line not in fitted_lines]
+    models = {vset.model_ref(r) for r in chosen}
+    if len(models) > 1:
+        return Calibrated(before, before, "skipped (below)", "-", refusal=(
+            f"skipped: the {k} runs are of {len(models)} models "
+            f"({', '.join(sorted(Path(m).name for m in models))}), "
+            "and a runs CSV calibrates one model's runs"))
     with tempfile.TemporaryDirectory() as tmp:
         subset, cluster = Path(tmp) / "runs.csv", Path(tmp) / "cluster.yaml"
         write_runs(subset, chosen)
