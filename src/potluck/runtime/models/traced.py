@@ -18,6 +18,7 @@ Tensor parallelism needs a family adapter and is refused for traced models.
 from __future__ import annotations
 
 import operator
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,8 @@ from potluck.errors import ConfigError
 from potluck.model.derived import largest_block_list
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.layout import Layout
+
+_CALL_SUFFIX = re.compile(r"@\d+(?=\.|$)")
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:
@@ -124,9 +127,16 @@ def _restore(module: nn.Module, saved: dict[str, torch.Tensor]) -> None:
     for owner_name, owner in module.named_modules(remove_duplicate=False):
         for table in (owner._parameters, owner._buffers):
             for leaf in list(table):
-                name = f"{owner_name}.{leaf}" if owner_name else leaf
+                name = _call_free(f"{owner_name}.{leaf}" if owner_name else leaf)
                 if name in saved:
                     table[leaf] = saved[name]
+
+
+def _call_free(name: str) -> str:
+    """The model's own name of a stage's parameter or buffer: torch's split names the copy of
+    a module the forward calls again ``path@1`` (OLMo 3's rotary module, once per kind of
+    attention), holding the same tensors."""
+    return _CALL_SUFFIX.sub("", name)
 
 
 def _split(model: nn.Module, example: torch.Tensor, spec: dict[str, SplitPoint]) -> Any:
