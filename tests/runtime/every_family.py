@@ -1,6 +1,6 @@
 """A tiny config of every causal-LM family the installed transformers ships (its auto
 mapping), made from each family's config class with small sizes (no downloads), and the
-rank side of the sweep that trains each one potluck accepts under one layout.
+rank side of the test that trains each one potluck accepts under one layout.
 
 Sizes are set under whatever name the config class uses (its ``attribute_map``); every
 dropout is turned off, so every layout computes the same function. A few families'
@@ -9,7 +9,6 @@ model): :data:`NO_TINY_CONFIG` names them."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from runtime_helpers import make_plan, pipe
@@ -82,18 +81,9 @@ def layout_of(spec: ModelSpec, layout: str) -> Any:
     return make_plan(spec, [pipe(stages, 1, GLOBAL_BATCH)])
 
 
-def train_each(model_types: list[str], layout: str) -> dict[str, list[float] | str]:
-    """Inside a rank: each family's loss curve under ``layout`` (or its error's first line).
-    Each family joins as a new attempt (its own store prefix, as a restarted rank does),
-    so one process group's addresses never meet the next one's."""
-    losses: dict[str, list[float] | str] = {}
+def train_family(model_type: str, layout: str) -> list[float]:
+    """Inside a rank: ``model_type``'s loss curve under ``layout``."""
     options = TrainOptions(steps=SWEEP_STEPS, lr=3e-3, seed=0, progress=False, timeout_s=120)
-    for attempt, model_type in enumerate(model_types):
-        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
-        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-        try:
-            plan = layout_of(tiny_spec(model_type), layout)
-            losses[model_type] = [m.loss for m in train_rank(plan, options)]
-        except Exception as err:  # reported by the test, with the family's name
-            losses[model_type] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-    return losses
+    spec = tiny_spec(model_type)
+    assert isinstance(spec, ModelSpec), spec
+    return [m.loss for m in train_rank(layout_of(spec, layout), options)]
