@@ -117,6 +117,10 @@ def test_presets_have_the_published_sizes(preset: str) -> None:
     ({"model_type": "xglm", "d_model": 32, "ffn_dim": 64, "num_layers": 2,
       "attention_heads": 4, "vocab_size": 300, "max_position_embeddings": 16,
       "pad_token_id": 299}, "cannot build"),
+    # BERT as a causal LM attends both ways unless its config says it is a decoder
+    ({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 300},
+     "bert is an encoder .* unless the config says is_decoder: true"),
     # Mamba's block does not run under torch's FLOP counter on meta tensors; it has no heads
     ({"model_type": "mamba", "hidden_size": 32, "state_size": 4, "num_hidden_layers": 2,
       "vocab_size": 300}, "none of num_attention_heads"),

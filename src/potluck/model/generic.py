@@ -71,6 +71,10 @@ def _config_object(original: dict[str, Any], name: str) -> Any:
     if getattr(config, _ENCODER_DECODER, False):
         raise ConfigError(f"model config {name!r}: {model_type} is an encoder-decoder model; "
                           "potluck trains decoder-only causal language models")
+    if hasattr(config, "add_cross_attention") and not getattr(config, "is_decoder", True):
+        raise ConfigError(f"model config {name!r}: {model_type} is an encoder (its tokens see "
+                          "later tokens) unless the config says is_decoder: true; set it to "
+                          "train it as a causal language model")
     text = getattr(config, "get_text_config", lambda: config)()
     if text is not config:
         raise ConfigError(f"model config {name!r}: {model_type} wraps a text model with other "
