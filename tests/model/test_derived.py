@@ -110,6 +110,20 @@ def test_presets_have_the_published_sizes(preset: str) -> None:
     ({**tiny_config("qwen2_moe"), "mlp_only_layers": [0]}, "blocks differ in size"),
     ({**tiny_config("phi3"), "pad_token_id": 999}, "cannot build"),
     ({**tiny_config("qwen3"), "num_hidden_layers": 0}, "num_hidden_layers"),
+    # a config class's own validator (a strict dataclass): its cause, not a traceback
+    ({"model_type": "gemma3_text", **SMALL, "layer_types": ["full_attention"] * 3},
+     r"refuses it \(ValueError: `num_hidden_layers` \(2\) must be equal to the number of `layer_types`"),
+    # a padding id past XGLM's position table: the model cannot be built
+    ({"model_type": "xglm", "d_model": 32, "ffn_dim": 64, "num_layers": 2,
+      "attention_heads": 4, "vocab_size": 300, "max_position_embeddings": 16,
+      "pad_token_id": 299}, "cannot build"),
+    # BERT as a causal LM attends both ways unless its config says it is a decoder
+    ({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 300},
+     "bert is an encoder .* unless the config says is_decoder: true"),
+    # Mamba's block does not run under torch's FLOP counter on meta tensors; it has no heads
+    ({"model_type": "mamba", "hidden_size": 32, "state_size": 4, "num_hidden_layers": 2,
+      "vocab_size": 300}, "none of num_attention_heads"),
 ])
 def test_configs_potluck_cannot_plan_get_one_line(config: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:

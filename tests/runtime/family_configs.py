@@ -1,7 +1,8 @@
 """Tiny configs of the model families the README's table lists, made in the test (no
 downloads): 4 blocks, hidden 32, the byte vocabulary, no dropout, every family's own
 features kept (Qwen3's per-head norms and wider heads, Gemma 2's windows and soft-capping,
-Phi-3's fused projections, OLMo 2's post-norms, experts and top-k routing)."""
+Phi-3's fused projections, OLMo 2's post-norms, experts and top-k routing, OLMo 3's two
+rotary tables, GPT-NeoX's own initializer range)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=16),
-    # traced (no block adapter): pipeline and data parallel only
-    "gpt_neox": dict(model_type="gpt_neox"),
+    # traced (no block adapter): pipeline and data parallel only; a spread of initial values
+    # of its own (traced stages have no config to read it from)
+    "gpt_neox": dict(model_type="gpt_neox", initializer_range=0.006),
+    # traced, its forward calls the rotary module twice (the split names the copy rotary_emb@1)
+    "olmo3": dict(model_type="olmo3"),
     # a traced mixture of experts (its router's histogram dtype depends on the device)
     "olmoe": dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2),
 }

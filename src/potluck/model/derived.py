@@ -65,7 +65,8 @@ def build_meta_model(config: Any, name: str) -> nn.Module:
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    except (ValueError, KeyError, AssertionError, TypeError, AttributeError, RuntimeError) as err:
+    except (ValueError, KeyError, IndexError, AssertionError, TypeError, AttributeError,
+            RuntimeError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"model config {name!r}: transformers cannot build a causal language "
                           f"model from it ({reason})") from None
@@ -204,7 +205,9 @@ def _block_flops(model: nn.Module, blocks_path: str, name: str, experts_per_toke
         module.forward = _skip_experts  # type: ignore[method-assign]
     try:
         per_length = [_counted_block_flops(model, blocks_path, s) for s in COUNT_SEQ_LENS]
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError) as err:
+        # AssertionError: torch's module tracker on a block whose output has no autograd
+        # history (Mamba's reference scan on meta tensors)
         log.info("model %s does not run on meta tensors (%s); its block FLOPs come from the "
                  "formulas", name, str(err).splitlines()[0] if str(err) else type(err).__name__)
         return None

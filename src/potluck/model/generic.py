@@ -55,6 +55,7 @@ def _cached_spec(config_json: str, name: str) -> ModelSpec:
 
 
 def _config_object(original: dict[str, Any], name: str) -> Any:
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import CONFIG_MAPPING
 
     model_type = str(original.get("model_type") or "")
@@ -64,17 +65,30 @@ def _config_object(original: dict[str, Any], name: str) -> Any:
     fields = {key: value for key, value in original.items() if key != "model_type"}
     try:
         config = CONFIG_MAPPING[model_type].from_dict(fields)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, StrictDataclassError) as err:
         raise ConfigError(f"model config {name!r}: transformers refuses it "
-                          f"({str(err).splitlines()[0]})") from None
+                          f"({_reason(err, isinstance(err, StrictDataclassError))})") from None
     if getattr(config, _ENCODER_DECODER, False):
         raise ConfigError(f"model config {name!r}: {model_type} is an encoder-decoder model; "
                           "potluck trains decoder-only causal language models")
+    if hasattr(config, "add_cross_attention") and not getattr(config, "is_decoder", True):
+        raise ConfigError(f"model config {name!r}: {model_type} is an encoder (its tokens see "
+                          "later tokens) unless the config says is_decoder: true; set it to "
+                          "train it as a causal language model")
     text = getattr(config, "get_text_config", lambda: config)()
     if text is not config:
         raise ConfigError(f"model config {name!r}: {model_type} wraps a text model with other "
                           "inputs (vision or audio); give the text model's config")
     return config
+
+
+def _reason(err: Exception, cause_last: bool) -> str:
+    """The line of a config class's error that says what is wrong: its first, or its last
+    where the error wraps its cause (a strict dataclass's validator names itself first)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    return lines[-1] if cause_last else lines[0]
 
 
 def _int(config: Any, keys: tuple[str, ...], name: str, default: int | None = None) -> int:

@@ -87,8 +87,14 @@ from potluck.runtime.layout import Layout
 from potluck.runtime.loop.loss import IGNORE_INDEX, TokenLoss
 from potluck.runtime.memory.ledger import MemoryLedger
 from potluck.runtime.memory.swap import ActivationSwap, SwapTarget
-from potluck.runtime.models.adapters import Family, blocks_of, check_sequence, detect_family, is_tied
-from potluck.runtime.models.build import WeightSource, init_kinds, materialize, park_on_meta
+from potluck.runtime.models.adapters import Family, blocks_of, detect_family, is_tied
+from potluck.runtime.models.build import (
+    WeightSource,
+    init_kinds,
+    init_std,
+    materialize,
+    park_on_meta,
+)
 from potluck.runtime.models.moe import install_router_loss, router_loss_of
 from potluck.runtime.models.traced import find_blocks, trace_stages
 from potluck.runtime.parallel.compile import apply_compile
@@ -160,7 +166,6 @@ def _stages_of_family(model: nn.Module, family: Family, session: Session
     layout, role = session.layout, session.layout.role
     plan = layout.plan
     _check_model(model, layout, blocks_of(model, family))
-    check_sequence(model, plan.training.seq_len)
     tied = is_tied(model, family)
     mesh = layout.tp_mesh(session.device.type)
     layers = [i for start, end in role.layer_ranges for i in range(start, end)]
@@ -229,7 +234,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
     family = detect_family(model)
     check_tp(model, family, layout.role.tp, layout.plan.training.seq_len)
     sparse = sparse_embedding_name(layout.plan, model, family)
-    kinds = init_kinds(model)
+    kinds, std = init_kinds(model), init_std([model])  # traced stages lose the model's config
     sharded = layout.role.tp > 1 or layout.plan.ep > 1
     host_values = park_on_meta(model) if sharded else {}  # TP, EP shards cut on the host
     _keep_router_loss(model, family, layout)
@@ -237,7 +242,7 @@ def parallelize(model: nn.Module, session: Session, *, seed: int = 0,
         stages, units, aliases = _stages_of_family(model, family, session)
     else:
         stages, units, aliases = _stages_of_any(model, session)
-    materialize(stages, session.device, seed, aliases, kinds, host_values=host_values,
+    materialize(stages, session.device, seed, aliases, kinds, std, host_values=host_values,
                 weights=weights)
     ledger = MemoryLedger()
     role = layout.role

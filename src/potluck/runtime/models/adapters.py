@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from potluck.errors import ConfigError
 from potluck.model.sharding import ADAPTED_MODEL_TYPES
 
 Context = dict[str, Any]
@@ -102,6 +101,15 @@ def _sliding_mask(config: Any, hidden: torch.Tensor, seq_len: int) -> torch.Tens
                                              position_ids=positions)
 
 
+def _one_mask(config: Any, hidden: torch.Tensor, seq_len: int) -> torch.Tensor | None:
+    """The mask of a model whose blocks all attend alike (no ``layer_types``): a sliding
+    window's whenever the config sets one, as Mistral's, Mixtral's and Phi-3's forward
+    choose, else the causal mask."""
+    if getattr(config, "sliding_window", None) is not None:
+        return _sliding_mask(config, hidden, seq_len)
+    return _causal_mask(config, hidden, seq_len)
+
+
 MASKS = "masks"  # the context's per-layer-type masks (not a keyword of the blocks)
 
 
@@ -116,8 +124,9 @@ class DecoderFamily(Family):
     ``model.norm`` and ``lm_head`` whose model forward does only that (LLaMA, Mistral, Qwen2
     and Qwen3 dense and MoE, Gemma 2, Phi-3, OLMo 2, Mixtral:
     :data:`potluck.model.sharding.ADAPTED_MODEL_TYPES`). Blocks of full and of sliding-window
-    attention get their own mask (``config.layer_types``, as the models' forward builds them);
-    Gemma 2's final logit soft-capping is applied to the head's output."""
+    attention get their own mask (``config.layer_types``, as the models' forward builds them;
+    without it, every block the sliding-window mask when the config sets a window); Gemma 2's
+    final logit soft-capping is applied to the head's output."""
 
     def embed(self, stage: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return stage.model.embed_tokens(ids)
@@ -125,8 +134,9 @@ class DecoderFamily(Family):
     def context(self, stage: nn.Module, hidden: torch.Tensor, seq_len: int) -> Context:
         positions = _positions(seq_len, hidden.device)
         config = stage.config
-        masks = {"full_attention": _causal_mask(config, hidden, seq_len)}
         kinds = layer_types(config)
+        masks = {"full_attention": _one_mask(config, hidden, seq_len) if kinds is None
+                 else _causal_mask(config, hidden, seq_len)}
         if kinds is not None and "sliding_attention" in kinds:
             masks["sliding_attention"] = _sliding_mask(config, hidden, seq_len)
         return {
@@ -223,17 +233,3 @@ def is_tied(model: nn.Module, family: Family) -> bool:
     """Whether the head's projection is the embedding matrix itself."""
     params = dict(model.named_parameters(remove_duplicate=False))
     return params[family.head_weight] is params[family.embedding_weight]
-
-
-def check_sequence(model: nn.Module, seq_len: int) -> None:
-    """Sliding-window attention is only exact here while the window covers the sequence."""
-    config = getattr(model, "config", None)
-    window = getattr(config, "sliding_window", None)
-    uses_window = getattr(config, "use_sliding_window", True)
-    if layer_types(config) is not None:
-        return  # each block gets the mask of its own kind (DecoderFamily.context)
-    if window and uses_window and seq_len > window:
-        raise ConfigError(
-            f"sequence length {seq_len} exceeds the model's sliding window {window}; "
-            "potluck runs full causal attention, train with --seq-len at most the window"
-        )

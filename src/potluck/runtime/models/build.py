@@ -155,7 +155,7 @@ def materialize(modules: Sequence[nn.Module], device: torch.device, seed: int,
     Parameters shared between or within modules stay shared.
     """
     aliases = aliases or {}
-    std = std if std is not None else _init_std(modules)
+    std = std if std is not None else init_std(modules)
     done: dict[int, nn.Parameter] = {}
     for module in modules:
         module_kinds = kinds if kinds is not None else init_kinds(module)
@@ -208,7 +208,9 @@ def _materialized(param: nn.Parameter, name: str, kind: InitKind, device: torch.
     return nn.Parameter(value, requires_grad=param.requires_grad)
 
 
-def _init_std(modules: Sequence[nn.Module]) -> float:
+def init_std(modules: Sequence[nn.Module]) -> float:
+    """The normal initial values' spread: the model config's ``initializer_range``. Taken
+    from the whole model before it is split (traced stage modules have no config)."""
     for sub in (sub for module in modules for sub in module.modules()):
         config = getattr(sub, "config", None)
         std = getattr(config, "initializer_range", None)

@@ -18,8 +18,10 @@ Tensor parallelism needs a family adapter and is refused for traced models.
 from __future__ import annotations
 
 import operator
+import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -31,6 +33,8 @@ from potluck.errors import ConfigError
 from potluck.model.derived import largest_block_list
 from potluck.placement import EMBED, HEAD, TIED, block_unit
 from potluck.runtime.layout import Layout
+
+_CALL_SUFFIX = re.compile(r"@\d+(?=\.|$)")
 
 
 def find_blocks(model: nn.Module, num_layers: int) -> str:
@@ -124,9 +128,16 @@ def _restore(module: nn.Module, saved: dict[str, torch.Tensor]) -> None:
     for owner_name, owner in module.named_modules(remove_duplicate=False):
         for table in (owner._parameters, owner._buffers):
             for leaf in list(table):
-                name = f"{owner_name}.{leaf}" if owner_name else leaf
+                name = _call_free(f"{owner_name}.{leaf}" if owner_name else leaf)
                 if name in saved:
                     table[leaf] = saved[name]
+
+
+def _call_free(name: str) -> str:
+    """The model's own name of a stage's parameter or buffer: torch's split names the copy of
+    a module the forward calls again ``path@1`` (OLMo 3's rotary module, once per kind of
+    attention), holding the same tensors."""
+    return _CALL_SUFFIX.sub("", name)
 
 
 def _split(model: nn.Module, example: torch.Tensor, spec: dict[str, SplitPoint]) -> Any:
@@ -275,6 +286,21 @@ def _check_constants(stage: nn.Module, model_name: str) -> None:
                 "it with --pp 1 (data parallelism runs it whole)")
 
 
+@contextmanager
+def _untraceable(model_name: str) -> Iterator[None]:
+    """One line for a model torch's tracing cannot capture or cut (a graph break, a module
+    the forward calls from outside its parent: XLM's feed-forward)."""
+    try:
+        yield
+    except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError) as err:
+        reason = next((line.strip() for line in str(err).splitlines() if line.strip()),
+                      type(err).__name__)
+        raise ConfigError(
+            f"{model_name} cannot be traced into pipeline stages ({reason[:200]}); potluck runs "
+            "a model it has no block adapter for only through tracing, so it cannot train it"
+        ) from None
+
+
 def _tie_within(stage: nn.Module, aliases: dict[str, str]) -> None:
     """A stage that holds a tied parameter under both names (the traced first stage keeps
     the head's name too) holds one parameter, as the model did."""
@@ -300,7 +326,7 @@ def trace_stages(model: nn.Module, layout: Layout, blocks_path: str, device: tor
     with fake_mode:
         example = torch.zeros(shape, dtype=torch.long, device=device)
     try:
-        with fake_mode, warnings.catch_warnings():
+        with fake_mode, warnings.catch_warnings(), _untraceable(type(model).__name__):
             # torch's own copy of the module reads fake tensors' data pointers (harmless)
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             units = _units(model, blocks_path, example)
