@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from potluck.cluster.execution import Execution, choose_execution, describe
 from potluck.cluster.spec import ClusterSpec, load_cluster
@@ -33,6 +33,8 @@ from potluck.plans import DType, Plan, Schedule, TrainingShape
 from potluck.plans.memory import Offload, Swap
 from potluck.runtime.loop.schedule import LRSchedule
 from potluck.units import non_negative_number, parse_count, whole_number
+
+E = TypeVar("E", bound=Enum)
 
 if TYPE_CHECKING:
     from potluck.calibrate.calibrate_run import CalibrationOutcome
@@ -90,11 +92,17 @@ def as_execution(execution: str | Path | Execution | None,
 
 def as_dtype(dtype: str | DType) -> DType:
     """``dtype`` as a :class:`DType` (bf16, fp16, fp32 or tf32)."""
+    return _member(DType, dtype, "dtype")
+
+
+def _member(kind: type[E], value: str | E, what: str) -> E:
+    """``value`` as a member of the enum ``kind``; a ConfigError naming ``what`` and the
+    choices otherwise."""
     try:
-        return DType(dtype)
+        return kind(value)
     except ValueError:
-        names = ", ".join(d.value for d in DType)
-        raise ConfigError(f"dtype must be one of {names}, not {dtype!r}") from None
+        names = ", ".join(str(member.value) for member in kind)
+        raise ConfigError(f"{what} must be one of {names}, not {value!r}") from None
 
 
 def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
@@ -351,19 +359,13 @@ def train_options(*, data: str | Path | None = None, tokenizer: str | Path | Non
         tokenizer=str(tokenizer) if tokenizer is not None else None,
         out_dir=str(out) if out is not None else None,
         init_from=str(init_from) if init_from is not None else None,
-        lr_schedule=_lr_schedule(lr_schedule), **fields,
+        lr_schedule=_member(LRSchedule, lr_schedule, "--lr-schedule"), **fields,
     )
     check_options(options)
     check_run_dir(options)
     return options
 
 
-def _lr_schedule(value: str | LRSchedule) -> LRSchedule:
-    try:
-        return LRSchedule(value)
-    except ValueError:
-        names = ", ".join(schedule.value for schedule in LRSchedule)
-        raise ConfigError(f"--lr-schedule must be one of {names}, not {value!r}") from None
 
 
 def run_plan(chosen: Plan, options: TrainOptions, *,
