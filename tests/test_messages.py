@@ -401,6 +401,7 @@ ONE_OFFER = "offers:\n  - {name: seller, gpu: rtx4090, gpus_per_node: 1, price_p
     (["plan", "--deadline-hours", "nan", "--tokens", "1M"], "--deadline-hours: nan is not a finite"),
     (["cost", "--top", "0"], "--top must be at least 1, not 0"),
     (["profile", "--budget", "nan"], "--budget: nan is not a finite number"),
+    (["schedule", "--trace", "1000000"], "--trace 1000000 is more jobs than potluck compares"),
 ])
 def test_a_flag_value_out_of_its_kinds_range_is_one_line(monkeypatch, capsys, write, tmp_path,
                                                          args, fragment):
@@ -415,7 +416,8 @@ def test_a_flag_value_out_of_its_kinds_range_is_one_line(monkeypatch, capsys, wr
              "plan": ["-c", str(cluster), "-m", "tiny-llama", "--global-batch", "4"],
              "cost": ["-m", "tiny-llama", "--tokens", "1M", "--offers",
                       str(write("offers.yaml", ONE_OFFER))],
-             "profile": ["-o", str(tmp_path / "measured.yaml")]}[command]
+             "profile": ["-o", str(tmp_path / "measured.yaml")],
+             "schedule": ["-c", str(cluster)]}[command]
     code, out, err = run(monkeypatch, capsys, command, *given, *flags)
     assert code == 2 and "torchrun" not in out
     assert fragment in error_line(err)

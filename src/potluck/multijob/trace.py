@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from potluck.cluster.execution import Execution
-from potluck.errors import InfeasibleError
+from potluck.errors import ConfigError, InfeasibleError
 from potluck.model.loading import load_model
 from potluck.multijob.jobs import Job, JobShape
 from potluck.multijob.policies import Policy
@@ -47,6 +47,9 @@ MIX = (
     MixEntry("llama2-7b", 64, 4096, (1_000_000_000, 2_000_000_000), 0.15),
     MixEntry("llama2-13b", 128, 4096, (500_000_000, 1_000_000_000), 0.05),
 )
+# Every policy replays the trace; 2,000 jobs on the 14-GPU example lab take 233 s of policy
+# runs on 2 cores (`potluck schedule -c examples/mixed.yaml --trace 2000`), more than linearly.
+MAX_TRACE_JOBS = 2000
 ARRIVAL_GAP_MACHINE_H = 16.0  # mean hours between arrivals, times the cluster's machines
 
 
@@ -72,9 +75,13 @@ def synthetic_trace(table: ThroughputTable, n: int, seed: int = 0,
 
 
 def check_trace_size(n: int) -> None:
-    """A trace has at least one job."""
+    """A trace has at least one job and at most :data:`MAX_TRACE_JOBS`."""
     if n < 1:
-        raise InfeasibleError(f"--trace needs at least one job, not {n}")
+        raise ConfigError(f"--trace needs at least one job, not {n}")
+    if n > MAX_TRACE_JOBS:
+        raise ConfigError(f"--trace {n} is more jobs than potluck compares the policies on "
+                              f"({MAX_TRACE_JOBS:,}: about 4 minutes on 2 cores); give at most "
+                              f"{MAX_TRACE_JOBS}")
 
 
 def mix_shapes(mix: tuple[MixEntry, ...], execution: Execution) -> dict[MixEntry, JobShape]:
