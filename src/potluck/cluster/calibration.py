@@ -42,7 +42,7 @@ from typing import Annotated, Any
 from pydantic import Field, NonNegativeFloat, PositiveFloat, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
-from potluck.cluster.catalog import DeviceType, Efficiency, matmul_efficiency
+from potluck.cluster.catalog import DeviceType, Efficiency
 from potluck.cluster.nodes import (
     DEFAULT_INTER_LATENCY_S,
     LinkSpec,
@@ -128,7 +128,8 @@ def parse_calibration(top: Fields, device_names: set[str], group_names: set[str]
                            table.line_of(name))
             entry.check_keys(_DEVICE_KEYS)
             devices.append(DeviceCalibration(
-                str(name), entry.optional("matmul_efficiency", matmul_efficiency),
+                # measured against the catalog's nominal peak: a CPU's can be several times it
+                str(name), entry.optional("matmul_efficiency", positive_number),
                 entry.optional("memory_bandwidth_factor", positive_number)))
     links = []
     if section.has("links"):
