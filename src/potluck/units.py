@@ -103,6 +103,17 @@ def parse_count(value: object, what: str = "count") -> int:
     return int(number)
 
 
+def is_real(value: object) -> bool:
+    """Whether a value read from a file is a finite int or float (JSON's ``true`` is no
+    number, though Python's bool is an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_positive_real(value: object) -> bool:
+    """Whether a value read from a file is a finite number above 0 (:func:`is_real`)."""
+    return is_real(value) and value > 0  # type: ignore[operator]
+
+
 def positive_number(value: object, what: str = "value") -> float:
     """A plain number greater than zero (not a string, not true/false, not inf or nan)."""
     number = _plain_number(value, what, "a positive number")

@@ -36,7 +36,6 @@ another plan, with or without ZeRO (any stage) or offload.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from potluck.runtime.checkpoints.storage import (
 from potluck.runtime.loop.schedule import restore_schedule, schedule_state
 from potluck.runtime.loop.trainer import StepMetrics, Trainer
 from potluck.runtime.options import TrainOptions
+from potluck.units import is_positive_real
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def restore_optimizer_settings(trainer: Trainer, saved: Any, path: Path) -> None
     if not (isinstance(saved, dict) and "schedule" in saved and "max_grad_norm" in saved):
         raise ConfigError(f"{where}: its optimizer settings are damaged")
     norm = saved["max_grad_norm"]
-    if norm is not None and not _is_positive(norm):
+    if norm is not None and not is_positive_real(norm):
         raise ConfigError(f"{where}: its max_grad_norm {norm!r} is not a positive number")
     schedule, scheduler = restore_schedule(trainer.optimizer, saved["schedule"],
                                            trainer.step_index, where)
@@ -188,11 +188,6 @@ def restore_optimizer_settings(trainer: Trainer, saved: Any, path: Path) -> None
                     "clipping (%s), not this run's flags", schedule.describe(),
                     "off" if norm is None else f"max norm {norm:g}")
     trainer.schedule, trainer.scheduler, trainer.max_grad_norm = schedule, scheduler, norm
-
-
-def _is_positive(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
 
 
 def _load_newest_usable(trainer: Trainer, out_dir: str) -> tuple[Path, dict[str, Any]]:

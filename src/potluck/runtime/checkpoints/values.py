@@ -15,13 +15,13 @@ optimizer setting must hold a value the optimizer can step with
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from potluck.errors import ConfigError
+from potluck.units import is_real
 
 VALUES = "values.json"
 _PLAIN = (bool, int, float, str, type(None))
@@ -99,16 +99,12 @@ def setting_problem(key: str, value: Any) -> str | None:
 
 
 def _non_negative(value: Any) -> bool:
-    return _real(value) and value >= 0
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and value >= 0
 
 
 def _betas(value: Any) -> bool:
     return (isinstance(value, list | tuple) and len(value) == 2
-            and all(_real(beta) and 0 <= beta < 1 for beta in value))
+            and all(is_real(beta) and 0 <= beta < 1 for beta in value))
 
 
 def _flag(value: Any) -> bool:

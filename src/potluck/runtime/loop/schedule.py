@@ -27,6 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from potluck.errors import ConfigError
+from potluck.units import is_positive_real
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -168,7 +169,7 @@ def _saved_base_lrs(saved: dict[str, Any], groups: int, where: str) -> list[floa
     serves any number of groups (a plan with TP has a group more than one without)."""
     rates = saved.get("base_lrs")
     if not (isinstance(rates, list) and rates
-            and all(_is_rate(rate) for rate in rates)):
+            and all(is_positive_real(rate) for rate in rates)):
         raise ConfigError(f"{where}: its learning-rate schedule has no valid base rates")
     if len(rates) == groups:
         return [float(rate) for rate in rates]
@@ -176,11 +177,6 @@ def _saved_base_lrs(saved: dict[str, Any], groups: int, where: str) -> list[floa
         return [float(rates[0])] * groups
     raise ConfigError(f"{where}: its {len(rates)} param groups had different learning rates; "
                       f"this run has {groups} groups")
-
-
-def _is_rate(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
 
 
 def _number(value: Any) -> float:
