@@ -775,8 +775,7 @@ def _memory_shaped(cost: CostModel, plan: Plan) -> bool:
         return True
     if cost.execution.placement is not Placement.RANK_ORDER:
         return _sharding_may_unsplit(cost, plan)
-    splits = {d for p in plan.pipelines if p.pp > 1 or any(s.tp > 1 for s in p.stages)
-              for d in p.devices}
+    splits = {d for p in plan.pipelines if _splits_model(p) for d in p.devices}
     params = counts.total_params(plan.model)
     return any(cost.model_state_bytes(d.type, params, NOT_SHARDED) > d.type.memory_bytes
                for d in cost.cluster.devices if d.id in splits)
@@ -792,9 +791,10 @@ def _sharding_may_unsplit(cost: CostModel, plan: Plan) -> bool:
     dp=2 under ZeRO-3 9.30 s. Across machines ZeRO-3 gathers every weight over the network
     each step: on the workstation lab (llama2-7b, 12 GPUs on 1-25 Gb/s) the sharded levels
     found no faster plan and took the search from 1.1 s to 9.9 s of CPU."""
-    if not any(p.pp > 1 or any(s.tp > 1 for s in p.stages) for p in plan.pipelines):
+    if not any(_splits_model(p) for p in plan.pipelines):
         return False
-    used = [d for d in cost.cluster.devices if d.id in set(plan.devices)]
+    ids = set(plan.devices)
+    used = [d for d in cost.cluster.devices if d.id in ids]
     if len({d.node for d in used}) > 1:
         return False
     whole = StageShape(num_layers=plan.model.num_layers, first=True, last=True,
@@ -802,6 +802,11 @@ def _sharding_may_unsplit(cost: CostModel, plan: Plan) -> bool:
     sharding = StateSharding.of(len(used), 3)
     return all(cost.stage_memory_bytes(d.type, 1, whole, 1.0, sharding) <= d.type.memory_bytes
                for d in used)
+
+
+def _splits_model(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline`` splits the model: several stages, or a stage over TP devices."""
+    return pipeline.pp > 1 or any(stage.tp > 1 for stage in pipeline.stages)
 
 
 def _pays_for_memory(plan: Plan) -> bool:
