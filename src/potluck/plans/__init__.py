@@ -14,7 +14,8 @@ stage of every pipeline also holds the embedding and the last one the final
 norm, the output projection and the loss.
 
 The package: the data (:mod:`potluck.plans.data`), each stage's memory choices
-(:mod:`potluck.plans.memory`), plan files (:mod:`potluck.plans.files`) and every rule a
+(:mod:`potluck.plans.memory`), the islands that synchronize rarely
+(:mod:`potluck.plans.islands`), plan files (:mod:`potluck.plans.files`) and every rule a
 plan must keep to run (:mod:`potluck.plans.feasibility`), which the search, the plan
 loader and the runtime all call.
 """
@@ -48,6 +49,7 @@ from potluck.plans.feasibility import (
     explicit_tp,
     explicit_tp_model_problem,
     explicit_tp_plan_problem,
+    islands_problem,
     runs_explicit_tp,
     shards_parameters,
     stage_recomputes,
@@ -61,10 +63,20 @@ from potluck.plans.files import (
     plan_to_json,
     save_plan,
 )
+from potluck.plans.islands import (
+    ONE_ISLAND,
+    Compression,
+    Island,
+    Islands,
+    SyncMethod,
+    Transport,
+)
 from potluck.schedules import Schedule
 
 __all__ = [
-    "MODEL_SHAPE_FIELDS", "PLAIN_COMM", "PLAN_VERSION", "CommSchedule", "DType", "DeviceMemory", "Execution",
+    "MODEL_SHAPE_FIELDS", "ONE_ISLAND", "PLAIN_COMM", "Compression", "Island", "Islands",
+    "SyncMethod", "Transport", "islands_problem", "PLAN_VERSION", "CommSchedule",
+    "DType", "DeviceMemory", "Execution",
     "HostMemory", "Pipeline", "Placement", "Plan", "Prediction", "Schedule", "Stage",
     "StageComm", "TiedGradSync", "TimeBreakdown", "TrainingShape", "ZeroStage",
     "check_pipeline_schedule", "check_plan", "check_plan_matches", "expert_parallel_problem",

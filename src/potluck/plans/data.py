@@ -3,7 +3,8 @@
 A plan says which devices form which pipeline (one per data-parallel replica), which
 tensor-parallel group runs which layers in each stage, how the global batch is split
 between replicas, the micro-batch size and count, the schedule, the recomputation and
-each stage's memory choices (:mod:`potluck.plans.memory`), and carries the cluster, the
+each stage's memory choices (:mod:`potluck.plans.memory`), the islands that synchronize
+rarely (:mod:`potluck.plans.islands`), and carries the cluster, the
 model and the training shape it was made for. What makes a plan runnable is
 :mod:`potluck.plans.feasibility`; reading and writing plan files, :mod:`potluck.plans.files`.
 """
@@ -22,6 +23,7 @@ from potluck.cluster.execution import TiedGradSync as TiedGradSync  # re-exporte
 from potluck.cluster.spec import ClusterSpec
 from potluck.model.counts import Recompute
 from potluck.model.spec import ModelSpec
+from potluck.plans.islands import ONE_ISLAND, Islands
 from potluck.plans.memory import KEEP_ALL, StageMemory
 from potluck.schedules import Schedule
 
@@ -224,6 +226,8 @@ class Plan:
     comm: CommSchedule = CommSchedule()  # pipeline and data-parallel communication scheduling
     # routed experts split over this many consecutive replicas (see expert_group)
     expert_parallel: PositiveInt = 1
+    # how the pipelines split into islands that synchronize rarely (default: one island)
+    islands: Islands = ONE_ISLAND
     unused_devices: tuple[str, ...] = ()
     prediction: Prediction | None = None
     notes: tuple[str, ...] = ()
@@ -274,4 +278,14 @@ class Plan:
         pp = str(pps[0]) if len(pps) == 1 else str(pps).replace(" ", "")
         tp = str(tps[0]) if len(tps) == 1 else str(tps).replace(" ", "")
         ep = f" ep={self.ep}" if self.ep > 1 else ""
-        return f"dp={self.dp} pp={pp} tp={tp}{ep}"
+        islands = self.islands
+        sync = (f" islands={islands.count} {islands.sync.value} H={islands.inner_steps}"
+                if islands.split else "")
+        return f"dp={self.dp} pp={pp} tp={tp}{ep}{sync}"
+
+    def island_pipelines(self, pipeline: int) -> tuple[int, ...]:
+        """The pipelines that exchange gradients with ``pipeline`` every step (itself
+        included): its island's when the plan's islands synchronize rarely, else all."""
+        if not self.islands.split:
+            return tuple(range(self.dp))
+        return self.islands.members(self.islands.island_of(pipeline), self.dp)

@@ -17,6 +17,7 @@ from potluck.model.counts import Recompute
 from potluck.model.sharding import heads_problem
 from potluck.model.spec import ModelSpec
 from potluck.plans.data import Pipeline, Plan, Stage, mixed_tp
+from potluck.plans.islands import SyncMethod
 from potluck.schedules import Schedule, schedule_problem
 
 
@@ -41,7 +42,7 @@ def check_plan(plan: Plan) -> None:
     for index, pipeline in enumerate(plan.pipelines):
         _check_pipeline(plan, index, pipeline, cluster)
     _check_comm(plan)
-    for problem in (zero3_problem(plan), expert_parallel_problem(plan)):
+    for problem in (zero3_problem(plan), expert_parallel_problem(plan), islands_problem(plan)):
         if problem:
             raise ConfigError(f"the plan: {problem}")
 
@@ -108,6 +109,42 @@ def expert_parallel_problem(plan: Plan) -> str | None:
         problem = _lockstep_problem(plan, range(first, first + ep))
         if problem:
             return problem
+    return None
+
+
+def islands_problem(plan: Plan) -> str | None:
+    """Why ``plan``'s islands cannot run, if they cannot: they split the pipelines, each
+    pipeline in exactly one island; a rare synchronization needs two islands or more and
+    says how often (H at least the number of fragments); only ``bounded`` has a staleness;
+    ZeRO-3 and expert parallelism stay inside one island (FSDP2 shards a module, and experts
+    exchange tokens, every step)."""
+    islands = plan.islands
+    if not islands.islands:
+        return None if islands.sync is SyncMethod.SYNC else (
+            f"sync {islands.sync.value} needs islands; list them or use sync")
+    listed = sorted(k for island in islands.islands for k in island.pipelines)
+    if listed != list(range(plan.dp)):
+        return (f"islands must list each of the {plan.dp} pipelines (0-{plan.dp - 1}) exactly "
+                f"once, not {listed}")
+    if any(not island.pipelines for island in islands.islands):
+        return "an island has no pipelines; remove it"
+    if islands.sync is SyncMethod.SYNC:
+        return ("islands under sync synchronize every step like one island; remove them or "
+                "choose diloco or bounded")
+    if len(islands.islands) < 2:
+        return f"sync {islands.sync.value} needs two islands or more; use sync for one"
+    if islands.fragments > islands.inner_steps:
+        return (f"{islands.fragments} fragments need at least as many inner steps, not "
+                f"{islands.inner_steps}; lower fragments or raise inner_steps")
+    if islands.staleness and islands.sync is not SyncMethod.BOUNDED:
+        return "staleness applies to sync bounded only; set it to 0"
+    if shards_parameters(plan):
+        return ("zero 3 does not run across islands (FSDP2 gathers every step); use zero 2 "
+                "or fewer with islands")
+    if any(islands.island_of(k) != islands.island_of(plan.expert_group(k).start)
+           for k in range(plan.dp)):
+        return ("an expert-parallel group spans two islands (experts exchange tokens every "
+                "step); put each group's pipelines in one island")
     return None
 
 
