@@ -25,11 +25,13 @@ from potluck.model.loading import load_model
 from potluck.model.spec import ModelSpec, check_seq_len
 from potluck.multijob.simulation import DEFAULT_RESTART_S
 from potluck.planner.checks import pin_notes
+from potluck.planner.islands.planning import plan_islands
 from potluck.planner.options import Partition, SearchOptions
 from potluck.planner.requests.host_limit import search_explained
 from potluck.planner.requests.placement_cost import placement_cost_note
 from potluck.planner.search import SearchResult
 from potluck.plans import DType, Plan, Schedule, TrainingShape
+from potluck.plans.islands import SyncMethod
 from potluck.plans.memory import Offload, Swap
 from potluck.runtime.loop.schedule import LRSchedule
 from potluck.units import non_negative_number, parse_count, whole_number
@@ -144,7 +146,8 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
         result = plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours,
                                progress)
     else:
-        result = search_explained(spec, model_spec, shape, options, progress)
+        result = plan_islands(spec, model_spec, shape, options,
+                              lambda: search_explained(spec, model_spec, shape, options, progress))
         check_deadline(result, count, deadline_hours)
         placement = placement_cost_note(spec, model_spec, shape, options, result.best)
         if placement:
@@ -168,7 +171,8 @@ def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | No
                    partition: str | Partition = Partition.BALANCED,
                    schedule: str | Schedule = AUTO, zero: int | None = None,
                    swap: str | Swap | None = None, offload: str | Offload | None = None,
-                   top_k: int = 5) -> SearchOptions:
+                   top_k: int = 5, sync: str | SyncMethod | None = None,
+                   target_tokens: int | str | None = None) -> SearchOptions:
     """:class:`~potluck.planner.options.SearchOptions` from the pins of ``potluck plan``
     (``None`` or ``auto``: left to the search); a ConfigError for a technique it does not know."""
     whole_number(top_k, "--top")
@@ -176,7 +180,9 @@ def search_options(*, tp: int | None = None, pp: int | None = None, dp: int | No
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep,
         recompute=_pin(recompute, Recompute), partition=Partition(partition),
         schedule=_pin(schedule, Schedule), zero=zero, swap=_pin(swap, Swap),
-        offload=_pin(offload, Offload), top_k=top_k,
+        offload=_pin(offload, Offload), top_k=top_k, sync=_pin(sync, SyncMethod),
+        target_tokens=(parse_count(target_tokens, "--target-tokens")
+                       if target_tokens is not None else None),
     )
 
 

@@ -26,6 +26,7 @@ from potluck.errors import ConfigError, PotluckError
 from potluck.model.counts import Recompute
 from potluck.planner.options import Partition
 from potluck.plans import DType
+from potluck.plans.islands import SyncMethod
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import Schedule
 from potluck.units import port_number, whole_number
@@ -127,6 +128,13 @@ def plan(
         help=f"Pipeline schedule: {_or(Schedule)} or auto (auto: 1f1b, run as fill and "
              "drain where a pipeline has fewer micro-batches than stages).")] = "auto",
     top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 5,
+    sync: Annotated[str, typer.Option(
+        help="How islands of machines synchronize: sync (every step), diloco (every H steps, "
+             "outer optimizer), bounded (bounded staleness), or auto (islands where links "
+             "are slow, when faster to the target loss).")] = "auto",
+    target_tokens: Annotated[str | None, typer.Option(
+        help="Target loss: synchronous training's after this many tokens (default 20 per "
+             "parameter, Chinchilla).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="Write the best plan to this file.")] = None,
@@ -154,6 +162,7 @@ def plan(
     _check_choice("--recompute", recompute, Recompute, "auto")
     _check_choice("--swap", swap, Swap, "auto")
     _check_choice("--offload", offload, Offload, "auto")
+    _check_choice("--sync", sync, SyncMethod, "auto")
     zero = _zero_stage(zero, zero1)
     _check_choice("--objective", objective, api.Objective)
     pricing = _pricing(mode, spot=spot, lifetime_years=lifetime_years, utilization=utilization,
@@ -161,6 +170,7 @@ def plan(
     options = api.search_options(
         tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, ep=ep, recompute=recompute,
         partition=partition, schedule=schedule, zero=zero, swap=swap, offload=offload, top_k=top,
+        sync=sync, target_tokens=target_tokens,
     )
     with fraction_progress(err_console, "planning", enabled=not as_json) as report:
         result = api.plan(

@@ -88,19 +88,41 @@ def holders(plan: Plan, unit: str) -> tuple[StageRef, ...]:
     )
 
 
+def island_members(plan: Plan) -> list[tuple[int, ...]]:
+    """The pipelines of each island that sums gradients every step: one group of every
+    pipeline unless the plan's islands synchronize rarely (:meth:`Plan.island_pipelines`)."""
+    if not plan.islands.split:
+        return [tuple(range(plan.dp))]
+    return [plan.islands.members(i, plan.dp) for i in range(plan.islands.count)]
+
+
+def by_island(plan: Plan, refs: tuple[StageRef, ...] | list[StageRef]
+              ) -> list[tuple[StageRef, ...]]:
+    """``refs`` split by the island of their pipeline (one part without islands), empty
+    parts left out."""
+    parts = [tuple(ref for ref in refs if ref[0] in members) for members in island_members(plan)]
+    return [part for part in parts if part]
+
+
 def replica_stages(plan: Plan) -> list[tuple[StageRef, ...]]:
-    """Per stage of the longest pipeline, that stage and, in every other pipeline, the stage
-    that holds most of its blocks (the earlier one on a tie): the stages that reduce
-    gradients together, as the cost model and the simulator price them."""
+    """Per island (:func:`island_members`), per stage of its longest pipeline, that stage
+    and, in every other pipeline of the island, the stage that holds most of its blocks (the
+    earlier one on a tie): the stages that reduce gradients together every step, as the cost
+    model and the simulator price them."""
+    return [group for members in island_members(plan)
+            for group in _replica_stages(plan, members)]
+
+
+def _replica_stages(plan: Plan, island: tuple[int, ...]) -> list[tuple[StageRef, ...]]:
     pipelines = plan.pipelines
-    lead = max(range(len(pipelines)), key=lambda k: pipelines[k].pp)
+    lead = max(island, key=lambda k: pipelines[k].pp)
     splits = [tuple(stage.layer_ranges for stage in p.stages) for p in pipelines]
     replica: dict[tuple, int] = {}  # (a pipeline's split, lead stage) -> its stage in that split
     groups = []
     for i, stage in enumerate(pipelines[lead].stages):
         layers = [layer for start, end in stage.layer_ranges for layer in range(start, end)]
         members = [(lead, i)]
-        for k in range(len(pipelines)):
+        for k in island:
             if k != lead:
                 if (splits[k], i) not in replica:
                     replica[(splits[k], i)] = _most_held(_layer_stages(pipelines[k].stages), layers)

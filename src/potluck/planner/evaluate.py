@@ -37,6 +37,7 @@ from potluck.planner.comm.step_overlap import (
 )
 from potluck.planner.cost import CostModel, StageShape
 from potluck.planner.formulas import StateSharding
+from potluck.planner.islands.exchange import outer_exchange
 from potluck.planner.network import NicSharing, RingHops
 from potluck.plans import (
     DeviceMemory,
@@ -215,7 +216,8 @@ def stage_sharding(plan: Plan, pipeline: int | None = None, stage: int | None = 
     if pipeline is None or stage is None:
         return StateSharding.of(plan.dp, plan.zero)
     offload = plan.stage_memory(pipeline, stage).offload is Offload.OPTIMIZER
-    return StateSharding.of(_shard_divisors(plan).get((pipeline, stage), plan.dp), plan.zero,
+    replicas = len(plan.island_pipelines(pipeline))
+    return StateSharding.of(_shard_divisors(plan).get((pipeline, stage), replicas), plan.zero,
                             offload)
 
 
@@ -325,7 +327,9 @@ class PlanEvaluation:
             iteration_s = max(max(pipe_end_s, dp_end_s) + optimizer_s, offloaded_end_s)
         optimizer_s = iteration_s - max(pipe_end_s, dp_end_s)
         breakdown = self._breakdown(costs, times, max(0.0, dp_end_s - pipe_end_s), optimizer_s)
-        return self._summary(iteration_s, breakdown, self._memory(costs), costs)
+        outer_s = outer_exchange(self.cost.cluster, self.plan, iteration_s).exposed_per_step_s
+        breakdown = replace(breakdown, outer_s=outer_s)
+        return self._summary(iteration_s + outer_s, breakdown, self._memory(costs), costs)
 
     def _pipeline_stage_costs(self, k: int, pp_sharing: NicSharing) -> list[StageCost]:
         pipeline, plan = self.plan.pipelines[k], self.plan
@@ -413,10 +417,13 @@ class PlanEvaluation:
         """The untied embedding's rows exchanged sparsely (:mod:`potluck.planner.comm.sparse`):
         an all-gather over its holders of the rows each replica's step touched in each TP
         rank's vocabulary shard, padded to the largest replica's, once the backward is over
-        (the embedding's gradient is the last one it completes)."""
+        (the embedding's gradient is the last one it completes). With islands, each island
+        exchanges over its own holders at once; the largest island's is priced."""
         if not self.plan.comm.sparse_embedding_grads or self.cost.model.tied_embeddings:
             return None
-        members = list(placement.holders(self.plan, placement.EMBED))
+        members = list(max(placement.by_island(self.plan,
+                                                placement.holders(self.plan, placement.EMBED)),
+                           key=len))
         if len(members) < 2:
             return None
         m, seq_len = self.cost.model, self.plan.training.seq_len
@@ -448,8 +455,10 @@ class PlanEvaluation:
             return []
         weight = self._tied_params()
         if self._tied_alone():
-            members = self._by_machine(list(placement.holders(self.plan, placement.TIED)))
-            return [replace(self._group(members, weight), after_backward=True)]
+            return [replace(self._group(self._by_machine(list(members)), weight),
+                            after_backward=True)
+                    for members in placement.by_island(
+                        self.plan, placement.holders(self.plan, placement.TIED))]
         return [replace(self._group([first, last], weight), phase=1, after_backward=True,
                         gathers=False)
                 for first, last in placement.tied_ends(self.plan)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from potluck.model.counts import Recompute
+from potluck.plans.islands import SyncMethod
 from potluck.plans.memory import Offload, Swap
 from potluck.schedules import AUTO_SCHEDULE, Schedule
 
@@ -47,6 +48,8 @@ class SearchOptions:
     exact_beam: int = 32
     max_micro_batch_size: int = 32
     sharded_levels: bool = True  # go on through the ZeRO stages while sharding may pay (search)
+    sync: SyncMethod | None = None  # how islands synchronize (None: auto, islands where links are slow)
+    target_tokens: float | None = None  # the target loss: synchronous training's after these tokens
 
     @property
     def pipeline_schedule(self) -> Schedule:

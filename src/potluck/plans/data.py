@@ -157,6 +157,7 @@ class TimeBreakdown:
     dp_s: float = 0.0
     optimizer_s: float = 0.0
     ep_s: float = 0.0  # expert parallelism's token all-to-alls
+    outer_s: float = 0.0  # islands' outer exchange that the step waits for, amortized per step
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,267 @@
+"""The planner's choice of islands: split the cluster where its links are slow, lay out each
+island with today's search, and pick H, compression and fragments by time to a target loss.
+
+1. **Where to split** (:mod:`.split`): at a gap in link speed, or evenly on a slow network.
+2. **Each island's layout**: today's search (:func:`potluck.planner.search.search`) on a
+   cluster of the island's machines only, with its share of the global batch. Shares start
+   in proportion to each island's peak FLOPS and are set once more in proportion to the
+   islands' predicted throughput, so that islands of different speeds finish an inner step
+   together. Plan-wide choices (schedule, ZeRO stage up to 2, communication scheduling)
+   are the first island's, pinned for the others.
+3. **How to synchronize**: for each H in :data:`INNER_STEPS`, each compression and each
+   number of fragments (and, for ``bounded``, each staleness), the time to the target =
+   tokens to the target (the target times the convergence penalty's factor,
+   :mod:`.convergence`) / tokens per second with the exposed outer exchange
+   (:mod:`.exchange`). The least wins.
+
+``auto`` keeps the faster to the target of that plan and the best synchronous one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from itertools import product
+
+from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.topology import Cluster, device_id
+from potluck.errors import ConfigError
+from potluck.model import counts
+from potluck.model.spec import ModelSpec
+from potluck.planner import gemm
+from potluck.planner.evaluate import predict
+from potluck.planner.islands import convergence
+from potluck.planner.islands.convergence import Penalty
+from potluck.planner.islands.exchange import (
+    OuterExchange,
+    between_islands,
+    exchange_s,
+    exposed_per_step_s,
+    island_devices,
+    outer_exchange,
+    pseudo_gradient_bytes,
+)
+from potluck.planner.islands.split import Split
+from potluck.planner.options import SearchOptions
+from potluck.plans import DType, Pipeline, Plan, TrainingShape, check_plan
+from potluck.plans.islands import Compression, Island, Islands, SyncMethod
+
+INNER_STEPS = (10, 50, 100, 250, 500)  # H tried (DiLoCo 2023 used 500; its ablations fewer)
+FRAGMENTS = (1, 2, 4)  # streaming DiLoCo's fragments tried
+STALENESS = (1, 2)  # bounded: pushes an island may run ahead, tried
+REBALANCE_TOLERANCE = 1.05  # islands' inner steps within 5 %: shares kept
+
+Search = Callable[[ClusterSpec, ModelSpec, TrainingShape, SearchOptions], Plan]
+
+
+@dataclass(frozen=True)
+class IslandChoice:
+    """A plan with islands and why: its split, its exchange, its penalty, its time to target."""
+
+    plan: Plan
+    split: Split
+    exchange: OuterExchange
+    penalty: Penalty
+    target_tokens: float
+    time_to_target_s: float
+
+
+def time_to_target_s(target_tokens: float, token_factor: float, tokens_per_s: float) -> float:
+    """Seconds to train ``target_tokens`` times the convergence penalty's factor."""
+    return target_tokens * token_factor / tokens_per_s
+
+
+def sub_cluster(spec: ClusterSpec, machines: tuple[str, ...]) -> tuple[ClusterSpec, dict[str, str]]:
+    """A cluster of ``machines`` only (``<group>.<index>``), and each of its device ids to
+    the id of the same device in ``spec``."""
+    indices: dict[str, list[int]] = {}
+    for machine in machines:
+        group, index = machine.rsplit(".", 1)
+        indices.setdefault(group, []).append(int(index))
+    groups = tuple(replace(g, count=len(indices[g.name])) for g in spec.nodes if g.name in indices)
+    names = {g.name for g in groups}
+    links = tuple(link for link in spec.links if set(link.between) <= names)
+    ids = {device_id(g.name, i, local): device_id(g.name, node, local)
+           for g in groups for i, node in enumerate(indices[g.name])
+           for local in range(g.gpus_per_node)}
+    return replace(spec, nodes=groups, links=links), ids
+
+
+def _remapped(pipeline: Pipeline, ids: dict[str, str], plan: Plan, k: int) -> Pipeline:
+    """``pipeline`` (number ``k`` of ``plan``) on the full cluster's device ids, its stages'
+    memory with the plan-wide recomputation filled in."""
+    stages = []
+    for i, stage in enumerate(pipeline.stages):
+        memory = plan.stage_memory(k, i)
+        if memory.swap_peer is not None:
+            memory = replace(memory, swap_peer=ids[memory.swap_peer])
+        stages.append(replace(stage, devices=tuple(ids[d] for d in stage.devices), memory=memory))
+    return replace(pipeline, stages=tuple(stages))
+
+
+def island_speeds(spec: ClusterSpec, split: Split, dtype: DType) -> list[float]:
+    """Each island's peak FLOPS: the first batch shares."""
+    cluster = Cluster(spec)
+    return [sum(gemm.peak_flops(d.type, dtype) for d in cluster.devices if d.node in machines)
+            for machines in split.islands]
+
+
+def batch_rows(global_batch: int, speeds: list[float]) -> list[int]:
+    """``global_batch`` rows split in proportion to ``speeds``, each island at least one."""
+    if global_batch < len(speeds):
+        raise ConfigError(f"--global-batch {global_batch} is smaller than the {len(speeds)} "
+                          "islands; raise it")
+    total = sum(speeds)
+    rows = [max(1, int(global_batch * s / total)) for s in speeds]
+    while sum(rows) != global_batch:
+        gap = global_batch - sum(rows)
+        k = max(range(len(rows)), key=lambda j: speeds[j] / rows[j]) if gap > 0 else \
+            max(range(len(rows)), key=lambda j: rows[j] / speeds[j])
+        rows[k] += 1 if gap > 0 else -1
+    return rows
+
+
+def _island_plans(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                  options: SearchOptions, split: Split, rows: list[int], search: Search
+                  ) -> list[tuple[Plan, dict[str, str]]]:
+    """Each island's best layout for its rows, plan-wide choices pinned to the first's."""
+    plans = []
+    for machines, share in zip(split.islands, rows, strict=True):
+        sub, ids = sub_cluster(spec, machines)
+        shaped = replace(training, global_batch=share)
+        best = search(sub, model, shaped, options)
+        if best.zero == 3:
+            options = replace(options, zero=2)
+            best = search(sub, model, shaped, options)
+        if not plans:
+            options = replace(options, zero=best.zero, schedule=best.schedule,
+                              virtual_stages=best.virtual_stages)
+        plans.append((best, ids))
+    return plans
+
+
+def assemble(spec: ClusterSpec, training: TrainingShape,
+             parts: list[tuple[Plan, dict[str, str]]], islands: Islands) -> Plan:
+    """One plan of every island's pipelines (``islands``' members filled in)."""
+    first = parts[0][0]
+    pipelines: list[Pipeline] = []
+    members = []
+    for plan, ids in parts:
+        start = len(pipelines)
+        pipelines += [_remapped(p, ids, plan, k) for k, p in enumerate(plan.pipelines)]
+        members.append(Island(tuple(range(start, len(pipelines)))))
+    used = {d for p in pipelines for d in p.devices}
+    unused = tuple(d.id for d in Cluster(spec).devices if d.id not in used)
+    return Plan(spec, first.model, training, tuple(pipelines), schedule=first.schedule,
+                virtual_stages=first.virtual_stages, zero=first.zero, comm=first.comm,
+                islands=replace(islands, islands=tuple(members)), unused_devices=unused)
+
+
+def _rebalanced(parts: list[tuple[Plan, dict[str, str]]], rows: list[int]) -> list[float] | None:
+    """Throughput per island when their inner steps differ by more than the tolerance."""
+    steps = [plan.prediction.iteration_time_s for plan, _ in parts]
+    if max(steps) <= REBALANCE_TOLERANCE * min(steps):
+        return None
+    return [r / s for r, s in zip(rows, steps, strict=True)]
+
+
+def split_plan(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+               options: SearchOptions, split: Split, search: Search, sync: SyncMethod) -> Plan:
+    """The islands of ``split`` laid out, batch shares balanced (ConfigError: one does not fit)."""
+    rows = batch_rows(training.global_batch, island_speeds(spec, split, training.dtype))
+    parts = _island_plans(spec, model, training, options, split, rows, search)
+    speeds = _rebalanced(parts, rows)
+    if speeds is not None:
+        rows = batch_rows(training.global_batch, speeds)
+        parts = _island_plans(spec, model, training, options, split, rows, search)
+    return assemble(spec, training, parts, Islands(sync=sync, inner_steps=1))
+
+
+def _settings(sync: SyncMethod) -> Iterator[Islands]:
+    """Every synchronization of ``sync`` the choice tries."""
+    stalenesses = STALENESS if sync is SyncMethod.BOUNDED else (0,)
+    fragments = (1,) if sync is SyncMethod.BOUNDED else FRAGMENTS
+    for h, compression, f, s in product(INNER_STEPS, Compression, fragments, stalenesses):
+        yield Islands(sync=sync, inner_steps=h, compression=compression, fragments=f, staleness=s)
+
+
+def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandChoice:
+    """``plan``'s islands synchronized the way that reaches ``target_tokens``' loss first."""
+    cluster = Cluster(plan.cluster)
+    inner = predict(replace(plan, islands=replace(plan.islands, sync=sync, inner_steps=1)))
+    step_s = inner.iteration_time_s - inner.breakdown.outer_s
+    link = between_islands(cluster, island_devices(cluster, plan))
+    params = counts.total_params(plan.model)
+    tokens_per_step = plan.training.global_batch * plan.training.seq_len
+    best: tuple[float, Islands] | None = None
+    for setting in _settings(sync):
+        islands = replace(setting, islands=plan.islands.islands)
+        whole_s = exchange_s(pseudo_gradient_bytes(plan.model, islands.compression),
+                             islands.count, link)
+        exposed = exposed_per_step_s(islands, whole_s, step_s)
+        factor = convergence.penalty(islands, params, target_tokens).token_factor
+        time_s = time_to_target_s(target_tokens, factor, tokens_per_step / (step_s + exposed))
+        if best is None or time_s < best[0]:
+            best = (time_s, islands)
+    assert best is not None
+    chosen = replace(plan, islands=best[1])
+    chosen = replace(chosen, prediction=predict(chosen))
+    check_plan(chosen)
+    exchange = outer_exchange(cluster, chosen, step_s)
+    return IslandChoice(chosen, Split((), 0.0, 0.0), exchange,
+                        convergence.penalty(best[1], params, target_tokens), target_tokens,
+                        best[0])
+
+
+def best_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                 options: SearchOptions, splits: list[Split], target_tokens: float,
+                 search: Search, sync: SyncMethod) -> IslandChoice | None:
+    """The fastest to the target over ``splits`` (None: no island fits on any)."""
+    best: IslandChoice | None = None
+    for split in splits:
+        try:
+            plan = split_plan(spec, model, training, options, split, search, sync)
+        except ConfigError:
+            continue
+        choice = replace(choose_sync(plan, target_tokens, sync), split=split)
+        if best is None or choice.time_to_target_s < best.time_to_target_s:
+            best = choice
+    return best
+
+
+def sync_time_to_target_s(plan: Plan, target_tokens: float) -> float:
+    """A synchronous plan's time to ``target_tokens`` (no penalty)."""
+    assert plan.prediction is not None
+    return time_to_target_s(target_tokens, 1.0, plan.prediction.tokens_per_s)
+
+
+def _gbps(bytes_per_s: float) -> str:
+    return "local" if math.isinf(bytes_per_s) else f"{bytes_per_s * 8 / 1e9:.3g} Gb/s"
+
+
+def _hours(seconds: float) -> str:
+    return "never" if math.isinf(seconds) else f"{seconds / 3600:,.1f} h"
+
+
+def choice_notes(choice: IslandChoice, sync_s: float | None) -> tuple[str, ...]:
+    """What ``potluck plan`` says of a plan with islands: where and why it splits, what the
+    exchange moves, what it costs in convergence, and its time to target against sync."""
+    islands, split, exchange = choice.plan.islands, choice.split, choice.exchange
+    parts = " | ".join(", ".join(machines) for machines in split.islands)
+    against = ("" if sync_s is None else
+               f" against {_hours(sync_s)} synchronous ({sync_s / choice.time_to_target_s:.2f}x)")
+    return (
+        f"islands: {split.count} ({parts}); links inside at least "
+        f"{_gbps(split.inside_bytes_per_s)}, between at most {_gbps(split.between_bytes_per_s)}",
+        f"outer step: {islands.sync.value} every H={islands.inner_steps} steps, "
+        f"{exchange.bytes_per_outer_step / 1e9:.3g} GB per island ({islands.compression.value}, "
+        f"{islands.fragments} fragment(s)), {exchange.exchange_s:.3g} s over the slowest link "
+        f"between islands, {exchange.exposed_per_step_s * 1e3:.3g} ms exposed per step",
+        f"convergence: loss +{choice.penalty.loss_gap:.2%} at equal tokens, so "
+        f"{choice.penalty.token_factor:.2f}x tokens to the same loss "
+        "(potluck/planner/islands/convergence.py: sources and assumptions)",
+        f"time to target ({choice.target_tokens:.3g} tokens): "
+        f"{_hours(choice.time_to_target_s)}{against}",
+        *choice.penalty.notes,
+    )

@@ -1,0 +1,98 @@
+"""``potluck plan --sync``: a plan with islands, a synchronous one, or the faster to target.
+
+- ``sync``: today's search, no islands.
+- ``diloco`` / ``bounded``: the best plan with islands (:mod:`.choose`) over the cluster's
+  candidate splits (:func:`.split.candidate_splits`, even splits allowed on any network); a
+  cluster of one machine has nothing to split (one-line error).
+- ``auto`` (the default): on a cluster without slow links (:func:`.split.has_slow_links`),
+  today's search alone, at no extra cost; else both, and the faster to the target loss
+  (synchronous training's loss after ``target_tokens``, by default Chinchilla's 20 tokens
+  per parameter) first, the other's time said in a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from potluck.cluster.spec import ClusterSpec
+from potluck.cluster.topology import Cluster
+from potluck.errors import ConfigError
+from potluck.model import counts
+from potluck.model.spec import ModelSpec
+from potluck.planner.islands.choose import (
+    IslandChoice,
+    best_islands,
+    choice_notes,
+    sync_time_to_target_s,
+)
+from potluck.planner.islands.convergence import default_tokens
+from potluck.planner.islands.split import candidate_splits, machines
+from potluck.planner.options import SearchOptions
+from potluck.planner.search import SearchResult, search
+from potluck.plans import Plan, TrainingShape
+from potluck.plans.islands import SyncMethod
+
+SyncSearch = Callable[[], SearchResult]
+
+
+def target_tokens(model: ModelSpec, options: SearchOptions) -> float:
+    """The tokens whose synchronous loss is the target: the pinned count, else Chinchilla's."""
+    return options.target_tokens or default_tokens(counts.total_params(model))
+
+
+def _island_search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                   options: SearchOptions) -> Plan:
+    return search(spec, model, training, replace(options, top_k=1)).best
+
+
+def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                 options: SearchOptions, sync_search: SyncSearch) -> SearchResult:
+    """The plans ``options.sync`` asks for (see the module docstring); ``sync_search`` runs
+    today's search."""
+    sync = options.sync
+    if sync is SyncMethod.SYNC:
+        return sync_search()
+    cluster = Cluster(spec)
+    if sync is not None and len(machines(cluster)) < 2:
+        raise ConfigError(f"--sync {sync.value} splits the cluster into islands of machines, "
+                          f"but {spec.name!r} has one machine; use --sync sync or auto")
+    splits = candidate_splits(cluster, forced=sync is not None)
+    if not splits:
+        return sync_search()
+    target = target_tokens(model, options)
+    choice = best_islands(spec, model, training, options, splits, target, _island_search,
+                          sync or SyncMethod.DILOCO)
+    if sync is not None:
+        if choice is None:
+            raise ConfigError(f"no island of {spec.name!r} fits the model; use --sync sync")
+        return _islands_result(choice, None, None)
+    return _auto(choice, sync_search, target)
+
+
+def _auto(choice: IslandChoice | None, sync_search: SyncSearch, target: float) -> SearchResult:
+    """The faster to ``target`` of ``choice`` and today's best plan."""
+    try:
+        synchronous = sync_search()
+    except ConfigError:
+        if choice is None:
+            raise
+        return _islands_result(choice, None, None)
+    if choice is None:
+        return synchronous
+    sync_s = sync_time_to_target_s(synchronous.best, target)
+    if choice.time_to_target_s < sync_s:
+        return _islands_result(choice, synchronous, sync_s)
+    note = (f"islands considered ({choice.plan.islands.count}, {choice.plan.islands.sync.value} "
+            f"H={choice.plan.islands.inner_steps}): {choice.time_to_target_s / 3600:,.1f} h "
+            f"to target against {sync_s / 3600:,.1f} h synchronous; synchronous kept")
+    return replace(synchronous, notes=(*synchronous.notes, note))
+
+
+def _islands_result(choice: IslandChoice, synchronous: SearchResult | None,
+                    sync_s: float | None) -> SearchResult:
+    best = replace(choice.plan, notes=(*choice.plan.notes, *choice_notes(choice, sync_s)))
+    others = synchronous.plans[:-1] if synchronous is not None else ()
+    candidates = synchronous.candidates if synchronous is not None else 0
+    time_s = synchronous.search_time_s if synchronous is not None else 0.0
+    return SearchResult((best, *others), candidates, time_s)
