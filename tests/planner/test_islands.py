@@ -161,3 +161,38 @@ def test_even_splits_on_a_slow_network_and_none_on_a_fast_one():
     fast = replace(desktops, nodes=(replace(desktops.nodes[0], inter_bandwidth_bytes_per_s=1e10),))
     assert not candidate_splits(Cluster(fast))
     assert [s.count for s in candidate_splits(Cluster(fast), forced=True)] == [2, 4, 8]
+
+
+def test_simulating_a_split_plan_adds_the_amortized_outer_exchange():
+    from potluck.sim import simulate
+
+    plan = _two_desktops(_islands(2, h=50))
+    result = simulate(plan)
+    assert result.outer_s == pytest.approx(predict(plan).breakdown.outer_s, rel=0.05)
+    assert result.outer_s > 0.0
+    assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.1)
+
+
+def test_potluck_plan_says_the_islands_their_exchange_penalty_and_time_to_target():
+    import os
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    run = subprocess.run(
+        [sys.executable, "-m", "potluck", "plan", "-c", str(TWO_LABS), "-m", "llama2-7b",
+         "--global-batch", "64", "--seq-len", "2048", "--target-tokens", "100B"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(src), "COLUMNS": "250"})
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "islands: 2 (laba.0, laba.1 | labb.0, labb.1); links inside at least 100 Gb/s, " \
+           "between at most 1 Gb/s" in out
+    assert "outer step: diloco every H=" in out and "GB per island" in out
+    assert "convergence: loss +" in out
+    assert "time to target (1e+11 tokens):" in out and "h synchronous (" in out
+    bad = subprocess.run(
+        [sys.executable, "-m", "potluck", "plan", "-c", str(TWO_LABS), "-m", "llama2-7b",
+         "--sync", "often"], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(src)})
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--sync" in bad.stderr

@@ -47,6 +47,15 @@ def write_outputs(result: SimulationResult, out_dir: str | Path) -> SimulationFi
     return files
 
 
+def _outer_part(result: SimulationResult) -> str:
+    """The islands' amortized outer exchange, where the plan has islands."""
+    if not result.plan.islands.split:
+        return ""
+    islands = result.plan.islands
+    return (f" · outer exchange {result.outer_s:.4g} s per step (amortized over "
+            f"H={islands.inner_steps}, {islands.fragments} fragment(s))")
+
+
 def render_summary(console: Console, result: SimulationResult,
                    files: SimulationFiles | None = None) -> None:
     """The headline figures and the per-device table."""
@@ -58,7 +67,7 @@ def render_summary(console: Console, result: SimulationResult,
         f"{result.plan.num_gpus} devices\n"
         f"simulated iteration [bold]{result.iteration_time_s:.4g} s[/bold] "
         f"(the cost model predicts {result.predicted_time_s:.4g} s, {abs(error):.1%} {side}) · "
-        f"pipeline {result.pipeline_time_s:.4g} s\n"
+        f"pipeline {result.pipeline_time_s:.4g} s{_outer_part(result)}\n"
         f"{bubble_line(result)}\n"
         f"busiest device: [bold red]{bottleneck.device}[/bold red] (pipeline {bottleneck.pipeline} "
         f"stage {bottleneck.stage}) busy {bottleneck.busy_s / result.iteration_time_s:.0%}\n"

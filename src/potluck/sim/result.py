@@ -168,6 +168,8 @@ class SimulationResult:
     predicted_time_s: float  # the analytic cost model's iteration time, for comparison
     simulated_pipelines: int  # pipelines actually run (the others are identical twins)
     state_transfers: tuple[StateTransfer, ...] = ()  # swaps and ZeRO-3 gathers, drawn
+    # islands' outer exchange that a step waits for, amortized over the inner steps (not drawn)
+    outer_s: float = 0.0
 
     @property
     def bottleneck(self) -> DeviceStats:

@@ -40,6 +40,7 @@ from potluck.placement import StageRef
 from potluck.planner.comm.step_overlap import gathered_forward_delay_s, next_step_bound_s
 from potluck.planner.cost import CostModel
 from potluck.planner.evaluate import GradientGroup, gradient_groups, gradient_phases, predict
+from potluck.planner.islands.exchange import outer_exchange
 from potluck.plans import Plan, check_pipeline_schedule, check_plan
 from potluck.schedules import PipelineSchedule, Schedule, schedule_for
 from potluck.sim import engine, program
@@ -80,8 +81,9 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     if plan.comm.dp_priority_schedule:
         iteration_s = _next_step_bound_s(plan, runs, steps, phase)
     devices = device_stats(workloads, runs, syncs, steps, memory, iteration_s)
+    outer_s = outer_exchange(cost.cluster, plan, iteration_s).exposed_per_step_s
     return SimulationResult(
-        plan=plan, schedule=name, iteration_time_s=iteration_s,
+        plan=plan, schedule=name, iteration_time_s=iteration_s + outer_s, outer_s=outer_s,
         pipeline_time_s=max(pipeline_end_s(run) for run in runs),
         bubble_fraction=bubble_fraction(workloads, runs),
         pipelines=tuple(runs), gradient_syncs=tuple(syncs), optimizer_steps=tuple(steps),
