@@ -26,7 +26,7 @@ from itertools import product
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, device_id
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
 from potluck.planner import gemm
@@ -194,7 +194,7 @@ def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandCho
     link = between_islands(cluster, island_devices(cluster, plan))
     params = counts.total_params(plan.model)
     tokens_per_step = plan.training.global_batch * plan.training.seq_len
-    best: tuple[float, Islands] | None = None
+    best: tuple[tuple[float, float], Islands] | None = None
     for setting in _settings(sync):
         islands = replace(setting, islands=plan.islands.islands)
         whole_s = exchange_s(pseudo_gradient_bytes(plan.model, islands.compression),
@@ -202,8 +202,9 @@ def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandCho
         exposed = exposed_per_step_s(islands, whole_s, step_s)
         factor = convergence.penalty(islands, params, target_tokens).token_factor
         time_s = time_to_target_s(target_tokens, factor, tokens_per_step / (step_s + exposed))
-        if best is None or time_s < best[0]:
-            best = (time_s, islands)
+        key = (time_s, islands.compression.bytes_per_value)  # a tie: the fewer bytes
+        if best is None or key < best[0]:
+            best = (key, islands)
     assert best is not None
     chosen = replace(plan, islands=best[1])
     chosen = replace(chosen, prediction=predict(chosen))
@@ -211,7 +212,7 @@ def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandCho
     exchange = outer_exchange(cluster, chosen, step_s)
     return IslandChoice(chosen, Split((), 0.0, 0.0), exchange,
                         convergence.penalty(best[1], params, target_tokens), target_tokens,
-                        best[0])
+                        best[0][0])
 
 
 def best_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
@@ -222,8 +223,8 @@ def best_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     for split in splits:
         try:
             plan = split_plan(spec, model, training, options, split, search, sync)
-        except ConfigError:
-            continue
+        except (ConfigError, InfeasibleError):
+            continue  # an island holds too little to train the model
         choice = replace(choose_sync(plan, target_tokens, sync), split=split)
         if best is None or choice.time_to_target_s < best.time_to_target_s:
             best = choice

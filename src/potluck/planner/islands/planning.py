@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
 from potluck.planner.islands.choose import (
@@ -65,7 +65,8 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
                           sync or SyncMethod.DILOCO)
     if sync is not None:
         if choice is None:
-            raise ConfigError(f"no island of {spec.name!r} fits the model; use --sync sync")
+            raise InfeasibleError(f"no split of {spec.name!r} into islands holds the model in "
+                                  "every island; use --sync sync or auto")
         return _islands_result(choice, None, None)
     return _auto(choice, sync_search, target)
 
@@ -74,7 +75,7 @@ def _auto(choice: IslandChoice | None, sync_search: SyncSearch, target: float) -
     """The faster to ``target`` of ``choice`` and today's best plan."""
     try:
         synchronous = sync_search()
-    except ConfigError:
+    except (ConfigError, InfeasibleError):
         if choice is None:
             raise
         return _islands_result(choice, None, None)
