@@ -125,11 +125,13 @@ def batch_rows(global_batch: int, speeds: list[float]) -> list[int]:
 def _island_plans(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
                   options: SearchOptions, split: Split, rows: list[int], search: Search
                   ) -> list[tuple[Plan, dict[str, str]]]:
-    """Each island's best layout for its rows, plan-wide choices pinned to the first's."""
-    plans = []
-    for machines, share in zip(split.islands, rows, strict=True):
-        sub, ids = sub_cluster(spec, machines)
-        shaped = replace(training, global_batch=share)
+    """Each island's best layout for its rows, plan-wide choices pinned to those of the
+    island searched first: the one of least memory, so that a split whose smallest island
+    cannot hold the model fails before the large islands are searched."""
+    plans: dict[int, tuple[Plan, dict[str, str]]] = {}
+    for index in sorted(range(split.count), key=lambda i: _memory_bytes(spec, split.islands[i])):
+        sub, ids = sub_cluster(spec, split.islands[index])
+        shaped = replace(training, global_batch=rows[index])
         best = search(sub, model, shaped, options)
         if best.zero == 3:
             options = replace(options, zero=2)
@@ -137,8 +139,13 @@ def _island_plans(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
         if not plans:
             options = replace(options, zero=best.zero, schedule=best.schedule,
                               virtual_stages=best.virtual_stages)
-        plans.append((best, ids))
-    return plans
+        plans[index] = (best, ids)
+    return [plans[i] for i in range(split.count)]
+
+
+def _memory_bytes(spec: ClusterSpec, machines: tuple[str, ...]) -> float:
+    """The device memory of ``machines``."""
+    return sum(d.type.memory_bytes for d in Cluster(spec).devices if d.node in machines)
 
 
 def assemble(spec: ClusterSpec, training: TrainingShape,

@@ -12,8 +12,10 @@ candidate splits (:func:`candidate_splits`):
   :data:`SLOW_LINK_BYTES_PER_S` and no gap splits them (eight desktops on one 1 Gb/s
   switch), the machines in order split into 2, 4, 8, ... islands of equal size.
 
-A cluster with neither (:func:`has_slow_links` false) is planned without islands, so the
-island search costs nothing there.
+Splits into more than :data:`MAX_ISLANDS` islands are not tried: the convergence model's
+sources stop there (:mod:`potluck.planner.islands.convergence`), and each island is one more
+search. A cluster with neither (:func:`has_slow_links` false) is planned without islands, so
+the island search costs nothing there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ SLOW_LINK_BYTES_PER_S = 10e9 / 8
 """Links between machines below 10 Gb/s (consumer Ethernet, the internet) are slow enough
 to split even without a gap (an assumption: a 7B model's 14 GB bf16 gradient takes over 10 s
 per step at 10 Gb/s)."""
+
+MAX_ISLANDS = 8
+"""The most islands a split may have (the convergence model's sources: up to 8 replicas)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ def gap_splits(cluster: Cluster) -> list[Split]:
     found: dict[tuple, Split] = {}
     for threshold in sorted(set(links.values())):
         split = measured(_components(nodes, links, threshold), links)
-        if split.count > 1 and split.inside_bytes_per_s >= GAP_FACTOR * split.between_bytes_per_s:
+        if 1 < split.count <= MAX_ISLANDS \
+                and split.inside_bytes_per_s >= GAP_FACTOR * split.between_bytes_per_s:
             found.setdefault(split.islands, split)
     return list(found.values())
 
@@ -97,7 +103,7 @@ def even_splits(cluster: Cluster) -> list[Split]:
     links = machine_links(cluster)
     nodes = list(machines(cluster))
     splits, count = [], 2
-    while count <= len(nodes):
+    while count <= min(len(nodes), MAX_ISLANDS):
         if len(nodes) % count == 0:
             size = len(nodes) // count
             splits.append(measured(tuple(tuple(nodes[i:i + size])
