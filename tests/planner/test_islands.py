@@ -196,3 +196,66 @@ def test_potluck_plan_says_the_islands_their_exchange_penalty_and_time_to_target
          "--sync", "often"], capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(src)})
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--sync" in bad.stderr
+
+
+SLOW_CLUSTERS = {
+    "two-groups": parse_cluster("""
+nodes:
+  - {name: fast, gpu: a100-80g-pcie, gpus_per_node: 2, inter_bandwidth: 10Gb/s}
+  - {name: slow, gpu: rtx3090, gpus_per_node: 2, nvlink: pairs, inter_bandwidth: 10Gb/s}
+links:
+  - {between: [fast, slow], bandwidth: 0.5Gb/s, latency: 40ms}
+""", "two-groups.yaml"),
+    "desktops": parse_cluster(
+        "nodes: [{name: desk, gpu: rtx4090, gpus_per_node: 1, count: 4, inter_bandwidth: 1Gb/s}]",
+        "desktops.yaml"),
+}
+
+
+@pytest.mark.parametrize("cluster", SLOW_CLUSTERS)
+@pytest.mark.parametrize("pins", [{}, {"zero": 1}, {"zero": 2}, {"schedule": "gpipe"},
+                                  {"sync": "bounded"}])
+def test_every_split_plan_the_planner_returns_passes_the_runtime_checks(cluster, pins):
+    from test_plans_pass_runtime_checks import MODELS, _module, check_runs
+
+    options = api.search_options(**{"sync": "diloco", **pins}, top_k=2)
+    result = api.plan(SLOW_CLUSTERS[cluster], MODELS["tiny-llama"], options=options,
+                      global_batch=16, seq_len=128)
+    assert result.best.islands.split
+    assert result.best.islands.sync.value == pins.get("sync", "diloco")
+    for plan in result.plans:
+        check_runs(plan, _module("tiny-llama"))
+
+
+def test_zero3_pinned_keeps_auto_synchronous_and_refuses_a_forced_split():
+    desktops = SLOW_CLUSTERS["desktops"]
+    auto = api.plan(desktops, "tiny-llama", options=api.search_options(zero=3), global_batch=16,
+                    seq_len=128)
+    assert not auto.best.islands.split
+    with pytest.raises(ConfigError, match="--zero 3 do not go together"):
+        api.plan(desktops, "tiny-llama", options=api.search_options(zero=3, sync="diloco"),
+                 global_batch=16, seq_len=128)
+
+
+def test_the_faster_island_takes_more_rows_of_each_batch():
+    """The lab's 3090s and the cloud's H100s: batch shares follow the islands' speed, all of
+    the global batch shared out."""
+    spec = load_cluster(DATA / "slow_lab_cloud.yaml")
+    best = api.plan(spec, "gpt3-1.3b", options=api.search_options(sync="diloco"),
+                    global_batch=64, seq_len=2048).best
+    rows = [sum(best.pipelines[k].batch_share for k in best.islands.members(i, best.dp))
+            for i in range(best.islands.count)]
+    assert sum(rows) == 64
+    cloud = next(i for i in range(2) if best.pipelines[best.islands.members(i, best.dp)[0]]
+                 .devices[0].startswith("cloud"))
+    assert rows[cloud] > rows[1 - cloud]
+
+
+def test_batch_rows_follow_speeds_and_sum_to_the_global_batch():
+    from potluck.planner.islands.choose import batch_rows
+
+    assert batch_rows(64, [3.0, 1.0]) == [48, 16]
+    assert batch_rows(10, [1.0, 1.0, 1.0]) in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
+    assert batch_rows(3, [100.0, 1.0, 1.0]) == [1, 1, 1]  # every island at least one row
+    with pytest.raises(ConfigError, match="smaller than the 4 islands"):
+        batch_rows(3, [1.0] * 4)

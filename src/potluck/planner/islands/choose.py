@@ -114,11 +114,11 @@ def batch_rows(global_batch: int, speeds: list[float]) -> list[int]:
                           "islands; raise it")
     total = sum(speeds)
     rows = [max(1, int(global_batch * s / total)) for s in speeds]
-    while sum(rows) != global_batch:
-        gap = global_batch - sum(rows)
-        k = max(range(len(rows)), key=lambda j: speeds[j] / rows[j]) if gap > 0 else \
-            max(range(len(rows)), key=lambda j: rows[j] / speeds[j])
-        rows[k] += 1 if gap > 0 else -1
+    while sum(rows) < global_batch:  # the island with the most speed per row takes one more
+        rows[max(range(len(rows)), key=lambda j: speeds[j] / rows[j])] += 1
+    while sum(rows) > global_batch:  # the one with the most rows per speed gives one back
+        rows[max((j for j in range(len(rows)) if rows[j] > 1),
+                 key=lambda j: rows[j] / speeds[j])] -= 1
     return rows
 
 
