@@ -193,8 +193,10 @@ def _settings(sync: SyncMethod) -> Iterator[Islands]:
         yield Islands(sync=sync, inner_steps=h, compression=compression, fragments=f, staleness=s)
 
 
-def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandChoice:
-    """``plan``'s islands synchronized the way that reaches ``target_tokens``' loss first."""
+def choose_sync(plan: Plan, split: Split, target_tokens: float, sync: SyncMethod
+                ) -> IslandChoice:
+    """``plan``'s islands (of ``split``) synchronized the way that reaches
+    ``target_tokens``' loss first."""
     cluster = Cluster(plan.cluster)
     inner = predict(replace(plan, islands=replace(plan.islands, sync=sync, inner_steps=1)))
     step_s = inner.iteration_time_s - inner.breakdown.outer_s
@@ -217,7 +219,7 @@ def choose_sync(plan: Plan, target_tokens: float, sync: SyncMethod) -> IslandCho
     chosen = replace(chosen, prediction=predict(chosen))
     check_plan(chosen)
     exchange = outer_exchange(cluster, chosen, step_s)
-    return IslandChoice(chosen, Split((), 0.0, 0.0), exchange,
+    return IslandChoice(chosen, split, exchange,
                         convergence.penalty(best[1], params, target_tokens), target_tokens,
                         best[0][0])
 
@@ -232,7 +234,7 @@ def best_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             plan = split_plan(spec, model, training, options, split, search, sync)
         except (ConfigError, InfeasibleError):
             continue  # an island holds too little to train the model
-        choice = replace(choose_sync(plan, target_tokens, sync), split=split)
+        choice = choose_sync(plan, split, target_tokens, sync)
         if best is None or choice.time_to_target_s < best.time_to_target_s:
             best = choice
     return best

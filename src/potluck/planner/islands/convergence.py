@@ -130,8 +130,8 @@ def loss_gap(islands: Islands) -> tuple[float, tuple[str, ...]]:
     notes = tuple(note for outside, note in (
         (outside_m, f"{islands.count} islands: the convergence model's sources go up to 8; "
                     "charged as 8"),
-        (outside_h, f"H={h}: the convergence model's sources cover 10-500 inner steps; "
-                    "charged as the nearest"),
+        (outside_h, f"{h} inner steps between exchanges (H times staleness + 1 for bounded): "
+                    "the convergence model's sources cover 10-500; charged as the nearest"),
     ) if outside)
     return gap, notes
 
