@@ -143,6 +143,9 @@ def plan(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, *,
     warning = check_seq_len(model_spec, shape.seq_len)
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     if _objective(objective) is Objective.COST:
+        if options.sync not in (None, SyncMethod.SYNC):
+            raise ConfigError(f"--sync {options.sync.value} plans by time to a target loss; "
+                              "use --objective time, or --sync sync with --objective cost")
         result = plan_cheapest(spec, model_spec, shape, options, pricing, count, deadline_hours,
                                progress)
     else:

@@ -259,3 +259,15 @@ def test_batch_rows_follow_speeds_and_sum_to_the_global_batch():
     assert batch_rows(3, [100.0, 1.0, 1.0]) == [1, 1, 1]  # every island at least one row
     with pytest.raises(ConfigError, match="smaller than the 4 islands"):
         batch_rows(3, [1.0] * 4)
+
+
+@pytest.mark.parametrize("pins, objective, message", [
+    ({"dp": 2}, "time", "--dp do not go together"),
+    ({}, "cost", "plans by time to a target loss"),
+])
+def test_pins_that_rule_islands_out_are_one_line(pins, objective, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        api.plan(SLOW_CLUSTERS["desktops"], "tiny-llama",
+                 options=api.search_options(sync="diloco", **pins), objective=objective,
+                 global_batch=16, seq_len=128)
+    assert "\n" not in str(err.value)

@@ -4,8 +4,8 @@
 - ``diloco`` / ``bounded``: the best plan with islands (:mod:`.choose`) over the cluster's
   candidate splits (:func:`.split.candidate_splits`, even splits allowed on any network); a
   cluster of one machine has nothing to split (one-line error).
-- ``auto`` (the default): with ``--zero 3`` pinned (it does not run across islands) or on a
-  cluster without slow links (:func:`.split.has_slow_links`),
+- ``auto`` (the default): with ``--zero 3`` (it does not run across islands) or ``--dp``
+  (a count of every pipeline) pinned, or on a cluster without slow links (:func:`.split.has_slow_links`),
   today's search alone, at no extra cost; else both, and the faster to the target loss
   (synchronous training's loss after ``target_tokens``, by default Chinchilla's 20 tokens
   per parameter) first, the other's time said in a note.
@@ -55,11 +55,11 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     if sync is SyncMethod.SYNC:
         return sync_search()
     cluster = Cluster(spec)
-    if options.zero == 3:
+    refusal = _pin_refusal(options)
+    if refusal:
         if sync is None:
             return sync_search()
-        raise ConfigError(f"--sync {sync.value} and --zero 3 do not go together (FSDP2 gathers "
-                          "every step, across islands too); use --zero 2 or fewer")
+        raise ConfigError(f"--sync {sync.value} {refusal}")
     if sync is not None and len(machines(cluster)) < 2:
         raise ConfigError(f"--sync {sync.value} splits the cluster into islands of machines, "
                           f"but {spec.name!r} has one machine; use --sync sync or auto")
@@ -75,6 +75,17 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
                                   "every island; use --sync sync or auto")
         return _islands_result(choice, None, None)
     return _auto(choice, sync_search, target)
+
+
+def _pin_refusal(options: SearchOptions) -> str | None:
+    """Why a pin rules islands out (``auto`` then plans synchronously), if one does."""
+    if options.zero == 3:
+        return ("and --zero 3 do not go together (FSDP2 gathers every step, across islands "
+                "too); use --zero 2 or fewer")
+    if options.dp is not None:
+        return ("and --dp do not go together (--dp counts every pipeline; each island's is "
+                "the search's); leave --dp out")
+    return None
 
 
 def _auto(choice: IslandChoice | None, sync_search: SyncSearch, target: float) -> SearchResult:
