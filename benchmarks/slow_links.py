@@ -48,7 +48,7 @@ def _chosen(plan: Plan) -> tuple[str, str, str]:
         return "synchronous", "-", "-"
     step_s = plan.prediction.iteration_time_s - plan.prediction.breakdown.outer_s
     exchange = outer_exchange(Cluster(plan.cluster), plan, step_s)
-    gap = convergence.loss_gap(islands)[0]
+    gap = convergence.loss_gap(islands, counts.total_params(plan.model))[0]
     return (f"{islands.count} islands, {plan.dp} pipelines, H={islands.inner_steps}, "
             f"{islands.compression.value}, {islands.fragments} fragment(s)",
             f"{exchange.bytes_per_outer_step / 1e9:.1f} GB", f"+{gap:.2%} loss")

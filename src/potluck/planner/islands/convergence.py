@@ -12,32 +12,34 @@ Two steps, each with its source:
    tokens, where ``(1 + gap) * L(N, D * factor) = L(N, D)`` (:func:`token_factor`); a gap
    the data term cannot absorb is never reached (``inf``).
 
-What the sources say, and what is assumed where they give no number we could retrieve:
+What the sources say, and what is assumed where they give no number:
 
-- DiLoCo (Douillard et al. 2023, arXiv:2311.08105, abstract): on C4, 8 workers with H = 500
-  perform as well as fully synchronous optimization while communicating 500 times less.
-- Scaling Laws for DiLoCo (Charles et al. 2025, arXiv:2503.09799, abstract and section 4):
-  M = 1 can outperform data parallelism; the loss gap of more replicas grows with M and
-  shrinks as models grow; larger H costs a little loss. Its per-size table of loss against
-  data parallelism could not be retrieved here, so the magnitudes in
-  :data:`ASSUMED_GAP_BY_ISLANDS` and :data:`ASSUMED_H_SCALE` are **assumptions**, chosen to
-  be conservative: they charge M = 8, H = 500 a 2 % loss gap where DiLoCo 2023 reports none.
+- Scaling Laws for DiLoCo (Charles et al. 2025, arXiv:2503.09799): evaluation loss of DiLoCo
+  with M = 2, 4, 8 replicas against data parallelism, at H = 30, by model size: table 4
+  (35M to 2.4B, M up to 8) and table 5 (4B and 10B, M up to 4), kept as
+  :data:`DILOCO_LOSS_GAP` and interpolated in log N and log M. The gap shrinks as models grow
+  and goes below zero for M = 2 from 2.4B on; a negative gap is charged as none (a
+  conservative choice). Models outside 35M-10B take the nearest size's gap; M = 8 beyond
+  2.4B (not measured there) takes its 2.4B gap; more than 8 islands take M = 8's: each is
+  said in the penalty's ``notes``.
+- H (same paper, section 5.1, figure 9): beyond H = 1 the loss grows with H, less for larger
+  models; the figure gives no table. :data:`ASSUMED_H_SCALE` (the gap at H relative to
+  H = 30) is an **assumption** read from that trend; DiLoCo (Douillard et al. 2023,
+  arXiv:2311.08105, abstract) reports 8 workers with H = 500 performing as well as fully
+  synchronous optimization, so the assumption is conservative at H = 500.
 - OpenDiLoCo (Jaghouar et al. 2024, arXiv:2407.07852, abstract): the pseudo-gradients can
   be all-reduced in FP16 without any performance degradation. BF16 (same width, fewer
   mantissa bits) is assumed the same.
 - INTELLECT-1 (Jaghouar et al. 2024, arXiv:2412.01152) all-reduced int8 pseudo-gradients;
-  no loss figure against FP32 was retrieved: :data:`ASSUMED_INT8_GAP`.
+  no loss figure against FP32 was found: :data:`ASSUMED_INT8_GAP`.
 - Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512, abstract): fragments and
-  low-precision exchanges reach similar quality to DiLoCo; no per-F figure was retrieved:
+  low-precision exchanges reach similar quality to DiLoCo; no per-F figure was found:
   :data:`ASSUMED_FRAGMENT_GAP`.
 - ``bounded``: stale synchronous parallelism converges with a bound that grows with the
   staleness (SSP, Ho et al. NeurIPS'13, theorem 1); HetPipe (Park et al. ATC'20) trains with
   a bounded staleness of wave-synchronous updates. No loss-per-staleness figure exists for
   LLMs: assumed conservatively that an update applied ``s`` pushes late costs what DiLoCo
   costs with ``H * (s + 1)`` inner steps (its replicas drift that many steps apart).
-
-Outside the tabulated range (M above 8, H outside 10-500) the nearest point is used and the
-penalty's ``notes`` say so, rather than extrapolating silently.
 """
 
 from __future__ import annotations
@@ -54,13 +56,20 @@ CHINCHILLA_ALPHA = 0.34  # ibid.
 CHINCHILLA_BETA = 0.28  # ibid.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # compute-optimal tokens per parameter (ibid., table 3)
 
-ASSUMED_GAP_BY_ISLANDS = ((1, 0.0), (2, 0.005), (4, 0.01), (8, 0.02))
-"""Assumed relative loss gap at H = 500 against synchronous training, per number of islands
-(see the module docstring: conservative against DiLoCo 2023's no gap at M = 8, H = 500;
-M = 1 charged nothing although Charles et al. 2025 find it can do better)."""
-ASSUMED_H_SCALE = ((10, 0.4), (50, 0.6), (100, 0.7), (250, 0.85), (500, 1.0))
-"""Assumed share of the H = 500 gap at smaller H (more frequent outer steps drift less;
-Charles et al. 2025 find loss grows slowly with H). Interpolated in log H."""
+DILOCO_LOSS_GAP: dict[int, tuple[tuple[float, float], ...]] = {
+    # M: (model parameters, relative loss against data parallelism at H = 30), Charles et al.
+    # 2025, arXiv:2503.09799, table 4 (35M-2.4B) and table 5 (4B, 10B)
+    2: ((35e6, 0.007), (90e6, 0.005), (180e6, 0.003), (335e6, 0.001), (550e6, 0.002),
+        (1.3e9, 0.002), (2.4e9, -0.001), (4e9, -0.0018), (10e9, -0.0019)),
+    4: ((35e6, 0.020), (90e6, 0.015), (180e6, 0.011), (335e6, 0.009), (550e6, 0.007),
+        (1.3e9, 0.005), (2.4e9, 0.003), (4e9, 0.0018), (10e9, 0.0029)),
+    8: ((35e6, 0.039), (90e6, 0.031), (180e6, 0.023), (335e6, 0.020), (550e6, 0.017),
+        (1.3e9, 0.013), (2.4e9, 0.011)),
+}
+TABLE_H = 30  # the H of DILOCO_LOSS_GAP (Charles et al. 2025, section 3)
+ASSUMED_H_SCALE = ((10, 0.8), (30, 1.0), (100, 1.3), (300, 1.7), (500, 2.0))
+"""Assumed gap at H relative to H = 30 (Charles et al. 2025, figure 9: loss grows with H
+beyond H = 1; no table). Interpolated in log H."""
 ASSUMED_INT8_GAP = 0.001
 """Assumed extra relative loss of an int8 exchange (INTELLECT-1 used it; no figure found)."""
 ASSUMED_FRAGMENT_GAP = 0.0
@@ -98,48 +107,65 @@ def token_factor(loss_gap: float, params: float, tokens: float) -> float:
     return needed / tokens
 
 
-def _interpolate_log(points: tuple[tuple[int, float], ...], x: float) -> tuple[float, bool]:
+def _interpolate_log(points: tuple[tuple[float, float], ...], x: float) -> tuple[float, bool]:
     """``points`` interpolated linearly in log x, and whether x lies outside them (then the
     nearest end's value)."""
-    xs = [p[0] for p in points]
-    if x <= xs[0] or x >= xs[-1]:
-        value = points[0][1] if x <= xs[0] else points[-1][1]
-        return value, not xs[0] <= x <= xs[-1]
+    if x < points[0][0] or x > points[-1][0]:
+        return (points[0][1] if x < points[0][0] else points[-1][1]), True
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
         if x0 <= x <= x1:
-            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0.0
             return y0 + t * (y1 - y0), False
-    raise AssertionError("unreachable: x lies between the points")
+    return points[0][1], False  # one point
 
 
-def loss_gap(islands: Islands) -> tuple[float, tuple[str, ...]]:
-    """The relative loss gap of ``islands`` against synchronous training at equal tokens,
-    and notes where the model leaves its sources' range."""
+def published_gap(islands: int, params: float) -> tuple[float, tuple[str, ...]]:
+    """DiLoCo's relative loss gap at H = 30 for ``islands`` replicas of a ``params`` model
+    (:data:`DILOCO_LOSS_GAP`, interpolated in log M between the measured M around it), and
+    notes where it leaves the table."""
+    if islands <= 1:
+        return 0.0, ()
+    notes = [f"{islands} islands: the convergence model's sources go up to 8; charged as 8"
+             ] if islands > 8 else []
+    m = min(islands, 8)
+    ms = sorted(DILOCO_LOSS_GAP)
+    around = sorted({max(x for x in ms if x <= m), min(x for x in ms if x >= m)})
+    by_m = []
+    for replicas in around:
+        gap, outside = _interpolate_log(DILOCO_LOSS_GAP[replicas], params)
+        if outside:
+            notes.append(f"{params / 1e9:.3g}B parameters with {replicas} replicas is outside "
+                         "the convergence model's table; the nearest size's gap charged")
+        by_m.append((float(replicas), gap))
+    return _interpolate_log(tuple(by_m), m)[0], tuple(notes)
+
+
+def loss_gap(islands: Islands, params: float) -> tuple[float, tuple[str, ...]]:
+    """The relative loss gap of ``islands`` against synchronous training at equal tokens for
+    a model of ``params`` parameters (never below 0), and notes where the model leaves its
+    sources' range."""
     if not islands.split:
         return 0.0, ()
     h = islands.inner_steps
     if islands.sync is SyncMethod.BOUNDED:
         h *= islands.staleness + 1
-    by_islands, outside_m = _interpolate_log(ASSUMED_GAP_BY_ISLANDS, islands.count)
+    at_table_h, notes = published_gap(islands.count, params)
     h_scale, outside_h = _interpolate_log(ASSUMED_H_SCALE, h)
-    gap = by_islands * h_scale
+    gap = max(0.0, at_table_h) * h_scale
     if islands.compression is Compression.INT8:
         gap += ASSUMED_INT8_GAP
     if islands.fragments > 1:
         gap += ASSUMED_FRAGMENT_GAP
-    notes = tuple(note for outside, note in (
-        (outside_m, f"{islands.count} islands: the convergence model's sources go up to 8; "
-                    "charged as 8"),
-        (outside_h, f"{h} inner steps between exchanges (H times staleness + 1 for bounded): "
-                    "the convergence model's sources cover 10-500; charged as the nearest"),
-    ) if outside)
+    if outside_h:
+        notes += (f"{h} inner steps between exchanges (H times staleness + 1 for bounded): "
+                  "the convergence model covers 10-500; charged as the nearest",)
     return gap, notes
 
 
 def penalty(islands: Islands, params: float, tokens: float) -> Penalty:
     """The convergence penalty of ``islands`` for a model of ``params`` parameters trained
     to synchronous training's loss at ``tokens`` tokens."""
-    gap, notes = loss_gap(islands)
+    gap, notes = loss_gap(islands, params)
     return Penalty(gap, token_factor(gap, params, tokens), notes)
 
 
