@@ -22,11 +22,15 @@ What the sources say, and what is assumed where they give no number:
   conservative choice). Models outside 35M-10B take the nearest size's gap; M = 8 beyond
   2.4B (not measured there) takes its 2.4B gap; more than 8 islands take M = 8's: each is
   said in the penalty's ``notes``.
-- H (same paper, section 5.1, figure 9): beyond H = 1 the loss grows with H, less for larger
-  models; the figure gives no table. :data:`ASSUMED_H_SCALE` (the gap at H relative to
-  H = 30) is an **assumption** read from that trend; DiLoCo (Douillard et al. 2023,
-  arXiv:2311.08105, abstract) reports 8 workers with H = 500 performing as well as fully
-  synchronous optimization, so the assumption is conservative at H = 500.
+- H: Charles et al. 2025 (section 5.1, figure 9): beyond H = 1 the loss grows with H, less
+  for larger models (a figure, no table). DiLoCo (Douillard et al. 2023, arXiv:2311.08105,
+  section 3.1) gives one number: for a 150M model on 8 non-i.i.d. workers, perplexity at
+  H = 1000 is 2.9 % above H = 50 (table 3: perplexity about 15). :func:`h_scale` turns it
+  into the gap's growth per doubling of H, relative to the gap at H = 30 of that size and M
+  (:data:`DILOCO_LOSS_GAP`), and **assumes** the same relative growth at every size and M
+  (conservative for larger models, which figure 9 shows grow less; non-i.i.d. data, as
+  DiLoCo's, is also the harder case). DiLoCo's abstract reports 8 workers with H = 500
+  performing as well as fully synchronous optimization.
 - OpenDiLoCo (Jaghouar et al. 2024, arXiv:2407.07852, abstract): the pseudo-gradients can
   be all-reduced in FP16 without any performance degradation. BF16 (same width, fewer
   mantissa bits) is assumed the same.
@@ -67,9 +71,12 @@ DILOCO_LOSS_GAP: dict[int, tuple[tuple[float, float], ...]] = {
         (1.3e9, 0.013), (2.4e9, 0.011)),
 }
 TABLE_H = 30  # the H of DILOCO_LOSS_GAP (Charles et al. 2025, section 3)
-ASSUMED_H_SCALE = ((10, 0.8), (30, 1.0), (100, 1.3), (300, 1.7), (500, 2.0))
-"""Assumed gap at H relative to H = 30 (Charles et al. 2025, figure 9: loss grows with H
-beyond H = 1; no table). Interpolated in log H."""
+H_ABLATION_PPL_INCREASE = 0.029  # DiLoCo 2023, section 3.1: perplexity at H=1000 over H=50
+H_ABLATION_RANGE = (50, 1000)  # ibid.: the two H compared
+H_ABLATION_PPL = 15.0  # ibid., table 3: 8 non-i.i.d. replicas of the 150M model, 15.02
+H_ABLATION_PARAMS = 150e6  # ibid.: the 150M model
+H_ABLATION_REPLICAS = 8  # ibid.
+H_RANGE = (10, 1000)  # H the model is used for without a note (the sources: 1-300, 50-2000)
 ASSUMED_INT8_GAP = 0.001
 """Assumed extra relative loss of an int8 exchange (INTELLECT-1 used it; no figure found)."""
 ASSUMED_FRAGMENT_GAP = 0.0
@@ -140,6 +147,19 @@ def published_gap(islands: int, params: float) -> tuple[float, tuple[str, ...]]:
     return _interpolate_log(tuple(by_m), m)[0], tuple(notes)
 
 
+def h_scale(h: float) -> float:
+    """The loss gap at ``h`` inner steps relative to the gap at :data:`TABLE_H` (see the
+    module docstring): ``1 + k * log2(h / 30)``, ``k`` from DiLoCo's H ablation (its
+    perplexity increase as a relative loss increase, over the gap of that model at H = 30 and
+    the doublings between the two H compared); never below 0."""
+    loss = math.log(H_ABLATION_PPL)
+    relative_increase = math.log1p(H_ABLATION_PPL_INCREASE) / loss
+    low, high = H_ABLATION_RANGE
+    gap_at_table_h = published_gap(H_ABLATION_REPLICAS, H_ABLATION_PARAMS)[0]
+    per_doubling = relative_increase / (gap_at_table_h * math.log2(high / low))
+    return max(0.0, 1.0 + per_doubling * math.log2(h / TABLE_H))
+
+
 def loss_gap(islands: Islands, params: float) -> tuple[float, tuple[str, ...]]:
     """The relative loss gap of ``islands`` against synchronous training at equal tokens for
     a model of ``params`` parameters (never below 0), and notes where the model leaves its
@@ -150,15 +170,15 @@ def loss_gap(islands: Islands, params: float) -> tuple[float, tuple[str, ...]]:
     if islands.sync is SyncMethod.BOUNDED:
         h *= islands.staleness + 1
     at_table_h, notes = published_gap(islands.count, params)
-    h_scale, outside_h = _interpolate_log(ASSUMED_H_SCALE, h)
-    gap = max(0.0, at_table_h) * h_scale
+    gap = max(0.0, at_table_h) * h_scale(h)
     if islands.compression is Compression.INT8:
         gap += ASSUMED_INT8_GAP
     if islands.fragments > 1:
         gap += ASSUMED_FRAGMENT_GAP
-    if outside_h:
-        notes += (f"{h} inner steps between exchanges (H times staleness + 1 for bounded): "
-                  "the convergence model covers 10-500; charged as the nearest",)
+    if not H_RANGE[0] <= h <= H_RANGE[1]:
+        notes += (f"{h} inner steps between exchanges (H times staleness + 1 for bounded) is "
+                  f"outside the {H_RANGE[0]}-{H_RANGE[1]} the convergence model's sources "
+                  "cover; extrapolated",)
     return gap, notes
 
 
