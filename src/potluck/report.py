@@ -336,7 +336,7 @@ def _breakdown_table(prediction: Prediction) -> Table:
     b = prediction.breakdown
     columns = [("compute", b.compute_s), ("bubble", b.bubble_s), ("TP", b.tp_s),
                *([("EP", b.ep_s)] if b.ep_s else []), ("PP", b.pp_s), ("DP", b.dp_s),
-               ("optimizer", b.optimizer_s)]
+               ("optimizer", b.optimizer_s), *([("outer", b.outer_s)] if b.outer_s else [])]
     table = compact_table("Where the time goes (critical path)", tuple(n for n, _ in columns))
     table.add_row(*(format_duration(x) for _, x in columns))
     return table
