@@ -188,6 +188,18 @@ def test_simulating_a_split_plan_adds_the_amortized_outer_exchange():
     assert result.iteration_time_s == pytest.approx(result.predicted_time_s, rel=0.1)
 
 
+def test_the_timeline_draws_the_amortized_outer_exchange_at_the_steps_end(tmp_path):
+    from potluck.sim import simulate
+    from potluck.sim.timeline import OUTER, _rows, write_timeline
+
+    result = simulate(_two_desktops(_islands(2, h=50)))
+    rows = _rows(result)
+    assert rows and all(row.bars[OUTER] == [(result.iteration_time_s - result.outer_s,
+                                             result.outer_s)] for row in rows)
+    write_timeline(result, tmp_path / "timeline.png")
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
 def test_potluck_plan_says_the_islands_their_exchange_penalty_and_time_to_target():
     import os
     import subprocess

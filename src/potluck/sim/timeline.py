@@ -5,7 +5,9 @@ pipeline when a plan has more than 64 devices; identical replicas are drawn
 once and labelled ``x N``). Forward, backward, weight backward, tensor-parallel
 collectives and the optimizer step fill the row in distinct colours; the light
 grey behind them is idle time; pipeline transfers and gradient all-reduces
-run in a thin band at the bottom of the row (they overlap compute). Thin
+run in a thin band at the bottom of the row (they overlap compute), and so does the part of
+a split plan's outer exchange between islands that a step waits for, amortized over the
+inner steps and drawn at the step's end (the exchange itself runs every H steps). Thin
 lines separate stages, thick lines pipelines. Each row ends with its busy
 share, and the busiest device, the one the others wait for, is marked in red.
 
@@ -27,10 +29,11 @@ from potluck.sim.result import SimulationResult
 
 MAX_DEVICE_ROWS = 64
 TRANSFER, IDLE = "transfer", "idle"  # bars that are no single op kind: any send, no op
+OUTER = "outer"  # islands' outer exchange, its amortized exposed part at the step's end
 COLOURS: dict[str, str] = {
     OpKind.FORWARD: "#4C72B0", OpKind.BACKWARD: "#DD8452", OpKind.BACKWARD_INPUT: "#DD8452",
     OpKind.BACKWARD_WEIGHT: "#E8C547", OpKind.TP_ALLREDUCE: "#8172B3", OpKind.OPTIMIZER: "#937860",
-    TRANSFER: "#55A868", OpKind.DP_ALLREDUCE: "#2A9D8F", IDLE: "#EEEEEE",
+    TRANSFER: "#55A868", OpKind.DP_ALLREDUCE: "#2A9D8F", IDLE: "#EEEEEE", OUTER: "#C44E52",
 }
 LEGEND = [(OpKind.FORWARD, "forward"), (OpKind.BACKWARD, "backward"),
           (OpKind.BACKWARD_WEIGHT, "weight backward"), (OpKind.TP_ALLREDUCE, "TP collective"),
@@ -38,7 +41,8 @@ LEGEND = [(OpKind.FORWARD, "forward"), (OpKind.BACKWARD, "backward"),
           (OpKind.OPTIMIZER, "optimizer"), (IDLE, "idle")]
 COMPUTE_BARS = (OpKind.FORWARD, OpKind.BACKWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT,
                 OpKind.OPTIMIZER, OpKind.TP_ALLREDUCE)
-COMM_BARS = (TRANSFER, OpKind.DP_ALLREDUCE)
+COMM_BARS = (TRANSFER, OpKind.DP_ALLREDUCE, OUTER)
+OUTER_LEGEND = (OUTER, "outer exchange (amortized)")
 
 
 @dataclass
@@ -70,8 +74,9 @@ def write_timelines(results: list[tuple[str | None, SimulationResult]], path: st
         ax.set_title(f"{label}: {title}" if label else title, fontsize=10)
     axes[-1].set_xlabel(f"time ({unit})   ·   right: busy share; red: the busiest device")
     height_in = fig.get_figheight()
-    fig.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in LEGEND],
-               loc="upper center", ncol=len(LEGEND), fontsize=7, frameon=False)
+    legend = [*LEGEND, *([OUTER_LEGEND] if any(r.outer_s for _, r in results) else [])]
+    fig.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in legend],
+               loc="upper center", ncol=len(legend), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height_in))  # room for the legend on top
     fig.savefig(path)
 
@@ -143,6 +148,8 @@ def _fill_bars(result: SimulationResult, rows: list[_Row]) -> None:
         bars[(step.pipeline, step.stage)][OpKind.OPTIMIZER].append((step.start_s, step.end_s - step.start_s))
     for row in rows:
         row.bars = bars[(row.pipeline, row.stage)]
+        if result.outer_s:
+            row.bars[OUTER].append((result.iteration_time_s - result.outer_s, result.outer_s))
 
 
 def _draw_row(ax, y: int, row: _Row, total_s: float, scale: float) -> None:
