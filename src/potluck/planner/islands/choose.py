@@ -7,7 +7,7 @@ island with today's search, and pick H, compression and fragments by time to a t
    in proportion to each island's peak FLOPS and are set once more in proportion to the
    islands' predicted throughput, so that islands of different speeds finish an inner step
    together. Plan-wide choices (schedule, ZeRO stage up to 2, communication scheduling)
-   are the first island's, pinned for the others.
+   are those of the island searched first (the one of least memory), pinned for the others.
 3. **How to synchronize**: for each H in :data:`INNER_STEPS`, each compression and each
    number of fragments (and, for ``bounded``, each staleness), the time to the target =
    tokens to the target (the target times the convergence penalty's factor,
