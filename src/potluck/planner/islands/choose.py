@@ -6,8 +6,9 @@ island with today's search, and pick H, compression and fragments by time to a t
    cluster of the island's machines only, with its share of the global batch. Shares start
    in proportion to each island's peak FLOPS and are set once more in proportion to the
    islands' predicted throughput, so that islands of different speeds finish an inner step
-   together. Plan-wide choices (schedule, ZeRO stage up to 2, communication scheduling)
-   are those of the island searched first (the one of least memory), pinned for the others.
+   together. The schedule and ZeRO stage (up to 2) are those of the island searched first
+   (the one of least memory), pinned for the others; plan-wide communication scheduling is
+   the first island's (the plan's prediction prices it for all).
 3. **How to synchronize**: for each H in :data:`INNER_STEPS`, each compression and each
    number of fragments (and, for ``bounded``, each staleness), the time to the target =
    tokens to the target (the target times the convergence penalty's factor,
