@@ -250,6 +250,10 @@ def test_every_split_plan_the_planner_returns_passes_the_runtime_checks(cluster,
                       global_batch=16, seq_len=128)
     assert result.best.islands.split
     assert result.best.islands.sync.value == pins.get("sync", "diloco")
+    if cluster == "desktops":
+        assert any("split evenly" in note for note in result.best.notes)
+    if pins.get("sync") == "bounded":
+        assert any("push(es) stale" in note for note in result.best.notes)
     for plan in result.plans:
         check_runs(plan, _module("tiny-llama"))
 

@@ -43,7 +43,7 @@ from potluck.planner.islands.exchange import (
     outer_exchange,
     pseudo_gradient_bytes,
 )
-from potluck.planner.islands.split import Split
+from potluck.planner.islands.split import GAP_FACTOR, SLOW_LINK_BYTES_PER_S, Split
 from potluck.planner.options import SearchOptions
 from potluck.plans import DType, Pipeline, Plan, TrainingShape, check_plan
 from potluck.plans.islands import Compression, Island, Islands, SyncMethod
@@ -262,10 +262,15 @@ def choice_notes(choice: IslandChoice, sync_s: float | None) -> tuple[str, ...]:
     parts = " | ".join(", ".join(machines) for machines in split.islands)
     against = ("" if sync_s is None else
                f" against {_hours(sync_s)} synchronous ({sync_s / choice.time_to_target_s:.2f}x)")
+    why = ("" if split.inside_bytes_per_s >= GAP_FACTOR * split.between_bytes_per_s else
+           f" (every link between machines under {_gbps(SLOW_LINK_BYTES_PER_S)}: split evenly)")
+    stale = (f" at most {islands.staleness} push(es) stale"
+             if islands.sync is SyncMethod.BOUNDED else "")
     return (
         f"islands: {split.count} ({parts}); links inside at least "
-        f"{_gbps(split.inside_bytes_per_s)}, between at most {_gbps(split.between_bytes_per_s)}",
-        f"outer step: {islands.sync.value} every H={islands.inner_steps} steps, "
+        f"{_gbps(split.inside_bytes_per_s)}, between at most {_gbps(split.between_bytes_per_s)}"
+        f"{why}",
+        f"outer step: {islands.sync.value} every H={islands.inner_steps} steps{stale}, "
         f"{exchange.bytes_per_outer_step / 1e9:.3g} GB per island ({islands.compression.value}, "
         f"{islands.fragments} fragment(s)), {exchange.exchange_s:.3g} s over the slowest link "
         f"between islands, {exchange.exposed_per_step_s * 1e3:.3g} ms exposed per step",
