@@ -3,16 +3,18 @@ staleness across islands, on CPU ranks (tiny Llama, plain SGD, a few steps)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 import pytest
 import torch
 from island_workers import as_tensors, split, train_islands
-from runtime_helpers import TINY_LLAMA, make_plan, pipe
+from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
-from potluck.plans import Compression, SyncMethod
+from potluck.plans import Compression, SyncMethod, save_plan
 from potluck.plans.islands import INT8_BLOCK
+from potluck.runtime.layout import Layout
 
 ONE_STAGE = [(1, (0, 4))]
 
@@ -141,3 +143,33 @@ def test_bounded_averages_every_h_steps_at_most_staleness_pushes_late(staleness)
     if staleness == 0:
         sync = train_islands(_replicas(2), 3)[0]
         _assert_same_weights(sync.weights[3], runs[0].weights[3], atol=2e-6, rtol=1e-5)
+
+
+def test_calibrating_an_emulation_leaves_the_outer_state_as_it_was():
+    """The dilation's calibration steps are undone, the snapshot and outer steps too: an
+    emulated run's losses are the plain run's."""
+    plan = split(_replicas(2), (0,), (1,), inner_steps=2)
+    assert run_plan(plan, steps=3, emulate=True) == run_plan(plan, steps=3)
+
+
+def test_potluck_train_runs_a_split_plan_and_writes_the_islands_metrics(tmp_path):
+    plan = split(_replicas(2), (0,), (1,), sync=SyncMethod.BOUNDED, staleness=1)
+    save_plan(plan, tmp_path / "plan.json")
+    run = potluck("train", "--plan", str(tmp_path / "plan.json"), "--steps", "2",
+                  "--out", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [(r["outer_step"], r["staleness"]) for r in rows] == [(1, 1), (2, 1)]
+    assert all(r["bytes_exchanged_across_islands"] > 0 for r in rows)
+
+
+def test_a_ranks_per_step_groups_stay_in_its_island_and_the_outer_ones_cross():
+    """Pure layout: two islands of two one-rank replicas (ranks 0-1, 2-3)."""
+    plan = split(_replicas(4, 1), (0, 1), (2, 3), inner_steps=2)
+    layout = Layout.for_local_ranks(plan, 2)
+    assert layout.sync_group("block.0").ranks == (2, 3)
+    assert layout.cross_island_group("block.0").ranks == (0, 1, 2, 3)
+    assert layout.norm_owner("head") == (2, 0)  # the island's first pipeline counts
+    assert [layout.island_ranks(k) for k in (0, 1)] == [(0, 1), (2, 3)]
+    assert Layout.for_local_ranks(_replicas(4, 1), 2).sync_group("block.0").ranks == \
+        (0, 1, 2, 3)

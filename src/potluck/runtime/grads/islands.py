@@ -37,6 +37,7 @@ puts on the wire (the payload of each collective, in the wire format).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +72,10 @@ class IslandSync(Protocol):
 
     def drain(self) -> None: ...
 
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 class NoIslands:
     """One island (or islands synchronized every step): nothing crosses islands."""
@@ -79,6 +84,12 @@ class NoIslands:
         return None
 
     def drain(self) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
 
@@ -314,6 +325,32 @@ class DilocoSync:
     def drain(self) -> None:
         return None
 
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the snapshots (by parameter name), the outer optimizers' states and
+        the outer steps done."""
+        return {"snapshots": _by_name(self.exchange, self.snapshots),
+                "optimizers": [copy.deepcopy(o.state_dict()) if o is not None else None
+                               for o in self.optimizers],
+                "outer_steps": self.outer_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _load_by_name(self.exchange, self.snapshots, state["snapshots"])
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            if optimizer is not None:
+                optimizer.load_state_dict(saved)
+        self.outer_steps = state["outer_steps"]
+
+
+def _by_name(exchange: _Exchange, tensors: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {e.item.name: tensors[key].detach().clone() for key, e in exchange.entries.items()}
+
+
+def _load_by_name(exchange: _Exchange, tensors: dict[int, torch.Tensor],
+                  saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for key, entry in exchange.entries.items():
+            tensors[key].copy_(saved[entry.item.name])
+
 
 @dataclass
 class _Push:
@@ -383,9 +420,20 @@ class BoundedSync:
         self.exchange.written()
 
     def drain(self) -> None:
-        """Apply every push still in flight (the end of a run)."""
+        """Apply every push still in flight (the end of a run, a saved state)."""
         while self.inflight:
             self._apply(self.inflight[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The weights at each fragment's last push (by parameter name) and the pushes
+        done; the pushes in flight are applied first (:meth:`drain`)."""
+        self.drain()
+        return {"base": _by_name(self.exchange, self.base), "pushes": self.pushes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drain()  # the collectives in flight finish on every rank; then overwritten
+        _load_by_name(self.exchange, self.base, state["base"])
+        self.pushes = state["pushes"]
 
 
 def island_sync(layout: Layout, named: list[tuple[str, nn.Parameter, str]],
