@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from dp_workers import with_offload
 from island_workers import as_tensors, split, train_islands
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
@@ -173,3 +174,31 @@ def test_a_ranks_per_step_groups_stay_in_its_island_and_the_outer_ones_cross():
     assert [layout.island_ranks(k) for k in (0, 1)] == [(0, 1), (2, 3)]
     assert Layout.for_local_ranks(_replicas(4, 1), 2).sync_group("block.0").ranks == \
         (0, 1, 2, 3)
+
+
+TIED_LLAMA = replace(TINY_LLAMA, tied_embeddings=True)
+LAYOUTS = {
+    # a holder of a unit counts its island's weight over the island's holders: the tied
+    # weight has two per pipeline here (first and last stage)
+    "tied weight, two stages": (TIED_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)] * 2, {}),
+    # tp=2 beside tp=1: the cross-island sum is in the full tensors' layout
+    "tp=2 beside tp=1": (TINY_LLAMA, [pipe([(2, (0, 4))], 1, 2), pipe(ONE_STAGE, 1, 2)], {}),
+    # ZeRO-1 owners are chosen inside each island
+    "zero 1, two replicas an island": (TIED_LLAMA, [pipe(ONE_STAGE, 1, 1)] * 4, {"zero": 1}),
+    # the optimizer steps host masters: the outer step reads and writes them
+    "offloaded optimizer": (TINY_LLAMA, [pipe(ONE_STAGE, 1, 2)] * 2, {"offload": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_diloco_with_one_inner_step_is_synchronous_on_other_layouts(case):
+    spec, pipelines, changes = LAYOUTS[case]
+    plan = make_plan(spec, pipelines)
+    plan = with_offload(plan) if changes.get("offload") else replace(plan, **changes)
+    half = len(pipelines) // 2
+    diloco = split(plan, tuple(range(half)), tuple(range(half, len(pipelines))),
+                   inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    for sync_rank, diloco_rank in zip(train_islands(plan, 2), train_islands(diloco, 2),
+                                      strict=True):
+        _assert_same_weights(sync_rank.weights[2], diloco_rank.weights[2],
+                             atol=2e-6, rtol=1e-5)
