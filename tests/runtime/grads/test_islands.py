@@ -13,9 +13,13 @@ from dp_workers import with_offload
 from island_workers import as_tensors, split, train_islands
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
+from potluck.errors import ConfigError
 from potluck.plans import Compression, SyncMethod, save_plan
 from potluck.plans.islands import INT8_BLOCK
+from potluck.runtime import TrainOptions
+from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
+from potluck.runtime.training import train_rank
 
 ONE_STAGE = [(1, (0, 4))]
 
@@ -202,3 +206,33 @@ def test_diloco_with_one_inner_step_is_synchronous_on_other_layouts(case):
                                       strict=True):
         _assert_same_weights(sync_rank.weights[2], diloco_rank.weights[2],
                              atol=2e-6, rtol=1e-5)
+
+
+def _losses_of_rank(plan, options):
+    return [m.loss for m in train_rank(plan, options)]
+
+
+def test_a_resumed_diloco_run_continues_the_uninterrupted_one(tmp_path):
+    """Saved after step 3 of H=2 with two fragments: the islands' weights and AdamW states
+    differ, a fragment is half way, the outer momentum is set; resuming gives the
+    uninterrupted losses."""
+    plan = split(_replicas(2), (0,), (1,), inner_steps=2, fragments=2)
+    common = {"lr": 3e-3, "progress": False, "timeout_s": 60}
+    whole = run_local(_losses_of_rank, plan.devices, (plan, TrainOptions(steps=5, **common)))
+    out = {"out_dir": str(tmp_path), **common}
+    before = run_local(_losses_of_rank, plan.devices,
+                       (plan, TrainOptions(steps=3, checkpoint_every=3, **out)))[0]
+    after = run_local(_losses_of_rank, plan.devices,
+                      (plan, TrainOptions(steps=5, resume=True, **out)))[0]
+    assert before + after == whole[0]
+
+
+def test_resuming_a_checkpoint_without_islands_under_islands_is_one_line(tmp_path):
+    plain = _replicas(2)
+    options = TrainOptions(steps=1, lr=3e-3, progress=False, timeout_s=60,
+                           out_dir=str(tmp_path))
+    run_local(_losses_of_rank, plain.devices, (plain, options))
+    split_plan = split(plain, (0,), (1,), inner_steps=2)
+    with pytest.raises(ConfigError, match="resuming under another island split"):
+        run_local(_losses_of_rank, plain.devices,
+                  (split_plan, replace(options, steps=2, resume=True)))

@@ -37,7 +37,6 @@ puts on the wire (the payload of each collective, in the wire format).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import deque
 from collections.abc import Callable
@@ -72,7 +71,9 @@ class IslandSync(Protocol):
 
     def drain(self) -> None: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """``{"tensors": {name: tensor}, "counters": {name: int}}`` (copies)."""
+        ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -87,7 +88,7 @@ class NoIslands:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"tensors": {}, "counters": {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
@@ -124,12 +125,15 @@ class CrossIslandWire:
     """Sums flat FP32 tensors over a cross-island group in the plan's wire format, and
     counts the bytes sent (the seam an emulator stretches to a slow link's time)."""
 
-    def __init__(self, compression: Compression) -> None:
+    def __init__(self, compression: Compression, device: torch.device) -> None:
         self.compression = compression
+        self.device = device  # where the group's backend takes tensors (a GPU for NCCL)
         self.bytes_sent = 0
 
     def start(self, flat: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
-        """Start summing ``flat`` over ``group`` (asynchronously)."""
+        """Start summing ``flat`` over ``group`` (asynchronously); the sum comes back on the
+        wire's device."""
+        flat = flat.to(self.device)
         if self.compression is Compression.INT8:
             return self._start_int8(flat, group)
         dtype = {Compression.BF16: torch.bfloat16,
@@ -188,11 +192,11 @@ class _Exchange:
     """This rank's parameters in the cross-island exchange, by fragment, in buckets."""
 
     def __init__(self, layout: Layout, named: list[tuple[str, nn.Parameter, str]],
-                 masters: Masters | None) -> None:
+                 masters: Masters | None, device: torch.device) -> None:
         self.layout = layout
         self.islands = layout.plan.islands
         self.masters = masters
-        self.wire = CrossIslandWire(self.islands.compression)
+        self.wire = CrossIslandWire(self.islands.compression, device)
         self.full = FullLayout(layout.role.tp_rank)
         units = parameter_units(layout.plan.model, layout.plan.ep)
         base_units = [u for u in units if expert_shard(u) is None]
@@ -252,7 +256,8 @@ class _Exchange:
 
     def bytes_sent_world(self) -> int:
         """Every rank's bytes sent since the last call, summed (collective)."""
-        sent = torch.tensor([float(self.wire.bytes_sent)], dtype=torch.float64)
+        sent = torch.tensor([float(self.wire.bytes_sent)], dtype=torch.float64,
+                            device=self.wire.device)
         self.wire.bytes_sent = 0
         if dist.get_world_size() > 1:
             dist.all_reduce(sent)
@@ -326,30 +331,54 @@ class DilocoSync:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        """Copies of the snapshots (by parameter name), the outer optimizers' states and
-        the outer steps done."""
-        return {"snapshots": _by_name(self.exchange, self.snapshots),
-                "optimizers": [copy.deepcopy(o.state_dict()) if o is not None else None
-                               for o in self.optimizers],
-                "outer_steps": self.outer_steps}
+        """``tensors``: copies of the snapshots and the outer momentum, by parameter name;
+        ``counters``: the outer steps done."""
+        tensors = _by_name(self.exchange, self.snapshots, "snapshot.")
+        tensors.update(_by_name(self.exchange, self._momentum(), "momentum."))
+        return {"tensors": tensors, "counters": {"outer_steps": self.outer_steps}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _load_by_name(self.exchange, self.snapshots, state["snapshots"])
-        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+        tensors = state["tensors"]
+        _load_by_name(self.exchange, self.snapshots, tensors, "snapshot.")
+        for optimizer in self.optimizers:
             if optimizer is not None:
-                optimizer.load_state_dict(saved)
-        self.outer_steps = state["outer_steps"]
+                optimizer.state.clear()
+                for snapshot in optimizer.param_groups[0]["params"]:
+                    name = self._names[id(snapshot)]
+                    if f"momentum.{name}" in tensors:
+                        buffer = tensors[f"momentum.{name}"].clone()
+                        optimizer.state[snapshot] = {"momentum_buffer": buffer}
+        self.outer_steps = state["counters"]["outer_steps"]
+
+    def _momentum(self) -> dict[int, torch.Tensor]:
+        """The outer momentum of each parameter (by ``id``) that has one yet."""
+        found = {}
+        for key, snapshot in self.snapshots.items():
+            for optimizer in self.optimizers:
+                if optimizer is not None and snapshot in optimizer.state:
+                    buffer = optimizer.state[snapshot].get("momentum_buffer")
+                    if buffer is not None:
+                        found[key] = buffer
+        return found
+
+    @property
+    def _names(self) -> dict[int, str]:
+        """Each snapshot's parameter name, by the snapshot's ``id``."""
+        return {id(self.snapshots[key]): e.item.name for key, e in self.exchange.entries.items()}
 
 
-def _by_name(exchange: _Exchange, tensors: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {e.item.name: tensors[key].detach().clone() for key, e in exchange.entries.items()}
+def _by_name(exchange: _Exchange, tensors: dict[int, torch.Tensor], prefix: str
+             ) -> dict[str, torch.Tensor]:
+    """Copies of ``tensors`` (by parameter ``id``) by ``prefix`` and parameter name."""
+    return {f"{prefix}{e.item.name}": tensors[key].detach().clone()
+            for key, e in exchange.entries.items() if key in tensors}
 
 
 def _load_by_name(exchange: _Exchange, tensors: dict[int, torch.Tensor],
-                  saved: dict[str, torch.Tensor]) -> None:
+                  saved: dict[str, torch.Tensor], prefix: str) -> None:
     with torch.no_grad():
         for key, entry in exchange.entries.items():
-            tensors[key].copy_(saved[entry.item.name])
+            tensors[key].copy_(saved[f"{prefix}{entry.item.name}"])
 
 
 @dataclass
@@ -428,24 +457,25 @@ class BoundedSync:
         """The weights at each fragment's last push (by parameter name) and the pushes
         done; the pushes in flight are applied first (:meth:`drain`)."""
         self.drain()
-        return {"base": _by_name(self.exchange, self.base), "pushes": self.pushes}
+        return {"tensors": _by_name(self.exchange, self.base, "base."),
+                "counters": {"pushes": self.pushes}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.drain()  # the collectives in flight finish on every rank; then overwritten
-        _load_by_name(self.exchange, self.base, state["base"])
-        self.pushes = state["pushes"]
+        _load_by_name(self.exchange, self.base, state["tensors"], "base.")
+        self.pushes = state["counters"]["pushes"]
 
 
 def island_sync(layout: Layout, named: list[tuple[str, nn.Parameter, str]],
-                optimizer: Any) -> IslandSync:
+                optimizer: Any, device: torch.device) -> IslandSync:
     """The exchange the plan's islands need: ``named`` is this rank's ``(name, parameter,
     unit)``; ``optimizer``, where it keeps FP32 masters, is read and written instead of the
-    parameters."""
+    parameters; ``device``: where collectives take their tensors."""
     islands = layout.plan.islands
     if not islands.split:
         return NoIslands()
     masters = optimizer if hasattr(optimizer, "master_of") else None
-    exchange = _Exchange(layout, named, masters)
+    exchange = _Exchange(layout, named, masters, device)
     if islands.sync is SyncMethod.DILOCO:
         return DilocoSync(exchange, islands.outer_lr, islands.outer_momentum)
     return BoundedSync(exchange, islands.staleness)
