@@ -129,7 +129,6 @@ class Layout:
         self._ep_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._ep_mesh: DeviceMesh | None = None
         self._island_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
-        self._lone: dist.ProcessGroup | None = None  # a one-rank island's group
         self._holders: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
     @classmethod
@@ -299,8 +298,6 @@ class Layout:
         if not self.plan.islands.split:
             return None
         ranks = self.island_ranks(self.plan.islands.island_of(self.role.pipeline))
-        if len(ranks) == 1:
-            return self._lone
         return self._island_groups[ranks]
 
     # --- process groups ----------------------------------------------------------------------
@@ -370,8 +367,6 @@ class Layout:
             group = dist.new_group(list(ranks))
             if self.rank in ranks:
                 self._island_groups[ranks] = group
-                if len(ranks) == 1:
-                    self._lone = group
 
     def member_groups(self) -> list[tuple[tuple[int, ...], dist.ProcessGroup]]:
         """Every process group this rank is in, with its ranks, in the order
