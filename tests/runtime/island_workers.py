@@ -57,7 +57,8 @@ def as_tensors(weights: dict) -> dict[str, torch.Tensor]:
 
 def _weights(model) -> dict[str, torch.Tensor]:
     """Copies that cross the process boundary by value (a tensor's storage would be shared
-    with a process that is gone)."""
+    with a process that is gone), once the priority schedule's all-gathers have landed."""
+    model.flush()
     return {n: local(p).detach().numpy().copy() for n, p in model.named_parameters()}
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from dp_workers import with_offload
+from family_configs import tiny_family
 from island_workers import as_tensors, split, train_islands
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
@@ -181,24 +182,48 @@ def test_a_ranks_per_step_groups_stay_in_its_island_and_the_outer_ones_cross():
 
 
 TIED_LLAMA = replace(TINY_LLAMA, tied_embeddings=True)
+
+
+def _same(plan):
+    return plan
+
+
+def _zero1(plan):
+    return replace(plan, zero=1)
+
+
+def _zero1_priority(plan):
+    return replace(plan, zero=1, comm=replace(plan.comm, dp_priority_schedule=True))
+
+
+def _experts(plan):
+    return replace(plan, expert_parallel=2)
+
+
 LAYOUTS = {
     # a holder of a unit counts its island's weight over the island's holders: the tied
     # weight has two per pipeline here (first and last stage)
-    "tied weight, two stages": (TIED_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)] * 2, {}),
+    "tied weight, two stages": (TIED_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 2)] * 2, _same),
     # tp=2 beside tp=1: the cross-island sum is in the full tensors' layout
-    "tp=2 beside tp=1": (TINY_LLAMA, [pipe([(2, (0, 4))], 1, 2), pipe(ONE_STAGE, 1, 2)], {}),
+    "tp=2 beside tp=1": (TINY_LLAMA, [pipe([(2, (0, 4))], 1, 2), pipe(ONE_STAGE, 1, 2)], _same),
     # ZeRO-1 owners are chosen inside each island
-    "zero 1, two replicas an island": (TIED_LLAMA, [pipe(ONE_STAGE, 1, 1)] * 4, {"zero": 1}),
+    "zero 1, two replicas an island": (TIED_LLAMA, [pipe(ONE_STAGE, 1, 1)] * 4, _zero1),
+    # the token count in flight and the parameter all-gathers left in flight (finished
+    # before the outer step reads the weights)
+    "zero 1 under the priority schedule": (TINY_LLAMA, [pipe(ONE_STAGE, 1, 1)] * 4,
+                                           _zero1_priority),
+    # each island one expert group: a shard's cross-island group is its holders' in both
+    "expert parallel, one group an island": (tiny_family("mixtral"),
+                                             [pipe(ONE_STAGE, 1, 1)] * 4, _experts),
     # the optimizer steps host masters: the outer step reads and writes them
-    "offloaded optimizer": (TINY_LLAMA, [pipe(ONE_STAGE, 1, 2)] * 2, {"offload": True}),
+    "offloaded optimizer": (TINY_LLAMA, [pipe(ONE_STAGE, 1, 2)] * 2, with_offload),
 }
 
 
 @pytest.mark.parametrize("case", list(LAYOUTS))
 def test_diloco_with_one_inner_step_is_synchronous_on_other_layouts(case):
-    spec, pipelines, changes = LAYOUTS[case]
-    plan = make_plan(spec, pipelines)
-    plan = with_offload(plan) if changes.get("offload") else replace(plan, **changes)
+    spec, pipelines, change = LAYOUTS[case]
+    plan = change(make_plan(spec, pipelines))
     half = len(pipelines) // 2
     diloco = split(plan, tuple(range(half)), tuple(range(half, len(pipelines))),
                    inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
