@@ -18,6 +18,7 @@ from potluck.errors import ConfigError
 from potluck.plans import Compression, SyncMethod, save_plan
 from potluck.plans.islands import INT8_BLOCK
 from potluck.runtime import TrainOptions
+from potluck.runtime.elastic.drills import check_elastic
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
 from potluck.runtime.training import train_rank
@@ -261,3 +262,10 @@ def test_resuming_a_checkpoint_without_islands_under_islands_is_one_line(tmp_pat
     with pytest.raises(ConfigError, match="resuming under another island split"):
         run_local(_losses_of_rank, plain.devices,
                   (split_plan, replace(options, steps=2, resume=True)))
+
+
+def test_an_elastic_run_of_islands_is_refused_in_one_line(tmp_path):
+    plan = split(_replicas(2), (0,), (1,), inner_steps=2)
+    options = TrainOptions(elastic=True, out_dir=str(tmp_path), checkpoint_every=1)
+    with pytest.raises(ConfigError, match="--elastic does not run islands yet"):
+        check_elastic(plan, options)
