@@ -23,6 +23,15 @@ like), and answers for this rank:
   full-layout group (every holder rank; shards are summed in the full
   tensor's layout). Heterogeneous plans are just different groups.
 
+**Islands.** When the plan's islands synchronize rarely (``plan.islands.split``), every
+per-step group stays inside the rank's island: a unit's holders, its gradient sync group,
+ZeRO's owners and the norm's owner are those of the island's pipelines
+(``Plan.island_pipelines``), and the island's ranks have a group of their own
+(:attr:`Layout.island_group`: its token count, gradient norm and loss). Across islands, a
+unit's holders in every pipeline form its cross-island group
+(:meth:`Layout.cross_island_group`), which the outer step sums over
+(:mod:`potluck.runtime.grads.islands`). Every island's groups are created on every rank.
+
 **Rank order.** torchrun numbers ranks machine by machine, so a plan's device
 order need not be rank order (a pipeline ``a.0:0 -> b.0:0 -> b.0:1 -> a.0:1``,
 which keeps the embedding and head on one machine, runs on ranks 0, 2, 3, 1;
@@ -119,7 +128,8 @@ class Layout:
         self._tp_mesh: DeviceMesh | None = None
         self._ep_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._ep_mesh: DeviceMesh | None = None
-        self._holders: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._island_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._holders: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
     @classmethod
     def for_local_ranks(cls, plan: Plan, rank: int) -> Layout:
@@ -203,16 +213,25 @@ class Layout:
     def units(self) -> tuple[str, ...]:
         return placement.parameter_units(self.plan.model, self.plan.ep)
 
-    def holders(self, unit: str) -> tuple[tuple[int, int], ...]:
-        """``(pipeline, stage)`` of every stage that holds ``unit``, in plan order
-        (:func:`potluck.placement.holders`; an expert unit: those of its shard)."""
-        if unit not in self._holders:
-            found = placement.holders(self.plan, unit)
+    @property
+    def island_pipelines(self) -> tuple[int, ...]:
+        """The pipelines this rank exchanges gradients with every step (its island's)."""
+        return self.plan.island_pipelines(self.role.pipeline)
+
+    def holders(self, unit: str, pipelines: tuple[int, ...] | None = None
+                ) -> tuple[tuple[int, int], ...]:
+        """``(pipeline, stage)`` of every stage of ``pipelines`` (default: this rank's island)
+        that holds ``unit``, in plan order (:func:`potluck.placement.holders`; an expert
+        unit: those of its shard)."""
+        pipelines = self.island_pipelines if pipelines is None else pipelines
+        key = (unit, pipelines)
+        if key not in self._holders:
+            found = tuple(h for h in placement.holders(self.plan, unit) if h[0] in pipelines)
             shard = placement.expert_shard(unit)
             if shard is not None:
                 found = tuple(h for h in found if self.expert_shard_of(*h) == shard)
-            self._holders[unit] = found
-        return self._holders[unit]
+            self._holders[key] = found
+        return self._holders[key]
 
     # --- expert parallelism ------------------------------------------------------------------
 
@@ -245,9 +264,11 @@ class Layout:
                                                   list(ranks), mesh_dim_names=("ep",))
         return self._ep_mesh
 
-    def sync_group(self, unit: str, tp_rank: int | None = None) -> SyncGroup:
-        """The group in which this rank (or TP index ``tp_rank``) sums ``unit``'s gradients."""
-        holders = self.holders(unit)
+    def sync_group(self, unit: str, tp_rank: int | None = None,
+                   pipelines: tuple[int, ...] | None = None) -> SyncGroup:
+        """The group in which this rank (or TP index ``tp_rank``) sums ``unit``'s gradients
+        with the holders among ``pipelines`` (default: this rank's island)."""
+        holders = self.holders(unit, pipelines)
         tps = {self.plan.pipelines[p].stages[s].tp for p, s in holders}
         if len(tps) == 1:
             index = self.role.tp_rank if tp_rank is None else tp_rank
@@ -256,9 +277,28 @@ class Layout:
         ranks = tuple(r for p, s in holders for r in self.stage_ranks(p, s))
         return SyncGroup(tuple(dict.fromkeys(ranks)), aligned=False)
 
+    def cross_island_group(self, unit: str) -> SyncGroup:
+        """The group in which this rank sums ``unit`` with its holders in every island."""
+        return self.sync_group(unit, pipelines=tuple(range(self.plan.dp)))
+
     def norm_owner(self, unit: str) -> tuple[int, int]:
-        """The stage whose copy of ``unit`` counts in the global gradient norm."""
+        """The stage whose copy of ``unit`` counts in the island's gradient norm."""
         return self.holders(unit)[0]
+
+    def island_ranks(self, island: int) -> tuple[int, ...]:
+        """Every rank of island ``island``'s pipelines, ascending."""
+        members = self.plan.islands.members(island, self.plan.dp)
+        return tuple(sorted(r for p in members
+                            for s in range(self.plan.pipelines[p].pp)
+                            for r in self.stage_ranks(p, s)))
+
+    @property
+    def island_group(self) -> dist.ProcessGroup | None:
+        """This rank's island's group (None: the world's default group, no islands)."""
+        if not self.plan.islands.split:
+            return None
+        ranks = self.island_ranks(self.plan.islands.island_of(self.role.pipeline))
+        return self._island_groups[ranks]
 
     # --- process groups ----------------------------------------------------------------------
 
@@ -273,12 +313,20 @@ class Layout:
         return wanted
 
     def _sync_group_ranks(self) -> list[tuple[int, ...]]:
-        """Every unit's gradient sync groups, in unit order."""
+        """Every unit's gradient sync groups, in unit order: each island's, then (islands
+        that synchronize rarely) the cross-island ones."""
+        everyone = tuple(range(self.plan.dp))
+        sets = [everyone]
+        if self.plan.islands.split:
+            sets = [self.plan.islands.members(k, self.plan.dp)
+                    for k in range(self.plan.islands.count)] + [everyone]
         wanted: list[tuple[int, ...]] = []
-        for unit in self.units():
-            max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in self.holders(unit))
-            for t in range(max_tp):
-                wanted.append(self.sync_group(unit, tp_rank=t).ranks)
+        for pipelines in sets:
+            for unit in self.units():
+                holders = self.holders(unit, pipelines)
+                max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in holders)
+                for t in range(max_tp):
+                    wanted.append(self.sync_group(unit, tp_rank=t, pipelines=pipelines).ranks)
         return wanted
 
     def create_groups(self) -> None:
@@ -307,12 +355,25 @@ class Layout:
             group = dist.new_group(list(ranks))
             if self.rank in ranks:
                 self._ep_groups[ranks] = group
+        if self.plan.islands.split:
+            self._create_island_groups()
+
+    def _create_island_groups(self) -> None:
+        """One group per island (its own: the step's norm and token count), in island
+        order; a one-rank island gets a group of its rank alone, so that every collective of
+        a step has a group whatever the island's size."""
+        for island in range(self.plan.islands.count):
+            ranks = self.island_ranks(island)
+            group = dist.new_group(list(ranks))
+            if self.rank in ranks:
+                self._island_groups[ranks] = group
 
     def member_groups(self) -> list[tuple[tuple[int, ...], dist.ProcessGroup]]:
         """Every process group this rank is in, with its ranks, in the order
         :meth:`create_groups` made them (one order for every rank)."""
         return [*self._groups.items(), *self._sync_groups.items(),
-                *self._backward_lanes.items(), *self._ep_groups.items()]
+                *self._backward_lanes.items(), *self._ep_groups.items(),
+                *self._island_groups.items()]
 
     def lane_neighbours(self) -> list[tuple[int, int]]:
         """The pairs of ranks that send to each other on this rank's lane, in lane order:

@@ -43,6 +43,14 @@ token count is summed without a barrier (known from the step before, or an all-r
 in flight that only the first loss waits for) and ZeRO's parameter all-gathers are left
 in flight into the next forward (:mod:`~potluck.runtime.grads.gather`), finished by
 :meth:`ParallelModel.flush` before anything else reads the parameters.
+
+**Islands** that synchronize rarely (``plan.islands.split``): the step's token count, loss
+and gradient norm are the island's (summed over :attr:`Layout.island_group`), so each
+island's gradient is its own batch's token-weighted mean gradient and clipping uses its
+own norm. One more all-reduce, over the world, gives the loss reported (every island's
+token-weighted mean), the global token count, the caller's ``carry`` and whether every
+island's gradients are finite: a step is skipped on every island or none, so the
+trainer's stop decisions stay the same on every rank.
 """
 
 from __future__ import annotations
@@ -117,7 +125,7 @@ class StepOutput:
 
     loss: float  # token-weighted mean over the global batch
     tokens: int  # target tokens in the global batch
-    grad_norm: float  # global L2 norm of the summed gradients (loss scale divided out)
+    grad_norm: float  # L2 norm of the summed gradients (the island's; loss scale divided out)
     grads_finite: bool = True  # False: some gradient on some rank is inf or NaN
     carried: torch.Tensor | None = None  # the caller's ``carry``, summed over every rank
 
@@ -342,6 +350,7 @@ class ParallelModel:
         self.fsdp_names = frozenset(n for n, p in self.module.named_parameters() if id(p) in fsdp)
         self.expert_names = frozenset(n for n, _ in self.module.named_parameters()
                                       if expert_shard(units[n]) is not None)
+        self.units = {name: units[name] for name, _ in self.module.named_parameters()}
         params = [SyncedParam(name, param, units[name], self.layout.sync_group(units[name]))
                   for name, param in self.module.named_parameters() if id(param) not in fsdp]
         plan = session.plan
@@ -528,10 +537,11 @@ class ParallelModel:
             return TokenCount(torch.tensor(float(known)))
         total = torch.tensor([float(self.local_tokens(rows))], dtype=torch.float64,
                              device=self.session.device)
+        group = self.layout.island_group
         if not self.priority:
-            _sum_over_ranks(total)
+            _sum_over_ranks(total, group)
             return TokenCount(total)
-        work = dist.all_reduce(total, async_op=True)
+        work = dist.all_reduce(total, group=group, async_op=True)
         op = CommOp(OpKind.DP_ALLREDUCE, -1, key=("global_tokens",))
         return TokenCount(total, self.clock.start_comm(op, work))
 
@@ -540,19 +550,41 @@ class ParallelModel:
         loss_sum = 0.0
         if self.layout.is_loss_reporter:
             loss_sum = float(sum(_scalar(loss) for loss in losses))
-        extra = carry.numel() if carry is not None else 0
+        split = self.layout.plan.islands.split
+        extra = carry.numel() if carry is not None and not split else 0
         totals = torch.zeros(2 + extra, dtype=torch.float64, device=self.session.device)
         totals[0] = loss_sum
         totals[1] = self.grad_sync.norm_squared()  # small tensors live on the device (nccl)
-        if carry is not None:
+        if extra:
             totals[2:] = carry.reshape(-1)
-        _sum_over_ranks(totals)  # an inf or NaN gradient anywhere makes every rank's sum so
+        # an inf or NaN gradient anywhere makes every rank's sum so
+        _sum_over_ranks(totals, self.layout.island_group)
         norm_squared = float(totals[1])
-        return StepOutput(loss=float(totals[0]) / loss_scale, tokens=tokens,
-                          grad_norm=math.sqrt(norm_squared) / loss_scale
-                          if math.isfinite(norm_squared) else math.inf,
-                          grads_finite=math.isfinite(norm_squared),
-                          carried=totals[2:] if carry is not None else None)
+        output = StepOutput(loss=float(totals[0]) / loss_scale, tokens=tokens,
+                            grad_norm=math.sqrt(norm_squared) / loss_scale
+                            if math.isfinite(norm_squared) else math.inf,
+                            grads_finite=math.isfinite(norm_squared),
+                            carried=totals[2:] if extra else None)
+        return self._over_islands(output, carry) if split else output
+
+    def _over_islands(self, output: StepOutput, carry: torch.Tensor | None) -> StepOutput:
+        """The island's ``output`` with the world's loss (each island's token-weighted mean,
+        weighted by its tokens), token count, finiteness and ``carry`` summed: one
+        all-reduce. The island's lowest rank speaks for it."""
+        extra = carry.numel() if carry is not None else 0
+        world = torch.zeros(3 + extra, dtype=torch.float64, device=self.session.device)
+        island = self.layout.island_ranks(
+            self.layout.plan.islands.island_of(self.layout.role.pipeline))
+        if self.layout.rank == island[0]:
+            world[0], world[1] = output.loss * output.tokens, output.tokens
+        world[2] = 0.0 if output.grads_finite else 1.0
+        if carry is not None:
+            world[3:] = carry.reshape(-1)
+        _sum_over_ranks(world)
+        return StepOutput(loss=float(world[0]) / max(float(world[1]), 1.0),
+                          tokens=int(world[1]), grad_norm=output.grad_norm,
+                          grads_finite=float(world[2]) == 0.0,
+                          carried=world[3:] if carry is not None else None)
 
     def unscale_and_clip(self, max_norm: float | None, grad_norm: float,
                          loss_scale: float = 1.0) -> None:
@@ -567,10 +599,11 @@ class ParallelModel:
                 torch._foreach_mul_(grads, coef)
 
 
-def _sum_over_ranks(tensor: torch.Tensor) -> None:
-    """All-reduce ``tensor`` in place over the world (nothing to do alone)."""
-    if dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
+def _sum_over_ranks(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+    """All-reduce ``tensor`` in place over ``group`` (default: the world; nothing to do
+    alone)."""
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, group=group)
 
 
 def grad_coefficient(max_norm: float | None, grad_norm: float, loss_scale: float) -> float:

@@ -52,7 +52,7 @@ import contextlib
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -205,14 +205,16 @@ class _ShardWriter(HuggingFaceStorageWriter):
 
 def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
                     trainer_state: Mapping[str, Any],
-                    process_group: dist.ProcessGroup | None = None) -> Path:
+                    process_group: dist.ProcessGroup | None = None, *,
+                    rank_files: Callable[[Path], Sequence[Path]] | None = None) -> Path:
     """Save ``state`` (nested dicts of tensors, DTensors, plain values) as checkpoint ``step``.
 
     Every rank of ``process_group`` must call this. Ranks of the writing replica pass
     their part of the state, ranks of other data-parallel replicas pass ``{}``; every
     rank's RNG is saved either way. ``trainer_state`` (JSON-safe) is taken from the
     coordinator (group rank 0). Without an initialized process group it saves from
-    this process alone.
+    this process alone. ``rank_files(partial)`` writes this rank's own files into the
+    checkpoint being written (as the RNG's), which the manifest then lists.
     """
     trainer_json = json.dumps(dict(trainer_state), indent=2)  # fails on every rank alike
     tensors, values = split_state(state)
@@ -228,7 +230,8 @@ def save_checkpoint(out_dir: str | Path, step: int, state: Mapping[str, Any],
     _save_shards(_writable(tensors), writer, partial, process_group)
     with writing(partial, "write the checkpoint"):
         rng = save_rng(partial).relative_to(partial)
-    files, values = _gathered(digests(partial, [*writer.written, str(rng)]), values,
+        own = [str(p.relative_to(partial)) for p in rank_files(partial)] if rank_files else []
+    files, values = _gathered(digests(partial, [*writer.written, str(rng), *own]), values,
                               process_group)
     if coordinator:
         _commit(partial, final, step, {VALUES: values_text(values), TRAINER_STATE: trainer_json},

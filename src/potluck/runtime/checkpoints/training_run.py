@@ -30,7 +30,10 @@ Under expert parallelism the replicas of the first expert group each hold their 
 rows of the routed experts (``Shard(0)`` DTensors), so they write those rows and
 their optimizer states too. Every rank loads exactly the keys and shards it holds,
 so a run may resume under
-another plan, with or without ZeRO (any stage) or offload.
+another plan, with or without ZeRO (any stage) or offload. Under islands that synchronize
+rarely each rank also writes its own weights, inner optimizer states and exchange state
+(:mod:`~potluck.runtime.checkpoints.island_files`), which a resume under the same split
+loads over the shared ones.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
+from potluck.runtime.checkpoints.island_files import load_island_state, save_island_state
 from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
     TRAINER_STATE,
@@ -117,7 +121,8 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     if trainer.loss_scale is not None:
         trainer_state["loss_scale"] = trainer.loss_scale.state_dict()
     trainer_state[OPTIMIZER_SETTINGS] = optimizer_settings(trainer)
-    path = save_checkpoint(out_dir, next_step, state, trainer_state)
+    path = save_checkpoint(out_dir, next_step, state, trainer_state,
+                           rank_files=lambda partial: save_island_state(trainer, partial))
     trainer.note_checkpoint(path)
     if model.layout.rank == 0 and trainer.good_checkpoint is not None:
         prune_checkpoints(out_dir, keep_last, keep=trainer.good_checkpoint)
@@ -150,6 +155,7 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     flight are finished first, so none writes over the loaded values."""
     trainer.flush()
     path, saved = _load_newest_usable(trainer, out_dir)
+    load_island_state(trainer, path)  # islands that synchronize rarely: each rank's own
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)

@@ -57,13 +57,16 @@ def parse_injection(text: str, world_size: int | None = None,
 
 
 def check_elastic(plan: Plan, options: TrainOptions) -> None:
-    """An elastic run keeps checkpoints in a run directory; a drill names a rank and a step
-    the run has."""
+    """An elastic run keeps checkpoints in a run directory and islands that synchronize
+    every step; a drill names a rank and a step the run has."""
     if options.elastic and not options.out_dir:
         raise ConfigError("--elastic restarts from the run's checkpoints: give --out DIR")
     if options.elastic and options.checkpoint_every <= 0:
         raise ConfigError("--elastic restarts from the newest checkpoint: give "
                           "--checkpoint-every N (steps between checkpoints)")
+    if options.elastic and plan.islands.split:
+        raise ConfigError("--elastic does not run islands yet (a replan would resume under "
+                          "another island split); train this plan without --elastic")
     if options.inject_failure:
         parse_injection(options.inject_failure, plan.num_gpus, options.steps)
 

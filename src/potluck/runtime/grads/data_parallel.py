@@ -3,8 +3,9 @@
 Every replica's loss is its share of the *global* token-weighted mean (token
 losses summed, divided by the global batch's token count), so the gradient of
 the whole batch is the plain **sum** of the replicas' gradients, whatever
-their shares. :class:`GradSync` sums each parameter's gradient over the ranks
-that hold the same parameter in every pipeline, bucket by bucket
+their shares (islands that synchronize rarely: the island's batch and pipelines,
+:mod:`potluck.runtime.grads.islands`). :class:`GradSync` sums each parameter's gradient
+over the ranks that hold the same parameter in every pipeline, bucket by bucket
 (:mod:`potluck.runtime.grads.buckets`):
 
 - aligned buckets (all holders shard the unit the same way): local shards are
@@ -42,8 +43,8 @@ flight are finished there, :mod:`potluck.runtime.grads.gather`).
 torch's DDP and FSDP2 assume one model layout on every replica and average
 gradients, so neither fits uneven shares with per-layer groups; this module
 is the small piece that is missing. It also computes the global gradient norm,
-counting every parameter once (pipeline 0's copy, or under ZeRO-1 the owner's;
-TP rank 0 for replicated parameters).
+counting every parameter once (pipeline 0's copy, or the first of the island's; under
+ZeRO-1 the owner's; TP rank 0 for replicated parameters).
 """
 
 from __future__ import annotations

@@ -82,6 +82,17 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
         """The FP32 master copies this rank keeps."""
         return list(self._masters.values())
 
+    def master_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        """``param``'s FP32 master (None: the optimizer does not keep it)."""
+        return self._masters.get(id(param))
+
+    @torch.no_grad()
+    def masters_changed(self) -> None:
+        """The masters were written outside a step (an outer step): copy them to the
+        parameters."""
+        for key, param in self._params.items():
+            local(param).copy_(self._masters[key])
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         if self._accumulation is not None:

@@ -222,6 +222,16 @@ class HostOffloadOptimizer(torch.optim.Optimizer):
         self._masters_to_device()
         return loss
 
+    def master_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        """``param``'s FP32 host master (None: the optimizer does not keep it)."""
+        return self._masters.get(id(param))
+
+    @torch.no_grad()
+    def masters_changed(self) -> None:
+        """The masters were written outside a step (an outer step): copy them to the
+        device parameters, as a step does."""
+        self._masters_to_device()
+
     def _refresh_stale_masters(self) -> None:
         for key, param in self._params.items():
             if local(param)._version != self._versions[key]:

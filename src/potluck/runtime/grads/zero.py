@@ -78,15 +78,16 @@ def assign_owners(layout: Layout, params: list[SyncedParam]) -> dict[str, int]:
     tied_holders = set(layout.holders(TIED)) if plan.model.tied_embeddings else set()
     tied_numel = sum(item.param.numel() for item in params if item.unit == TIED)
     memory = holder_memory_bytes(plan)
+    first = layout.island_pipelines[0]  # pipeline 0, or the first of this rank's island
     owners: dict[str, int] = {}
     for holders, items in by_holders.items():
         load = [0] * len(holders)  # parameter elements whose states each holder keeps
         weight = [memory[h] for h in holders]
         if tied_numel and all(h in tied_holders for h in holders):
-            load[next(i for i, (p, _) in enumerate(holders) if p == 0)] += tied_numel
+            load[next(i for i, (p, _) in enumerate(holders) if p == first)] += tied_numel
         for item in sorted(items, key=lambda i: (-i.param.numel(), i.name)):
             if item.unit == TIED:
-                owners[item.name] = 0
+                owners[item.name] = first
                 continue
             numel = item.param.numel()
             best = min(range(len(holders)),

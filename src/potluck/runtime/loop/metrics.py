@@ -44,14 +44,16 @@ from potluck.yamlio import MAX_LOG_BYTES, read_bounded
 log = logging.getLogger(__name__)
 
 EMULATION_FIELDS = ("dilation", "device_step_time_s")
+ISLAND_FIELDS = ("outer_step", "bytes_exchanged_across_islands", "staleness")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
 def metrics_row(metrics: StepMetrics) -> dict[str, Any]:
-    """One line of metrics.jsonl (the emulation's fields only for an emulated run)."""
+    """One line of metrics.jsonl (the emulation's fields only for an emulated run, the
+    islands' only for a plan whose islands synchronize rarely)."""
     row = metrics.as_dict()
-    for key in EMULATION_FIELDS:
+    for key in (*EMULATION_FIELDS, *ISLAND_FIELDS):
         if row[key] is None:
             del row[key]
     return row

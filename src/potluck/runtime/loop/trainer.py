@@ -58,6 +58,7 @@ from potluck.errors import TrainingError
 from potluck.ops import OpKind
 from potluck.plans import shards_parameters
 from potluck.plans.memory import Offload
+from potluck.runtime.grads.islands import IslandReport, NoIslands, island_sync
 from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
@@ -106,6 +107,12 @@ class StepMetrics:
     skipped: bool = False  # inf/NaN gradients: no optimizer step
     dilation: float | None = None  # an emulated run's time stretch (None: not emulated)
     device_step_time_s: float | None = None  # emulated: the step on the plan's devices
+    # islands that synchronize rarely (None without): outer steps (diloco) or pushes
+    # (bounded) done, the bytes every rank sent across islands in this step, and the pushes
+    # still in flight (bounded's staleness; 0 for diloco)
+    outer_step: int | None = None
+    bytes_exchanged_across_islands: int | None = None
+    staleness: int | None = None
     memory: tuple[dict[str, Any], ...] = ()  # per rank: its step's peaks (rank_memory_rows;
     # none on CPU ranks that do not count their memory, ParallelModel's count_memory)
     # Trainer.step under the priority schedule returns the record before every rank's memory
@@ -138,6 +145,15 @@ def default_optimizer(model: ParallelModel, lr: float, weight_decay: float = 0.0
 
 
 MEMORY_COLUMNS = 6  # a memory table row's own figures, before its two per-rank blocks
+
+
+def _island_fields(report: IslandReport | None) -> dict[str, int]:
+    """The metrics fields of a step's exchanges across islands (none without islands)."""
+    if report is None:
+        return {}
+    return {"outer_step": report.outer_step,
+            "bytes_exchanged_across_islands": report.bytes_sent,
+            "staleness": report.staleness}
 
 
 def memory_columns(world: int) -> int:
@@ -276,6 +292,9 @@ class Trainer:
         if model.zero is not None:
             model.zero.attach(self.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.schedule)
+        self.islands = island_sync(
+            model.layout, [(n, p, model.units[n]) for n, p in model.named_parameters()],
+            self.optimizer, model.session.device)
         self.max_grad_norm = max_grad_norm
         self.callbacks = list(callbacks) if model.layout.rank == 0 else []
         prediction = model.layout.plan.prediction
@@ -319,9 +338,10 @@ class Trainer:
             output = self._forward_backward(rows, next_rows, scale)
             completed = self._take_carried(output, next_rows)
             self._update_or_skip(output, scale)
+            report = self._cross_islands()
             self._synchronize()
             step_time_s = time.perf_counter() - start_s
-            metrics = self._metrics(output, step_time_s, scale)
+            metrics = self._metrics(output, step_time_s, scale, report)
             advance(self.scheduler)
         for record in [*completed, *([] if self.model.priority else [metrics])]:
             self._report(record)
@@ -353,6 +373,7 @@ class Trainer:
                 if self.stop_requested:
                     break
                 rows = ahead
+            self.islands.drain()
             self.flush()
         finally:
             self._history = None
@@ -372,6 +393,14 @@ class Trainer:
             (metrics, table), self._pending = self._pending, None
             dist.all_reduce(table)
         self._report(self._with_memory(metrics, table))
+
+    def _cross_islands(self) -> IslandReport | None:
+        """After the inner step: what crosses islands at this step (nothing without islands
+        that synchronize rarely; :mod:`~potluck.runtime.grads.islands`)."""
+        if isinstance(self.islands, NoIslands):
+            return None
+        self.model.flush()  # the parameter all-gathers still in flight (priority schedule)
+        return self.islands.after_step(self.step_index + 1)
 
     def _update_or_skip(self, output: Any, scale: float) -> None:
         """Clip and step the optimizer, or skip a step whose gradients are not finite."""
@@ -413,12 +442,13 @@ class Trainer:
                                            carry=self._carry(next_rows))
 
     def _carry(self, next_rows: torch.Tensor | None) -> torch.Tensor:
-        """1 and this rank's token count of ``next_rows`` if given (0, 0 if not), then the
+        """1 and this rank's token count of ``next_rows`` if given (0, 0 if not, or when
+        islands split the plan: the island's own count is summed in the step), then the
         pending step's memory table (zeros if none)."""
         world = self.model.layout.world_size
         carry = torch.zeros(2 + world * memory_columns(world), dtype=torch.float64,
                             device=self.model.session.device)
-        if next_rows is not None:
+        if next_rows is not None and not self.model.layout.plan.islands.split:
             carry[0], carry[1] = 1.0, float(self.model.local_tokens(next_rows))
         if self._pending is not None:
             carry[2:] = self._pending[1].reshape(-1)
@@ -523,7 +553,8 @@ class Trainer:
             return None
         return self.predicted_step_time_s * dilation
 
-    def _metrics(self, output: Any, step_time_s: float, scale: float) -> StepMetrics:
+    def _metrics(self, output: Any, step_time_s: float, scale: float,
+                 report: IslandReport | None = None) -> StepMetrics:
         """The step's metrics, with every rank's memory summed now; under the priority
         schedule with this rank's own only, the table left pending for the next step."""
         table = memory_table(self.model, self.memory)
@@ -535,6 +566,7 @@ class Trainer:
             grad_norm=output.grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),
             loss_scale=scale if self.loss_scale is not None else None,
             skipped=not output.grads_finite, **self._device_time(step_time_s),
+            **_island_fields(report),
         )
         if self.model.priority:
             self._pending = (metrics, table)

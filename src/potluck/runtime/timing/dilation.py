@@ -7,7 +7,8 @@ DTensor's sharding rules, that would inflate the dilation), sets the dilation fr
 last, the same on every rank
 (:meth:`~potluck.runtime.timing.emulate.EmulationClock.calibrate`), and puts
 the trainer back as it was (:class:`TrainerSnapshot`: weights, optimizer and
-loss-scale state, step count, the learning-rate scheduler): the run then trains
+loss-scale state, step count, the learning-rate scheduler, the state of the exchanges
+across islands): the run then trains
 exactly its steps, with
 the numbers of a run without emulation. Rank 0 then says how long the steps
 will take (:func:`potluck.runtime.loop.metrics.estimate_line`).
@@ -55,15 +56,17 @@ class TrainerSnapshot:
     loss_scale: dict[str, Any] | None
     step_index: int
     scheduler: dict[str, Any]
+    islands: dict[str, Any]
 
     @classmethod
     def take(cls, trainer: Trainer) -> TrainerSnapshot:
         trainer.flush()
+        islands = trainer.islands.state_dict()  # bounded: lands the pushes in flight first
         with torch.no_grad():
             parameters = [p.detach().clone() for p in trainer.model.parameters()]
         scale = copy.deepcopy(trainer.loss_scale.state_dict()) if trainer.loss_scale else None
         return cls(parameters, copy.deepcopy(trainer.optimizer.state_dict()), scale,
-                   trainer.step_index, copy.deepcopy(trainer.scheduler.state_dict()))
+                   trainer.step_index, copy.deepcopy(trainer.scheduler.state_dict()), islands)
 
     def restore(self, trainer: Trainer) -> None:
         with torch.no_grad():
@@ -74,3 +77,4 @@ class TrainerSnapshot:
             trainer.loss_scale.load_state_dict(self.loss_scale)
         trainer.step_index = self.step_index
         trainer.scheduler.load_state_dict(self.scheduler)
+        trainer.islands.load_state_dict(self.islands)
