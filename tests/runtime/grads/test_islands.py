@@ -253,17 +253,6 @@ def test_a_resumed_diloco_run_continues_the_uninterrupted_one(tmp_path):
     assert before + after == whole[0]
 
 
-def test_resuming_a_checkpoint_without_islands_under_islands_is_one_line(tmp_path):
-    plain = _replicas(2)
-    options = TrainOptions(steps=1, lr=3e-3, progress=False, timeout_s=60,
-                           out_dir=str(tmp_path))
-    run_local(_losses_of_rank, plain.devices, (plain, options))
-    split_plan = split(plain, (0,), (1,), inner_steps=2)
-    with pytest.raises(ConfigError, match="resuming under another island split"):
-        run_local(_losses_of_rank, plain.devices,
-                  (split_plan, replace(options, steps=2, resume=True)))
-
-
 def test_an_elastic_run_of_islands_is_refused_in_one_line(tmp_path):
     plan = split(_replicas(2), (0,), (1,), inner_steps=2)
     options = TrainOptions(elastic=True, out_dir=str(tmp_path), checkpoint_every=1)

@@ -31,9 +31,9 @@ rows of the routed experts (``Shard(0)`` DTensors), so they write those rows and
 their optimizer states too. Every rank loads exactly the keys and shards it holds,
 so a run may resume under
 another plan, with or without ZeRO (any stage) or offload. Under islands that synchronize
-rarely each rank also writes its own weights, inner optimizer states and exchange state
-(:mod:`~potluck.runtime.checkpoints.island_files`), which a resume under the same split
-loads over the shared ones.
+rarely each island writes its own weights and inner optimizer states, DiLoCo its outer
+state, and each rank its own file (:mod:`~potluck.runtime.checkpoints.island_files`), so a
+run resumes under the same plan exactly and under another split from a consensus state.
 """
 
 from __future__ import annotations
@@ -45,7 +45,17 @@ from typing import Any
 
 from potluck.errors import ConfigError
 from potluck.model.spec import model_to_dict
-from potluck.runtime.checkpoints.island_files import load_island_state, save_island_state
+from potluck.plans.islands import ONE_ISLAND, Islands
+from potluck.runtime.checkpoints.island_files import (
+    ISLANDS_KEY,
+    checkpoint_steps_note,
+    first_of_island,
+    island_resume,
+    save_island_state,
+    saves_at,
+    shared_state,
+    split_info,
+)
 from potluck.runtime.checkpoints.rng import load_rng_state
 from potluck.runtime.checkpoints.storage import (
     TRAINER_STATE,
@@ -83,19 +93,24 @@ def checkpoint_hook(trainer: Trainer, source: Any, options: TrainOptions
     if not options.out_dir and options.checkpoint_every <= 0:
         return None
     out_dir = checkpoint_dir(options)
+    islands = trainer.model.layout.plan.islands
+    note = checkpoint_steps_note(options.checkpoint_every, islands)
+    if note and trainer.model.layout.rank == 0:
+        log.info(note)
 
     def hook(metrics: StepMetrics) -> None:
-        if saves_after(metrics.step + 1, options):
+        if saves_after(metrics.step + 1, options, islands):
             save(trainer, source, out_dir, options.keep_checkpoints)
 
     return hook
 
 
-def saves_after(done: int, options: TrainOptions) -> bool:
+def saves_after(done: int, options: TrainOptions, islands: Islands = ONE_ISLAND) -> bool:
     """Whether a run with an output directory saves a checkpoint once ``done`` steps are
-    done: every ``checkpoint_every`` steps, and after the last one."""
-    every = options.checkpoint_every
-    return (every > 0 and done % every == 0) or done == options.steps
+    done: every ``checkpoint_every`` steps (under islands moved up to the next consensus
+    step, :func:`~potluck.runtime.checkpoints.island_files.saves_at`), and after the last
+    one."""
+    return saves_at(done, options.checkpoint_every, islands) or done == options.steps
 
 
 def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Path:
@@ -107,15 +122,18 @@ def save(trainer: Trainer, source: Any, out_dir: str, keep_last: int = 0) -> Pat
     model = trainer.model
     next_step = trainer.step_index
     pipeline = model.layout.role.pipeline
-    writes = pipeline == 0
+    writes = pipeline == first_of_island(model.layout.plan, pipeline)
     experts = model.expert_names if pipeline < model.layout.plan.ep else frozenset()
     state = (training_state([model.module], [trainer.optimizer])
              if writes or model.zero or experts else {})
     if not writes and state:
         state = _shares_of_replica(state, model.fsdp_names | experts, experts,
                                    whole_optimizer=model.zero is None)
+    state = shared_state(trainer, state, writes)
     trainer_state: dict[str, Any] = {"step": next_step, "layout": model.layout.plan.layout(),
                                      "model": model_to_dict(model.layout.plan.model)}
+    if (islands := split_info(trainer)) is not None:
+        trainer_state[ISLANDS_KEY] = islands
     if hasattr(source, "state_dict"):
         trainer_state["data"] = source.state_dict(next_step)
     if trainer.loss_scale is not None:
@@ -155,7 +173,6 @@ def resume(trainer: Trainer, source: Any, out_dir: str) -> int:
     flight are finished first, so none writes over the loaded values."""
     trainer.flush()
     path, saved = _load_newest_usable(trainer, out_dir)
-    load_island_state(trainer, path)  # islands that synchronize rarely: each rank's own
     if "data" in saved and hasattr(source, "load_state_dict"):
         source.load_state_dict(saved["data"])
     load_rng_state(path)
@@ -220,11 +237,13 @@ def _load(trainer: Trainer, path: Path) -> dict[str, Any]:
     A state no run can continue from is an :class:`UnusableCheckpoint` (on every rank)."""
     model = trainer.model
     state = training_state([model.module], [trainer.optimizer])
-    saved = load_checkpoint(path, state, verify=False)  # newest_verified verified it
+    islands = island_resume(trainer, path)
+    saved = load_checkpoint(path, islands.request(trainer, state), verify=False)  # verified
     if problem := trainer_state_problem(saved, checkpoint_step(path)):
         raise UnusableCheckpoint(f"checkpoint {path} cannot be resumed: its {TRAINER_STATE} "
                                  f"{problem}")
     apply_training_state([model.module], [trainer.optimizer], state)
+    islands.finish(trainer)
     return saved
 
 
