@@ -14,11 +14,9 @@ from family_configs import tiny_family
 from island_workers import as_tensors, split, train_islands
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
-from potluck.errors import ConfigError
 from potluck.plans import Compression, SyncMethod, save_plan
 from potluck.plans.islands import INT8_BLOCK
 from potluck.runtime import TrainOptions
-from potluck.runtime.elastic.drills import check_elastic
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
 from potluck.runtime.training import train_rank
@@ -251,10 +249,3 @@ def test_a_resumed_diloco_run_continues_the_uninterrupted_one(tmp_path):
     after = run_local(_losses_of_rank, plan.devices,
                       (plan, TrainOptions(steps=5, resume=True, **out)))[0]
     assert before + after == whole[0]
-
-
-def test_an_elastic_run_of_islands_is_refused_in_one_line(tmp_path):
-    plan = split(_replicas(2), (0,), (1,), inner_steps=2)
-    options = TrainOptions(elastic=True, out_dir=str(tmp_path), checkpoint_every=1)
-    with pytest.raises(ConfigError, match="--elastic does not run islands yet"):
-        check_elastic(plan, options)

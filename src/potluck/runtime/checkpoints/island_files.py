@@ -73,7 +73,7 @@ from potluck.runtime.checkpoints.storage import (
     training_state,
 )
 from potluck.runtime.grads.buckets import local
-from potluck.runtime.grads.islands import DilocoSync
+from potluck.runtime.grads.islands import BoundedSync, DilocoSync
 from potluck.runtime.loop.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -155,10 +155,17 @@ def split_info(trainer: Trainer) -> dict[str, Any] | None:
     plan = trainer.model.layout.plan
     if not plan.islands.split:
         return None
-    counters = trainer.islands.state_dict()["counters"]
     return {"signature": _signature(plan), "plan": _fingerprint(plan),
             "consensus": is_consensus(plan.islands, trainer.step_index),
-            "outer_steps": next(iter(counters.values()), 0)}
+            "outer_steps": _outer_steps(trainer)}
+
+
+def _outer_steps(trainer: Trainer) -> int:
+    """Outer steps (DiLoCo) or pushes (bounded) done: the exchange's counter."""
+    if isinstance(trainer.islands, DilocoSync):
+        return trainer.islands.outer_steps
+    assert isinstance(trainer.islands, BoundedSync)  # split_info: islands that synchronize rarely
+    return trainer.islands.pushes
 
 
 def shared_state(trainer: Trainer, state: dict[str, Any], writes: bool) -> dict[str, Any]:
@@ -309,10 +316,9 @@ def _start_exchange(trainer: Trainer, outer: Mapping[str, torch.Tensor],
     prefix = "snapshot." if isinstance(trainer.islands, DilocoSync) else "base."
     tensors = {f"{prefix}{e.item.name}": e.value.detach().float().clone() for e in entries}
     tensors.update({key: local(value) for key, value in outer.items()})
-    counters = trainer.islands.state_dict()["counters"]
     done = saved["outer_steps"] if saved is not None else 0
-    trainer.islands.load_state_dict({"tensors": tensors,
-                                     "counters": dict.fromkeys(counters, done)})
+    counter = "outer_steps" if prefix == "snapshot." else "pushes"
+    trainer.islands.load_state_dict({"tensors": tensors, "counters": {counter: done}})
 
 
 def save_island_state(trainer: Trainer, checkpoint: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from potluck.errors import ConfigError
-from potluck.plans import Plan
+from potluck.plans import Islands, Plan
 from potluck.runtime.checkpoints.training_run import saves_after
 from potluck.runtime.launch.watchdog import JobNotes, root_store
 from potluck.runtime.loop.trainer import StepMetrics, Trainer
@@ -57,16 +57,19 @@ def parse_injection(text: str, world_size: int | None = None,
 
 
 def check_elastic(plan: Plan, options: TrainOptions) -> None:
-    """An elastic run keeps checkpoints in a run directory and islands that synchronize
-    every step; a drill names a rank and a step the run has."""
+    """An elastic run keeps checkpoints in a run directory, and islands that synchronize
+    rarely exchange every fragment at once (each checkpoint then a consensus state, from
+    which a run without an island resumes); a drill names a rank and a step the run has."""
     if options.elastic and not options.out_dir:
         raise ConfigError("--elastic restarts from the run's checkpoints: give --out DIR")
     if options.elastic and options.checkpoint_every <= 0:
         raise ConfigError("--elastic restarts from the newest checkpoint: give "
                           "--checkpoint-every N (steps between checkpoints)")
-    if options.elastic and plan.islands.split:
-        raise ConfigError("--elastic does not run islands yet (a replan would resume under "
-                          "another island split); train this plan without --elastic")
+    if options.elastic and plan.islands.split and plan.islands.fragments > 1:
+        raise ConfigError(f"--elastic resumes islands from consensus checkpoints, which "
+                          f"{plan.islands.fragments} fragments never make (they are exchanged "
+                          "at different steps); plan with one fragment or train without "
+                          "--elastic")
     if options.inject_failure:
         parse_injection(options.inject_failure, plan.num_gpus, options.steps)
 
@@ -76,7 +79,7 @@ def rank_hook(trainer: Trainer, options: TrainOptions
     """This rank's part after each step (after its checkpoint): die if the drill says so,
     and in an elastic run stop after a checkpoint the supervisor wants a replan at."""
     failure = parse_injection(options.inject_failure) if options.inject_failure else None
-    rank = trainer.model.layout.rank
+    rank, islands = trainer.model.layout.rank, trainer.model.layout.plan.islands
     if (failure is None or failure.rank != rank) and not options.elastic:
         return None
     default_store = dist.distributed_c10d._get_default_store
@@ -84,7 +87,7 @@ def rank_hook(trainer: Trainer, options: TrainOptions
 
     def hook(metrics: StepMetrics) -> None:
         reached = metrics.step + 1
-        if notes is not None and _checkpointed(reached, options):
+        if notes is not None and _checkpointed(reached, options, islands):
             trainer.stop_requested = notes.stop_at(reached, coordinator=rank == 0)
         if failure is not None and failure.rank == rank and reached == failure.step:
             log.warning("rank %d: --inject-failure kills this rank at step %d", rank, reached)
@@ -93,6 +96,6 @@ def rank_hook(trainer: Trainer, options: TrainOptions
     return hook
 
 
-def _checkpointed(done: int, options: TrainOptions) -> bool:
+def _checkpointed(done: int, options: TrainOptions, islands: Islands) -> bool:
     """Whether the run saved a checkpoint after ``done`` steps, short of its last."""
-    return done < options.steps and saves_after(done, options)
+    return done < options.steps and saves_after(done, options, islands)

@@ -8,6 +8,15 @@ where the GPUs left still pair up as bridged), declared links copied to every pi
 cluster (:func:`plan_for_devices`), and the plan is then moved back onto the whole
 cluster: every device under its own id (so a GPU rank still finds its CUDA device), the
 others listed as unused, the prediction made again there.
+
+A plan of islands that synchronize rarely treats an island as the unit that leaves
+(:func:`without_lost_islands`): when devices go and none joins, each island that lost one
+leaves whole, the others keep their layouts and take over its rows of the global batch (in
+proportion to the rows they had, which the planner set in proportion to their throughput;
+inside an island in proportion to its pipelines' rows), and one island left is a plan
+without islands. The run resumes from its newest checkpoint, a consensus state of the
+islands (:mod:`potluck.runtime.checkpoints.island_files`). Devices that join are planned
+with the whole pool, as for any plan: the planner may split it again or not.
 """
 
 from __future__ import annotations
@@ -18,11 +27,13 @@ from dataclasses import dataclass, replace
 from potluck.cluster.nodes import LinkSpec, NodeGroup, NvlinkTopology
 from potluck.cluster.spec import ClusterSpec
 from potluck.cluster.topology import Cluster, device_id
-from potluck.errors import ConfigError
+from potluck.errors import ConfigError, InfeasibleError
 from potluck.planner.evaluate import predict
+from potluck.planner.islands.choose import batch_rows
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import search
-from potluck.plans import Plan, Stage
+from potluck.plans import Island, Pipeline, Plan, Stage, check_plan
+from potluck.plans.islands import ONE_ISLAND
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,53 @@ def _links(links: tuple[LinkSpec, ...], pieces: dict[str, list[str]]) -> tuple[L
 def plan_for_devices(plan: Plan, present: Collection[str],
                      options: SearchOptions | None = None) -> Plan:
     """The search's best plan for ``plan``'s model and training on the devices ``present``,
-    on ``plan``'s whole cluster (raises InfeasibleError when none fits)."""
+    on ``plan``'s whole cluster (raises InfeasibleError when none fits); a plan of islands
+    that only lost devices continues without the islands that lost them."""
+    if plan.islands.split and set(present) <= set(plan.devices):
+        return without_lost_islands(plan, present)
     cut = present_cluster(plan.cluster, present)
     best = search(cut.spec, plan.model, plan.training, options or SearchOptions()).best
     return on_whole_cluster(best, plan.cluster, cut.original_id)
+
+
+def without_lost_islands(plan: Plan, present: Collection[str]) -> Plan:
+    """``plan`` without each island that has a device not ``present``: the others keep their
+    layouts and share the global batch (module docstring)."""
+    islands = plan.islands
+    kept = [i for i in range(islands.count)
+            if all(d in present for p in islands.members(i, plan.dp)
+                   for d in plan.pipelines[p].devices)]
+    if not kept:
+        raise InfeasibleError("every island lost a device")
+    rows = batch_rows(plan.training.global_batch,
+                      [float(_island_rows(plan, i)) for i in kept])
+    pipelines: list[Pipeline] = []
+    members: list[Island] = []
+    for island, island_rows in zip(kept, rows, strict=True):
+        own = [plan.pipelines[p] for p in islands.members(island, plan.dp)]
+        start = len(pipelines)
+        shares = batch_rows(island_rows, [float(p.batch_share) for p in own])
+        pipelines += [_with_rows(p, r) for p, r in zip(own, shares, strict=True)]
+        members.append(replace(islands.islands[island], pipelines=tuple(range(start,
+                                                                              len(pipelines)))))
+    kept_islands = replace(islands, islands=tuple(members)) if len(members) > 1 else ONE_ISLAND
+    used = {d for p in pipelines for d in p.devices}
+    unused = tuple(d.id for d in Cluster(plan.cluster).devices if d.id not in used)
+    smaller = replace(plan, pipelines=tuple(pipelines), islands=kept_islands,
+                      unused_devices=unused, prediction=None)
+    check_plan(smaller)
+    return replace(smaller, prediction=predict(smaller))
+
+
+def _island_rows(plan: Plan, island: int) -> int:
+    return sum(plan.pipelines[p].batch_share for p in plan.islands.members(island, plan.dp))
+
+
+def _with_rows(pipeline: Pipeline, rows: int) -> Pipeline:
+    """``pipeline`` with ``rows`` rows a step: more micro-batches of its size, or micro-batches
+    of one row when its size does not divide ``rows``."""
+    size = pipeline.micro_batch_size if rows % pipeline.micro_batch_size == 0 else 1
+    return replace(pipeline, micro_batch_size=size, num_micro_batches=rows // size)
 
 
 def on_whole_cluster(plan: Plan, whole: ClusterSpec, original_id: dict[str, str]) -> Plan:
