@@ -711,7 +711,8 @@ def train(
         "--out", "-o", help="Run directory: plan.json, metrics.jsonl, checkpoints/.")] = None,
     emulate: Annotated[bool, typer.Option(help="Dry-run on CPU ranks timed like the devices.")] = False,
     checkpoint_every: Annotated[int, typer.Option(
-        help="Also checkpoint to DIR every N steps (0: the final state only).")] = 0,
+        help="Also checkpoint to DIR every N steps (0: the final state only); under islands "
+             "that synchronize rarely, at the next outer step.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in DIR.")] = False,
     overwrite: Annotated[bool, typer.Option(
         help="DIR holds another run: delete its files first (without this or --resume, "

@@ -110,12 +110,14 @@ def saves_at(done: int, every: int, islands: Islands) -> bool:
 
 def checkpoint_steps_note(every: int, islands: Islands) -> str | None:
     """What :func:`saves_at` does with ``every`` under ``islands`` (None: nothing to say)."""
-    if every <= 0 or not islands.split or every % islands.inner_steps == 0:
+    if every <= 0 or not islands.split:
         return None
     if islands.fragments > 1:
         return (f"checkpoints every {every} steps are not consensus states ({islands.fragments}"
                 " fragments are never exchanged at one step): they resume under the same "
                 "islands only")
+    if every % islands.inner_steps == 0:
+        return None
     return (f"--checkpoint-every {every} rounded up to the next outer step (every "
             f"{islands.inner_steps} steps), where the islands hold the same weights")
 
