@@ -117,3 +117,17 @@ def _assert_outer_step_carried_momentum(out) -> None:
     torch.testing.assert_close(w4[name], expected, atol=1e-6, rtol=1e-5)
     fresh = w2[name] - lr * (1 + mu) * now
     assert not torch.allclose(w4[name], fresh, atol=1e-6, rtol=1e-5)
+
+
+def test_a_bounded_checkpoint_holds_the_weights_with_its_pushes_landed(tmp_path):
+    """Bounded staleness 1: the push after step 2 is still in flight at the checkpoint;
+    saving applies it first (on every island alike), so the checkpoint is a consensus state
+    and a run without islands starts from the weights the islands continued with."""
+    bounded = split(make_plan(TINY_LLAMA, [pipe(TWO_STAGES, 1, 2)] * 2), (0,), (1,),
+                    inner_steps=2, sync=SyncMethod.BOUNDED, staleness=1)
+    out = tmp_path / "bounded"
+    losses = _run(bounded, out, 3, checkpoint_every=2, keep_checkpoints=0)
+    assert read_trainer_state(checkpoint_path(out, 2))["islands"]["consensus"] is True
+    shutil.rmtree(checkpoint_path(out, 3))
+    resumed = _run(REPLICAS, out, 3, resume=True)
+    assert math.isclose(resumed[0], losses[2], rel_tol=1e-5)
