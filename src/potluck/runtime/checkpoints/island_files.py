@@ -293,7 +293,7 @@ def island_resume(trainer: Trainer, path: Path) -> IslandResume:
 
 def _valid_info(saved: Any) -> bool:
     return (isinstance(saved, dict) and isinstance(saved.get("signature"), dict)
-            and isinstance(saved.get("consensus"), bool)
+            and "sync" in saved["signature"] and isinstance(saved.get("consensus"), bool)
             and isinstance(saved.get("outer_steps"), int) and "plan" in saved)
 
 
