@@ -67,6 +67,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from potluck import placement
+from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
 
@@ -136,6 +137,7 @@ class Layout:
         self._ep_mesh: DeviceMesh | None = None
         self._island_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._host_groups: set[tuple[int, ...]] = set()
+        self._gpu_backend: str | None = None
         self._holders: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
     @classmethod
@@ -344,8 +346,10 @@ class Layout:
                 wanted.append(self.sync_group(unit, tp_rank=t, pipelines=pipelines).ranks)
         return wanted
 
-    def create_groups(self) -> None:
-        """Create every process group (collective: all ranks call this, same order).
+    def create_groups(self, gpu_backend: str | None = None) -> None:
+        """Create every process group (collective: all ranks call this, same order);
+        ``gpu_backend``: the backend of the groups of GPU ranks only, where the world's is
+        gloo across vendors (:func:`~potluck.runtime.launch.gpus.island_backend`).
 
         A gradient sync group with the same ranks as a pipeline lane or stage gets a
         process group of its own (say the tied embedding/head of a single pipeline), so
@@ -353,11 +357,12 @@ class Layout:
         sends and receives on one communicator."""
         if self._groups:
             return
+        self._gpu_backend = gpu_backend
         pipeline_ranks = [r for r in self._pipeline_group_ranks() if len(r) > 1]
         host = self._host_staged_ranks()
         sync_ranks = [r for r in self._sync_group_ranks() if len(r) > 1 and r not in host]
         for ranks in dict.fromkeys(pipeline_ranks + sync_ranks):
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._groups[ranks] = group
         for ranks in host:
@@ -367,17 +372,31 @@ class Layout:
                 self._host_groups.add(ranks)
         shared = set(pipeline_ranks)
         for ranks in dict.fromkeys(r for r in sync_ranks if r in shared):
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._sync_groups[ranks] = group
         if self.plan.comm.split_p2p_channels:
             self._create_backward_lanes()
         for ranks in self._expert_group_ranks():  # their own: all-to-alls in every block
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._ep_groups[ranks] = group
         if self.plan.islands.split:
             self._create_island_groups()
+
+    def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        """A group of ``ranks`` over the world's backend, or over the GPU islands' own
+        where every member is a GPU and the world is gloo across vendors."""
+        if self._gpu_backend is None or any(self._on_cpu(r) for r in ranks):
+            return dist.new_group(list(ranks))
+        return dist.new_group(list(ranks), backend=self._gpu_backend)
+
+    def _on_cpu(self, rank: int) -> bool:
+        return self._cluster.device(self.device_of_rank[rank]).type.is_cpu
+
+    @cached_property
+    def _cluster(self) -> Cluster:
+        return Cluster(self.plan.cluster)
 
     def _host_staged_ranks(self) -> list[tuple[int, ...]]:
         """The cross-island groups that are staged through host memory over gloo (every one
@@ -397,7 +416,7 @@ class Layout:
         a step has a group whatever the island's size."""
         for island in range(self.plan.islands.count):
             ranks = self.island_ranks(island)
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._island_groups[ranks] = group
 
@@ -429,7 +448,7 @@ class Layout:
     def _create_backward_lanes(self) -> None:
         """A second process group per lane, for backward traffic (split P2P channels)."""
         for ranks in self._lanes():
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._backward_lanes[ranks] = group
 
