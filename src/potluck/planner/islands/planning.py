@@ -9,6 +9,9 @@
   today's search alone, at no extra cost; else both, and the faster to the target loss
   (synchronous training's loss after ``target_tokens``, by default Chinchilla's 20 tokens
   per parameter) first, the other's time said in a note.
+- a cluster of several vendors (NVIDIA, AMD, CPUs): islands of one vendor each, meeting
+  through host memory (:func:`.split.candidate_splits`), whatever ``auto`` would compare:
+  no synchronous plan joins two vendors (``--sync sync`` is a one-line error).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from potluck.planner.islands.choose import (
     sync_time_to_target_s,
 )
 from potluck.planner.islands.convergence import default_tokens
-from potluck.planner.islands.split import candidate_splits, machines
+from potluck.planner.islands.split import candidate_splits, machines, mixes_vendors
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
@@ -52,14 +55,21 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     """The plans ``options.sync`` asks for (see the module docstring); ``sync_search`` runs
     today's search."""
     sync = options.sync
-    if sync is SyncMethod.SYNC:
-        return sync_search()
     cluster = Cluster(spec)
+    mixed = mixes_vendors(cluster)
+    if sync is SyncMethod.SYNC:
+        if mixed:
+            raise ConfigError(f"--sync sync joins every machine of {spec.name!r} every step, "
+                              "but its vendors share no backend; use --sync auto, diloco or "
+                              "bounded (islands of one vendor each, through host memory)")
+        return sync_search()
     refusal = _pin_refusal(options)
     if refusal:
-        if sync is None:
+        if sync is None and not mixed:
             return sync_search()
-        raise ConfigError(f"--sync {sync.value} {refusal}")
+        raise ConfigError(f"--sync {(sync or SyncMethod.DILOCO).value} {refusal}"
+                          + (f" ({spec.name!r} mixes vendors: islands of one vendor each)"
+                             if mixed else ""))
     if sync is not None and len(machines(cluster)) < 2:
         raise ConfigError(f"--sync {sync.value} splits the cluster into islands of machines, "
                           f"but {spec.name!r} has one machine; use --sync sync or auto")
@@ -69,10 +79,12 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     target = target_tokens(model, options)
     choice = best_islands(spec, model, training, options, splits, target, _island_search,
                           sync or SyncMethod.DILOCO)
-    if sync is not None:
+    if sync is not None or mixed:
         if choice is None:
+            fix = ("islands are one vendor's each, since its vendors share no backend; use "
+                   "one vendor or more memory") if mixed else "use --sync sync or auto"
             raise InfeasibleError(f"no split of {spec.name!r} into islands holds the model in "
-                                  "every island; use --sync sync or auto")
+                                  f"every island; {fix}")
         return _islands_result(choice, None, None)
     return _auto(choice, sync_search, target)
 
