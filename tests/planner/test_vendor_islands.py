@@ -40,6 +40,7 @@ def test_potluck_plan_makes_each_vendor_an_island_over_host_memory():
     assert [_vendors(best, k) for k in range(2)] == [{"nvidia"}, {"amd"}]
     assert all(i.transport is Transport.HOST for i in best.islands.islands)
     assert vendors_problem(best) is None and world_backend(best, emulate=False) == "gloo"
+    assert any("islands of one vendor each" in note for note in best.notes)
     for plan in result.plans:
         check_runs(plan, _module("tiny-llama"))
         assert vendors_problem(plan) is None

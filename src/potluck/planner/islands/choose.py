@@ -266,6 +266,9 @@ def choice_notes(choice: IslandChoice, sync_s: float | None) -> tuple[str, ...]:
                f" against {_hours(sync_s)} synchronous ({sync_s / choice.time_to_target_s:.2f}x)")
     why = ("" if split.inside_bytes_per_s >= GAP_FACTOR * split.between_bytes_per_s else
            f" (every link between machines under {_gbps(SLOW_LINK_BYTES_PER_S)}: split evenly)")
+    if islands.host_staged:
+        why = (" (islands of one vendor each: no backend joins two, so they meet through "
+               "host memory over gloo)")
     stale = (f" at most {islands.staleness} push(es) stale"
              if islands.sync is SyncMethod.BOUNDED else "")
     return (
