@@ -9,8 +9,10 @@ from test_plans_pass_runtime_checks import MODELS, _module, check_runs
 from potluck import api
 from potluck.cluster import Cluster, parse_cluster
 from potluck.errors import ConfigError
+from potluck.planner.islands.planning import _one_job
 from potluck.planner.islands.split import candidate_splits
-from potluck.plans import Transport
+from potluck.planner.search import SearchResult
+from potluck.plans import Pipeline, Plan, Stage, TrainingShape, Transport
 from potluck.plans.feasibility import vendors_problem
 from potluck.runtime.launch.gpus import world_backend
 
@@ -51,3 +53,30 @@ def test_sync_pinned_on_two_vendors_is_one_line():
         api.plan(NV_AMD, MODELS["tiny-llama"], options=api.search_options(sync="sync"),
                  global_batch=16, seq_len=128)
     assert "\n" not in str(err.value)
+
+
+
+NV_CPU = parse_cluster("""
+nodes:
+  - {name: nv, gpu: rtx4090, gpus_per_node: 2}
+  - {name: box, gpu: cpu, gpus_per_node: 1}
+""", "nv-cpu.yaml")
+
+
+def test_where_no_island_of_one_vendor_holds_the_model_todays_search_plans():
+    """A 1.3B model fits no 8 GB CPU box: no split by vendor, so today's search, which
+    leaves the box out (one vendor: nothing to note)."""
+    result = api.plan(NV_CPU, "gpt3-1.3b", global_batch=8, seq_len=256)
+    assert not result.best.islands.split and result.best.unused_devices == ("box.0:0",)
+    assert vendors_problem(result.best) is None
+    assert not any("runs only emulated" in note for note in result.notes)
+
+
+def test_a_plan_of_todays_search_that_joins_two_vendors_says_it_runs_only_emulated():
+    model = MODELS["tiny-llama"]
+    stages = tuple(Stage((d,), ((0, model.num_layers),)) for d in ("nv.0:0", "box.0:0"))
+    mixed = Plan(NV_CPU, model, TrainingShape(4, 64), (Pipeline(stages[:1], 1, 2),
+                                                       Pipeline(stages[1:], 1, 2)))
+    noted = _one_job(SearchResult((mixed,), 1, 0.0), mixed=True)
+    assert any("runs only emulated (--emulate)" in note and "in one synchronous job" in note
+               for note in noted.notes)

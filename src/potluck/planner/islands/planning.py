@@ -9,9 +9,11 @@
   today's search alone, at no extra cost; else both, and the faster to the target loss
   (synchronous training's loss after ``target_tokens``, by default Chinchilla's 20 tokens
   per parameter) first, the other's time said in a note.
-- a cluster of several vendors (NVIDIA, AMD, CPUs): islands of one vendor each, meeting
-  through host memory (:func:`.split.candidate_splits`), whatever ``auto`` would compare:
-  no synchronous plan joins two vendors (``--sync sync`` is a one-line error).
+- a cluster of several vendors (NVIDIA, AMD, CPUs): ``auto`` takes islands of one vendor
+  each, meeting through host memory (:func:`.split.candidate_splits`), without comparing a
+  synchronous plan, which no backend runs (``--sync sync`` is a one-line error); where no
+  such island holds the model (or a pin rules islands out), today's search, its plan noted
+  as one that runs only emulated.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from potluck.planner.islands.split import candidate_splits, machines, mixes_vend
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
+from potluck.plans.feasibility import vendors_problem
 from potluck.plans.islands import SyncMethod
 
 SyncSearch = Callable[[], SearchResult]
@@ -65,11 +68,9 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
         return sync_search()
     refusal = _pin_refusal(options)
     if refusal:
-        if sync is None and not mixed:
-            return sync_search()
-        raise ConfigError(f"--sync {(sync or SyncMethod.DILOCO).value} {refusal}"
-                          + (f" ({spec.name!r} mixes vendors: islands of one vendor each)"
-                             if mixed else ""))
+        if sync is None:
+            return _one_job(sync_search(), mixed)
+        raise ConfigError(f"--sync {sync.value} {refusal}")
     if sync is not None and len(machines(cluster)) < 2:
         raise ConfigError(f"--sync {sync.value} splits the cluster into islands of machines, "
                           f"but {spec.name!r} has one machine; use --sync sync or auto")
@@ -79,14 +80,27 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     target = target_tokens(model, options)
     choice = best_islands(spec, model, training, options, splits, target, _island_search,
                           sync or SyncMethod.DILOCO)
-    if sync is not None or mixed:
+    if sync is not None:
         if choice is None:
-            fix = ("islands are one vendor's each, since its vendors share no backend; use "
-                   "one vendor or more memory") if mixed else "use --sync sync or auto"
             raise InfeasibleError(f"no split of {spec.name!r} into islands holds the model in "
-                                  f"every island; {fix}")
+                                  "every island; use --sync sync or auto")
         return _islands_result(choice, None, None)
+    if mixed:
+        return _islands_result(choice, None, None) if choice is not None else \
+            _one_job(sync_search(), mixed)
     return _auto(choice, sync_search, target)
+
+
+def _one_job(result: SearchResult, mixed: bool) -> SearchResult:
+    """``result``, with a note where its best plan joins two vendors every step (a plan
+    that runs only emulated: no island of one vendor holds the model, or a pin rules
+    islands out)."""
+    problem = vendors_problem(result.best) if mixed else None
+    if problem is None:
+        return result
+    note = ("no island of one vendor could train the model, so this plan joins vendors "
+            "every step and runs only emulated (--emulate): " + problem)
+    return replace(result, notes=(*result.notes, note))
 
 
 def _pin_refusal(options: SearchOptions) -> str | None:
