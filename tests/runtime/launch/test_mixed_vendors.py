@@ -5,9 +5,11 @@ cross-island groups gloo), refused in one line otherwise."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from dist_harness import run_ranks
 from island_workers import split
 from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
@@ -22,6 +24,7 @@ VENDORS = parse_cluster("nodes:\n  - {name: nv, gpu: rtx3090, gpus_per_node: 2}\
                         "  - {name: amd, gpu: mi250, gpus_per_node: 2}\n"
                         "  - {name: cpu, gpu: cpu, gpus_per_node: 2}\n", "vendors.yaml")
 ONE_STAGE = [(1, (0, 4))]
+TIMEOUT = timedelta(seconds=30)
 
 
 def _replicas(devices):
@@ -81,3 +84,19 @@ def test_each_gpu_islands_groups_take_nccl_and_the_crossing_ones_gloo(monkeypatc
     backends = dict(made)
     assert backends[(0, 1)] == "nccl" and backends[(2, 3)] is None
     assert backends[(0, 1, 2, 3)] == "gloo"
+
+
+
+def _join_a_gpu_islands_group(rank: int, world_size: int) -> None:
+    """Rank 0 stands for a GPU island of one rank (its group over gloo here, nccl there);
+    rank 1, a CPU rank, asks for nccl as the layout does on every rank."""
+    group = dist.new_group([0], backend="gloo" if rank == 0 else "nccl", timeout=TIMEOUT)
+    assert (group is dist.GroupMember.NON_GROUP_MEMBER) == (rank == 1)
+    dist.barrier()
+
+
+def test_a_cpu_rank_takes_part_in_making_a_gpu_islands_nccl_group_without_nccl():
+    """What the mixed world relies on (torch's ``_new_process_group_helper``): a rank
+    outside a new group gets ``NON_GROUP_MEMBER`` before any backend is made, so torch built
+    without NCCL (this one) still makes the call."""
+    run_ranks(_join_a_gpu_islands_group, 2)
