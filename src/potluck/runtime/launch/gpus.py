@@ -134,6 +134,3 @@ def _visible_numbers(visible: str) -> list[int]:
         numbers.append(number)
     return numbers
 
-
-def _some(device_ids: list[str]) -> str:
-    return ", ".join(device_ids[:3]) + (", ..." if len(device_ids) > 3 else "")
