@@ -92,6 +92,10 @@ class DeviceType:
     vendor: Vendor = Vendor.NVIDIA
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
+    def __post_init__(self) -> None:
+        if self.is_cpu:  # a plan file written before types had a vendor names none
+            object.__setattr__(self, "vendor", Vendor.CPU)
+
     @property
     def is_cpu(self) -> bool:
         return self.name == "cpu"

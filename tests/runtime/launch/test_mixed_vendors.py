@@ -4,6 +4,7 @@ cross-island groups gloo), refused in one line otherwise."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe
 
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
-from potluck.plans import Island, Transport
+from potluck.plans import Island, Transport, load_plan, save_plan
 from potluck.plans.feasibility import vendors_problem
 from potluck.runtime.launch.gpus import StartMethod, island_backend, start_method, world_backend
 from potluck.runtime.layout import Layout
@@ -100,3 +101,23 @@ def test_a_cpu_rank_takes_part_in_making_a_gpu_islands_nccl_group_without_nccl()
     outside a new group gets ``NON_GROUP_MEMBER`` before any backend is made, so torch built
     without NCCL (this one) still makes the call."""
     run_ranks(_join_a_gpu_islands_group, 2)
+
+
+
+def _without_vendors(value):
+    """A plan file's JSON as written before device types had a vendor."""
+    if isinstance(value, dict):
+        return {k: _without_vendors(v) for k, v in value.items() if k != "vendor"}
+    if isinstance(value, list):
+        return [_without_vendors(v) for v in value]
+    return value
+
+
+def test_a_plan_file_without_vendors_still_runs_its_cpu_ranks_over_gloo(tmp_path):
+    """The CPU type is the CPU's whatever the file says (a file without vendors: nvidia)."""
+    plan = _replicas(["cpu.0:0", "cpu.0:1"])
+    save_plan(plan, tmp_path / "plan.json")
+    old = _without_vendors(json.loads((tmp_path / "plan.json").read_text()))
+    assert '"vendor"' not in json.dumps(old)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert world_backend(load_plan(tmp_path / "old.json"), emulate=False) == "gloo"
