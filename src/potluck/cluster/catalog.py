@@ -60,6 +60,15 @@ class LinkKind(str, Enum):
         return self in (LinkKind.NVLINK, LinkKind.INFINITY_FABRIC)
 
 
+class Vendor(str, Enum):
+    """Whose accelerator a device type is: ranks of one vendor share a collective backend
+    (NCCL; RCCL, torch's ``nccl`` on ROCm), the others meet over gloo."""
+
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    CPU = "cpu"
+
+
 @dataclass(frozen=True)
 class DeviceType:
     """One accelerator model with the figures potluck plans with."""
@@ -80,7 +89,12 @@ class DeviceType:
     sm_count: NonNegativeInt = 0
     fp32_tflops: NonNegativeFloat = 0.0  # non-tensor FP32 peak (0: not known)
     tf32_tflops: NonNegativeFloat = 0.0  # dense TF32 tensor-core peak (0: the hardware has none)
+    vendor: Vendor = Vendor.NVIDIA
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.is_cpu:  # a plan file written before types had a vendor names none
+            object.__setattr__(self, "vendor", Vendor.CPU)
 
     @property
     def is_cpu(self) -> bool:
@@ -103,6 +117,7 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "sm_count": ("sm_count", int),
     "fp32_tflops": ("fp32_tflops", float),
     "tf32_tflops": ("tf32_tflops", float),
+    "vendor": ("vendor", Vendor),
 }
 _IGNORED = {"pcie_gen", "sources", "base"}
 _POSITIVE = {"tflops"}  # the other numbers may be 0 (free, not known)
@@ -111,7 +126,7 @@ _POSITIVE = {"tflops"}  # the other numbers may be 0 (free, not known)
 FIELD_ATTRS: dict[str, str] = {key: attr for key, (attr, _) in _FIELDS.items()}
 # A `sources` key that covers several fields; a field's own key wins, then its group, then `all`.
 SOURCE_GROUPS: dict[str, tuple[str, ...]] = {
-    "specs": ("memory", "memory_bandwidth", "bf16", "link", "pcie_gen", "sm_count"),
+    "specs": ("memory", "memory_bandwidth", "bf16", "link", "pcie_gen", "sm_count", "vendor"),
     "price": ("price_per_hour", "spot_price_per_hour", "purchase_price"),
 }
 
@@ -142,6 +157,12 @@ def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
         except ValueError:
             kinds = ", ".join(k.value for k in LinkKind)
             raise ConfigError(f"device {name!r}: link must be one of {kinds}, not {value!r}") from None
+    if convert is Vendor:
+        try:
+            return Vendor(value)
+        except ValueError:
+            vendors = ", ".join(v.value for v in Vendor)
+            raise ConfigError(f"device {name!r}: vendor must be one of {vendors}, not {value!r}") from None
     if convert is int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"device {name!r}: {key} must be a whole number, not {value!r}")

@@ -9,6 +9,7 @@ runtime; everything a plan's data decides is here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from potluck.cluster.spec import ClusterSpec
@@ -146,6 +147,55 @@ def islands_problem(plan: Plan) -> str | None:
         return ("an expert-parallel group spans two islands (experts exchange tokens every "
                 "step); put each group's pipelines in one island")
     return None
+
+
+VENDOR_LABELS = {"cpu": "CPU ranks", "nvidia": "NVIDIA GPUs", "amd": "AMD GPUs"}
+
+
+def vendors_problem(plan: Plan) -> str | None:
+    """Why ``plan``'s devices of several vendors (NVIDIA, AMD, CPUs) cannot run in one job,
+    if they cannot. No collective backend joins two vendors (NCCL and RCCL do not talk, and
+    potluck's GPU ranks keep their tensors on the GPU), so every link between vendors must be
+    a host-staged island boundary: each pipeline of one vendor, each island of one vendor,
+    the islands synchronizing rarely (diloco, bounded) through host memory (some island's
+    transport host). Pipelines whose stages span vendors (HETHUB-style) are not run. The
+    runtime asks this of real runs (an emulated run is gloo on every rank)."""
+    from potluck.cluster.topology import Cluster
+
+    cluster = Cluster(plan.cluster)
+    vendor = {d: cluster.device(d).type.vendor.value for d in plan.devices}
+    if len(set(vendor.values())) < 2:
+        return None
+    for k, pipeline in enumerate(plan.pipelines):
+        if len({vendor[d] for d in pipeline.devices}) > 1:
+            return (f"pipeline {k}'s stages span {_vendors(pipeline.devices, vendor)}, but no "
+                    "backend joins two vendors; split the cluster into islands of one vendor "
+                    "each (transport host) or use one vendor")
+    islands = plan.islands
+    if not islands.split:
+        return (f"the plan mixes {_vendors(plan.devices, vendor)} in one synchronous job, but "
+                "no backend joins two vendors; split it into islands of one vendor each with "
+                "sync diloco or bounded and transport host, or use one vendor (or dry-run it "
+                "on CPU with --emulate)")
+    for k in range(islands.count):
+        devices = [d for p in islands.members(k, plan.dp) for d in plan.pipelines[p].devices]
+        if len({vendor[d] for d in devices}) > 1:
+            return (f"island {k} mixes {_vendors(devices, vendor)}; make each island one "
+                    "vendor's (or use one vendor)")
+    if not islands.host_staged:
+        return ("islands of different vendors cross over the backend, which joins no two "
+                "vendors; set their transport to host")
+    return None
+
+
+def _vendors(devices: Sequence[str], vendor: dict[str, str]) -> str:
+    """``NVIDIA GPUs (a.0:0, ...) and AMD GPUs (m.0:0)``: each vendor's first devices."""
+    by_vendor: dict[str, list[str]] = {}
+    for d in devices:
+        by_vendor.setdefault(vendor[d], []).append(d)
+    parts = [f"{VENDOR_LABELS[v]} ({', '.join(ds[:2])}{', ...' if len(ds) > 2 else ''})"
+             for v, ds in by_vendor.items()]
+    return " with ".join(parts)
 
 
 def _lockstep_problem(plan: Plan, group: range) -> str | None:

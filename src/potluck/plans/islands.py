@@ -114,6 +114,12 @@ class Islands:
         """Whether the islands synchronize less often than every step."""
         return self.sync is not SyncMethod.SYNC and len(self.islands) > 1
 
+    @property
+    def host_staged(self) -> bool:
+        """Whether the exchanges across islands are staged through host memory over gloo
+        (some island's transport is ``host``)."""
+        return self.split and any(i.transport is Transport.HOST for i in self.islands)
+
     def island_of(self, pipeline: int) -> int:
         """The island that pipeline ``pipeline`` belongs to (0 without islands)."""
         for index, island in enumerate(self.islands):

@@ -31,6 +31,9 @@ ZeRO's owners and the norm's owner are those of the island's pipelines
 unit's holders in every pipeline form its cross-island group
 (:meth:`Layout.cross_island_group`), which the outer step sums over
 (:mod:`potluck.runtime.grads.islands`). Every island's groups are created on every rank.
+When some island's transport is ``host`` (``Islands.host_staged``), the cross-island groups
+are gloo groups beside the backend's (``dist.new_group(ranks, backend="gloo")``), which take
+host tensors (:meth:`Layout.on_host`): the wire stages each payload through host memory.
 
 **Rank order.** torchrun numbers ranks machine by machine, so a plan's device
 order need not be rank order (a pipeline ``a.0:0 -> b.0:0 -> b.0:1 -> a.0:1``,
@@ -64,8 +67,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from potluck import placement
+from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
+
+HOST_BACKEND = "gloo"
+"""The backend of host-staged cross-island groups (islands of another vendor, or of CPUs)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class Layout:
         self._ep_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._ep_mesh: DeviceMesh | None = None
         self._island_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._host_groups: set[tuple[int, ...]] = set()
+        self._gpu_backend: str | None = None
         self._holders: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
     @classmethod
@@ -315,22 +324,32 @@ class Layout:
     def _sync_group_ranks(self) -> list[tuple[int, ...]]:
         """Every unit's gradient sync groups, in unit order: each island's, then (islands
         that synchronize rarely) the cross-island ones."""
-        everyone = tuple(range(self.plan.dp))
-        sets = [everyone]
-        if self.plan.islands.split:
-            sets = [self.plan.islands.members(k, self.plan.dp)
-                    for k in range(self.plan.islands.count)] + [everyone]
+        if not self.plan.islands.split:
+            return self._unit_group_ranks(tuple(range(self.plan.dp)))
+        wanted = [r for k in range(self.plan.islands.count)
+                  for r in self._unit_group_ranks(self.plan.islands.members(k, self.plan.dp))]
+        return wanted + self._cross_island_ranks()
+
+    def _cross_island_ranks(self) -> list[tuple[int, ...]]:
+        """Every unit's cross-island groups, in unit order (islands that synchronize rarely)."""
+        if not self.plan.islands.split:
+            return []
+        return self._unit_group_ranks(tuple(range(self.plan.dp)))
+
+    def _unit_group_ranks(self, pipelines: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every unit's gradient sync groups among ``pipelines``, in unit order."""
         wanted: list[tuple[int, ...]] = []
-        for pipelines in sets:
-            for unit in self.units():
-                holders = self.holders(unit, pipelines)
-                max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in holders)
-                for t in range(max_tp):
-                    wanted.append(self.sync_group(unit, tp_rank=t, pipelines=pipelines).ranks)
+        for unit in self.units():
+            holders = self.holders(unit, pipelines)
+            max_tp = max(self.plan.pipelines[p].stages[s].tp for p, s in holders)
+            for t in range(max_tp):
+                wanted.append(self.sync_group(unit, tp_rank=t, pipelines=pipelines).ranks)
         return wanted
 
-    def create_groups(self) -> None:
-        """Create every process group (collective: all ranks call this, same order).
+    def create_groups(self, gpu_backend: str | None = None) -> None:
+        """Create every process group (collective: all ranks call this, same order);
+        ``gpu_backend``: the backend of the groups of GPU ranks only, where the world's is
+        gloo across vendors (:func:`~potluck.runtime.launch.gpus.island_backend`).
 
         A gradient sync group with the same ranks as a pipeline lane or stage gets a
         process group of its own (say the tied embedding/head of a single pipeline), so
@@ -338,25 +357,58 @@ class Layout:
         sends and receives on one communicator."""
         if self._groups:
             return
+        self._gpu_backend = gpu_backend
         pipeline_ranks = [r for r in self._pipeline_group_ranks() if len(r) > 1]
-        sync_ranks = [r for r in self._sync_group_ranks() if len(r) > 1]
+        host = self._host_staged_ranks()
+        sync_ranks = [r for r in self._sync_group_ranks() if len(r) > 1 and r not in host]
         for ranks in dict.fromkeys(pipeline_ranks + sync_ranks):
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._groups[ranks] = group
+        for ranks in host:
+            group = dist.new_group(list(ranks), backend=HOST_BACKEND)
+            if self.rank in ranks:
+                self._groups[ranks] = group
+                self._host_groups.add(ranks)
         shared = set(pipeline_ranks)
         for ranks in dict.fromkeys(r for r in sync_ranks if r in shared):
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._sync_groups[ranks] = group
         if self.plan.comm.split_p2p_channels:
             self._create_backward_lanes()
         for ranks in self._expert_group_ranks():  # their own: all-to-alls in every block
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._ep_groups[ranks] = group
         if self.plan.islands.split:
             self._create_island_groups()
+
+    def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        """A group of ``ranks`` over the world's backend, or over the GPU islands' own
+        where every member is a GPU and the world is gloo across vendors."""
+        if self._gpu_backend is None or any(self._on_cpu(r) for r in ranks):
+            return dist.new_group(list(ranks))
+        return dist.new_group(list(ranks), backend=self._gpu_backend)
+
+    def _on_cpu(self, rank: int) -> bool:
+        return self._cluster.device(self.device_of_rank[rank]).type.is_cpu
+
+    @cached_property
+    def _cluster(self) -> Cluster:
+        return Cluster(self.plan.cluster)
+
+    def _host_staged_ranks(self) -> list[tuple[int, ...]]:
+        """The cross-island groups that are staged through host memory over gloo (every one
+        when some island's transport is host), in creation order."""
+        if not self.plan.islands.host_staged:
+            return []
+        return list(dict.fromkeys(r for r in self._cross_island_ranks() if len(r) > 1))
+
+    def on_host(self, ranks: tuple[int, ...]) -> bool:
+        """Whether the group of ``ranks`` takes host (CPU) tensors: a host-staged
+        cross-island group, created over gloo whatever the ranks' own backend."""
+        return ranks in self._host_groups
 
     def _create_island_groups(self) -> None:
         """One group per island (its own: the step's norm and token count), in island
@@ -364,7 +416,7 @@ class Layout:
         a step has a group whatever the island's size."""
         for island in range(self.plan.islands.count):
             ranks = self.island_ranks(island)
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._island_groups[ranks] = group
 
@@ -396,7 +448,7 @@ class Layout:
     def _create_backward_lanes(self) -> None:
         """A second process group per lane, for backward traffic (split P2P channels)."""
         for ranks in self._lanes():
-            group = dist.new_group(list(ranks))
+            group = self._new_group(ranks)
             if self.rank in ranks:
                 self._backward_lanes[ranks] = group
 

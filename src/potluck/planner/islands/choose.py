@@ -43,10 +43,10 @@ from potluck.planner.islands.exchange import (
     outer_exchange,
     pseudo_gradient_bytes,
 )
-from potluck.planner.islands.split import GAP_FACTOR, SLOW_LINK_BYTES_PER_S, Split
+from potluck.planner.islands.split import GAP_FACTOR, SLOW_LINK_BYTES_PER_S, Split, mixes_vendors
 from potluck.planner.options import SearchOptions
 from potluck.plans import DType, Pipeline, Plan, TrainingShape, check_plan
-from potluck.plans.islands import Compression, Island, Islands, SyncMethod
+from potluck.plans.islands import Compression, Island, Islands, SyncMethod, Transport
 
 INNER_STEPS = (10, 50, 100, 250, 500)  # H tried (DiLoCo 2023 used 500; its ablations fewer)
 FRAGMENTS = (1, 2, 4)  # streaming DiLoCo's fragments tried
@@ -151,14 +151,16 @@ def _memory_bytes(spec: ClusterSpec, machines: tuple[str, ...]) -> float:
 
 def assemble(spec: ClusterSpec, training: TrainingShape,
              parts: list[tuple[Plan, dict[str, str]]], islands: Islands) -> Plan:
-    """One plan of every island's pipelines (``islands``' members filled in)."""
+    """One plan of every island's pipelines (``islands``' members filled in; on a cluster of
+    several vendors, each island's transport host)."""
     first = parts[0][0]
     pipelines: list[Pipeline] = []
     members = []
+    transport = Transport.HOST if mixes_vendors(Cluster(spec)) else Transport.BACKEND
     for plan, ids in parts:
         start = len(pipelines)
         pipelines += [_remapped(p, ids, plan, k) for k, p in enumerate(plan.pipelines)]
-        members.append(Island(tuple(range(start, len(pipelines)))))
+        members.append(Island(tuple(range(start, len(pipelines))), transport))
     used = {d for p in pipelines for d in p.devices}
     unused = tuple(d.id for d in Cluster(spec).devices if d.id not in used)
     return Plan(spec, first.model, training, tuple(pipelines), schedule=first.schedule,
@@ -264,6 +266,9 @@ def choice_notes(choice: IslandChoice, sync_s: float | None) -> tuple[str, ...]:
                f" against {_hours(sync_s)} synchronous ({sync_s / choice.time_to_target_s:.2f}x)")
     why = ("" if split.inside_bytes_per_s >= GAP_FACTOR * split.between_bytes_per_s else
            f" (every link between machines under {_gbps(SLOW_LINK_BYTES_PER_S)}: split evenly)")
+    if islands.host_staged:
+        why = (" (islands of one vendor each: no backend joins two, so they meet through "
+               "host memory over gloo)")
     stale = (f" at most {islands.staleness} push(es) stale"
              if islands.sync is SyncMethod.BOUNDED else "")
     return (

@@ -9,6 +9,11 @@
   today's search alone, at no extra cost; else both, and the faster to the target loss
   (synchronous training's loss after ``target_tokens``, by default Chinchilla's 20 tokens
   per parameter) first, the other's time said in a note.
+- a cluster of several vendors (NVIDIA, AMD, CPUs): ``auto`` takes islands of one vendor
+  each, meeting through host memory (:func:`.split.candidate_splits`), without comparing a
+  synchronous plan, which no backend runs (``--sync sync`` is a one-line error); where no
+  such island holds the model (or a pin rules islands out), today's search, its plan noted
+  as one that runs only emulated.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from potluck.planner.islands.choose import (
     sync_time_to_target_s,
 )
 from potluck.planner.islands.convergence import default_tokens
-from potluck.planner.islands.split import candidate_splits, machines
+from potluck.planner.islands.split import candidate_splits, machines, mixes_vendors
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
+from potluck.plans.feasibility import vendors_problem
 from potluck.plans.islands import SyncMethod
 
 SyncSearch = Callable[[], SearchResult]
@@ -52,13 +58,18 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     """The plans ``options.sync`` asks for (see the module docstring); ``sync_search`` runs
     today's search."""
     sync = options.sync
-    if sync is SyncMethod.SYNC:
-        return sync_search()
     cluster = Cluster(spec)
+    mixed = mixes_vendors(cluster)
+    if sync is SyncMethod.SYNC:
+        if mixed:
+            raise ConfigError(f"--sync sync joins every machine of {spec.name!r} every step, "
+                              "but its vendors share no backend; use --sync auto, diloco or "
+                              "bounded (islands of one vendor each, through host memory)")
+        return sync_search()
     refusal = _pin_refusal(options)
     if refusal:
         if sync is None:
-            return sync_search()
+            return _one_job(sync_search(), mixed)
         raise ConfigError(f"--sync {sync.value} {refusal}")
     if sync is not None and len(machines(cluster)) < 2:
         raise ConfigError(f"--sync {sync.value} splits the cluster into islands of machines, "
@@ -74,7 +85,22 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
             raise InfeasibleError(f"no split of {spec.name!r} into islands holds the model in "
                                   "every island; use --sync sync or auto")
         return _islands_result(choice, None, None)
+    if mixed:
+        return _islands_result(choice, None, None) if choice is not None else \
+            _one_job(sync_search(), mixed)
     return _auto(choice, sync_search, target)
+
+
+def _one_job(result: SearchResult, mixed: bool) -> SearchResult:
+    """``result``, with a note where its best plan joins two vendors every step (a plan
+    that runs only emulated: no island of one vendor holds the model, or a pin rules
+    islands out)."""
+    problem = vendors_problem(result.best) if mixed else None
+    if problem is None:
+        return result
+    note = ("no island of one vendor could train the model, so this plan joins vendors "
+            "every step and runs only emulated (--emulate): " + problem)
+    return replace(result, notes=(*result.notes, note))
 
 
 def _pin_refusal(options: SearchOptions) -> str | None:

@@ -12,6 +12,10 @@ candidate splits (:func:`candidate_splits`):
   :data:`SLOW_LINK_BYTES_PER_S` and no gap splits them (eight desktops on one 1 Gb/s
   switch), the machines in order split into 2, 4, 8, ... islands of equal size.
 
+- **by vendor**: on a cluster of several vendors (NVIDIA, AMD, CPUs; no backend joins two),
+  every split keeps each island one vendor's, and the split by vendor is always a candidate;
+  the islands then meet through host memory (``Island.transport`` host).
+
 Splits into more than :data:`MAX_ISLANDS` islands are not tried: the convergence model's
 sources stop there (:mod:`potluck.planner.islands.convergence`), and each island is one more
 search. A cluster with neither (:func:`has_slow_links` false) is planned without islands, so
@@ -118,9 +122,41 @@ def slow_network(cluster: Cluster) -> bool:
     return bool(links) and max(links.values()) < SLOW_LINK_BYTES_PER_S
 
 
+def machine_vendors(cluster: Cluster) -> dict[str, str]:
+    """Each machine's vendor (its first device's: nvidia, amd, cpu), in cluster order."""
+    return {node: device.type.vendor.value for node, device in machines(cluster).items()}
+
+
+def mixes_vendors(cluster: Cluster) -> bool:
+    """Whether the cluster's machines are of several vendors (no backend joins them)."""
+    return len(set(machine_vendors(cluster).values())) > 1
+
+
+def vendor_split(cluster: Cluster) -> Split:
+    """One island per vendor, its machines in cluster order."""
+    vendors = machine_vendors(cluster)
+    islands = tuple(tuple(n for n in vendors if vendors[n] == v)
+                    for v in dict.fromkeys(vendors.values()))
+    return measured(islands, machine_links(cluster))
+
+
+def _one_vendor_each(split: Split, vendors: dict[str, str]) -> bool:
+    return all(len({vendors[n] for n in island}) == 1 for island in split.islands)
+
+
 def candidate_splits(cluster: Cluster, *, forced: bool = False) -> list[Split]:
     """The splits worth searching: at a gap, else even ones on a slow network (``forced``:
-    even ones on any network of two machines or more, for a pinned ``--sync``)."""
+    even ones on any network of two machines or more, for a pinned ``--sync``). On a cluster
+    of several vendors, only splits whose islands are one vendor's each, the split by vendor
+    always among them (its islands then meet through host memory,
+    :func:`~potluck.plans.feasibility.vendors_problem`)."""
+    if mixes_vendors(cluster):
+        vendors = machine_vendors(cluster)
+        found = [s for s in gap_splits(cluster) + even_splits(cluster)
+                 if _one_vendor_each(s, vendors)]
+        by_vendor = vendor_split(cluster)
+        return [*found, by_vendor] if by_vendor.islands not in {s.islands for s in found} \
+            else found
     gaps = gap_splits(cluster)
     if gaps:
         return gaps

@@ -32,7 +32,10 @@ optimizer copies them to the parameters; else the parameters themselves.
 emulator can time it): FP32, or rounded to bf16/fp16 and all-reduced in that dtype, or int8
 with one FP32 absmax scale per :data:`~potluck.plans.islands.INT8_BLOCK` values, all-gathered
 and summed after dequantizing (a sum of int8 would overflow). It counts the bytes this rank
-puts on the wire (the payload of each collective, in the wire format).
+puts on the wire (the payload of each collective, in the wire format). Where some island's
+transport is ``host`` the cross-island groups are gloo groups
+(:meth:`~potluck.runtime.layout.Layout.on_host`) and the wire stages each payload through
+pinned host memory and brings the sum back to the device.
 """
 
 from __future__ import annotations
@@ -123,11 +126,17 @@ class Pending:
 
 class CrossIslandWire:
     """Sums flat FP32 tensors over a cross-island group in the plan's wire format, and
-    counts the bytes sent (the seam an emulator stretches to a slow link's time)."""
+    counts the bytes sent (the seam an emulator stretches to a slow link's time).
 
-    def __init__(self, compression: Compression, device: torch.device) -> None:
+    ``host``: the groups are gloo groups beside the backend's (``Islands.host_staged``):
+    each payload goes device -> pinned host memory -> the gloo collective, and the sum comes
+    back to the device."""
+
+    def __init__(self, compression: Compression, device: torch.device, host: bool = False
+                 ) -> None:
         self.compression = compression
-        self.device = device  # where the group's backend takes tensors (a GPU for NCCL)
+        self.device = device  # where the sums land (this rank's device)
+        self.host = host
         self.bytes_sent = 0
 
     def start(self, flat: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
@@ -138,18 +147,18 @@ class CrossIslandWire:
             return self._start_int8(flat, group)
         dtype = {Compression.BF16: torch.bfloat16,
                  Compression.FP16: torch.float16}.get(self.compression, torch.float32)
-        wire = flat.to(dtype)
+        wire = self._staged(flat.to(dtype))
         self.bytes_sent += wire.numel() * wire.element_size()
         work = dist.all_reduce(wire, group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             work.wait()
-            return wire.to(torch.float32)
+            return self._landed(wire.to(torch.float32))
 
         return Pending(finish)
 
     def _start_int8(self, flat: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
-        values, scales = quantize_int8(flat)
+        values, scales = (self._staged(t) for t in quantize_int8(flat))
         self.bytes_sent += values.numel() + scales.numel() * scales.element_size()
         size = dist.get_world_size(group)
         all_values = [torch.empty_like(values) for _ in range(size)]
@@ -160,12 +169,27 @@ class CrossIslandWire:
         def finish() -> torch.Tensor:
             for work in works:
                 work.wait()
-            total = torch.zeros_like(flat)
+            total = torch.zeros(flat.numel(), dtype=torch.float32, device=values.device)
             for v, s in zip(all_values, all_scales, strict=True):
                 total += dequantize_int8(v, s, flat.numel())
-            return total
+            return self._landed(total)
 
         return Pending(finish)
+
+    def _staged(self, payload: torch.Tensor) -> torch.Tensor:
+        """The payload where the group's backend takes it: as it is, or (host-staged) copied
+        to pinned host memory (pinned where the device is a GPU: its copy is a DMA, and the
+        blocking copy has landed before gloo reads it)."""
+        if not self.host or self.device.type == "cpu":
+            return payload
+        staged = torch.empty(payload.shape, dtype=payload.dtype, device="cpu",
+                             pin_memory=True)
+        staged.copy_(payload)
+        return staged
+
+    def _landed(self, total: torch.Tensor) -> torch.Tensor:
+        """The sum on the wire's device (host-staged: copied back from host memory)."""
+        return total.to(self.device) if self.host else total
 
 
 def quantize_int8(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +220,7 @@ class _Exchange:
         self.layout = layout
         self.islands = layout.plan.islands
         self.masters = masters
-        self.wire = CrossIslandWire(self.islands.compression, device)
+        self.wire = CrossIslandWire(self.islands.compression, device, self.islands.host_staged)
         self.full = FullLayout(layout.role.tp_rank)
         units = parameter_units(layout.plan.model, layout.plan.ep)
         base_units = [u for u in units if expert_shard(u) is None]

@@ -3,9 +3,10 @@
 :func:`check_local` runs in the launching process of ``potluck train``: the
 plan (and the plan actually computed, with a stand-in) is valid, the counts,
 learning rate and flags make sense (:func:`check_options`, which ``potluck train``
-also runs before it plans), one backend serves every rank (no CPU ranks among GPUs
-unless emulated: :func:`~potluck.runtime.launch.gpus.world_backend`, which each rank
-also checks, and ``potluck train --print-commands``), a plan that spans several
+also runs before it plans), the ranks' backends join them (ranks of several vendors, CPUs
+among GPUs, only as host-staged islands of one vendor each unless emulated:
+:func:`~potluck.runtime.launch.gpus.world_backend`, which each rank also checks, and
+``potluck train --print-commands``), a plan that spans several
 machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVICES``
 shows them, the data holds at least one sequence and the
 tokenizer fits the model, a resumed run's newest checkpoint was saved by the model

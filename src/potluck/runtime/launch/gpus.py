@@ -3,10 +3,20 @@
 Pure functions of the plan and the environment's strings (no torch import), so the
 checks before launch and every rank decide the same way:
 
-- :func:`world_backend`: nccl when every rank of the plan is a GPU, gloo when every
-  rank is a CPU or the run is emulated. A plan that mixes CPU ranks with GPUs is
-  refused: nccl needs a GPU on every rank, and potluck's GPU ranks keep their tensors
-  on the GPU, which gloo's send and receive do not take.
+- :func:`world_backend`: nccl when every rank of the plan is a GPU of one vendor (RCCL on
+  AMD: ROCm's torch names it ``nccl``), gloo when every rank is a CPU or the run is
+  emulated. Ranks of several vendors (NVIDIA, AMD, CPUs) run only as host-staged islands of
+  one vendor each (the plan's rule, :func:`~potluck.plans.feasibility.vendors_problem`);
+  then the world's default group is gloo, which spans everything, and each GPU island's own
+  groups take ``nccl`` (:func:`island_backend`, a backend per ``new_group``). torch 2.13's
+  ``torch/distributed/distributed_c10d.py`` allows it: ``BackendConfig.__init__`` maps a
+  single backend name to every device its ``Backend.backend_capability`` lists (gloo: cpu and
+  cuda tensors; nccl: cuda only), so a gloo world takes a GPU rank's tensors too, where the
+  device map ``"cpu:gloo,cuda:nccl"`` would send them to NCCL, which joins no two vendors;
+  ``_new_process_group_helper`` returns ``NON_GROUP_MEMBER`` to a rank outside a new group
+  before it makes any backend, so a CPU rank takes part in creating a GPU island's NCCL
+  groups without NCCL of its own (no ``device_id`` is bound to a gloo world, so no
+  communicator split runs on non-members).
 - :func:`start_method`: ranks of a GPU run are spawned (a fresh interpreter each, so no
   CUDA state of any process can reach them); CPU ranks are forked from a fork server
   that has imported torch, transformers and potluck, never the caller's module.
@@ -19,9 +29,11 @@ from __future__ import annotations
 
 from enum import Enum
 
+from potluck.cluster.catalog import Vendor
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan
+from potluck.plans.feasibility import vendors_problem
 
 DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's numbering is nvidia-smi's
 _LISTED_BY_NAME = ("GPU-", "MIG-")
@@ -35,26 +47,44 @@ class StartMethod(str, Enum):
 
 
 def world_backend(plan: Plan, emulate: bool) -> str:
-    """The one torch.distributed backend every rank of ``plan`` joins with."""
+    """The backend of the world's default group (see the module docstring)."""
     if emulate:
         return "gloo"
-    cluster = Cluster(plan.cluster)
-    cpus = [d for d in plan.devices if cluster.device(d).type.is_cpu]
-    if not cpus:
-        return "nccl"
-    if len(cpus) == len(plan.devices):
+    vendors = _vendors(plan)
+    if vendors == {Vendor.CPU}:
         return "gloo"
-    gpus = [d for d in plan.devices if d not in cpus]
-    raise ConfigError(
-        f"the plan mixes CPU ranks ({_some(cpus)}) with GPUs ({_some(gpus)}), but one "
-        "backend must serve every rank (nccl needs a GPU on each); make the plan from the "
-        "GPUs only, or dry-run it on CPU with --emulate")
+    if len(vendors) == 1:
+        return "nccl"
+    problem = vendors_problem(plan)
+    if problem:
+        raise ConfigError(problem)
+    return "gloo"
+
+
+def island_backend(plan: Plan, emulate: bool) -> str | None:
+    """The backend of the groups of GPU ranks where the world is gloo across vendors (the
+    islands' own groups: NCCL on NVIDIA, RCCL on AMD, which ROCm's torch names ``nccl``);
+    None where every group takes the world's backend."""
+    if emulate or len(_vendors(plan)) < 2 or world_backend(plan, emulate) != "gloo":
+        return None
+    return "nccl"
+
+
+def rank_on_gpu(plan: Plan, device_id: str, emulate: bool) -> bool:
+    """Whether the rank that runs ``device_id`` computes on a GPU."""
+    return not emulate and not Cluster(plan.cluster).device(device_id).type.is_cpu
 
 
 def start_method(plan: Plan, emulate: bool) -> StartMethod:
-    """Spawn the ranks of a GPU run; fork the others from a fork server."""
-    return StartMethod.SPAWN if world_backend(plan, emulate) == "nccl" else \
-        StartMethod.FORK_SERVER
+    """Spawn the ranks of a run with a GPU rank; fork the others from a fork server."""
+    world_backend(plan, emulate)  # a plan no backend serves is refused before any rank starts
+    gpus = any(rank_on_gpu(plan, d, emulate) for d in plan.devices)
+    return StartMethod.SPAWN if gpus else StartMethod.FORK_SERVER
+
+
+def _vendors(plan: Plan) -> set[Vendor]:
+    cluster = Cluster(plan.cluster)
+    return {cluster.device(d).type.vendor for d in plan.devices}
 
 
 def cuda_ordinal(device_id: str, gpu_index: int, visible: str | None) -> int:
@@ -104,6 +134,3 @@ def _visible_numbers(visible: str) -> list[int]:
         numbers.append(number)
     return numbers
 
-
-def _some(device_ids: list[str]) -> str:
-    return ", ".join(device_ids[:3]) + (", ..." if len(device_ids) > 3 else "")

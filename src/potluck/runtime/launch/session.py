@@ -4,8 +4,9 @@
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, plus
 potluck's ``POTLUCK_DEVICE`` or ``POTLUCK_NODE``), checks the world against
 the plan before anything can hang, initializes torch.distributed with one
-backend for the whole world (nccl when every rank is a GPU, gloo when every rank
-is a CPU or emulated: :func:`~potluck.runtime.launch.gpus.world_backend`),
+backend for the whole world (nccl when every rank is a GPU of one vendor, gloo when every
+rank is a CPU or emulated, or when host-staged islands join vendors, whose GPU islands then
+create their own groups over nccl: :mod:`~potluck.runtime.launch.gpus`),
 gathers every rank's device id, starts the watchdog, creates the layout's
 process groups and uses each once (:mod:`~potluck.runtime.launch.warmup`), so
 every communicator exists before the first step. A GPU rank joins with its
@@ -43,6 +44,8 @@ from potluck.runtime.launch.gpus import (
     DEVICE_ORDER,
     check_visible_count,
     cuda_ordinal,
+    island_backend,
+    rank_on_gpu,
     world_backend,
 )
 from potluck.runtime.launch.precision import TorchPrecision, apply_precision, torch_precision
@@ -210,7 +213,8 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
         )
     device_id = local_device_id(plan, rank, local_rank)
     backend = world_backend(plan, emulate)
-    device = _gpu(plan, device_id) if backend == "nccl" else torch.device("cpu")
+    device = _gpu(plan, device_id) if rank_on_gpu(plan, device_id, emulate) else \
+        torch.device("cpu")
     _init_process_group(rank, world, backend, timeout_s, device)
     devices: list[str | None] = [None] * world
     dist.all_gather_object(devices, device_id)
@@ -220,7 +224,7 @@ def start(plan: Plan, *, emulate: bool = False, timeout_s: float = DEFAULT_TIMEO
     watchdog.start()  # before the groups: every rank leaves the all-gather together
     session = Session(plan, layout, device, watchdog)
     with session.guard():
-        layout.create_groups()
+        layout.create_groups(island_backend(plan, emulate))
         warm_up(layout, device)
     apply_precision(session.precision)
     return session
@@ -234,7 +238,7 @@ def _init_process_group(rank: int, world: int, backend: str, timeout_s: float,
         return
     timeout = timedelta(seconds=timeout_s)
     common: dict[str, Any] = {"rank": rank, "world_size": world, "timeout": timeout}
-    if device.type == "cuda":
+    if backend == "nccl":
         common["device_id"] = device
     if world == 1 and "MASTER_ADDR" not in os.environ:  # a plain script: an in-process store
         dist.init_process_group(backend, store=dist.HashStore(), **{**common, "rank": 0})

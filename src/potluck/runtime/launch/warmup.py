@@ -12,7 +12,8 @@ send between each pair of neighbouring stages on each of its pipeline lanes (the
 forward lane and, with split P2P channels, the backward one). Each rank takes
 its part in one order shared by all ranks (groups in creation order, then the
 lanes' pairs in lane order), so no two ranks wait on each other crosswise.
-On gloo the same calls only confirm that every group is connected.
+On gloo the same calls only confirm that every group is connected; a host-staged
+cross-island group (gloo beside NCCL) is used with a host tensor.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from potluck.runtime.layout import Layout
 
 def warm_up(layout: Layout, device: torch.device) -> None:
     """Use every process group of ``layout`` this rank is in once (see the module docstring)."""
-    for _, group in layout.member_groups():
-        dist.all_reduce(torch.ones(1, device=device), group=group)
+    for ranks, group in layout.member_groups():
+        on = torch.device("cpu") if layout.on_host(ranks) else device
+        dist.all_reduce(torch.ones(1, device=on), group=group)
     for group in _lane_groups(layout):
         for pair in layout.lane_neighbours():
             _exchange(layout.rank, pair, group, device)
