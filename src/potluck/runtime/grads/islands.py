@@ -338,8 +338,7 @@ class DilocoSync:
     @property
     def delay(self) -> int:
         """Inner steps between sending a fragment and applying its average (0: blocking)."""
-        fragments = self.islands.fragments
-        return 0 if fragments == 1 else max(1, self.islands.inner_steps // fragments)
+        return self.islands.overlap_steps
 
     def after_step(self, step: int) -> IslandReport | None:
         while self.inflight and self.inflight[0].due <= step:
