@@ -34,6 +34,7 @@ class OpKind(str, Enum):
     TP_ALLREDUCE = "tp_allreduce"  # a forward's or backward's tensor-parallel collectives
     DP_ALLREDUCE = "dp_allreduce"  # the gradient reduction across data-parallel replicas
     PARAM_ALLGATHER = "param_allgather"  # ZeRO-1/2: updated parameters back to every replica
+    OUTER_SYNC = "outer_sync"  # islands: a fragment's exchange across islands (diloco, bounded)
 
     def __str__(self) -> str:
         """The trace name, also in f-strings (as on every Python version)."""
@@ -57,4 +58,4 @@ class OpKind(str, Enum):
 
 _COMM = frozenset({OpKind.SEND_FORWARD, OpKind.RECV_FORWARD, OpKind.SEND_BACKWARD,
                    OpKind.RECV_BACKWARD, OpKind.TP_ALLREDUCE, OpKind.DP_ALLREDUCE,
-                   OpKind.PARAM_ALLGATHER})
+                   OpKind.PARAM_ALLGATHER, OpKind.OUTER_SYNC})

@@ -23,6 +23,7 @@ class IslandReport:
     weights: list[dict[str, torch.Tensor]]  # this rank's local weights: initial, then per step
     units: dict[str, str]  # each local parameter's unit
     drained: dict[str, torch.Tensor]  # the weights once every push in flight has landed
+    before: list[dict[str, torch.Tensor]]  # per step: the weights before its exchanges
 
 
 def split(plan: Plan, *members: tuple[int, ...], **kwargs) -> Plan:
@@ -40,13 +41,20 @@ def _train(plan: Plan, steps: int, lr: float) -> IslandReport:
         trainer = Trainer(model, optimizer, lr=lr, max_grad_norm=None)
         shape = plan.training
         data = RandomTokens(plan.model.vocab_size, shape.seq_len, shape.global_batch)
-        metrics, weights = [], [_weights(model)]
+        metrics, weights, before = [], [_weights(model)], []
+        exchange = trainer.islands.after_step
+
+        def recorded(step: int):
+            before.append(_weights(model))
+            return exchange(step)
+
+        trainer.islands.after_step = recorded
         for step in range(steps):
             metrics.append(trainer.step(data.replica_rows(step, *session.layout.batch_rows)))
             weights.append(_weights(model))
         trainer.islands.drain()
         return IslandReport(session.layout.role.pipeline, metrics, weights, model.units,
-                            _weights(model))
+                            _weights(model), before)
     finally:
         session.close()
 

@@ -139,6 +139,13 @@ class Islands:
         of units, as streaming DiLoCo splits a model by layers."""
         return min(self.fragments - 1, unit_index * self.fragments // max(1, num_units))
 
+    @property
+    def overlap_steps(self) -> int:
+        """Inner steps a diloco fragment's exchange overlaps before its average is applied:
+        ``H // F``, until the next fragment is due (streaming DiLoCo); 0 with one fragment
+        (blocking)."""
+        return 0 if self.fragments == 1 else max(1, self.inner_steps // self.fragments)
+
     def exchanges_at(self, step: int, fragment: int) -> bool:
         """Whether fragment ``fragment`` is exchanged after inner step ``step`` (1-based):
         fragment ``f`` every H steps, offset by ``f * H / fragments`` (streaming DiLoCo)."""

@@ -86,19 +86,38 @@ def _values(run, fragment: int) -> int:
                if _fragment_of(unit) == fragment)
 
 
-def test_fragments_are_exchanged_at_their_steps_only():
-    """H=2, two fragments: the last blocks and the head go after step 1, the embedding and
-    first blocks after step 2; the bytes counted are those of the fragment sent (FP32)."""
-    plan = split(_replicas(2), (0,), (1,), inner_steps=2, fragments=2)
+def test_fragments_are_exchanged_at_their_steps_only_and_applied_h_over_f_steps_late():
+    """H=2, two fragments, outer lr 1 and no momentum (the new outer weights are the mean of
+    the islands' weights when sent): the last blocks and the head are sent after step 1 and
+    applied after step 2, keeping each island's progress of step 2; the embedding and first
+    blocks are sent after step 2 and applied at the end of the run (streaming DiLoCo). The
+    bytes counted are those of the fragment sent (FP32)."""
+    plan = split(_replicas(2), (0,), (1,), inner_steps=2, fragments=2, outer_lr=1.0,
+                 outer_momentum=0.0)
     runs = sorted(train_islands(plan, 2), key=lambda r: r.pipeline)
-    by_fragment = {f: [n for n, u in runs[0].units.items() if _fragment_of(u) == f]
-                   for f in (0, 1)}
+    late, first = ([n for n, u in runs[0].units.items() if _fragment_of(u) == f] for f in (1, 0))
     after_one = [r.weights[1] for r in runs]
-    assert not _differ(after_one[0], after_one[1], by_fragment[1])
-    assert _differ(after_one[0], after_one[1], by_fragment[0])
-    sent = [m.bytes_exchanged_across_islands for m in runs[0].metrics]
-    assert sent == [2 * 4 * _values(runs[0], 1), 2 * 4 * _values(runs[0], 0)]  # 2 ranks, FP32
-    assert 0 < sent[0] and 0 < sent[1]
+    assert _differ(after_one[0], after_one[1], late)  # in flight: not applied yet
+    outer = _mean([r.weights[1] for r in runs], late)
+    for run in runs:
+        before, after, sent = (as_tensors(w) for w in (run.before[1], run.weights[2],
+                                                      run.weights[1]))
+        for name in late:  # new outer weights + progress since sent
+            torch.testing.assert_close(after[name], outer[name] + before[name] - sent[name],
+                                       atol=1e-6, rtol=1e-5, msg=name)
+    assert _differ(runs[0].weights[2], runs[1].weights[2], late)  # their own progress
+    drained = _mean([r.before[1] for r in runs], first)
+    for run in runs:
+        _assert_same_weights({n: run.drained[n] for n in first},
+                             {n: drained[n].numpy() for n in first}, atol=1e-6, rtol=1e-5)
+    sent_bytes = [m.bytes_exchanged_across_islands for m in runs[0].metrics]
+    assert sent_bytes == [2 * 4 * _values(runs[0], 1), 2 * 4 * _values(runs[0], 0)]  # FP32
+
+
+def _mean(weights: list[dict], names: list[str]) -> dict[str, torch.Tensor]:
+    """The islands' mean of ``names`` (equal batch shares)."""
+    tensors = [as_tensors(w) for w in weights]
+    return {n: sum(t[n] for t in tensors) / len(tensors) for n in names}
 
 
 def _moved(run, step: int) -> float:

@@ -15,7 +15,8 @@ it that training waits for.
 - **Exposed per inner step**: plain DiLoCo blocks at each outer step, so its whole exchange
   is exposed once every H steps. Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512)
   sends F fragments at staggered steps (:meth:`potluck.plans.islands.Islands.exchanges_at`),
-  each overlapping the inner steps until the next fragment is due (H/F steps): a fragment's
+  each overlapping the inner steps until the next fragment is due (``H // F`` whole steps,
+  :attr:`~potluck.plans.islands.Islands.overlap_steps`, when the runtime applies it): a fragment's
   exposed part is ``max(0, its time - the compute it overlaps)``. ``bounded`` overlaps its
   exchange with ``staleness`` pushes' worth of steps (H each).
 """
@@ -89,7 +90,7 @@ def exchange_s(num_bytes: float, islands: int, link: RingLink) -> float:
 
 def exposed_per_step_s(islands: Islands, whole_exchange_s: float, step_s: float) -> float:
     """The part of the outer exchange that training waits for, per inner step (see the
-    module docstring): diloco blocks for each fragment beyond the ``H/F`` steps it overlaps
+    module docstring): diloco blocks for each fragment beyond the ``H // F`` steps it overlaps
     (one fragment: no overlap); bounded overlaps ``staleness * H`` steps."""
     h = islands.inner_steps
     if not islands.split:
@@ -98,7 +99,7 @@ def exposed_per_step_s(islands: Islands, whole_exchange_s: float, step_s: float)
         return max(0.0, whole_exchange_s - islands.staleness * h * step_s) / h
     fragments = islands.fragments
     fragment_s = whole_exchange_s / fragments
-    overlapped_s = (h / fragments) * step_s if fragments > 1 else 0.0
+    overlapped_s = islands.overlap_steps * step_s  # the runtime applies it then (whole steps)
     return fragments * max(0.0, fragment_s - overlapped_s) / h
 
 

@@ -8,8 +8,15 @@ model order, embedding, blocks, head; ``Islands.exchanges_at`` says when):
 - :class:`DilocoSync` (DiLoCo, arXiv:2311.08105): an FP32 snapshot of the weights at the
   fragment's last outer step is kept on the host; the pseudo-gradient ``snapshot - weights``
   is averaged over the islands and the outer optimizer (SGD, Nesterov momentum when the
-  momentum is not 0) steps the snapshot, which becomes the weights. With H=1, an inner SGD,
-  outer learning rate 1 and momentum 0 this is synchronous data parallelism exactly;
+  momentum is not 0) steps the snapshot, which becomes the weights. With one fragment the
+  exchange blocks; with H=1, an inner SGD, outer learning rate 1 and momentum 0 this is
+  synchronous data parallelism exactly. With F > 1 fragments (streaming DiLoCo, Douillard
+  et al. 2025, arXiv:2501.18512, section 2.3: the outer all-reduce overlaps tau inner steps)
+  a fragment's average is started at its step and applied ``H // F`` steps later, when the
+  next fragment is due (as the planner's exposed time assumes,
+  :func:`potluck.planner.islands.exchange.exposed_per_step_s`), or at the end of the run:
+  the island keeps its progress since it sent, ``weights = new snapshot + (weights now -
+  weights when sent)``, as bounded does;
 - :class:`BoundedSync` (HetPipe, SDPipe): each island's update since its last push is
   averaged with an asynchronous all-reduce while the island trains on; the average is
   applied (``weights += average - own update``) when it arrives, and at the latest
@@ -28,8 +35,9 @@ shards the unit alike, else the full tensors of :class:`~.buckets.FullLayout`).
 an offloaded optimizer's host masters) the exchange reads and writes the masters, and the
 optimizer copies them to the parameters; else the parameters themselves.
 
-**The wire** (:class:`CrossIslandWire`, the one function that crosses islands, so an
-emulator can time it): FP32, or rounded to bf16/fp16 and all-reduced in that dtype, or int8
+**The wire** (:class:`CrossIslandWire`, the one function that crosses islands; it hands
+each collective to the model's clock as an ``outer_sync`` op, so an emulation times it on the
+slow link): FP32, or rounded to bf16/fp16 and all-reduced in that dtype, or int8
 with one FP32 absmax scale per :data:`~potluck.plans.islands.INT8_BLOCK` values, all-gathered
 and summed after dequantizing (a sum of int8 would overflow). It counts the bytes this rank
 puts on the wire (the payload of each collective, in the wire format). Where some island's
@@ -50,10 +58,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from potluck.ops import OpKind
 from potluck.placement import block_index, block_unit, expert_shard, parameter_units
 from potluck.plans.islands import INT8_BLOCK, Compression, SyncMethod
 from potluck.runtime.grads.buckets import Bucket, FullLayout, SyncedParam, local, plan_buckets
+from potluck.runtime.grads.gather import bucket_units
 from potluck.runtime.layout import Layout
+from potluck.runtime.timing.clock import Clock, CommOp, NullClock, Waitable
 
 INT8_MAX = 127.0
 
@@ -130,26 +141,29 @@ class CrossIslandWire:
 
     ``host``: the groups are gloo groups beside the backend's (``Islands.host_staged``):
     each payload goes device -> pinned host memory -> the gloo collective, and the sum comes
-    back to the device."""
+    back to the device. ``clock``: the model's clock now (an emulation is set after the
+    trainer), which times each exchange as one ``outer_sync`` op."""
 
-    def __init__(self, compression: Compression, device: torch.device, host: bool = False
-                 ) -> None:
+    def __init__(self, compression: Compression, device: torch.device, host: bool = False,
+                 clock: Callable[[], Clock] = NullClock) -> None:
         self.compression = compression
         self.device = device  # where the sums land (this rank's device)
         self.host = host
+        self.clock = clock
         self.bytes_sent = 0
 
-    def start(self, flat: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
-        """Start summing ``flat`` over ``group`` (asynchronously); the sum comes back on the
-        wire's device."""
+    def start(self, flat: torch.Tensor, group: dist.ProcessGroup | None,
+              units: tuple[str, ...] = ()) -> Pending:
+        """Start summing ``flat`` (the values of parameter ``units``) over ``group``
+        (asynchronously); the sum comes back on the wire's device."""
         flat = flat.to(self.device)
         if self.compression is Compression.INT8:
-            return self._start_int8(flat, group)
+            return self._start_int8(flat, group, units)
         dtype = {Compression.BF16: torch.bfloat16,
                  Compression.FP16: torch.float16}.get(self.compression, torch.float32)
         wire = self._staged(flat.to(dtype))
         self.bytes_sent += wire.numel() * wire.element_size()
-        work = dist.all_reduce(wire, group=group, async_op=True)
+        work = self._timed([dist.all_reduce(wire, group=group, async_op=True)], units)
 
         def finish() -> torch.Tensor:
             work.wait()
@@ -157,18 +171,23 @@ class CrossIslandWire:
 
         return Pending(finish)
 
-    def _start_int8(self, flat: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
+    def _timed(self, works: list[Any], units: tuple[str, ...]) -> Waitable:
+        """The collectives ``works`` handed to the clock as one ``outer_sync`` op."""
+        return self.clock().start_comm(CommOp(OpKind.OUTER_SYNC, -1, units), _AllOf(works))
+
+    def _start_int8(self, flat: torch.Tensor, group: dist.ProcessGroup | None,
+                    units: tuple[str, ...]) -> Pending:
         values, scales = (self._staged(t) for t in quantize_int8(flat))
         self.bytes_sent += values.numel() + scales.numel() * scales.element_size()
         size = dist.get_world_size(group)
         all_values = [torch.empty_like(values) for _ in range(size)]
         all_scales = [torch.empty_like(scales) for _ in range(size)]
-        works = [dist.all_gather(all_values, values, group=group, async_op=True),
-                 dist.all_gather(all_scales, scales, group=group, async_op=True)]
+        work = self._timed([dist.all_gather(all_values, values, group=group, async_op=True),
+                            dist.all_gather(all_scales, scales, group=group, async_op=True)],
+                           units)
 
         def finish() -> torch.Tensor:
-            for work in works:
-                work.wait()
+            work.wait()
             total = torch.zeros(flat.numel(), dtype=torch.float32, device=values.device)
             for v, s in zip(all_values, all_scales, strict=True):
                 total += dequantize_int8(v, s, flat.numel())
@@ -190,6 +209,17 @@ class CrossIslandWire:
     def _landed(self, total: torch.Tensor) -> torch.Tensor:
         """The sum on the wire's device (host-staged: copied back from host memory)."""
         return total.to(self.device) if self.host else total
+
+
+@dataclass
+class _AllOf:
+    """Several collectives waited on as one."""
+
+    works: list[Any]
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
 
 
 def quantize_int8(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,11 +246,13 @@ class _Exchange:
     """This rank's parameters in the cross-island exchange, by fragment, in buckets."""
 
     def __init__(self, layout: Layout, named: list[tuple[str, nn.Parameter, str]],
-                 masters: Masters | None, device: torch.device) -> None:
+                 masters: Masters | None, device: torch.device,
+                 clock: Callable[[], Clock] = NullClock) -> None:
         self.layout = layout
         self.islands = layout.plan.islands
         self.masters = masters
-        self.wire = CrossIslandWire(self.islands.compression, device, self.islands.host_staged)
+        self.wire = CrossIslandWire(self.islands.compression, device,
+                                    self.islands.host_staged, clock)
         self.full = FullLayout(layout.role.tp_rank)
         units = parameter_units(layout.plan.model, layout.plan.ep)
         base_units = [u for u in units if expert_shard(u) is None]
@@ -256,7 +288,7 @@ class _Exchange:
             flat = torch.cat([w.reshape(-1) for w in weighted])
         else:
             flat = self.full.flat(bucket.items, weighted, torch.float32)
-        return self.wire.start(flat, bucket.group)
+        return self.wire.start(flat, bucket.group, bucket_units(bucket))
 
     def split(self, bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
         """The bucket's summed ``flat`` cut back into this rank's tensors."""
@@ -295,6 +327,17 @@ def _unit_index(unit: str, base_units: list[str]) -> int:
     return base_units.index(unit)
 
 
+@dataclass
+class _Sent:
+    """One fragment's pseudo-gradients in flight (streaming DiLoCo)."""
+
+    fragment: int
+    due: int  # the inner step after which the average is applied
+    pending: list[Pending]  # per bucket
+    sent: list[list[torch.Tensor]] | None  # per bucket: the weights when sent (None: blocking)
+    averaged: list[list[torch.Tensor]] | None = None  # per bucket, once it has arrived
+
+
 class DilocoSync:
     """DiLoCo's outer step, fragment by fragment (module docstring)."""
 
@@ -306,6 +349,7 @@ class DilocoSync:
             for key, e in exchange.entries.items()}
         self.optimizers = [self._outer_optimizer(f, lr, momentum)
                            for f in range(self.islands.fragments)]
+        self.inflight: deque[_Sent] = deque()
         self.outer_steps = 0
 
     def _outer_optimizer(self, fragment: int, lr: float, momentum: float
@@ -316,35 +360,65 @@ class DilocoSync:
             return None
         return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
+    @property
+    def delay(self) -> int:
+        """Inner steps between sending a fragment and applying its average (0: blocking)."""
+        return self.islands.overlap_steps
+
     def after_step(self, step: int) -> IslandReport | None:
+        while self.inflight and self.inflight[0].due <= step:
+            self._apply(self.inflight.popleft())
         exchanged = [f for f in range(self.islands.fragments)
                      if self.islands.exchanges_at(step, f)]
         for fragment in exchanged:
-            self._outer_step(fragment)
+            sent = self._send(fragment, step)
+            if self.delay:
+                self.inflight.append(sent)
+            else:
+                self._apply(sent)
         if 0 in exchanged:
             self.outer_steps += 1
-        sent = self.exchange.bytes_sent_world() if exchanged else 0
-        return IslandReport(self.outer_steps, sent, 0)
+        sent_bytes = self.exchange.bytes_sent_world() if exchanged else 0
+        return IslandReport(self.outer_steps, sent_bytes, 0)
 
     @torch.no_grad()
-    def _outer_step(self, fragment: int) -> None:
-        """Average the fragment's pseudo-gradients over the islands, step the snapshot with
-        the outer optimizer, and make it the weights."""
+    def _send(self, fragment: int, step: int) -> _Sent:
+        """Start averaging the fragment's pseudo-gradients over the islands."""
         buckets = self.exchange.fragments[fragment]
         pending = [self.exchange.start(b, self._deltas(b)) for b in buckets]
-        for bucket, work in zip(buckets, pending, strict=True):
-            averaged = self.exchange.split(bucket, work.wait())
+        sent = ([[v.detach().float().clone() for v in self.exchange.values(b)] for b in buckets]
+                if self.delay else None)
+        return _Sent(fragment, step + self.delay, pending, sent)
+
+    @torch.no_grad()
+    def _apply(self, sent: _Sent) -> None:
+        """Wait for the fragment's average, step its snapshot with the outer optimizer, and
+        make it the weights (plus the island's progress since it sent, when delayed)."""
+        buckets = self.exchange.fragments[sent.fragment]
+        for bucket, averaged in zip(buckets, self._arrived(sent), strict=True):
             for item, delta in zip(bucket.items, averaged, strict=True):
                 self.snapshots[id(item.param)].grad = delta.to("cpu")
-        optimizer = self.optimizers[fragment]
+        optimizer = self.optimizers[sent.fragment]
         if optimizer is None:
             return
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        for bucket in buckets:
-            for item, value in zip(bucket.items, self.exchange.values(bucket), strict=True):
-                value.copy_(self.snapshots[id(item.param)])
+        for index, bucket in enumerate(buckets):
+            for position, (item, value) in enumerate(
+                    zip(bucket.items, self.exchange.values(bucket), strict=True)):
+                outer = self.snapshots[id(item.param)].to(value.device)
+                if sent.sent is not None:
+                    outer = outer + (value.float() - sent.sent[index][position])
+                value.copy_(outer)
         self.exchange.written()
+
+    def _arrived(self, sent: _Sent) -> list[list[torch.Tensor]]:
+        """The fragment's averaged pseudo-gradients, per bucket (waits for them once)."""
+        if sent.averaged is None:
+            buckets = self.exchange.fragments[sent.fragment]
+            sent.averaged = [self.exchange.split(bucket, work.wait())
+                             for bucket, work in zip(buckets, sent.pending, strict=True)]
+        return sent.averaged
 
     def _deltas(self, bucket: Bucket) -> list[torch.Tensor]:
         """The pseudo-gradients: snapshot minus weights, in FP32."""
@@ -352,16 +426,56 @@ class DilocoSync:
                 for item, value in zip(bucket.items, self.exchange.values(bucket), strict=True)]
 
     def drain(self) -> None:
-        return None
+        """Apply every fragment still in flight (the end of a run, a saved state)."""
+        while self.inflight:
+            self._apply(self.inflight.popleft())
 
     def state_dict(self) -> dict[str, Any]:
         """``tensors``: copies of the snapshots and the outer momentum, by parameter name;
-        ``counters``: the outer steps done."""
+        ``counters``: the outer steps done; each fragment in flight (its average, waited
+        for, and the weights when sent, by ``inflight<i>.``, with its fragment and due step),
+        so a resume applies it at the step the uninterrupted run does."""
         tensors = _by_name(self.exchange, self.snapshots, "snapshot.")
         tensors.update(_by_name(self.exchange, self._momentum(), "momentum."))
-        return {"tensors": tensors, "counters": {"outer_steps": self.outer_steps}}
+        counters = {"outer_steps": self.outer_steps, "inflight": len(self.inflight)}
+        for index, sent in enumerate(self.inflight):
+            prefix = f"inflight{index}."
+            counters.update({f"{prefix}fragment": sent.fragment, f"{prefix}due": sent.due})
+            tensors.update(self._in_flight_tensors(sent, prefix))
+        return {"tensors": tensors, "counters": counters}
+
+    def _in_flight_tensors(self, sent: _Sent, prefix: str) -> dict[str, torch.Tensor]:
+        assert sent.sent is not None  # only delayed fragments stay in flight
+        found = {}
+        buckets = self.exchange.fragments[sent.fragment]
+        for bucket, averaged, weights in zip(buckets, self._arrived(sent), sent.sent,
+                                             strict=True):
+            for item, mean, weight in zip(bucket.items, averaged, weights, strict=True):
+                found[f"{prefix}average.{item.name}"] = mean.detach().to("cpu", copy=True)
+                found[f"{prefix}sent.{item.name}"] = weight.detach().to("cpu", copy=True)
+        return found
+
+    def _restore_in_flight(self, state: dict[str, Any]) -> None:
+        for sent in self.inflight:
+            self._arrived(sent)  # the collectives in flight finish on every rank
+        self.inflight.clear()
+        tensors, counters = state["tensors"], state["counters"]
+        for index in range(counters.get("inflight", 0)):
+            prefix = f"inflight{index}."
+            fragment = counters[f"{prefix}fragment"]
+            buckets = self.exchange.fragments[fragment]
+            averaged, weights = [], []
+            for bucket in buckets:
+                values = self.exchange.values(bucket)
+                averaged.append([tensors[f"{prefix}average.{item.name}"].to(value.device)
+                                 for item, value in zip(bucket.items, values, strict=True)])
+                weights.append([tensors[f"{prefix}sent.{item.name}"].to(value.device)
+                                for item, value in zip(bucket.items, values, strict=True)])
+            self.inflight.append(_Sent(fragment, counters[f"{prefix}due"], [], weights,
+                                       averaged))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restore_in_flight(state)
         tensors = state["tensors"]
         _load_by_name(self.exchange, self.snapshots, tensors, "snapshot.")
         for optimizer in self.optimizers:
@@ -491,15 +605,17 @@ class BoundedSync:
 
 
 def island_sync(layout: Layout, named: list[tuple[str, nn.Parameter, str]],
-                optimizer: Any, device: torch.device) -> IslandSync:
+                optimizer: Any, device: torch.device,
+                clock: Callable[[], Clock] = NullClock) -> IslandSync:
     """The exchange the plan's islands need: ``named`` is this rank's ``(name, parameter,
     unit)``; ``optimizer``, where it keeps FP32 masters, is read and written instead of the
-    parameters; ``device``: where collectives take their tensors."""
+    parameters; ``device``: where collectives take their tensors; ``clock``: gives the
+    model's clock when an exchange starts."""
     islands = layout.plan.islands
     if not islands.split:
         return NoIslands()
     masters = optimizer if hasattr(optimizer, "master_of") else None
-    exchange = _Exchange(layout, named, masters, device)
+    exchange = _Exchange(layout, named, masters, device, clock)
     if islands.sync is SyncMethod.DILOCO:
         return DilocoSync(exchange, islands.outer_lr, islands.outer_momentum)
     return BoundedSync(exchange, islands.staleness)

@@ -294,7 +294,7 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, self.schedule)
         self.islands = island_sync(
             model.layout, [(n, p, model.units[n]) for n, p in model.named_parameters()],
-            self.optimizer, model.session.device)
+            self.optimizer, model.session.device, lambda: self.model.clock)
         self.max_grad_norm = max_grad_norm
         self.callbacks = list(callbacks) if model.layout.rank == 0 else []
         prediction = model.layout.plan.prediction

@@ -24,7 +24,9 @@ waits, is what the runtime's own order of ops makes it:
 - asynchronous collectives the runtime starts (:meth:`EmulationClock.start_comm`: the
   executor's all-reduces, the priority schedule's parameter all-gathers) take their
   predicted time on the rank's channel for their kind (one in-order stream, as NCCL runs a
-  communicator), and the runtime's wait on one lasts until it is over;
+  communicator), and the runtime's wait on one lasts until it is over; so do the exchanges
+  across islands (``outer_sync``: a blocking DiLoCo exchange waits at once, streaming
+  fragments and bounded pushes overlap the inner steps that follow);
 - with split pipeline channels the transfers between stages are timed on their channels
   (:mod:`potluck.runtime.timing.p2p_emulation`); otherwise they are padded into the
   compute ops that torch's schedule blocks in.
@@ -182,6 +184,8 @@ class EmulationClock:
             return pieces.allreduce_s if pieces is not None else 0.0
         if op.kind is OpKind.PARAM_ALLGATHER:
             return sum(self.all.gathers_s.get(unit, 0.0) for unit in op.units)
+        if op.kind is OpKind.OUTER_SYNC:
+            return sum(self.all.outer_s.get(unit, 0.0) for unit in op.units)
         return 0.0
 
     def time_transfers(self) -> None:

@@ -7,8 +7,10 @@ op (``run(kind, stage_id, fn)``). It passes each op on to the clock it wraps
 notes when the op started and ended: forward, backward
 (``backward_input``/``backward_weight`` under zero bubble) and optimizer on the
 ``compute`` stream, the gradient all-reduce (``dp_allreduce``) and the
-schedule's send/receive waits (:mod:`potluck.runtime.timing.p2p_waits`) on
-``comm``; each event is named by its :class:`~potluck.ops.OpKind`'s value.
+schedule's send/receive waits (:mod:`potluck.runtime.timing.p2p_waits`) and the
+exchanges across islands (``outer_sync``: from their start to when the runtime has their
+result, which for an overlapped one is some inner steps later) on ``comm``; each event is
+named by its :class:`~potluck.ops.OpKind`'s value.
 Micro-batches are numbered by counting: torch runs each virtual stage's
 forwards (and backwards) in micro-batch order.
 
@@ -161,7 +163,16 @@ class OpRecorder:
         return self._tagger.tag(ops, kind, stage_id, micro_batch) if self.recording else ops
 
     def start_comm(self, op: CommOp, work: Waitable) -> Waitable:
-        return self.inner.start_comm(op, work)
+        """Pass the collective on; an exchange across islands is recorded until waited for."""
+        waited = self.inner.start_comm(op, work)
+        if not self.recording or op.kind is not OpKind.OUTER_SYNC:
+            return waited
+        return _RecordedWait(self, op, waited, self.step, self.timer.mark())
+
+    def note(self, record: _Record) -> None:
+        """A record that ends now, kept unless the trace was written already."""
+        if not self.done:
+            self._records.append(record)
 
     def run_segment(self, segment: Segment, fn: Callable[[], T]) -> T:
         return self.inner.run_segment(segment, fn)
@@ -214,6 +225,23 @@ class OpRecorder:
             "steps": [self.window.first_step, self.window.last_step] if self.window else [],
             "emulated": emulated, "dilation": self.dilation if emulated else None,
         })
+
+
+@dataclass
+class _RecordedWait:
+    """A collective whose wait ends its record (the exchanges across islands)."""
+
+    recorder: OpRecorder
+    op: CommOp
+    work: Waitable
+    step: int
+    start: Any
+
+    def wait(self) -> Any:
+        result = self.work.wait()
+        self.recorder.note(_Record(self.op.kind, self.op.stage_id, -1, self.step, self.start,
+                                   self.recorder.timer.mark()))
+        return result
 
 
 def attach_recorder(model: Any) -> OpRecorder:

@@ -13,7 +13,14 @@ Every figure comes from the one cost model (:mod:`potluck.planner.cost`,
 - **the gradient reduction** left exposed after the schedule and **the optimizer step**:
   the plan's (its slowest stage's, with ZeRO's parameter all-gather); under the priority
   schedule the rank's own step, and its parameter all-gather per bucket
-  (:attr:`RankTargets.gathers_s`, by the bucket's parameter units).
+  (:attr:`RankTargets.gathers_s`, by the bucket's parameter units);
+- **the exchange across islands** (diloco, bounded): one whole exchange's time from the
+  planner's owner (:func:`potluck.planner.islands.exchange.outer_exchange`: every fragment at
+  the compression's width, a ring over the slowest link between islands), each parameter
+  unit its share by parameters (:attr:`RankTargets.outer_s`). Every rank times the units it
+  sends; ranks that hold different units (pipeline stages, TP shards) send at once, each at
+  the link's full speed, where the planner has them share it: with pp or tp above 1 the
+  emulated exchange is that much shorter than predicted.
 
 A rank with several virtual stages splits its stage's times by layer count; zero bubble's
 input and weight backward get half each.
@@ -50,6 +57,7 @@ class RankTargets:
     sends_s: dict[tuple[OpKind, int], float] = field(default_factory=dict)  # split channels
     first_layers: dict[int, int] = field(default_factory=dict)  # of each explicit chunk
     gathers_s: dict[str, float] = field(default_factory=dict)  # priority: per parameter unit
+    outer_s: dict[str, float] = field(default_factory=dict)  # islands: per parameter unit
 
 
 def predict(plan: Plan) -> Prediction:
@@ -69,7 +77,8 @@ def rank_targets(plan: Plan, layout: Layout) -> RankTargets:
     firsts = {stage_id: start for (start, _), stage_id
               in zip(layout.role.layer_ranges, layout.role.virtual_stage_ids, strict=True)}
     targets = RankTargets(stage_targets(plan, layout, cost, explicit), breakdown.dp_s,
-                          breakdown.optimizer_s, explicit, first_layers=firsts)
+                          breakdown.optimizer_s, explicit, first_layers=firsts,
+                          outer_s=outer_targets(plan, cost))
     if plan.comm.split_p2p_channels:
         targets = replace(targets, sends_s=send_targets(plan, layout, cost))
     if plan.comm.dp_priority_schedule:
@@ -167,6 +176,20 @@ def gather_targets(plan: Plan, layout: Layout, cost: CostModel) -> dict[str, flo
         return {}
     per_param = gather_s / cost.stage_params(stage_shape(plan, *ref), 1)
     return {unit: per_param * unit_params(cost, unit) for unit in parameter_units(plan.model)}
+
+
+def outer_targets(plan: Plan, cost: CostModel) -> dict[str, float]:
+    """Islands that synchronize rarely: each parameter unit's share of one whole exchange
+    across islands, in proportion to its parameters (none without such islands)."""
+    from potluck.placement import parameter_units
+    from potluck.planner.islands.exchange import outer_exchange
+
+    exchange_s = outer_exchange(cost.cluster, plan, predict(plan).iteration_time_s).exchange_s
+    if exchange_s <= 0.0:
+        return {}
+    units = parameter_units(plan.model)
+    total = sum(unit_params(cost, unit) for unit in units)
+    return {unit: exchange_s * unit_params(cost, unit) / total for unit in units}
 
 
 def unit_params(cost: CostModel, unit: str) -> float:
