@@ -459,7 +459,7 @@ def elastic_settings(max_restarts: int, replan_margin: float,
 def calibration_steps(options: TrainOptions) -> int:
     """The steps an emulated run times unpadded to set its dilation before it trains (none
     when ``options.dilation`` is given)."""
-    from potluck.runtime.timing.dilation import CALIBRATION_STEPS
+    from potluck.runtime.loop.dilation import CALIBRATION_STEPS
 
     return CALIBRATION_STEPS if options.dilation is None else 0
 

@@ -44,13 +44,13 @@ from potluck.runtime.launch.run_dir import PLAN_FILE, claim_run_dir
 from potluck.runtime.launch.session import start
 from potluck.runtime.launch.watchdog import JobNotes
 from potluck.runtime.loop.batches import batch_source
+from potluck.runtime.loop.dilation import calibrate_dilation
 from potluck.runtime.loop.metrics import StepEstimate, calibration_reporter, run_callbacks
 from potluck.runtime.loop.trainer import BatchSource, StepMetrics, Trainer
 from potluck.runtime.models.build import attention_implementation, build_model
 from potluck.runtime.models.stand_in import compute_plan, with_stand_in_if_too_big
 from potluck.runtime.options import TrainOptions
 from potluck.runtime.parallel_model import parallelize
-from potluck.runtime.timing.dilation import calibrate_dilation
 from potluck.runtime.timing.emulate import EmulationClock, emulate, predict
 from potluck.runtime.timing.recorder import OpRecorder, TraceWindow, attach_recorder
 

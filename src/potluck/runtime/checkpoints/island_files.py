@@ -174,11 +174,13 @@ def shared_state(trainer: Trainer, state: dict[str, Any], writes: bool) -> dict[
     """What this rank writes into the shared tensors: ``state`` (its replica's part), under
     its island's section, plus DiLoCo's outer state where it ``writes`` for island 0.
     Bounded's pushes in flight are applied first, so the weights written are the ones the
-    run continues with."""
+    run continues with; DiLoCo's fragments in flight stay in flight (each rank's own file
+    holds them, :func:`save_island_state`): applying one early would change the run."""
     plan = trainer.model.layout.plan
     if not plan.islands.split:
         return state
-    trainer.islands.drain()
+    if isinstance(trainer.islands, BoundedSync):
+        trainer.islands.drain()
     island = plan.islands.island_of(trainer.model.layout.role.pipeline)
     if island > 0:
         return {f"island{island}": state} if state else {}
@@ -282,7 +284,12 @@ def island_resume(trainer: Trainer, path: Path) -> IslandResume:
     if plan.islands.split and saved["plan"] == _fingerprint(plan):
         return IslandResume(_Mode.SAME_PLAN, path, saved)
     same_islands = plan.islands.split and saved["signature"] == _signature(plan)
-    if same_islands and (saved["signature"]["sync"] == SyncMethod.DILOCO.value or saved["consensus"]):
+    diloco = saved["signature"]["sync"] == SyncMethod.DILOCO.value
+    if same_islands and diloco and not saved["consensus"] and plan.islands.fragments > 1:
+        raise ConfigError(f"checkpoint {path} has streaming fragments in flight, which only "
+                          f"the plan that saved it resumes; resume with that plan, or "
+                          f"{_last_consensus(path)}")
+    if same_islands and (diloco or saved["consensus"]):
         return IslandResume(_Mode.SAME_ISLANDS, path, saved)
     if saved["consensus"]:
         return IslandResume(_Mode.CONSENSUS, path, saved)

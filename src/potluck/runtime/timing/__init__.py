@@ -4,8 +4,8 @@
   :class:`~potluck.runtime.timing.clock.Clock` every op runs through, and the
   null clock that just runs it;
 - :mod:`~potluck.runtime.timing.emulate`: pad each op to the cost model's time
-  on the plan's device; :mod:`~potluck.runtime.timing.dilation` fixes how much
-  slower than those devices the emulation runs;
+  on the plan's device (:mod:`~potluck.runtime.loop.dilation` fixes, with a few
+  trainer steps, how much slower than those devices the emulation runs);
 - :mod:`~potluck.runtime.timing.recorder`: record a few steps' ops into a trace;
   :mod:`~potluck.runtime.timing.p2p_waits` times the pipeline's send and
   receive waits.
