@@ -131,3 +131,15 @@ def test_a_bounded_checkpoint_holds_the_weights_with_its_pushes_landed(tmp_path)
     shutil.rmtree(checkpoint_path(out, 3))
     resumed = _run(REPLICAS, out, 3, resume=True)
     assert math.isclose(resumed[0], losses[2], rel_tol=1e-5)
+
+
+def test_another_layout_refuses_a_checkpoint_with_streaming_fragments_in_flight(tmp_path):
+    """Saved after step 3 of H=2 with two fragments, one fragment's average is in flight in
+    the saving ranks' own files only: the same islands laid out otherwise would drop it and
+    change the run, so the resume is one line."""
+    streaming = replace(PIPELINES, islands=replace(PIPELINES.islands, fragments=2))
+    out = tmp_path / "streaming"
+    _run(streaming, out, 3)
+    other_layout = split(REPLICAS, (0, 1), (2, 3), inner_steps=2, fragments=2)
+    with pytest.raises(ConfigError, match="streaming fragments in flight"):
+        _run(other_layout, out, 4, resume=True)
