@@ -151,18 +151,12 @@ def _convert(name: str, key: str, value: Any, convert: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"device {name!r}: {key} must be true or false, not {value!r}")
         return value
-    if convert is LinkKind:
+    if convert in (LinkKind, Vendor):
         try:
-            return LinkKind(value)
+            return convert(value)
         except ValueError:
-            kinds = ", ".join(k.value for k in LinkKind)
-            raise ConfigError(f"device {name!r}: link must be one of {kinds}, not {value!r}") from None
-    if convert is Vendor:
-        try:
-            return Vendor(value)
-        except ValueError:
-            vendors = ", ".join(v.value for v in Vendor)
-            raise ConfigError(f"device {name!r}: vendor must be one of {vendors}, not {value!r}") from None
+            choices = ", ".join(member.value for member in convert)
+            raise ConfigError(f"device {name!r}: {key} must be one of {choices}, not {value!r}") from None
     if convert is int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"device {name!r}: {key} must be a whole number, not {value!r}")
