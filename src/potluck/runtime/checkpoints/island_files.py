@@ -59,13 +59,13 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from potluck.errors import ConfigError
 from potluck.plans import Plan, SyncMethod
 from potluck.plans.files import plan_to_dict
 from potluck.plans.islands import Islands
+from potluck.runtime.checkpoints.rank_files import rank_file, save_rank_file
 from potluck.runtime.checkpoints.storage import (
     apply_training_state,
     complete_checkpoints,
@@ -86,7 +86,7 @@ _SYNC = "sync."  # the exchange's tensors
 
 
 def island_file(checkpoint: Path, rank: int) -> Path:
-    return checkpoint / ISLANDS_DIR / f"rank_{rank:05d}.safetensors"
+    return rank_file(checkpoint, ISLANDS_DIR, rank)
 
 
 def is_consensus(islands: Islands, done: int) -> bool:
@@ -343,10 +343,8 @@ def save_island_state(trainer: Trainer, checkpoint: Path) -> list[Path]:
         for key, value in values.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"{_OWN}{section}.{key}"] = local(value).detach().contiguous().cpu()
-    path = island_file(checkpoint, trainer.model.layout.rank)
-    path.parent.mkdir(exist_ok=True)
-    save_file(tensors, str(path), metadata={"counters": json.dumps(state["counters"])})
-    return [path]
+    return [save_rank_file(checkpoint, ISLANDS_DIR, trainer.model.layout.rank, tensors,
+                           {"counters": json.dumps(state["counters"])})]
 
 
 def _load_rank_file(trainer: Trainer, checkpoint: Path) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from potluck.errors import ConfigError
+from potluck.runtime.checkpoints.rank_files import rank_file, save_rank_file
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ RNG_DIR = "rng"
 
 
 def rng_file(checkpoint: Path, rank: int) -> Path:
-    return checkpoint / RNG_DIR / f"rank_{rank:05d}.safetensors"
+    return rank_file(checkpoint, RNG_DIR, rank)
 
 
 def save_rng(checkpoint: Path) -> Path:
@@ -41,10 +41,8 @@ def save_rng(checkpoint: Path) -> Path:
     device = own_cuda_device()
     if device is not None:
         tensors["cuda"] = torch.cuda.get_rng_state(device)
-    path = rng_file(checkpoint, _global_rank())
-    path.parent.mkdir(exist_ok=True)
-    save_file(tensors, str(path), metadata={"python": json.dumps(random.getstate())})
-    return path
+    return save_rank_file(checkpoint, RNG_DIR, _global_rank(), tensors,
+                          {"python": json.dumps(random.getstate())})
 
 
 def load_rng_state(checkpoint: str | Path) -> bool:
