@@ -66,6 +66,7 @@ from potluck.plans.files import (
 from potluck.plans.islands import (
     ONE_ISLAND,
     Compression,
+    InnerLR,
     Island,
     Islands,
     SyncMethod,
@@ -74,8 +75,8 @@ from potluck.plans.islands import (
 from potluck.schedules import Schedule
 
 __all__ = [
-    "MODEL_SHAPE_FIELDS", "ONE_ISLAND", "PLAIN_COMM", "Compression", "Island", "Islands",
-    "SyncMethod", "Transport", "islands_problem", "PLAN_VERSION", "CommSchedule",
+    "MODEL_SHAPE_FIELDS", "ONE_ISLAND", "PLAIN_COMM", "Compression", "InnerLR", "Island",
+    "Islands", "SyncMethod", "Transport", "islands_problem", "PLAN_VERSION", "CommSchedule",
     "DType", "DeviceMemory", "Execution",
     "HostMemory", "Pipeline", "Placement", "Plan", "Prediction", "Schedule", "Stage",
     "StageComm", "TiedGradSync", "TimeBreakdown", "TrainingShape", "ZeroStage",

@@ -20,6 +20,19 @@ synchronizes by one of :class:`SyncMethod`:
   Park et al. ATC'20; SDPipe, Miao et al. VLDB'23). With ``staleness`` 0 it waits for each
   push: plain periodic averaging.
 
+Each island steps its inner optimizer on its own rows only. An adaptive optimizer (Adam and
+its kin) divides each step by the root of its second moment, which on a batch ``f`` times
+the global one holds about ``1 / f`` times the gradient noise where noise dominates it (the
+regime below the critical batch, McCandlish et al. 2018, arXiv:1812.06162). Averaging the
+islands' steps then drifts ``sqrt(f)`` times slower than one optimizer on the global batch,
+and its noise shrinks alike: islands averaged every step at a rate ``lr`` train as one
+optimizer at ``lr * sqrt(f)`` (measured: ``benchmarks/islands_cpu.py``'s note).
+``inner_lr`` ``sqrt_share`` (the default) therefore runs an island's adaptive optimizer at
+``lr / sqrt(f)``, which gives back both the drift and the noise of the global batch in that
+regime (Adam's square-root scaling, Malladi et al. 2022, arXiv:2205.10287); where the signal
+dominates instead the right factor falls towards 1, so it is an upper bound there. An inner
+SGD needs no scaling: the average of the islands' SGD steps is the global batch's.
+
 Islands of different speeds reach each outer step together through their batch shares: a
 faster island's pipelines take more rows of each global batch (the pipelines' own
 ``micro_batch_size`` and ``num_micro_batches``), so every island runs the same H inner steps.
@@ -31,6 +44,7 @@ host memory over gloo (islands of another vendor's accelerators, or of CPUs).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated
@@ -73,6 +87,18 @@ class Compression(str, Enum):
                 Compression.INT8: 1.0 + 4.0 / INT8_BLOCK}[self]
 
 
+class InnerLR(str, Enum):
+    """The learning rate of an island's inner optimizer (module docstring)."""
+
+    SAME = "same"  # the run's rate on every island
+    SQRT_SHARE = "sqrt_share"  # adaptive optimizers: the run's rate / sqrt(island's share)
+
+    def factor(self, share: float) -> float:
+        """The multiplier of an adaptive inner optimizer's rate on an island that trains on
+        ``share`` (0 < share <= 1) of the global batch."""
+        return 1.0 / math.sqrt(share) if self is InnerLR.SQRT_SHARE else 1.0
+
+
 class Transport(str, Enum):
     """How an island's ranks reach the other islands."""
 
@@ -103,6 +129,7 @@ class Islands:
     compression: Compression = Compression.NONE
     fragments: PositiveInt = 1  # streaming: parts of the model exchanged at staggered steps
     staleness: NonNegativeInt = 0  # bounded: pushes an island may run ahead of the average
+    inner_lr: InnerLR = InnerLR.SQRT_SHARE  # an island's adaptive inner optimizer's rate
 
     @property
     def count(self) -> int:

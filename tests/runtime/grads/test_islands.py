@@ -14,9 +14,10 @@ from family_configs import tiny_family
 from island_workers import as_tensors, split, train_islands
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, potluck, run_plan
 
-from potluck.plans import Compression, SyncMethod, save_plan
+from potluck.plans import Compression, InnerLR, SyncMethod, save_plan
 from potluck.plans.islands import INT8_BLOCK
 from potluck.runtime import TrainOptions
+from potluck.runtime.grads.islands import inner_lr_scale
 from potluck.runtime.launch.local import run_local
 from potluck.runtime.layout import Layout
 from potluck.runtime.training import train_rank
@@ -185,6 +186,25 @@ def test_potluck_train_runs_a_split_plan_and_writes_the_islands_metrics(tmp_path
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [(r["outer_step"], r["staleness"]) for r in rows] == [(1, 1), (2, 1)]
     assert all(r["bytes_exchanged_across_islands"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("inner_lr", list(InnerLR))
+def test_an_islands_adaptive_optimizer_steps_at_lr_over_the_root_of_its_share(inner_lr):
+    """Islands of 3 rows and 1 row of 4: under ``sqrt_share`` AdamW (also wrapped, as the
+    master-weights and offload optimizers wrap it) runs at 1/sqrt(3/4) and 1/sqrt(1/4) = 2
+    times the run's rate; SGD, a synchronous plan and ``same`` at the run's rate."""
+    plan = make_plan(TINY_LLAMA, [pipe(ONE_STAGE, 1, 3), pipe(ONE_STAGE, 1, 1)])
+    split_plan = split(plan, (0,), (1,), inner_lr=inner_lr)
+    adam = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
+    wrapped = type("Wrapper", (), {"inner": adam})()
+    scales = [inner_lr_scale(Layout.for_local_ranks(split_plan, rank), optimizer)
+              for rank in (0, 1) for optimizer in (adam, wrapped, sgd)]
+    expected = [1 / math.sqrt(0.75)] * 2 + [1.0] + [2.0] * 2 + [1.0]
+    if inner_lr is InnerLR.SAME:
+        expected = [1.0] * 6
+    assert scales == pytest.approx(expected)
+    assert inner_lr_scale(Layout.for_local_ranks(plan, 1), adam) == 1.0
 
 
 def test_a_ranks_per_step_groups_stay_in_its_island_and_the_outer_ones_cross():

@@ -80,6 +80,29 @@ def test_torchs_scheduler_steps_the_optimizer_along_the_schedule():
     assert "initial_lr" not in optimizer.param_groups[0]  # checkpoints' values as before
 
 
+def test_an_islands_rate_multiplier_scales_every_step_and_survives_a_resume_unsaved():
+    """``lr_scale`` (an island's inner-rate multiplier) multiplies each step's rate; a
+    checkpoint keeps the unscaled base rates, and a resume takes this run's multiplier,
+    not the saved run's."""
+    schedule = _schedule(LRSchedule.COSINE)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=LR)
+    scheduler = make_scheduler(optimizer, schedule, lr_scale=2.0)
+    seen = []
+    for _ in range(2):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([2.0 * schedule.rate(s) for s in range(2)])
+    saved = {**asdict(schedule), "last_step": 2, "base_lrs": [LR]}
+    assert scheduler.base_lrs == [LR]
+    fresh = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=LR)
+    _, resumed = restore_schedule(fresh, saved, 2, "X", lr_scale=3.0)
+    assert fresh.param_groups[0]["lr"] == pytest.approx(3.0 * schedule.rate(2))
+    fresh.step()
+    resumed.step()
+    assert fresh.param_groups[0]["lr"] == pytest.approx(3.0 * schedule.rate(3))
+
+
 def _rates(run: Path) -> dict[int, float]:
     lines = (run / METRICS_FILE).read_text().splitlines()
     return {record["step"]: record["lr"] for record in map(json.loads, lines)}

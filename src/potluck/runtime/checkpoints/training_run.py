@@ -204,7 +204,7 @@ def restore_optimizer_settings(trainer: Trainer, saved: Any, path: Path) -> None
     if norm is not None and not is_positive_real(norm):
         raise ConfigError(f"{where}: its max_grad_norm {norm!r} is not a positive number")
     schedule, scheduler = restore_schedule(trainer.optimizer, saved["schedule"],
-                                           trainer.step_index, where)
+                                           trainer.step_index, where, trainer.lr_scale)
     flags = (trainer.schedule.describe(), trainer.max_grad_norm)
     if trainer.model.layout.rank == 0 and (schedule.describe(), norm) != flags:
         log.warning("resuming with the checkpoint's learning-rate schedule (%s) and gradient "

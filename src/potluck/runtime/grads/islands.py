@@ -268,10 +268,7 @@ class _Exchange:
     def _entry(self, name: str, param: nn.Parameter, unit: str) -> _Entry:
         layout = self.layout
         item = SyncedParam(name, param, unit, layout.cross_island_group(unit))
-        island = self.islands.island_of(layout.role.pipeline)
-        members = self.islands.members(island, layout.plan.dp)
-        rows = sum(layout.plan.pipelines[p].batch_share for p in members)
-        share = rows / layout.plan.training.global_batch
+        share = island_share(layout)
         holders = len(set(layout.holders(unit)))
         master = self.masters.master_of(param) if self.masters is not None else None
         value = master if master is not None else local(param).data
@@ -602,6 +599,32 @@ class BoundedSync:
         self.drain()  # the collectives in flight finish on every rank; then overwritten
         _load_by_name(self.exchange, self.base, state["tensors"], "base.")
         self.pushes = state["counters"]["pushes"]
+
+
+def island_share(layout: Layout) -> float:
+    """This rank's island's share of the global batch (its pipelines' rows over all rows)."""
+    islands = layout.plan.islands
+    members = islands.members(islands.island_of(layout.role.pipeline), layout.plan.dp)
+    rows = sum(layout.plan.pipelines[p].batch_share for p in members)
+    return rows / layout.plan.training.global_batch
+
+
+ADAPTIVE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
+                       torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adagrad,
+                       torch.optim.RMSprop, torch.optim.Adafactor)
+"""Optimizers that divide a step by a running estimate of the gradient's size."""
+
+
+def inner_lr_scale(layout: Layout, optimizer: torch.optim.Optimizer) -> float:
+    """The multiplier of the run's learning rate for this rank's island
+    (:class:`~potluck.plans.islands.InnerLR`): ``1 / sqrt(share)`` under ``sqrt_share`` for
+    an adaptive inner optimizer (the wrappers' own ``inner`` one is what steps), else 1."""
+    islands = layout.plan.islands
+    while hasattr(optimizer, "inner"):
+        optimizer = optimizer.inner
+    if not islands.split or not isinstance(optimizer, ADAPTIVE_OPTIMIZERS):
+        return 1.0
+    return islands.inner_lr.factor(island_share(layout))
 
 
 def island_sync(layout: Layout, named: list[tuple[str, nn.Parameter, str]],

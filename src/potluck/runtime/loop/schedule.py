@@ -96,21 +96,24 @@ def check_schedule(schedule: Schedule) -> None:
         raise ConfigError(problem)
 
 
-def make_scheduler(optimizer: Optimizer, schedule: Schedule) -> LambdaLR:
+def make_scheduler(optimizer: Optimizer, schedule: Schedule, lr_scale: float = 1.0
+                   ) -> LambdaLR:
     """A LambdaLR stepping ``optimizer`` along ``schedule`` (each param group's rate times
-    ``schedule.factor``), set at step 0. torch records each group's starting rate as
+    ``schedule.factor`` times ``lr_scale``: an island's inner-rate multiplier,
+    :func:`potluck.runtime.grads.islands.inner_lr_scale`, which belongs to the run's plan,
+    not to the schedule a checkpoint keeps), set at step 0. torch records each group's starting rate as
     ``initial_lr`` in the group; the scheduler keeps them as its ``base_lrs``, so that
     copy is dropped and a checkpoint's optimizer values stay what they were."""
     from torch.optim.lr_scheduler import LambdaLR
 
-    scheduler = LambdaLR(optimizer, partial(_factor, schedule))
+    scheduler = LambdaLR(optimizer, partial(_factor, schedule, lr_scale))
     for group in optimizer.param_groups:
         group.pop("initial_lr", None)
     return scheduler
 
 
-def _factor(schedule: Schedule, step: int) -> float:
-    return schedule.factor(step)
+def _factor(schedule: Schedule, lr_scale: float, step: int) -> float:
+    return schedule.factor(step) * lr_scale
 
 
 def advance(scheduler: LambdaLR) -> None:
@@ -128,18 +131,19 @@ def schedule_state(schedule: Schedule, scheduler: LambdaLR) -> dict[str, Any]:
             "base_lrs": [float(lr) for lr in scheduler.base_lrs]}
 
 
-def restore_schedule(optimizer: Optimizer, saved: Any, step: int, where: str
-                     ) -> tuple[Schedule, LambdaLR]:
+def restore_schedule(optimizer: Optimizer, saved: Any, step: int, where: str,
+                     lr_scale: float = 1.0) -> tuple[Schedule, LambdaLR]:
     """The saved schedule and a scheduler at ``step`` (the checkpoint's), each param group's
-    rate set to the one that step trains with. ``saved`` is checked first: a ConfigError
+    rate set to the one that step trains with (times this run's ``lr_scale``, whatever the
+    saved run's was). ``saved`` is checked first: a ConfigError
     naming ``where`` (the checkpoint) if it is not a schedule's state of that step."""
     schedule = _saved_schedule(saved, where)
     base_lrs = _saved_base_lrs(saved, len(optimizer.param_groups), where)
     if saved.get("last_step") != step:
         raise ConfigError(f"{where}: its learning-rate schedule is at step "
                           f"{saved.get('last_step')!r}, its trainer state at {step}")
-    scheduler = make_scheduler(optimizer, schedule)
-    rates = [base * schedule.factor(step) for base in base_lrs]
+    scheduler = make_scheduler(optimizer, schedule, lr_scale)
+    rates = [base * schedule.factor(step) * lr_scale for base in base_lrs]
     scheduler.load_state_dict({**scheduler.state_dict(), "base_lrs": base_lrs,
                                "last_epoch": step, "_last_lr": rates})
     for group, rate in zip(optimizer.param_groups, rates, strict=True):

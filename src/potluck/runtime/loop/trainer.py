@@ -58,7 +58,12 @@ from potluck.errors import TrainingError
 from potluck.ops import OpKind
 from potluck.plans import shards_parameters
 from potluck.plans.memory import Offload
-from potluck.runtime.grads.islands import IslandReport, NoIslands, island_sync
+from potluck.runtime.grads.islands import (
+    IslandReport,
+    NoIslands,
+    inner_lr_scale,
+    island_sync,
+)
 from potluck.runtime.grads.master_weights import MasterWeightsOptimizer
 from potluck.runtime.grads.offload import HostOffloadOptimizer
 from potluck.runtime.loop.loss_scale import DynamicLossScale
@@ -291,7 +296,8 @@ class Trainer:
             model, self.schedule.lr, weight_decay)))
         if model.zero is not None:
             model.zero.attach(self.optimizer)
-        self.scheduler = make_scheduler(self.optimizer, self.schedule)
+        self.lr_scale = inner_lr_scale(model.layout, self.optimizer)
+        self.scheduler = make_scheduler(self.optimizer, self.schedule, self.lr_scale)
         self.islands = island_sync(
             model.layout, [(n, p, model.units[n]) for n, p in model.named_parameters()],
             self.optimizer, model.session.device, lambda: self.model.clock)
