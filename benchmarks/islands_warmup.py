@@ -1,8 +1,8 @@
 """Islands after a synchronous phase: does starting the islands from a synchronously trained
 model close the loss gap of the judged CPU run (benchmarks/islands_cpu.py)?
 
-Usage: python benchmarks/islands_warmup.py [--steps N] [--sync-steps W]   (prints a markdown
-table; README's bench:islands_warmup; progress on stderr)
+Usage: python benchmarks/islands_warmup.py [--steps N] [--sync-steps W] [--lr R]   (prints a
+markdown table; README's bench:islands_warmup; progress on stderr)
 
 Four runs of the tiny Llama on the shipped corpus, 4 CPU ranks, at equal tokens (the same
 global batch and steps), at a constant learning rate after a linear warm-up (a constant rate,
@@ -18,8 +18,10 @@ so that a run resumed under another plan continues the same schedule):
 - the same with the planner's outer optimizer (DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9).
 
 Nothing is stretched (``--emulate`` at a dilation of 1e-6: the plan's two machines run as
-CPU ranks here): only the losses matter. Final loss: the mean of the last ``LAST_STEPS``
-steps' training loss.
+CPU ranks here): only the losses matter. As in ``islands_cpu.py``, every run trains on the
+shipped corpus less a held-out tenth and is judged by its final model's loss on that tenth
+(DiLoCo's outer model); ``--lr`` defaults to the best synchronous rate that
+``islands_cpu.py --steps 1000`` found.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from islands_cpu import LAST_STEPS, LR, MODEL, planned
+from islands_cpu import MODEL, Corpus, held_out_loss, planned, split_corpus
 
 from potluck import api
 from potluck.plans import Plan
 
 STEPS, SYNC_STEPS, WARMUP_STEPS = 1000, 300, 50
+LR = 8.5e-3
 log = logging.getLogger("islands_warmup")
 
 
@@ -46,22 +49,25 @@ def averaging(plan: Plan) -> Plan:
     return replace(plan, islands=replace(plan.islands, outer_lr=1.0, outer_momentum=0.0))
 
 
-def losses(plan: Plan, steps: int, out: Path, resume: bool = False) -> list[float]:
-    options = api.train_options(steps=steps, emulate=True, dilation=1e-6, lr=LR,
-                                warmup_steps=WARMUP_STEPS, lr_schedule="constant",
+def train(plan: Plan, steps: int, lr: float, corpus: Corpus, out: Path,
+          resume: bool = False) -> None:
+    options = api.train_options(data=corpus.train, steps=steps, emulate=True, dilation=1e-6,
+                                lr=lr, warmup_steps=WARMUP_STEPS, lr_schedule="constant",
                                 progress=False, out=out, resume=resume)
-    return [m.loss for m in api.run_plan(plan, options).history]
+    api.run_plan(plan, options)
 
 
-def run(label: str, phases: list[tuple[Plan, int]], out: Path) -> float:
-    """Train ``phases`` (plan, up to step) one after the other in ``out``; the final loss."""
+def run(label: str, phases: list[tuple[Plan, int]], lr: float, corpus: Corpus,
+        out: Path) -> float:
+    """Train ``phases`` (plan, up to step) one after the other in ``out``; the final model's
+    held-out loss."""
     began = time.perf_counter()
     log.info("%s: training %d steps", label, phases[-1][1])
-    seen: list[float] = []
     for index, (plan, steps) in enumerate(phases):
-        seen += losses(plan, steps, out, resume=index > 0)
-    final = sum(seen[-LAST_STEPS:]) / len(seen[-LAST_STEPS:])
-    log.info("%s: final loss %.3f (%.0f s here)", label, final, time.perf_counter() - began)
+        train(plan, steps, lr, corpus, out, resume=index > 0)
+    final = held_out_loss(phases[-1][0], out, corpus.held_out)
+    log.info("%s: held-out loss %.3f (%.0f s here)", label, final,
+             time.perf_counter() - began)
     return final
 
 
@@ -70,6 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--sync-steps", type=int, default=SYNC_STEPS,
                         help="synchronous steps before the islands start")
+    parser.add_argument("--lr", type=float, default=LR, help="AdamW's peak rate")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     sync, diloco = planned("sync"), planned("diloco")
@@ -83,14 +90,16 @@ def main() -> None:
             [(sync, first), (diloco, steps)],
     }
     with tempfile.TemporaryDirectory() as folder:
-        finals = {label: run(label, phases, Path(folder) / str(index))
+        corpus = split_corpus(Path(folder) / "corpus")
+        finals = {label: run(label, phases, args.lr, corpus, Path(folder) / str(index))
                   for index, (label, phases) in enumerate(runs.items())}
     islands = diloco.islands
-    print(f"{MODEL} on the shipped corpus, 4 CPU ranks, {steps} steps at equal tokens, AdamW "
-          f"lr {LR} constant after {WARMUP_STEPS} warm-up steps; islands: 2, H="
-          f"{islands.inner_steps}, {islands.compression.value}, {islands.fragments} "
-          f"fragment(s); final loss: mean of the last {LAST_STEPS} steps\n")
-    print("| run | final loss | vs synchronous |")
+    print(f"{MODEL} on the shipped corpus less a held-out tenth, 4 CPU ranks, {steps} steps at "
+          f"equal tokens, AdamW lr {args.lr:g} constant after {WARMUP_STEPS} warm-up steps; "
+          f"islands: 2, H={islands.inner_steps}, {islands.compression.value}, "
+          f"{islands.fragments} fragment(s), inner lr {islands.inner_lr.value}; loss: the "
+          f"final model's on the held-out tenth\n")
+    print("| run | held-out loss | vs synchronous |")
     print("|---|---|---|")
     base = finals["synchronous"]
     for label, final in finals.items():

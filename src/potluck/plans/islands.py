@@ -26,7 +26,8 @@ the global one holds about ``1 / f`` times the gradient noise where noise domina
 regime below the critical batch, McCandlish et al. 2018, arXiv:1812.06162). Averaging the
 islands' steps then drifts ``sqrt(f)`` times slower than one optimizer on the global batch,
 and its noise shrinks alike: islands averaged every step at a rate ``lr`` train as one
-optimizer at ``lr * sqrt(f)`` (measured: ``benchmarks/islands_cpu.py``'s note).
+optimizer at ``lr * sqrt(f)`` (measured by ``benchmarks/islands_cpu.py``: README,
+"Training across slow links").
 ``inner_lr`` ``sqrt_share`` (the default) therefore runs an island's adaptive optimizer at
 ``lr / sqrt(f)``, which gives back both the drift and the noise of the global batch in that
 regime (Adam's square-root scaling, Malladi et al. 2022, arXiv:2205.10287); where the signal
