@@ -110,6 +110,19 @@ def test_joined_devices_too_small_for_the_model_are_planned_with_the_whole_pool(
     assert "planning the whole pool of 3 devices" in line
 
 
+def test_an_island_that_would_get_fewer_rows_than_pipelines_falls_back_to_the_whole_pool(
+        caplog):
+    one_row_each = split(make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 1)] * 4), (0, 1),
+                         (2, 3), inner_steps=2)
+    present = [f"cpu.0:{i}" for i in range(6)]
+    with caplog.at_level(logging.WARNING, logger="potluck.runtime.elastic.pool"):
+        new = plan_for_devices(one_row_each, present)
+
+    assert not new.islands.split and new.training.global_batch == 4
+    (line,) = caplog.messages
+    assert "would get 1 of the 4 rows of each batch for its 2 pipelines" in line
+
+
 def test_a_device_that_joins_an_islands_run_trains_on_as_a_third_island(tmp_path):
     """Two DiLoCo islands of two CPU ranks each train 4 steps; two more ranks join before
     the run goes on, as a third island, from the consensus checkpoint of step 4."""

@@ -157,7 +157,7 @@ def without_lost_islands(plan: Plan, present: Collection[str]) -> Plan:
     kept = _kept_islands(plan, present)
     rows = batch_rows(plan.training.global_batch,
                       [float(_island_rows(plan, i)) for i in kept])
-    pipelines, members = _kept(plan, kept, rows)
+    pipelines, members = _kept_pipelines(plan, kept, rows)
     kept_islands = replace(plan.islands, islands=tuple(members)) if len(members) > 1 \
         else ONE_ISLAND
     return _finished(plan, pipelines, kept_islands)
@@ -167,7 +167,8 @@ def with_joined_island(plan: Plan, present: Collection[str],
                        options: SearchOptions | None = None) -> Plan:
     """``plan``'s islands that lost no device, laid out as they are, and the devices
     ``present`` that ``plan`` does not run as one more island (module docstring); raises
-    InfeasibleError when those cannot hold the model."""
+    InfeasibleError when those cannot hold the model or an island kept would get fewer rows
+    than it has pipelines."""
     kept = _kept_islands(plan, present)
     used = set(plan.devices)
     joined = [d.id for d in Cluster(plan.cluster).devices if d.id in present and d.id not in used]
@@ -180,11 +181,11 @@ def with_joined_island(plan: Plan, present: Collection[str],
     devices = island_devices(cluster, plan)
     speeds = [peak_flops(devices[i], plan.training.dtype) for i in kept]
     speeds.append(peak_flops((cluster.device(d) for d in joined), plan.training.dtype))
-    rows = batch_rows(plan.training.global_batch, speeds)
+    rows = _rows(plan, kept, speeds)
     parts = _joined_parts(plan, kept, cut, pins, rows)
     throughputs = rebalanced_speeds(parts, rows)
     if throughputs is not None:
-        rows = batch_rows(plan.training.global_batch, throughputs)
+        rows = _rows(plan, kept, throughputs)
         parts = _joined_parts(plan, kept, cut, pins, rows)
     return _with_island(plan, kept, rows, parts[-1][0], cut.original_id)
 
@@ -198,6 +199,20 @@ def _kept_islands(plan: Plan, present: Collection[str]) -> list[int]:
     if not kept:
         raise InfeasibleError("every island lost a device")
     return kept
+
+
+def _rows(plan: Plan, kept: list[int], speeds: list[float]) -> list[int]:
+    """The global batch's rows in proportion to ``speeds`` (of the islands ``kept``, then
+    the joined island's); InfeasibleError when an island kept gets fewer rows than it has
+    pipelines."""
+    rows = batch_rows(plan.training.global_batch, speeds)
+    for island, island_rows in zip(kept, rows, strict=False):
+        pipelines = len(plan.islands.members(island, plan.dp))
+        if island_rows < pipelines:
+            raise InfeasibleError(f"island {island} would get {island_rows} of the "
+                                  f"{plan.training.global_batch} rows of each batch for its "
+                                  f"{pipelines} pipelines")
+    return rows
 
 
 def _joined_parts(plan: Plan, kept: list[int], cut: PresentCluster, options: SearchOptions,
@@ -223,7 +238,7 @@ def _with_island(plan: Plan, kept: list[int], rows: list[int], new: Plan,
                  original_id: dict[str, str]) -> Plan:
     """The kept islands of ``plan`` with their ``rows`` and ``new`` (laid out on the cut
     cluster of ``original_id``) as the last island."""
-    pipelines, members = _kept(plan, kept, rows[:-1])
+    pipelines, members = _kept_pipelines(plan, kept, rows[:-1])
     start = len(pipelines)
     pipelines += [remapped(p, original_id, new, k) for k, p in enumerate(new.pipelines)]
     members.append(Island(tuple(range(start, len(pipelines)))))
@@ -232,9 +247,9 @@ def _with_island(plan: Plan, kept: list[int], rows: list[int], new: Plan,
 
 
 def _transported(plan: Plan, islands: Islands, pipelines: list[Pipeline]) -> Islands:
-    """``islands`` (of ``pipelines``) each meeting the others through host memory when their
-    devices are of several vendors or ``plan``'s islands met so (which makes every crossing
-    host-staged), else over the backend, as before."""
+    """``islands`` (of ``pipelines``), every one's transport host when their devices are of
+    several vendors (no backend joins two) or ``plan``'s islands already crossed through host
+    memory; else as they are."""
     used = [d for p in pipelines for d in p.devices]
     host = plan.islands.host_staged or islands_transport(
         Cluster(present_cluster(plan.cluster, used).spec)) is Transport.HOST
@@ -244,7 +259,8 @@ def _transported(plan: Plan, islands: Islands, pipelines: list[Pipeline]) -> Isl
                                           for i in islands.islands))
 
 
-def _kept(plan: Plan, kept: list[int], rows: list[int]) -> tuple[list[Pipeline], list[Island]]:
+def _kept_pipelines(plan: Plan, kept: list[int], rows: list[int]
+                    ) -> tuple[list[Pipeline], list[Island]]:
     """The pipelines of ``plan``'s islands ``kept`` with their ``rows``, and those islands
     with their pipelines numbered anew, in order."""
     pipelines: list[Pipeline] = []
