@@ -70,6 +70,8 @@ def test_devices_that_join_islands_become_an_island_of_their_own():
     rows = _island_rows(new)
     assert sum(rows) == 32 and rows[0] == rows[1] and rows[2] > 4 * rows[0]  # two A100s
     assert replace(new.islands, islands=()) == replace(plan.islands, islands=())  # H, ...
+    assert new.notes[-1] == (f"elastic: big.0:0, big.0:1 joined as island 2, {rows[2]} rows "
+                             "of each batch of 32")
     check_plan(new)
     assert new.prediction == predict(new)
     assert new.prediction.iteration_time_s < plan.prediction.iteration_time_s

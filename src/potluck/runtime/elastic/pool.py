@@ -28,8 +28,9 @@ joins:
   devices cannot hold the model, the whole pool is planned as for any plan, and a warning
   says why.
 
-The run resumes from its newest checkpoint, a consensus state of the islands, as another
-split (:mod:`potluck.runtime.checkpoints.island_files`).
+Either plan ends its notes with one that says what changed (the planner's notes before it
+describe the plan it came from). The run resumes from its newest checkpoint, a consensus
+state of the islands, as another split (:mod:`potluck.runtime.checkpoints.island_files`).
 """
 
 from __future__ import annotations
@@ -160,7 +161,10 @@ def without_lost_islands(plan: Plan, present: Collection[str]) -> Plan:
     pipelines, members = _kept_pipelines(plan, kept, rows)
     kept_islands = replace(plan.islands, islands=tuple(members)) if len(members) > 1 \
         else ONE_ISLAND
-    return _finished(plan, pipelines, kept_islands)
+    left = [i for i in range(plan.islands.count) if i not in kept]
+    note = (f"elastic: island(s) {', '.join(map(str, left))} lost a device and left; the "
+            "others took over their rows")
+    return _finished(plan, pipelines, kept_islands, note)
 
 
 def with_joined_island(plan: Plan, present: Collection[str],
@@ -243,7 +247,10 @@ def _with_island(plan: Plan, kept: list[int], rows: list[int], new: Plan,
     pipelines += [remapped(p, original_id, new, k) for k, p in enumerate(new.pipelines)]
     members.append(Island(tuple(range(start, len(pipelines)))))
     islands = _transported(plan, replace(plan.islands, islands=tuple(members)), pipelines)
-    return _finished(plan, pipelines, islands)
+    joined = sorted({original_id[d] for d in new.devices})
+    note = (f"elastic: {', '.join(joined)} joined as island {len(members) - 1}, {rows[-1]} "
+            f"rows of each batch of {sum(rows)}")
+    return _finished(plan, pipelines, islands, note)
 
 
 def _transported(plan: Plan, islands: Islands, pipelines: list[Pipeline]) -> Islands:
@@ -281,13 +288,14 @@ def _island_pipelines(plan: Plan, island: int, rows: int) -> list[Pipeline]:
     return [_with_rows(p, r) for p, r in zip(own, shares, strict=True)]
 
 
-def _finished(plan: Plan, pipelines: list[Pipeline], islands: Islands) -> Plan:
-    """``plan`` with ``pipelines`` in ``islands``, the devices it no longer runs unused,
-    checked and predicted."""
+def _finished(plan: Plan, pipelines: list[Pipeline], islands: Islands, note: str) -> Plan:
+    """``plan`` with ``pipelines`` in ``islands``, the devices it no longer runs unused, and
+    ``note`` (what changed: the notes before it describe the plan before), checked and
+    predicted."""
     used = {d for p in pipelines for d in p.devices}
     unused = tuple(d.id for d in Cluster(plan.cluster).devices if d.id not in used)
     new = replace(plan, pipelines=tuple(pipelines), islands=islands, unused_devices=unused,
-                  prediction=None)
+                  prediction=None, notes=(*plan.notes, note))
     check_plan(new)
     return replace(new, prediction=predict(new))
 
