@@ -40,6 +40,8 @@ def test_an_island_that_lost_a_device_leaves_whole_and_the_others_take_its_rows(
                                                                        ("cpu.0:2",)]
     assert [p.batch_share for p in smaller.pipelines] == [3, 3]  # the global batch stays 6
     assert [i.pipelines for i in smaller.islands.islands] == [(0,), (1,)]
+    assert smaller.notes[-1] == "elastic: island(s) 1 lost a device and left; the others " \
+        "took over their rows"
     alone = without_lost_islands(ISLANDS, set(ISLANDS.devices) - {"cpu.0:2"})
     assert not alone.islands.split and [p.batch_share for p in alone.pipelines] == [2, 2]
 

@@ -21,12 +21,12 @@ island with today's search, and pick H, compression and fragments by time to a t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import product
 
 from potluck.cluster.spec import ClusterSpec
-from potluck.cluster.topology import Cluster, device_id
+from potluck.cluster.topology import Cluster, Device, device_id
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
@@ -89,7 +89,7 @@ def sub_cluster(spec: ClusterSpec, machines: tuple[str, ...]) -> tuple[ClusterSp
     return replace(spec, nodes=groups, links=links), ids
 
 
-def _remapped(pipeline: Pipeline, ids: dict[str, str], plan: Plan, k: int) -> Pipeline:
+def remapped(pipeline: Pipeline, ids: dict[str, str], plan: Plan, k: int) -> Pipeline:
     """``pipeline`` (number ``k`` of ``plan``) on the full cluster's device ids, its stages'
     memory with the plan-wide recomputation filled in."""
     stages = []
@@ -101,10 +101,15 @@ def _remapped(pipeline: Pipeline, ids: dict[str, str], plan: Plan, k: int) -> Pi
     return replace(pipeline, stages=tuple(stages))
 
 
+def peak_flops(devices: Iterable[Device], dtype: DType) -> float:
+    """An island's peak FLOPS, of its ``devices``: its first batch share."""
+    return sum(gemm.peak_flops(d.type, dtype) for d in devices)
+
+
 def island_speeds(spec: ClusterSpec, split: Split, dtype: DType) -> list[float]:
     """Each island's peak FLOPS: the first batch shares."""
     cluster = Cluster(spec)
-    return [sum(gemm.peak_flops(d.type, dtype) for d in cluster.devices if d.node in machines)
+    return [peak_flops((d for d in cluster.devices if d.node in machines), dtype)
             for machines in split.islands]
 
 
@@ -132,16 +137,24 @@ def _island_plans(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     plans: dict[int, tuple[Plan, dict[str, str]]] = {}
     for index in sorted(range(split.count), key=lambda i: _memory_bytes(spec, split.islands[i])):
         sub, ids = sub_cluster(spec, split.islands[index])
-        shaped = replace(training, global_batch=rows[index])
-        best = search(sub, model, shaped, options)
-        if best.zero == 3:
-            options = replace(options, zero=2)
-            best = search(sub, model, shaped, options)
+        best = island_layout(sub, model, training, options, rows[index], search)
         if not plans:
             options = replace(options, zero=best.zero, schedule=best.schedule,
                               virtual_stages=best.virtual_stages)
         plans[index] = (best, ids)
     return [plans[i] for i in range(split.count)]
+
+
+def island_layout(sub: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                  options: SearchOptions, rows: int, search: Search) -> Plan:
+    """The best layout of an island (``sub``: a cluster of its devices only) for ``rows``
+    rows of each global batch, of ZeRO stage at most 2 (stage 3 gathers every step, across
+    islands too)."""
+    shaped = replace(training, global_batch=rows)
+    best = search(sub, model, shaped, options)
+    if best.zero == 3:
+        best = search(sub, model, shaped, replace(options, zero=2))
+    return best
 
 
 def _memory_bytes(spec: ClusterSpec, machines: tuple[str, ...]) -> float:
@@ -156,10 +169,10 @@ def assemble(spec: ClusterSpec, training: TrainingShape,
     first = parts[0][0]
     pipelines: list[Pipeline] = []
     members = []
-    transport = Transport.HOST if mixes_vendors(Cluster(spec)) else Transport.BACKEND
+    transport = islands_transport(Cluster(spec))
     for plan, ids in parts:
         start = len(pipelines)
-        pipelines += [_remapped(p, ids, plan, k) for k, p in enumerate(plan.pipelines)]
+        pipelines += [remapped(p, ids, plan, k) for k, p in enumerate(plan.pipelines)]
         members.append(Island(tuple(range(start, len(pipelines))), transport))
     used = {d for p in pipelines for d in p.devices}
     unused = tuple(d.id for d in Cluster(spec).devices if d.id not in used)
@@ -168,7 +181,14 @@ def assemble(spec: ClusterSpec, training: TrainingShape,
                 islands=replace(islands, islands=tuple(members)), unused_devices=unused)
 
 
-def _rebalanced(parts: list[tuple[Plan, dict[str, str]]], rows: list[int]) -> list[float] | None:
+def islands_transport(cluster: Cluster) -> Transport:
+    """How islands of ``cluster``'s devices reach each other: through host memory when its
+    machines are of several vendors (no backend joins two), else over the job's backend."""
+    return Transport.HOST if mixes_vendors(cluster) else Transport.BACKEND
+
+
+def rebalanced_speeds(parts: list[tuple[Plan, dict[str, str]]], rows: list[int]
+                      ) -> list[float] | None:
     """Throughput per island when their inner steps differ by more than the tolerance."""
     steps = [plan.prediction.iteration_time_s for plan, _ in parts]
     if max(steps) <= REBALANCE_TOLERANCE * min(steps):
@@ -181,7 +201,7 @@ def split_plan(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     """The islands of ``split`` laid out, batch shares balanced (ConfigError: one does not fit)."""
     rows = batch_rows(training.global_batch, island_speeds(spec, split, training.dtype))
     parts = _island_plans(spec, model, training, options, split, rows, search)
-    speeds = _rebalanced(parts, rows)
+    speeds = rebalanced_speeds(parts, rows)
     if speeds is not None:
         rows = batch_rows(training.global_batch, speeds)
         parts = _island_plans(spec, model, training, options, split, rows, search)

@@ -48,8 +48,9 @@ def target_tokens(model: ModelSpec, options: SearchOptions) -> float:
     return options.target_tokens or default_tokens(counts.total_params(model))
 
 
-def _island_search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
-                   options: SearchOptions) -> Plan:
+def island_search(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
+                  options: SearchOptions) -> Plan:
+    """Today's search's best plan: the layout of one island (``spec`` its devices only)."""
     return search(spec, model, training, replace(options, top_k=1)).best
 
 
@@ -78,7 +79,7 @@ def plan_islands(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     if not splits:
         return sync_search()
     target = target_tokens(model, options)
-    choice = best_islands(spec, model, training, options, splits, target, _island_search,
+    choice = best_islands(spec, model, training, options, splits, target, island_search,
                           sync or SyncMethod.DILOCO)
     if sync is not None:
         if choice is None:
