@@ -40,7 +40,7 @@ from potluck import api
 from potluck.plans import Plan
 
 STEPS, SYNC_STEPS, WARMUP_STEPS = 1000, 300, 50
-LR = 8.5e-3
+LR = 6e-3
 log = logging.getLogger("islands_warmup")
 
 

@@ -3,12 +3,17 @@ memory: no synchronous plan joins NVIDIA and AMD GPUs (no backend does)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_plans_pass_runtime_checks import MODELS, _module, check_runs
 
 from potluck import api
 from potluck.cluster import Cluster, parse_cluster
 from potluck.errors import ConfigError
+from potluck.planner.cost import CostModel
+from potluck.planner.evaluate import stage_shape
+from potluck.planner.islands.exchange import outer_exchange
 from potluck.planner.islands.planning import _one_job
 from potluck.planner.islands.split import candidate_splits
 from potluck.planner.search import SearchResult
@@ -46,6 +51,24 @@ def test_potluck_plan_makes_each_vendor_an_island_over_host_memory():
     for plan in result.plans:
         check_runs(plan, _module("tiny-llama"))
         assert vendors_problem(plan) is None
+
+
+def test_a_host_staged_exchange_lasts_the_slowest_ranks_two_host_copies_longer():
+    """Each GPU rank copies its pseudo-gradient down at the wire's width and the sum back in
+    FP32 over its own host link: the exchange over the backend plus the slowest of those."""
+    best = api.plan(NV_AMD, MODELS["tiny-llama"], global_batch=16, seq_len=128).best
+    cluster, cost = Cluster(best.cluster), CostModel.for_plan(best)
+    over_backend = replace(best, islands=replace(best.islands, islands=tuple(
+        replace(island, transport=Transport.BACKEND) for island in best.islands.islands)))
+    per_value = best.islands.compression.bytes_per_value + 4.0
+    copies_s = [cost.stage_params(stage_shape(best, k, i), len(stage.devices)) * per_value
+                / cluster.host_bandwidth_bytes_per_s(cluster.device(d))
+                for k, pipeline in enumerate(best.pipelines)
+                for i, stage in enumerate(pipeline.stages) for d in stage.devices]
+    staged = outer_exchange(cluster, best, 1.0).exchange_s
+    assert min(copies_s) > 0.0
+    assert staged == pytest.approx(outer_exchange(cluster, over_backend, 1.0).exchange_s
+                                   + max(copies_s))
 
 
 def test_sync_pinned_on_two_vendors_is_one_line():

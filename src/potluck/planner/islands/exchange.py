@@ -12,6 +12,12 @@ it that training waits for.
   (a site's uplink, a WAN link between two groups): the whole pseudo-gradient crosses it, not
   one share per rank, a conservative choice that the links of a cluster file (per group, not
   per flow) cannot refine.
+- **Host staging** (islands whose transport is ``host``: another vendor's, or CPUs): the
+  wire (:class:`potluck.runtime.grads.islands.CrossIslandWire`) copies each accelerator
+  rank's payload, at the compression's width, to host memory before the gloo collective and
+  brings the sum back as FP32 after it, each over the rank's own host link (PCIe, the
+  group's ``host_bandwidth``). Ranks copy at once, so the exchange lasts the slowest rank's
+  two copies longer; a CPU rank copies nothing.
 - **Exposed per inner step**: plain DiLoCo blocks at each outer step, so its whole exchange
   is exposed once every H steps. Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512)
   sends F fragments at staggered steps (:meth:`potluck.plans.islands.Islands.exchanges_at`),
@@ -39,7 +45,7 @@ class OuterExchange:
     """One outer step's exchange between the islands of a plan."""
 
     bytes_per_outer_step: float  # what each island sends per outer step (all fragments)
-    exchange_s: float  # one whole exchange (every fragment) over the slowest link
+    exchange_s: float  # one whole exchange (every fragment) over the slowest link, staged
     exposed_per_step_s: float  # what training waits for, amortized over the inner steps
     link: RingLink  # the slowest link between neighbouring islands
 
@@ -88,6 +94,32 @@ def exchange_s(num_bytes: float, islands: int, link: RingLink) -> float:
                                           link.latency_s)
 
 
+STAGED_SUM_BYTES_PER_VALUE = 4.0
+"""A host-staged sum comes back to the device in FP32 (the wire widens it on the host)."""
+
+
+def staging_s(cluster: Cluster, plan: Plan) -> float:
+    """The time a host-staged exchange adds: the slowest accelerator rank's copy of its
+    pseudo-gradient down to host memory and of the sum back (module docstring); 0 where the
+    islands meet over their backend."""
+    from potluck.planner.cost import CostModel
+    from potluck.planner.evaluate import stage_shape
+
+    if not plan.islands.host_staged:
+        return 0.0
+    cost = CostModel.for_plan(plan)
+    per_value = plan.islands.compression.bytes_per_value + STAGED_SUM_BYTES_PER_VALUE
+    slowest_s = 0.0
+    for k, pipeline in enumerate(plan.pipelines):
+        for i, stage in enumerate(pipeline.stages):
+            params = cost.stage_params(stage_shape(plan, k, i), len(stage.devices))
+            for device in (cluster.device(d) for d in stage.devices):
+                if not device.type.is_cpu:
+                    slowest_s = max(slowest_s, params * per_value
+                                    / cluster.host_bandwidth_bytes_per_s(device))
+    return slowest_s
+
+
 def exposed_per_step_s(islands: Islands, whole_exchange_s: float, step_s: float) -> float:
     """The part of the outer exchange that training waits for, per inner step (see the
     module docstring): diloco blocks for each fragment beyond the ``H // F`` steps it overlaps
@@ -110,5 +142,5 @@ def outer_exchange(cluster: Cluster, plan: Plan, step_s: float) -> OuterExchange
         return NO_EXCHANGE
     link = between_islands(cluster, island_devices(cluster, plan))
     num_bytes = pseudo_gradient_bytes(plan.model, islands.compression)
-    whole_s = exchange_s(num_bytes, islands.count, link)
+    whole_s = exchange_s(num_bytes, islands.count, link) + staging_s(cluster, plan)
     return OuterExchange(num_bytes, whole_s, exposed_per_step_s(islands, whole_s, step_s), link)
