@@ -146,10 +146,10 @@ def planned(sync: str) -> Plan:
 
 
 def train(label: str, plan: Plan, steps: int, lr: float, dilation: float | None,
-          corpus: Corpus, out: Path) -> Run:
+          corpus: Corpus, out: Path, schedule: str = "cosine", seed: int = 0) -> Run:
     options = api.train_options(data=corpus.train, out=out, steps=steps, emulate=True,
                                 dilation=dilation, lr=lr, warmup_steps=warmup(steps),
-                                lr_schedule="cosine", progress=False)
+                                lr_schedule=schedule, progress=False, seed=seed)
     log.info("%s: training %d steps at lr %g (%s)", label, steps, lr, describe(plan))
     began = time.perf_counter()
     history = api.run_plan(plan, options).history
