@@ -1,11 +1,13 @@
 """Files and summaries of a simulation: the pictures, the trace, the terminal table.
 
 ``write_outputs`` writes ``timeline.png``, ``memory.png`` and ``trace.json``
-into a folder; ``render_summary`` prints what ``potluck simulate`` shows:
+into a folder, and ``outer_cycle.json`` where the plan's islands synchronize rarely;
+``render_summary`` prints what ``potluck simulate`` shows:
 simulated against predicted iteration time, the bubble (with how it is
 defined, beside the plan's critical-path bubble, which is defined otherwise),
 the bottleneck and each device's busy, communication and idle time, in plan
-order.
+order, then the islands' outer cycle (each exchange: when sent, how long, when applied,
+what training waited for it).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 from potluck.errors import ConfigError
+from potluck.sim.outer import OuterCycle
 from potluck.sim.result import SimulationResult
 from potluck.sim.timeline import write_memory, write_timeline
 from potluck.sim.trace import simulation_trace
 from potluck.tables import compact_table
-from potluck.traces import write_trace
+from potluck.traces import COMM, COMPUTE, Trace, TraceEvent, write_trace
 
 MAX_TABLE_ROWS = 32
 
@@ -31,6 +34,7 @@ class SimulationFiles:
     timeline: Path
     memory: Path
     trace: Path
+    outer: Path | None = None  # the islands' outer cycle, where there is one
 
 
 def write_outputs(result: SimulationResult, out_dir: str | Path) -> SimulationFiles:
@@ -40,11 +44,37 @@ def write_outputs(result: SimulationResult, out_dir: str | Path) -> SimulationFi
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create output folder {str(out)!r}: {err.strerror}") from None
-    files = SimulationFiles(out / "timeline.png", out / "memory.png", out / "trace.json")
+    cycle = result.outer_cycle
+    files = SimulationFiles(out / "timeline.png", out / "memory.png", out / "trace.json",
+                            out / "outer_cycle.json" if cycle else None)
     write_timeline(result, files.timeline)
     write_memory(result, files.memory)
     write_trace(simulation_trace(result), files.trace)
+    if cycle and files.outer:
+        write_trace(outer_trace(cycle), files.outer)
     return files
+
+
+INNER_LANE, EXCHANGE_LANE = "inner steps", "outer exchange"
+
+
+def outer_trace(cycle: OuterCycle) -> Trace:
+    """One outer period as a Chrome trace: the inner steps (and their waits) on one lane, the
+    exchanges between the islands on their own."""
+    trace = Trace([INNER_LANE, EXCHANGE_LANE], metadata={
+        "source": "simulator", "outer_cycle": cycle.sync.value, "period_s": cycle.period_s})
+    for step in cycle.steps:
+        trace.events.append(TraceEvent(INNER_LANE, COMPUTE, "inner_step", step.start_s,
+                                       cycle.step_s, step=step.step))
+        if step.waited_s > 0.0:
+            trace.events.append(TraceEvent(INNER_LANE, COMM, "outer_wait",
+                                           step.end_s - step.waited_s, step.waited_s,
+                                           step=step.step))
+    for send in cycle.sends:
+        trace.events.append(TraceEvent(EXCHANGE_LANE, COMM, "outer_exchange", send.start_s,
+                                       send.end_s - send.start_s, chunk=send.fragment,
+                                       step=send.sent_after_step))
+    return trace
 
 
 def _outer_part(result: SimulationResult) -> str:
@@ -74,8 +104,12 @@ def render_summary(console: Console, result: SimulationResult,
         f"critical path: {result.critical_summary()}"
     )
     console.print(_table(result))
+    if result.outer_cycle is not None:
+        console.print(outer_table(result.outer_cycle))
     if files is not None:
-        console.print(f"wrote {files.timeline}, {files.memory}, {files.trace} (open in ui.perfetto.dev)")
+        outer = f", {files.outer}" if files.outer else ""
+        console.print(f"wrote {files.timeline}, {files.memory}, {files.trace}{outer} "
+                      "(open in ui.perfetto.dev)")
 
 
 def bubble_line(result: SimulationResult) -> str:
@@ -105,4 +139,19 @@ def _table(result: SimulationResult) -> Table:
         table.add_row(d.device, str(d.pipeline), str(d.stage), f"{d.busy_s:.4g}",
                       f"{d.compute_s:.4g}", f"{d.tp_comm_s:.3g}", f"{d.transfer_s:.3g}",
                       f"{d.idle_s:.3g}", f"{d.peak_memory_bytes / 1e9:.2f}")
+    return table
+
+
+def outer_table(cycle: OuterCycle) -> Table:
+    """One outer period: each exchange, when it is sent and applied (steps past H are the
+    next period's), how long it takes and what training waits for it."""
+    h = len(cycle.steps)
+    title = (f"outer cycle ({cycle.sync.value}, H={h}, {cycle.period_s:.4g} s): waited "
+             f"{cycle.waited_s:.4g} s, {cycle.waited_s / h:.4g} s per step")
+    table = compact_table(title, ("fragment", "sent after step", "exchange s",
+                                  "applied after step", "waited s"), left=("fragment",))
+    for send in cycle.sends:
+        table.add_row(str(send.fragment), str(send.sent_after_step),
+                      f"{send.end_s - send.start_s:.4g}", str(send.applied_after_step),
+                      f"{send.waited_s:.4g}")
     return table

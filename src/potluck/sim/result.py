@@ -1,4 +1,5 @@
-"""What a simulation returns: every op with its times, per-device figures, memory.
+"""What a simulation returns: every op with its times, per-device figures, memory, and
+the islands' outer cycle where the plan has one (:mod:`potluck.sim.outer`).
 
 Pipelines that are provably identical (same work, same transfers, no link
 shared with another pipeline) are simulated once; their :class:`PipelineRun`
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from potluck.ops import OpKind
 from potluck.plans import Plan, Schedule
+
+if TYPE_CHECKING:
+    from potluck.sim.outer import OuterCycle
 
 
 class OpRecord(NamedTuple):
@@ -168,8 +172,10 @@ class SimulationResult:
     predicted_time_s: float  # the analytic cost model's iteration time, for comparison
     simulated_pipelines: int  # pipelines actually run (the others are identical twins)
     state_transfers: tuple[StateTransfer, ...] = ()  # swaps and ZeRO-3 gathers, drawn
-    # islands' outer exchange that a step waits for, amortized over the inner steps (not drawn)
+    # islands' outer exchange that a step waits for, amortized over the inner steps
     outer_s: float = 0.0
+    # islands that synchronize rarely: one outer period of H inner steps, drawn
+    outer_cycle: OuterCycle | None = None
 
     @property
     def bottleneck(self) -> DeviceStats:
@@ -204,4 +210,4 @@ class SimulationResult:
             "per_device": [d.as_dict() for d in self.devices],
             "state_transfers": {kind.value: sum(1 for t in self.state_transfers if t.kind is kind)
                                 for kind in StateTransferKind},
-        }
+        } | ({"outer_cycle": self.outer_cycle.as_dict()} if self.outer_cycle else {})

@@ -27,6 +27,11 @@
    already in its duration); ZeRO-3's all-gathers are drawn from the start of each
    pass on the stage's ring. They are drawn, not re-timed: the pass durations carry
    their exposed part, as the cost model charges it.
+4. **Outer cycle.** Islands that synchronize rarely add their outer exchange to the
+   iteration as the amortized part a step waits for
+   (:func:`potluck.planner.islands.exchange.outer_exchange`), and draw one outer period of
+   H such iterations with each fragment's or push's exchange laid out on the link between
+   the islands (:mod:`potluck.sim.outer`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from potluck.sim import engine, program
 from potluck.sim.critical import critical_path
 from potluck.sim.memory import stage_memory
 from potluck.sim.network import Network
+from potluck.sim.outer import outer_cycle
 from potluck.sim.result import (
     GradientSync,
     MemoryTrace,
@@ -81,9 +87,11 @@ def simulate(plan: Plan, schedule: Schedule | str | None = None) -> SimulationRe
     if plan.comm.dp_priority_schedule:
         iteration_s = _next_step_bound_s(plan, runs, steps, phase)
     devices = device_stats(workloads, runs, syncs, steps, memory, iteration_s)
-    outer_s = outer_exchange(cost.cluster, plan, iteration_s).exposed_per_step_s
+    exchange = outer_exchange(cost.cluster, plan, iteration_s)
+    outer_s = exchange.exposed_per_step_s
     return SimulationResult(
         plan=plan, schedule=name, iteration_time_s=iteration_s + outer_s, outer_s=outer_s,
+        outer_cycle=outer_cycle(plan.islands, exchange, iteration_s),
         pipeline_time_s=max(pipeline_end_s(run) for run in runs),
         bubble_fraction=bubble_fraction(workloads, runs),
         pipelines=tuple(runs), gradient_syncs=tuple(syncs), optimizer_steps=tuple(steps),
