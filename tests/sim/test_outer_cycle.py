@@ -121,6 +121,7 @@ def test_the_text_output_names_each_fragment_and_the_trace_has_an_exchange_lane(
     trace = read_trace(files.outer)
     assert trace.devices == ["inner steps", "outer exchange"]
     exchanges = [e for e in trace.events if e.device == "outer exchange"]
+    assert {e.kind for e in exchanges} == {"outer_sync"}
     assert [(e.chunk, e.step) for e in exchanges] == [(1, 5), (0, 10)]
     assert sum(1 for e in trace.events if e.kind == "inner_step") == 10
     assert json.loads(json.dumps(result.summary()))["outer_cycle"]["sends"][0]["fragment"] == 1

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from potluck.errors import ConfigError
+from potluck.ops import OpKind
 from potluck.sim.outer import OuterCycle
 from potluck.sim.result import SimulationResult
 from potluck.sim.timeline import write_memory, write_timeline
@@ -60,7 +61,8 @@ INNER_LANE, EXCHANGE_LANE = "inner steps", "outer exchange"
 
 def outer_trace(cycle: OuterCycle) -> Trace:
     """One outer period as a Chrome trace: the inner steps (and their waits) on one lane, the
-    exchanges between the islands on their own."""
+    exchanges between the islands on their own (``outer_sync``, as the runtime records them;
+    the fragment as the chunk, the step it is sent after as the step)."""
     trace = Trace([INNER_LANE, EXCHANGE_LANE], metadata={
         "source": "simulator", "outer_cycle": cycle.sync.value, "period_s": cycle.period_s})
     for step in cycle.steps:
@@ -71,7 +73,7 @@ def outer_trace(cycle: OuterCycle) -> Trace:
                                            step.end_s - step.waited_s, step.waited_s,
                                            step=step.step))
     for send in cycle.sends:
-        trace.events.append(TraceEvent(EXCHANGE_LANE, COMM, "outer_exchange", send.start_s,
+        trace.events.append(TraceEvent(EXCHANGE_LANE, COMM, OpKind.OUTER_SYNC.value, send.start_s,
                                        send.end_s - send.start_s, chunk=send.fragment,
                                        step=send.sent_after_step))
     return trace
