@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from potluck.planner.islands.exchange import OuterExchange
 from potluck.plans.islands import Islands, SyncMethod
@@ -70,7 +71,8 @@ class OuterCycle:
     def period_s(self) -> float:
         return self.steps[-1].end_s
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
+        """The figures of ``potluck simulate --json``'s ``outer_cycle``."""
         return {"sync": self.sync.value, "inner_steps": len(self.steps),
                 "period_s": self.period_s, "waited_s": self.waited_s,
                 "sends": [{"fragment": s.fragment, "sent_after_step": s.sent_after_step,
