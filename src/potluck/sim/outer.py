@@ -16,9 +16,8 @@ exchange time over F. This module only lays them out, following the runtime
 An inner step lasts the simulated iteration plus what it waits for after it. The drawn period
 is a steady one (earlier periods are laid out first), so a fragment sent after step H is
 applied in the next period (``applied_after_step`` past H). Its total wait over H equals the
-owner's ``exposed_per_step_s`` for diloco and for bounded up to ``staleness`` 1; from 2 on,
-the link cannot carry more than one push per period, so the drawn wait is the link's
-(``exchange - H steps`` per period), more than the owner's ``exchange - staleness * H steps``.
+owner's ``exposed_per_step_s``: for bounded beyond ``staleness`` 1 too, as the link carries
+one push per period (``exchange - H steps`` per period, whatever the staleness).
 """
 
 from __future__ import annotations

@@ -23,8 +23,11 @@ it that training waits for.
   sends F fragments at staggered steps (:meth:`potluck.plans.islands.Islands.exchanges_at`),
   each overlapping the inner steps until the next fragment is due (``H // F`` whole steps,
   :attr:`~potluck.plans.islands.Islands.overlap_steps`, when the runtime applies it): a fragment's
-  exposed part is ``max(0, its time - the compute it overlaps)``. ``bounded`` overlaps its
-  exchange with ``staleness`` pushes' worth of steps (H each).
+  exposed part is ``max(0, its time - the compute it overlaps)``. ``bounded`` with a
+  staleness of 1 or more overlaps its exchange with the H steps until the next push: the
+  link carries one push at a time, so more pushes in flight hide nothing more (a push every
+  H steps of an exchange longer than H steps waits ``exchange - H steps`` per push however
+  many are in flight; the simulator's drawn cycle shows it, ``potluck.sim.outer``).
 """
 
 from __future__ import annotations
@@ -123,12 +126,13 @@ def staging_s(cluster: Cluster, plan: Plan) -> float:
 def exposed_per_step_s(islands: Islands, whole_exchange_s: float, step_s: float) -> float:
     """The part of the outer exchange that training waits for, per inner step (see the
     module docstring): diloco blocks for each fragment beyond the ``H // F`` steps it overlaps
-    (one fragment: no overlap); bounded overlaps ``staleness * H`` steps."""
+    (one fragment: no overlap); bounded overlaps the H steps until its next push when it may
+    run a push ahead (staleness 1 or more), none at staleness 0."""
     h = islands.inner_steps
     if not islands.split:
         return 0.0
     if islands.sync is SyncMethod.BOUNDED:
-        return max(0.0, whole_exchange_s - islands.staleness * h * step_s) / h
+        return max(0.0, whole_exchange_s - min(1, islands.staleness) * h * step_s) / h
     fragments = islands.fragments
     fragment_s = whole_exchange_s / fragments
     overlapped_s = islands.overlap_steps * step_s  # the runtime applies it then (whole steps)
