@@ -8,6 +8,7 @@ GPUs of a host, the network (or a declared link) between hosts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,6 +44,13 @@ class Link:
 
 
 LOCAL = Link(float("inf"), 0.0, PathKind.LOCAL)
+
+
+def spans_vendors(devices: Iterable[Device]) -> bool:
+    """Whether ``devices`` are of several vendors (NVIDIA, AMD, CPUs): no backend joins them,
+    so a pipeline over them passes its tensors through host memory over gloo
+    (:func:`potluck.plans.feasibility.vendors_problem`)."""
+    return len({d.type.vendor for d in devices}) > 1
 
 
 def device_id(group: str, node_index: int, local_index: int) -> str:

@@ -356,10 +356,11 @@ class CostModel:
         return activation * self.element_bytes(device_type)
 
     def send_s(self, sender: tuple[Device, ...], receiver: tuple[Device, ...], micro_batch: int,
-               sharing: NicSharing = NO_SHARING) -> float:
-        """One micro-batch's activations from one stage to the next, TP ranks sending in parallel."""
+               sharing: NicSharing = NO_SHARING, host_staged: bool = False) -> float:
+        """One micro-batch's activations from one stage to the next, TP ranks sending in
+        parallel; ``host_staged``: the pipeline spans vendors (:meth:`Network.send_s`)."""
         return self.network.send_s(sender, receiver, self.send_bytes(sender[0].type, micro_batch),
-                                   sharing)
+                                   sharing, host_staged)
 
     # ---- stages ----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from potluck import placement
-from potluck.cluster.topology import Device
+from potluck.cluster.topology import Device, spans_vendors
 from potluck.errors import ConfigError
 from potluck.model import counts
 from potluck.placement import StageRef
@@ -264,7 +264,7 @@ def stage_send_s(plan: Plan, pipeline: int, sender: int, receiver: int,
     devices = stage_devices(cost, plan)
     stages = devices[pipeline]
     return cost.send_s(stages[sender], stages[receiver], plan.pipelines[pipeline].micro_batch_size,
-                       NicSharing.of_pipelines(devices))
+                       NicSharing.of_pipelines(devices), spans_vendors(d for s in stages for d in s))
 
 
 def parameter_gathers_s(cost: CostModel, plan: Plan) -> dict[StageRef, float]:
@@ -336,10 +336,12 @@ class PlanEvaluation:
         schedule = schedule_for(plan.schedule)
         stages = self.devices[k]
         pp, b = len(stages), pipeline.micro_batch_size
+        host = spans_vendors(d for s in stages for d in s)
         result = []
         for i, devices in enumerate(stages):
             shape = stage_shape(plan, k, i)
-            send = 0.0 if shape.last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing)
+            send = 0.0 if shape.last else self.cost.send_s(devices, stages[i + 1], b, pp_sharing,
+                                                           host)
             neighbours = tuple(d for j in (i - 1, i + 1) if 0 <= j < pp for d in stages[j])
             timing = self.cost.stage_time(devices, shape, send, neighbours,
                                           self._gather_s(k, i, shape))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 from potluck.cluster.spec import NodeGroup
-from potluck.cluster.topology import Cluster, Device
+from potluck.cluster.topology import Cluster, Device, spans_vendors
 from potluck.model.counts import Recompute
 from potluck.planner import formulas
 from potluck.planner.comm.refine import choose_stage_comm
@@ -272,16 +272,21 @@ class FamilyEvaluator:
         sample = _sample(pipelines)
         sends = []
         for i in range(pp - 1):
-            sends.append(max(self._send(p[i], p[i + 1], micro_batch, sharing) for p in sample))
+            sends.append(max(self._send(p[i], p[i + 1], micro_batch, sharing,
+                                        spans_vendors(d for u in p for d in u.devices))
+                             for p in sample))
         return sends + [0.0]
 
-    def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: NicSharing) -> float:
-        """Cached by what the time depends on: the units' places, not which machines they are."""
+    def _send(self, a: Unit, b: Unit, micro_batch: int, sharing: NicSharing,
+              host_staged: bool) -> float:
+        """Cached by what the time depends on: the units' places, not which machines they are;
+        ``host_staged``: the pipeline spans vendors."""
         share = 1 if a.node == b.node else sharing.share(a.devices[0], b.devices[0])
         key = (a.group, a.devices[0].local_index, b.group, b.devices[0].local_index,
-               a.node == b.node, a.tp, b.tp, micro_batch, share)
+               a.node == b.node, a.tp, b.tp, micro_batch, share, host_staged)
         if key not in self._send_cache:
-            self._send_cache[key] = self.cost.send_s(a.devices, b.devices, micro_batch, sharing)
+            self._send_cache[key] = self.cost.send_s(a.devices, b.devices, micro_batch, sharing,
+                                                     host_staged)
         return self._send_cache[key]
 
     def _split(self, pipeline: tuple[Unit, ...], dp: int, setting: FamilySetting) -> list[int] | None:

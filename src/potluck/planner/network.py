@@ -19,7 +19,9 @@ are computed in one place:
   one latency per peer (:meth:`Network.alltoall_s`);
 - a *send* between pipeline stages runs one lane per pair of tensor-parallel
   ranks side by side, each with its share of the bytes; it takes as long as
-  its slowest lane (:meth:`Network.send_s`).
+  its slowest lane (:meth:`Network.send_s`); in a pipeline whose stages span vendors
+  every lane is staged through host memory and also pays its two devices' copies to and
+  from host memory (:func:`host_staging_s`).
 
 How many flows share each card depends on what runs at once, which only the
 caller knows: the pipeline's stage boundaries (:meth:`NicSharing.of_pipelines`),
@@ -190,8 +192,10 @@ class Network:
         return formulas.pairwise_alltoall_time_s(num_bytes, g, bandwidth, latency)
 
     def send_s(self, sender: Sequence[Device], receiver: Sequence[Device], num_bytes: float,
-               sharing: NicSharing = NO_SHARING) -> float:
-        """``num_bytes`` from one stage to the next, split over lanes of TP ranks side by side."""
+               sharing: NicSharing = NO_SHARING, host_staged: bool = False) -> float:
+        """``num_bytes`` from one stage to the next, split over lanes of TP ranks side by side;
+        ``host_staged``: through host memory (a pipeline that spans vendors), each lane also
+        paying :func:`host_staging_s`."""
         lanes = min(len(sender), len(receiver))
         lane_bytes = num_bytes / lanes
         worst = 0.0
@@ -199,5 +203,18 @@ class Network:
             a, b = sender[rank], receiver[rank]
             link = self.cluster.link(a, b)
             share = sharing.share(a, b)
-            worst = max(worst, link.latency_s + lane_bytes * share / link.bandwidth_bytes_per_s)
+            staging = host_staging_s(self.cluster, a, b, lane_bytes) if host_staged else 0.0
+            worst = max(worst, link.latency_s + lane_bytes * share / link.bandwidth_bytes_per_s
+                        + staging)
         return worst
+
+
+def host_staging_s(cluster: Cluster, sender: Device, receiver: Device,
+                   num_bytes: float) -> float:
+    """What staging one transfer of ``num_bytes`` through host memory adds to it (the stage
+    boundaries of a pipeline that spans vendors): the copy from ``sender``'s memory to its
+    host and the copy from ``receiver``'s host to its memory, each over that device's host
+    link (a CPU rank copies nothing). The cost model's sends and the simulator's flows both
+    charge it."""
+    return sum(num_bytes / cluster.host_bandwidth_bytes_per_s(d) for d in (sender, receiver)
+               if not d.type.is_cpu)

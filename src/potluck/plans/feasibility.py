@@ -155,37 +155,88 @@ VENDOR_LABELS = {"cpu": "CPU ranks", "nvidia": "NVIDIA GPUs", "amd": "AMD GPUs"}
 def vendors_problem(plan: Plan) -> str | None:
     """Why ``plan``'s devices of several vendors (NVIDIA, AMD, CPUs) cannot run in one job,
     if they cannot. No collective backend joins two vendors (NCCL and RCCL do not talk, and
-    potluck's GPU ranks keep their tensors on the GPU), so every link between vendors must be
-    a host-staged island boundary: each pipeline of one vendor, each island of one vendor,
-    the islands synchronizing rarely (diloco, bounded) through host memory (some island's
-    transport host). Pipelines whose stages span vendors (HETHUB-style) are not run. The
-    runtime asks this of real runs (an emulated run is gloo on every rank)."""
-    from potluck.cluster.topology import Cluster
-
-    cluster = Cluster(plan.cluster)
-    vendor = {d: cluster.device(d).type.vendor.value for d in plan.devices}
+    potluck's GPU ranks keep their tensors on the GPU), so every group that runs a collective
+    holds one vendor: each stage (its tensor-parallel group), the ranks that sum a unit's
+    gradients every step (data parallelism, ZeRO's shards, a tied embedding's copies) and each
+    expert-parallel group. Vendors meet only where tensors can be staged through host memory
+    over gloo: a pipeline's stage-to-stage transfers (HETHUB-style pipelines whose stages are
+    NVIDIA GPUs, AMD GPUs or CPUs holding a few layers; :func:`spans_vendors`), and islands
+    that synchronize rarely (diloco, bounded) through host memory (some island's transport
+    host). The runtime asks this of real runs (an emulated run is gloo on every rank)."""
+    vendor = _device_vendors(plan)
     if len(set(vendor.values())) < 2:
         return None
     for k, pipeline in enumerate(plan.pipelines):
-        if len({vendor[d] for d in pipeline.devices}) > 1:
-            return (f"pipeline {k}'s stages span {_vendors(pipeline.devices, vendor)}, but no "
-                    "backend joins two vendors; split the cluster into islands of one vendor "
-                    "each (transport host) or use one vendor")
-    islands = plan.islands
-    if not islands.split:
-        return (f"the plan mixes {_vendors(plan.devices, vendor)} in one synchronous job, but "
-                "no backend joins two vendors; split it into islands of one vendor each with "
-                "sync diloco or bounded and transport host, or use one vendor (or dry-run it "
-                "on CPU with --emulate)")
-    for k in range(islands.count):
-        devices = [d for p in islands.members(k, plan.dp) for d in plan.pipelines[p].devices]
-        if len({vendor[d] for d in devices}) > 1:
-            return (f"island {k} mixes {_vendors(devices, vendor)}; make each island one "
-                    "vendor's (or use one vendor)")
-    if not islands.host_staged:
+        for j, stage in enumerate(pipeline.stages):
+            if len({vendor[d] for d in stage.devices}) > 1:
+                return (f"pipeline {k}'s stage {j} mixes {_vendors(stage.devices, vendor)} in "
+                        "one tensor-parallel group, but no backend joins two vendors; give "
+                        "each stage one vendor's devices")
+    problem = _step_groups_problem(plan, vendor)
+    if problem:
+        return problem
+    if plan.islands.split and not plan.islands.host_staged and _crosses_vendors(plan, vendor):
         return ("islands of different vendors cross over the backend, which joins no two "
                 "vendors; set their transport to host")
     return None
+
+
+def spans_vendors(plan: Plan, pipeline: int) -> bool:
+    """Whether pipeline ``pipeline``'s stages are of several vendors: its stage-to-stage
+    transfers are then staged through host memory over gloo (the runtime's host-staged lanes,
+    the cost model's :func:`potluck.planner.network.host_staged_send_s`)."""
+    vendor = _device_vendors(plan)
+    return len({vendor[d] for d in plan.pipelines[pipeline].devices}) > 1
+
+
+def _device_vendors(plan: Plan) -> dict[str, str]:
+    from potluck.cluster.topology import Cluster
+
+    cluster = Cluster(plan.cluster)
+    return {d: cluster.device(d).type.vendor.value for d in plan.devices}
+
+
+def _step_groups_problem(plan: Plan, vendor: dict[str, str]) -> str | None:
+    """The first group that sums every step across vendors: a unit's gradient group in an
+    island (or the whole job), or an expert-parallel group."""
+    from potluck import placement
+
+    for k, members in enumerate(placement.island_members(plan)):
+        where = f"island {k}: " if plan.islands.split else ""
+        for unit in placement.parameter_units(plan.model):
+            devices = _unit_devices(plan, unit, members)
+            if len({vendor[d] for d in devices}) > 1:
+                return (f"{where}the ranks that sum {unit}'s gradients every step (data "
+                        f"parallelism, ZeRO) mix {_vendors(devices, vendor)} in one "
+                        "synchronous job, but no backend joins two vendors; split it into "
+                        "islands of one vendor each with sync diloco or bounded and transport "
+                        "host, or use one vendor (or dry-run it on CPU with --emulate)")
+    for first in range(0, plan.dp, plan.ep) if plan.ep > 1 else ():
+        for s in range(plan.pipelines[first].pp):
+            devices = [d for p in plan.expert_group(first)
+                       for d in plan.pipelines[p].stages[s].devices]
+            if len({vendor[d] for d in devices}) > 1:
+                return (f"the expert-parallel group of pipelines {first}.. at stage {s} mixes "
+                        f"{_vendors(devices, vendor)}, but no backend joins two vendors; give "
+                        "each expert group one vendor's devices")
+    return None
+
+
+def _unit_devices(plan: Plan, unit: str, pipelines: Sequence[int]) -> list[str]:
+    """The devices of every stage of ``pipelines`` that holds ``unit``."""
+    from potluck import placement
+
+    return [d for p, s in placement.holders(plan, unit) if p in pipelines
+            for d in plan.pipelines[p].stages[s].devices]
+
+
+def _crosses_vendors(plan: Plan, vendor: dict[str, str]) -> bool:
+    """Whether some unit's cross-island group (its holders in every island) mixes vendors."""
+    from potluck import placement
+
+    everyone = range(plan.dp)
+    return any(len({vendor[d] for d in _unit_devices(plan, unit, everyone)}) > 1
+               for unit in placement.parameter_units(plan.model))
 
 
 def _vendors(devices: Sequence[str], vendor: dict[str, str]) -> str:

@@ -34,6 +34,8 @@ unit's holders in every pipeline form its cross-island group
 When some island's transport is ``host`` (``Islands.host_staged``), the cross-island groups
 are gloo groups beside the backend's (``dist.new_group(ranks, backend="gloo")``), which take
 host tensors (:meth:`Layout.on_host`): the wire stages each payload through host memory.
+A pipeline whose stages are of several vendors (:attr:`Layout.lane_on_host`) keeps its lanes
+on the gloo world, so its stage-to-stage transfers are host tensors too.
 
 **Rank order.** torchrun numbers ranks machine by machine, so a plan's device
 order need not be rank order (a pipeline ``a.0:0 -> b.0:0 -> b.0:1 -> a.0:1``,
@@ -70,6 +72,7 @@ from potluck import placement
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
+from potluck.plans.feasibility import spans_vendors
 
 HOST_BACKEND = "gloo"
 """The backend of host-staged cross-island groups (islands of another vendor, or of CPUs)."""
@@ -386,13 +389,26 @@ class Layout:
 
     def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         """A group of ``ranks`` over the world's backend, or over the GPU islands' own
-        where every member is a GPU and the world is gloo across vendors."""
-        if self._gpu_backend is None or any(self._on_cpu(r) for r in ranks):
+        where every member is a GPU of one vendor and the world is gloo across vendors (a
+        lane of a pipeline that spans vendors stays on the gloo world)."""
+        if (self._gpu_backend is None or any(self._on_cpu(r) for r in ranks)
+                or self._spans_vendors(ranks)):
             return dist.new_group(list(ranks))
         return dist.new_group(list(ranks), backend=self._gpu_backend)
 
     def _on_cpu(self, rank: int) -> bool:
         return self._cluster.device(self.device_of_rank[rank]).type.is_cpu
+
+    def _spans_vendors(self, ranks: tuple[int, ...]) -> bool:
+        vendors = {self._cluster.device(self.device_of_rank[r]).type.vendor for r in ranks}
+        return len(vendors) > 1
+
+    @property
+    def lane_on_host(self) -> bool:
+        """Whether this rank's pipeline spans vendors (HETHUB-style), so that its lanes pass
+        host tensors over gloo: every stage-to-stage transfer is staged through host memory
+        (:func:`potluck.runtime.parallel.pipeline.host_staged`)."""
+        return spans_vendors(self.plan, self.role.pipeline)
 
     @cached_property
     def _cluster(self) -> Cluster:

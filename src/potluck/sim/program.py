@@ -27,10 +27,12 @@ ranks, each carrying its share of the activations, as the cost model prices them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from potluck.cluster.topology import spans_vendors
 from potluck.ops import OpKind
+from potluck.planner.network import host_staging_s
 from potluck.schedules import PipelineSchedule
 from potluck.sim import p2p
 from potluck.sim.engine import Program
@@ -77,10 +79,17 @@ def boundary_flows(work: PipelineWorkload, virtual_stages: int, network: Network
 
 def _flow(work: PipelineWorkload, src: int, dst: int, network: Network,
           serial_pairs: bool) -> Flow:
+    """The transfer from stage ``src`` to ``dst``; where the pipeline spans vendors, staged
+    through host memory: its slowest lane's copies to and from the host
+    (:func:`~potluck.planner.network.host_staging_s`) start it late, as a latency does."""
     sender, receiver = work.stages[src], work.stages[dst]
     lanes = min(len(sender.devices), len(receiver.devices))
     pairs = list(zip(sender.devices[:lanes], receiver.devices[:lanes], strict=True))
-    return network.lanes_flow(pairs, sender.send_bytes / lanes, serial_pairs=serial_pairs)
+    flow = network.lanes_flow(pairs, sender.send_bytes / lanes, serial_pairs=serial_pairs)
+    if not spans_vendors(d for stage in work.stages for d in stage.devices):
+        return flow
+    staging = max(host_staging_s(network.cluster, a, b, flow.lane_bytes) for a, b in pairs)
+    return replace(flow, latency_s=flow.latency_s + staging)
 
 
 def runs_torch_calls(schedule: PipelineSchedule, stages: int, micro_batches: int,

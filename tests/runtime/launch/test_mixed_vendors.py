@@ -59,12 +59,17 @@ def test_host_staged_islands_of_one_vendor_each_run_over_a_gloo_world():
 
 
 @pytest.mark.parametrize("plan, words", [
-    (make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 1)], cluster=VENDORS,
+    (make_plan(TINY_LLAMA, [pipe([(2, (0, 4))], 1, 1)], cluster=VENDORS,
                device_ids=["nv.0:0", "amd.0:0"]),
-     "pipeline 0's stages span NVIDIA GPUs (nv.0:0) with AMD GPUs (amd.0:0)"),
-    (_replicas(NV_AMD), "mixes NVIDIA GPUs (nv.0:0, nv.0:1) with AMD GPUs (amd.0:0, amd.0:1) "
+     "pipeline 0's stage 0 mixes NVIDIA GPUs (nv.0:0) with AMD GPUs (amd.0:0) in one "
+     "tensor-parallel group"),
+    (make_plan(TINY_LLAMA, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 1)] * 2, cluster=VENDORS,
+               device_ids=["nv.0:0", "cpu.0:0", "amd.0:0", "cpu.0:1"]),
+     "the ranks that sum embed's gradients every step (data parallelism, ZeRO) mix NVIDIA "
+     "GPUs (nv.0:0) with AMD GPUs (amd.0:0)"),
+    (_replicas(NV_AMD), "mix NVIDIA GPUs (nv.0:0, nv.0:1) with AMD GPUs (amd.0:0, amd.0:1) "
                         "in one synchronous job"),
-    (_host(split(_replicas(NV_AMD), (0, 2), (1, 3), inner_steps=2)), "island 0 mixes"),
+    (_host(split(_replicas(NV_AMD), (0, 2), (1, 3), inner_steps=2)), "island 0: the ranks"),
     (split(_replicas(NV_AMD), (0, 1), (2, 3), inner_steps=2), "set their transport to host"),
 ])
 def test_what_cannot_join_two_vendors_is_one_line(plan, words):

@@ -48,6 +48,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import checkpoint
 
 from potluck.ops import OpKind
@@ -72,6 +73,7 @@ from potluck.runtime.timing.clock import Clock, NullClock
 from potluck.schedules import schedule_for
 
 log = logging.getLogger(__name__)
+HOST = torch.device("cpu")  # where a pipeline that spans vendors passes its tensors
 WHOLE_RANK = -2  # emulation clock: all of this rank's virtual stages at once
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 WeightPass = Callable[[nn.Module], AbstractContextManager[None]]
@@ -369,18 +371,53 @@ def _torch_stages(modules: Sequence[nn.Module], layout: Layout, device: torch.de
                   clock: Clock, commands: Commands | None,
                   weight_pass: WeightPass | None) -> list[PipelineStage]:
     """This rank's virtual stages as torch's PipelineStages on its lane (gradients on the
-    lane's backward group: a second one when the plan splits P2P channels)."""
+    lane's backward group: a second one when the plan splits P2P channels). On a lane that
+    passes host tensors, each is built with device ``cpu``, so that its receive buffers
+    (activations, gradients, the warm-up's votes and metadata) are host tensors, and its
+    module is :func:`host_staged`; torch 2.13's ``PipelineStage`` leaves the module where it
+    is (only the traced ``_PipelineStage`` moves it to the stage's device)."""
     role = layout.role
     hooked = (not isinstance(clock, NullClock) or commands is not None
               or weight_pass is not None or layout.plan.comm.split_p2p_channels)
+    kind = HookedStage if hooked else PipelineStage
     stages = []
     for module, stage_id in zip(modules, role.virtual_stage_ids, strict=True):
-        stage = (HookedStage if hooked else PipelineStage)(
-            unmanaged(module), stage_id, role.num_virtual_stages, device, group=layout.lane_group)
+        stage = kind(host_staged(unmanaged(module), layout, stage_id, device), stage_id,
+                     role.num_virtual_stages, HOST if layout.lane_on_host else device,
+                     group=layout.lane_group)
         stage.clock, stage.commands, stage.weight_pass = clock, commands, weight_pass
         stage.backward_group = layout.lane_group_backward
         stages.append(stage)
     return stages
+
+
+def host_staged(module: nn.Module, layout: Layout, stage_id: int,
+                device: torch.device) -> nn.Module:
+    """``module`` as the stage of a pipeline that spans vendors sees it (its lane passes host
+    tensors over gloo, :attr:`~potluck.runtime.layout.Layout.lane_on_host`): a
+    :class:`HostStaged` around it, whose output stays on ``device`` at the pipeline's last
+    virtual stage (the loss is computed there); anything else as it is."""
+    if not layout.lane_on_host:
+        return module
+    return HostStaged(module, device, last=stage_id == layout.role.num_virtual_stages - 1)
+
+
+class HostStaged(nn.Module):
+    """A stage module whose inputs arrive in host memory and whose outputs leave in it: its
+    inputs are copied to the rank's device on entry, its outputs to host memory on exit
+    (unless ``last``). Autograd carries the gradients back across both copies, so the
+    backward pass receives and sends host tensors too. On a CPU rank both copies are no-ops."""
+
+    def __init__(self, stage: nn.Module, device: torch.device, last: bool) -> None:
+        super().__init__()
+        self.stage = stage
+        self.device = device
+        self.last = last
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        move = tree_map_only(torch.Tensor, lambda t: t.to(self.device), (args, kwargs))
+        output = self.stage(*move[0], **move[1])
+        return output if self.last else tree_map_only(torch.Tensor, lambda t: t.to(HOST), output)
 
 
 def unmanaged(module: nn.Module) -> nn.Module:
