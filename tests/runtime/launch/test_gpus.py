@@ -19,6 +19,12 @@ def _plan(device_ids):
     return make_plan(TINY_LLAMA, TWO_PIPES, cluster=MIXED, device_ids=device_ids)
 
 
+def _mixed_replicas():
+    """Two replicas, a GPU's and a CPU's, summing gradients every step: no backend runs it."""
+    return make_plan(TINY_LLAMA, [pipe([(1, (0, 4))], 1, 2)] * 2, cluster=MIXED,
+                     device_ids=["box.0:0", "cpu.0:0"])
+
+
 def test_every_rank_a_gpu_is_nccl_every_rank_a_cpu_or_emulated_is_gloo():
     gpus, cpus = _plan(["box.0:0", "box.0:1"]), _plan(["cpu.0:0", "cpu.0:1"])
     assert world_backend(gpus, emulate=False) == "nccl"
@@ -27,13 +33,17 @@ def test_every_rank_a_gpu_is_nccl_every_rank_a_cpu_or_emulated_is_gloo():
     assert world_backend(_plan(["box.0:0", "cpu.0:0"]), emulate=True) == "gloo"
 
 
-def test_cpu_ranks_mixed_with_gpus_are_one_clear_error():
+def test_cpu_ranks_summing_with_gpus_are_one_clear_error():
     with pytest.raises(ConfigError) as err:
-        world_backend(_plan(["box.0:0", "cpu.0:0"]), emulate=False)
+        world_backend(_mixed_replicas(), emulate=False)
     message = str(err.value)
     assert "\n" not in message
-    assert "span NVIDIA GPUs (box.0:0) with CPU ranks (cpu.0:0)" in message
+    assert "mix NVIDIA GPUs (box.0:0) with CPU ranks (cpu.0:0) in one synchronous job" in message
     assert "islands of one vendor" in message
+
+
+def test_a_pipeline_from_a_gpu_to_a_cpu_runs_over_a_gloo_world():
+    assert world_backend(_plan(["box.0:0", "cpu.0:0"]), emulate=False) == "gloo"
 
 
 def test_gpu_ranks_are_spawned_and_cpu_or_emulated_ranks_forked_from_the_fork_server():
@@ -48,7 +58,7 @@ def test_a_mixed_plan_is_refused_before_any_rank_starts(monkeypatch):
 
     monkeypatch.setattr(training, "run_local", lambda *a, **k: pytest.fail("a rank started"))
     with pytest.raises(ConfigError, match="no backend joins two vendors"):
-        training.train(_plan(["box.0:0", "cpu.0:0"]), TrainOptions(progress=False))
+        training.train(_mixed_replicas(), TrainOptions(progress=False))
 
 
 def test_every_rank_of_a_mixed_plan_refuses_it_before_joining(monkeypatch):
@@ -60,7 +70,7 @@ def test_every_rank_of_a_mixed_plan_refuses_it_before_joining(monkeypatch):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("POTLUCK_DEVICE", device)
         with pytest.raises(ConfigError, match="no backend joins two vendors"):
-            start(_plan(["box.0:0", "cpu.0:0"]))
+            start(_mixed_replicas())
 
 
 @pytest.mark.parametrize("visible, gpu, ordinal", [
