@@ -4,7 +4,8 @@
 plan (and the plan actually computed, with a stand-in) is valid, the counts,
 learning rate and flags make sense (:func:`check_options`, which ``potluck train``
 also runs before it plans), the ranks' backends join them (ranks of several vendors, CPUs
-among GPUs, only as host-staged islands of one vendor each unless emulated:
+among GPUs, only where vendors meet through host memory unless emulated: host-staged
+islands, or pipelines whose stages span vendors:
 :func:`~potluck.runtime.launch.gpus.world_backend`, which each rank also checks, and
 ``potluck train --print-commands``), a plan that spans several
 machines is only emulated here, the GPUs it needs exist and ``CUDA_VISIBLE_DEVICES``

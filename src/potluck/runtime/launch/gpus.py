@@ -5,10 +5,12 @@ checks before launch and every rank decide the same way:
 
 - :func:`world_backend`: nccl when every rank of the plan is a GPU of one vendor (RCCL on
   AMD: ROCm's torch names it ``nccl``), gloo when every rank is a CPU or the run is
-  emulated. Ranks of several vendors (NVIDIA, AMD, CPUs) run only as host-staged islands of
-  one vendor each (the plan's rule, :func:`~potluck.plans.feasibility.vendors_problem`);
-  then the world's default group is gloo, which spans everything, and each GPU island's own
-  groups take ``nccl`` (:func:`island_backend`, a backend per ``new_group``). torch 2.13's
+  emulated. Ranks of several vendors (NVIDIA, AMD, CPUs) run where every group that sums
+  holds one vendor, vendors meeting only through host memory: host-staged islands and
+  pipelines whose stages span vendors (the plan's rule,
+  :func:`~potluck.plans.feasibility.vendors_problem`); then the world's default group is
+  gloo, which spans everything, and the groups of one GPU vendor take ``nccl``
+  (:func:`island_backend`, a backend per ``new_group``). torch 2.13's
   ``torch/distributed/distributed_c10d.py`` allows it: ``BackendConfig.__init__`` maps a
   single backend name to every device its ``Backend.backend_capability`` lists (gloo: cpu and
   cuda tensors; nccl: cuda only), so a gloo world takes a GPU rank's tensors too, where the
