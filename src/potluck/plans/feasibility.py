@@ -160,9 +160,10 @@ def vendors_problem(plan: Plan) -> str | None:
     gradients every step (data parallelism, ZeRO's shards, a tied embedding's copies) and each
     expert-parallel group. Vendors meet only where tensors can be staged through host memory
     over gloo: a pipeline's stage-to-stage transfers (HETHUB-style pipelines whose stages are
-    NVIDIA GPUs, AMD GPUs or CPUs holding a few layers; :func:`spans_vendors`), and islands
-    that synchronize rarely (diloco, bounded) through host memory (some island's transport
-    host). The runtime asks this of real runs (an emulated run is gloo on every rank)."""
+    NVIDIA GPUs, AMD GPUs or CPUs holding a few layers, :func:`pipeline_spans_vendors`), and
+    islands that synchronize rarely (diloco, bounded) through host memory (some island's
+    transport host). The runtime asks this of real runs (an emulated run is gloo on every
+    rank)."""
     vendor = _device_vendors(plan)
     if len(set(vendor.values())) < 2:
         return None
@@ -181,12 +182,15 @@ def vendors_problem(plan: Plan) -> str | None:
     return None
 
 
-def spans_vendors(plan: Plan, pipeline: int) -> bool:
-    """Whether pipeline ``pipeline``'s stages are of several vendors: its stage-to-stage
-    transfers are then staged through host memory over gloo (the runtime's host-staged lanes,
-    the cost model's :func:`potluck.planner.network.host_staged_send_s`)."""
-    vendor = _device_vendors(plan)
-    return len({vendor[d] for d in plan.pipelines[pipeline].devices}) > 1
+def pipeline_spans_vendors(plan: Plan, pipeline: int) -> bool:
+    """Whether pipeline ``pipeline``'s stages are of several vendors
+    (:func:`potluck.cluster.topology.spans_vendors`): its stage-to-stage transfers are then
+    staged through host memory over gloo (the runtime's host-staged lanes, the cost model's
+    :func:`potluck.planner.network.host_staging_s`)."""
+    from potluck.cluster.topology import Cluster, spans_vendors
+
+    cluster = Cluster(plan.cluster)
+    return spans_vendors(cluster.device(d) for d in plan.pipelines[pipeline].devices)
 
 
 def _device_vendors(plan: Plan) -> dict[str, str]:
@@ -206,8 +210,10 @@ def _step_groups_problem(plan: Plan, vendor: dict[str, str]) -> str | None:
         for unit in placement.parameter_units(plan.model):
             devices = _unit_devices(plan, unit, members)
             if len({vendor[d] for d in devices}) > 1:
-                return (f"{where}the ranks that sum {unit}'s gradients every step (data "
-                        f"parallelism, ZeRO) mix {_vendors(devices, vendor)} in one "
+                why = ("the tied embedding's copies" if unit == placement.TIED
+                       else "data parallelism, ZeRO")
+                return (f"{where}the ranks that sum {unit}'s gradients every step ({why}) "
+                        f"mix {_vendors(devices, vendor)} in one "
                         "synchronous job, but no backend joins two vendors; split it into "
                         "islands of one vendor each with sync diloco or bounded and transport "
                         "host, or use one vendor (or dry-run it on CPU with --emulate)")
@@ -216,9 +222,9 @@ def _step_groups_problem(plan: Plan, vendor: dict[str, str]) -> str | None:
             devices = [d for p in plan.expert_group(first)
                        for d in plan.pipelines[p].stages[s].devices]
             if len({vendor[d] for d in devices}) > 1:
-                return (f"the expert-parallel group of pipelines {first}.. at stage {s} mixes "
-                        f"{_vendors(devices, vendor)}, but no backend joins two vendors; give "
-                        "each expert group one vendor's devices")
+                return (f"stage {s} of pipelines {first}-{first + plan.ep - 1} (an "
+                        f"expert-parallel group) mixes {_vendors(devices, vendor)}, but no "
+                        "backend joins two vendors; give each expert group one vendor's devices")
     return None
 
 

@@ -72,7 +72,7 @@ from potluck import placement
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
-from potluck.plans.feasibility import spans_vendors
+from potluck.plans.feasibility import pipeline_spans_vendors
 
 HOST_BACKEND = "gloo"
 """The backend of host-staged cross-island groups (islands of another vendor, or of CPUs)."""
@@ -403,12 +403,12 @@ class Layout:
         vendors = {self._cluster.device(self.device_of_rank[r]).type.vendor for r in ranks}
         return len(vendors) > 1
 
-    @property
+    @cached_property
     def lane_on_host(self) -> bool:
         """Whether this rank's pipeline spans vendors (HETHUB-style), so that its lanes pass
         host tensors over gloo: every stage-to-stage transfer is staged through host memory
         (:func:`potluck.runtime.parallel.pipeline.host_staged`)."""
-        return spans_vendors(self.plan, self.role.pipeline)
+        return pipeline_spans_vendors(self.plan, self.role.pipeline)
 
     @cached_property
     def _cluster(self) -> Cluster:

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from dist_harness import run_ranks
 from island_workers import split
-from runtime_helpers import TINY_LLAMA, make_plan, pipe
+from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
@@ -67,6 +67,10 @@ def test_host_staged_islands_of_one_vendor_each_run_over_a_gloo_world():
                device_ids=["nv.0:0", "cpu.0:0", "amd.0:0", "cpu.0:1"]),
      "the ranks that sum embed's gradients every step (data parallelism, ZeRO) mix NVIDIA "
      "GPUs (nv.0:0) with AMD GPUs (amd.0:0)"),
+    (make_plan(TINY_GPT2, [pipe([(1, (0, 2)), (1, (2, 4))], 1, 1)], cluster=VENDORS,
+               device_ids=["nv.0:0", "cpu.0:0"]),
+     "the ranks that sum embed+head's gradients every step (the tied embedding's copies) mix "
+     "NVIDIA GPUs (nv.0:0) with CPU ranks (cpu.0:0)"),
     (_replicas(NV_AMD), "mix NVIDIA GPUs (nv.0:0, nv.0:1) with AMD GPUs (amd.0:0, amd.0:1) "
                         "in one synchronous job"),
     (_host(split(_replicas(NV_AMD), (0, 2), (1, 3), inner_steps=2)), "island 0: the ranks"),
