@@ -13,7 +13,8 @@
   each, meeting through host memory (:func:`.split.candidate_splits`), without comparing a
   synchronous plan, which no backend runs (``--sync sync`` is a one-line error); where no
   such island holds the model (or a pin rules islands out), today's search, its plan noted
-  as one that runs only emulated.
+  as one that runs only emulated where it sums across vendors every step (a pipeline whose
+  stages span vendors runs, host-staged, and its sends are priced so).
 """
 
 from __future__ import annotations
