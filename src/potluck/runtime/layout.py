@@ -69,7 +69,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from potluck import placement
-from potluck.cluster.topology import Cluster
+from potluck.cluster.topology import Cluster, spans_vendors
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
 from potluck.plans.feasibility import pipeline_spans_vendors
@@ -400,8 +400,7 @@ class Layout:
         return self._cluster.device(self.device_of_rank[rank]).type.is_cpu
 
     def _spans_vendors(self, ranks: tuple[int, ...]) -> bool:
-        vendors = {self._cluster.device(self.device_of_rank[r]).type.vendor for r in ranks}
-        return len(vendors) > 1
+        return spans_vendors(self._cluster.device(self.device_of_rank[r]) for r in ranks)
 
     @cached_property
     def lane_on_host(self) -> bool:

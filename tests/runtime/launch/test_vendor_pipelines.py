@@ -6,12 +6,15 @@ where each tensor lives."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
 from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.cluster.spec import parse_cluster
+from potluck.plans import CommSchedule, Schedule
 from potluck.plans.feasibility import vendors_problem
 from potluck.runtime.launch.gpus import island_backend, world_backend
 from potluck.runtime.layout import Layout
@@ -24,12 +27,25 @@ TWO_STAGES = [(1, (0, 3)), (1, (3, 4))]  # the CPU box holds one layer, as Heter
 CUDA = torch.device("cuda", 0)
 
 
-def test_a_pipeline_over_a_gpu_and_a_cpu_trains_as_the_plain_gloo_pipeline():
+CASES = {
+    "1f1b": (TWO_STAGES, {}, None),
+    # two chunks per rank, weight passes of their own, gradients on the lanes' second group
+    "zero bubble, virtual 2, split channels": (
+        [(1, ((0, 1), (2, 3))), (1, ((1, 2), (3, 4)))], {"schedule": Schedule.ZERO_BUBBLE},
+        CommSchedule(split_p2p_channels=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_pipeline_over_a_gpu_and_a_cpu_trains_as_the_plain_gloo_pipeline(case):
     """Bit for bit: staging moves the activations and gradients, never rounds them."""
-    mixed = make_plan(TINY_LLAMA, [pipe(TWO_STAGES, 1, 2)], cluster=VENDORS,
-                      device_ids=["nv.0:0", "cpu.0:0"])
+    stages, options, comm = CASES[case]
+    mixed = make_plan(TINY_LLAMA, [pipe(stages, 1, 4)], cluster=VENDORS,
+                      device_ids=["nv.0:0", "cpu.0:0"], **options)
+    plain = make_plan(TINY_LLAMA, [pipe(stages, 1, 4)], **options)
+    if comm is not None:
+        mixed, plain = replace(mixed, comm=comm), replace(plain, comm=comm)
     assert Layout.for_local_ranks(mixed, 0).lane_on_host
-    plain = make_plan(TINY_LLAMA, [pipe(TWO_STAGES, 1, 2)])
     assert not Layout.for_local_ranks(plain, 0).lane_on_host
     assert run_plan(mixed, emulate=True, dilation=1.0) == run_plan(plain)
 

@@ -26,6 +26,13 @@ own (:meth:`~potluck.schedules.base.PipelineSchedule.torch_schedule_split`):
 sends posted as soon as their data exists and waited at the end of the step,
 receives waited right before the compute that needs them.
 
+**Pipelines whose stages span vendors** (HETHUB-style; NVIDIA, AMD or CPU stages, each
+of one vendor: :func:`~potluck.plans.feasibility.vendors_problem`): no backend joins the
+vendors, so the lanes stay on the gloo world and every transfer is staged through host
+memory: the PipelineStages are built with device ``cpu`` (host receive buffers) and each
+stage module is a :class:`HostStaged` (inputs to the rank's device on entry, outputs to the
+host on exit; autograd brings the gradients back the same way).
+
 torch's schedules assume virtual stage ``v`` runs at group rank ``v % pp`` of
 the lane's group, and a group numbers its members in ascending global rank;
 torchrun numbers ranks machine by machine, so a lane such as ranks
