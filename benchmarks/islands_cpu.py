@@ -20,10 +20,11 @@ root of its island's share of the batch (the plans' default ``inner_lr: sqrt_sha
 what that scaling does.
 
 **Plans.** The planner's (``potluck plan --sync sync|diloco|bounded``: its H, compression,
-fragments and staleness), and departures from its diloco plan, one setting or two each: plain
-periodic averaging (outer SGD at lr 1 without momentum: Local SGD, DiLoCo 2023's baseline
-outer optimizer) with one fragment, at H=1, at the planner's H, and at H=50 (the planner's
-next H, choose.INNER_STEPS, 100x fewer bytes). Every judged run is emulated (``--emulate``):
+fragments, staleness and outer step), and departures from its diloco plan, one setting or two
+each: DiLoCo's published outer Nesterov step (lr 0.7, momentum 0.9); plain periodic averaging
+(outer SGD at lr 1 without momentum: Local SGD, DiLoCo 2023's baseline outer optimizer) with
+one fragment, at H=1, at the planner's H, and at H=50 (the planner's next H,
+choose.INNER_STEPS, 100x fewer bytes). Every judged run is emulated (``--emulate``):
 ops are stretched to the cost model's time for the cluster's CPU devices, the per-step
 gradient all-reduce of the synchronous plan and the exchanges across islands to the 100 Mb/s
 link's, all at the one dilation the synchronous run calibrates, so wall times compare.
@@ -61,6 +62,7 @@ from potluck.data.tokenizer import load_tokenizer
 from potluck.model.hf import hf_config_for
 from potluck.planner.islands.exchange import pseudo_gradient_bytes
 from potluck.plans import Compression, InnerLR, Plan, SyncMethod
+from potluck.plans.islands import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 from potluck.runtime.checkpoints.export import checkpoint_weights
 from potluck.runtime.checkpoints.storage import latest_checkpoint, load_full_state_dict
 
@@ -189,12 +191,19 @@ def variants(diloco: Plan) -> list[tuple[str, Plan]]:
     """The planner's diloco and departures from it (module docstring)."""
     averaging = replace(diloco.islands, outer_lr=1.0, outer_momentum=0.0, fragments=1)
     return [("diloco", diloco),
+            ("the same with DiLoCo's published outer step", with_published_outer(diloco)),
             ("diloco, outer averaging", replace(diloco, islands=averaging)),
             ("the same at the run's rate", replace(diloco, islands=replace(
                 averaging, inner_lr=InnerLR.SAME))),
             ("the same at H=1", replace(diloco, islands=replace(averaging, inner_steps=1))),
             (f"the same at H={NEXT_H}", replace(diloco, islands=replace(
                 averaging, inner_steps=NEXT_H)))]
+
+
+def with_published_outer(plan: Plan) -> Plan:
+    """``plan`` with DiLoCo's published outer step (Nesterov, lr 0.7, momentum 0.9)."""
+    return replace(plan, islands=replace(plan.islands, outer_lr=DILOCO_OUTER_LR,
+                                         outer_momentum=DILOCO_OUTER_MOMENTUM))
 
 
 def best_rate(plan: Plan, steps: int, rates: list[float], corpus: Corpus, out: Path

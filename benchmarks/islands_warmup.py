@@ -15,7 +15,7 @@ so that a run resumed under another plan continues the same schedule):
   ``runtime/checkpoints/island_files.py``), as post-local SGD does (Lin et al. ICLR 2020,
   arXiv:1808.07217) and as DiLoCo's main runs start from a model trained synchronously
   (Douillard et al. 2023, arXiv:2311.08105, section 3);
-- the same with the planner's outer optimizer (DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9).
+- the same with DiLoCo's published outer optimizer (Nesterov SGD, lr 0.7, momentum 0.9).
 
 Nothing is stretched (``--emulate`` at a dilation of 1e-6: the plan's two machines run as
 CPU ranks here): only the losses matter. As in ``islands_cpu.py``, every run trains on the
@@ -34,7 +34,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from islands_cpu import MODEL, Corpus, held_out_loss, planned, split_corpus
+from islands_cpu import (
+    MODEL,
+    Corpus,
+    held_out_loss,
+    planned,
+    split_corpus,
+    with_published_outer,
+)
 
 from potluck import api
 from potluck.plans import Plan
@@ -86,8 +93,8 @@ def main() -> None:
         "diloco, outer averaging, from step 0": [(averaging(diloco), steps)],
         f"synchronous {first} steps, then diloco with outer averaging":
             [(sync, first), (averaging(diloco), steps)],
-        f"synchronous {first} steps, then the planner's diloco (Nesterov 0.7, 0.9)":
-            [(sync, first), (diloco, steps)],
+        f"synchronous {first} steps, then diloco with DiLoCo's published outer step (Nesterov 0.7, 0.9)":
+            [(sync, first), (with_published_outer(diloco), steps)],
     }
     with tempfile.TemporaryDirectory() as folder:
         corpus = split_corpus(Path(folder) / "corpus")

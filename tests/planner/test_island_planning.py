@@ -13,6 +13,7 @@ from potluck.errors import ConfigError
 from potluck.model import PRESETS
 from potluck.planner.evaluate import predict
 from potluck.planner.islands import convergence
+from potluck.planner.islands.choose import INNER_STEPS, _settings, outer_step
 from potluck.planner.islands.exchange import (
     exposed_per_step_s,
     outer_exchange,
@@ -149,6 +150,18 @@ def test_two_labs_joined_at_1_gbps_train_as_two_diloco_islands_faster_to_target(
     line = next(n for n in best.notes if n.startswith("time to target"))
     assert float(line.rsplit("(", 1)[1].rstrip("x)")) > 1.0  # faster than synchronous
     assert not result.plans[1].islands.split  # the synchronous alternative follows
+
+
+def test_diloco_averages_below_the_least_published_h_and_steps_nesterov_from_it():
+    """The published outer step from H = 50 on; plain averaging below (at H = 1 it is
+    synchronous data parallelism). The choice tries every H, each with its outer step."""
+    assert outer_step(10) == (1.0, 0.0) and outer_step(49) == (1.0, 0.0)
+    assert outer_step(50) == (0.7, 0.9) and outer_step(500) == (0.7, 0.9)
+    tried = {(i.inner_steps, i.outer_lr, i.outer_momentum) for i in _settings(SyncMethod.DILOCO)}
+    assert {(h, *outer_step(h)) for h in INNER_STEPS} == tried
+    best = api.plan(TWO_LABS, "llama2-7b", global_batch=64, seq_len=2048).best
+    islands = best.islands
+    assert (islands.outer_lr, islands.outer_momentum) == outer_step(islands.inner_steps)
 
 
 def test_a_cluster_without_slow_links_is_planned_without_islands():

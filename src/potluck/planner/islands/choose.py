@@ -13,7 +13,8 @@ island with today's search, and pick H, compression and fragments by time to a t
    number of fragments (and, for ``bounded``, each staleness), the time to the target =
    tokens to the target (the target times the convergence penalty's factor,
    :mod:`.convergence`) / tokens per second with the exposed outer exchange
-   (:mod:`.exchange`). The least wins.
+   (:mod:`.exchange`). The least wins. DiLoCo's outer optimizer is planned by H
+   (:func:`outer_step`).
 
 ``auto`` keeps the faster to the target of that plan and the best synchronous one.
 """
@@ -42,13 +43,25 @@ from potluck.planner.islands.exchange import (
     island_devices,
     outer_exchange,
     pseudo_gradient_bytes,
+    staging_s,
 )
 from potluck.planner.islands.split import GAP_FACTOR, SLOW_LINK_BYTES_PER_S, Split, mixes_vendors
 from potluck.planner.options import SearchOptions
 from potluck.plans import DType, Pipeline, Plan, TrainingShape, check_plan
-from potluck.plans.islands import Compression, Island, Islands, SyncMethod, Transport
+from potluck.plans.islands import (
+    DILOCO_OUTER_LR,
+    DILOCO_OUTER_MOMENTUM,
+    Compression,
+    Island,
+    Islands,
+    SyncMethod,
+    Transport,
+)
 
 INNER_STEPS = (10, 50, 100, 250, 500)  # H tried (DiLoCo 2023 used 500; its ablations fewer)
+LEAST_PUBLISHED_H = 50
+"""The least H at which DiLoCo's published outer step (Nesterov, lr 0.7, momentum 0.9) was
+evaluated (Douillard et al. 2023, arXiv:2311.08105, section 3.1: H = 50 against 1000)."""
 FRAGMENTS = (1, 2, 4)  # streaming DiLoCo's fragments tried
 STALENESS = (1, 2)  # bounded: pushes an island may run ahead, tried
 REBALANCE_TOLERANCE = 1.05  # islands' inner steps within 5 %: shares kept
@@ -208,12 +221,28 @@ def split_plan(spec: ClusterSpec, model: ModelSpec, training: TrainingShape,
     return assemble(spec, training, parts, Islands(sync=sync, inner_steps=1))
 
 
+def outer_step(inner_steps: int) -> tuple[float, float]:
+    """DiLoCo's outer learning rate and momentum for H = ``inner_steps``: the published
+    Nesterov step from :data:`LEAST_PUBLISHED_H` on, where its source evaluated it; below,
+    plain periodic averaging (outer lr 1, no momentum), the outer step of local SGD (Stich,
+    ICLR 2019, arXiv:1805.09767; post-local SGD, Lin et al., ICLR 2020, arXiv:1808.07217),
+    which at H = 1 is synchronous data parallelism exactly, where a momentum of 0.9 over the
+    inner optimizer's own steps would move the weights up to lr / (1 - momentum) = 7 times
+    their mean progress (on the judged CPU runs, README "Training across slow links", it
+    cost +160 % to +184 % loss at H = 10 where averaging cost +2.5 % to +6.7 %)."""
+    if inner_steps >= LEAST_PUBLISHED_H:
+        return DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
+    return 1.0, 0.0
+
+
 def _settings(sync: SyncMethod) -> Iterator[Islands]:
     """Every synchronization of ``sync`` the choice tries."""
     stalenesses = STALENESS if sync is SyncMethod.BOUNDED else (0,)
     fragments = (1,) if sync is SyncMethod.BOUNDED else FRAGMENTS
     for h, compression, f, s in product(INNER_STEPS, Compression, fragments, stalenesses):
-        yield Islands(sync=sync, inner_steps=h, compression=compression, fragments=f, staleness=s)
+        lr, momentum = outer_step(h)
+        yield Islands(sync=sync, inner_steps=h, compression=compression, fragments=f, staleness=s,
+                      outer_lr=lr, outer_momentum=momentum)
 
 
 def choose_sync(plan: Plan, split: Split, target_tokens: float, sync: SyncMethod
@@ -227,10 +256,13 @@ def choose_sync(plan: Plan, split: Split, target_tokens: float, sync: SyncMethod
     params = counts.total_params(plan.model)
     tokens_per_step = plan.training.global_batch * plan.training.seq_len
     best: tuple[tuple[float, float], Islands] | None = None
+    staged = {c: staging_s(cluster, replace(plan, islands=replace(plan.islands, sync=sync,
+                                                                  compression=c)))
+              for c in Compression}
     for setting in _settings(sync):
         islands = replace(setting, islands=plan.islands.islands)
         whole_s = exchange_s(pseudo_gradient_bytes(plan.model, islands.compression),
-                             islands.count, link)
+                             islands.count, link) + staged[islands.compression]
         exposed = exposed_per_step_s(islands, whole_s, step_s)
         factor = convergence.penalty(islands, params, target_tokens).token_factor
         time_s = time_to_target_s(target_tokens, factor, tokens_per_step / (step_s + exposed))
