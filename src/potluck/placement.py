@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from potluck.model import counts
 from potluck.model.spec import ModelSpec
 from potluck.plans import Plan, Stage
 
@@ -76,6 +77,15 @@ def stage_holds(stage: Stage, index: int, pp: int, unit: str) -> bool:
         return index in (0, pp - 1)
     layer = block_index(unit)
     return any(start <= layer < end for start, end in stage.layer_ranges)
+
+
+def unit_params(model: ModelSpec, unit: str) -> float:
+    """Parameters of one unit of ``model`` (the whole of it, across TP ranks)."""
+    if unit in (EMBED, TIED):
+        return counts.embedding_params(model)
+    if unit == HEAD:
+        return counts.head_params(model, separate_from_embedding=True)
+    return counts.block_params(model)
 
 
 def holders(plan: Plan, unit: str) -> tuple[StageRef, ...]:

@@ -18,7 +18,7 @@ from potluck.planner.islands.planning import _one_job
 from potluck.planner.islands.split import candidate_splits
 from potluck.planner.search import SearchResult
 from potluck.plans import Pipeline, Plan, Stage, TrainingShape, Transport
-from potluck.plans.feasibility import vendors_problem
+from potluck.plans.vendors import vendors_problem
 from potluck.runtime.launch.gpus import world_backend
 
 NV_AMD = parse_cluster("""
@@ -61,7 +61,8 @@ def test_a_host_staged_exchange_lasts_the_slowest_ranks_two_host_copies_longer()
     over_backend = replace(best, islands=replace(best.islands, islands=tuple(
         replace(island, transport=Transport.BACKEND) for island in best.islands.islands)))
     per_value = best.islands.compression.bytes_per_value + 4.0
-    copies_s = [cost.stage_params(stage_shape(best, k, i), len(stage.devices)) * per_value
+    copies_s = [cost.stage_params(replace(stage_shape(best, k, i), parameter_shards=1),
+                                  len(stage.devices)) * per_value
                 / cluster.host_bandwidth_bytes_per_s(cluster.device(d))
                 for k, pipeline in enumerate(best.pipelines)
                 for i, stage in enumerate(pipeline.stages) for d in stage.devices]

@@ -49,7 +49,7 @@ LOCAL = Link(float("inf"), 0.0, PathKind.LOCAL)
 def spans_vendors(devices: Iterable[Device]) -> bool:
     """Whether ``devices`` are of several vendors (NVIDIA, AMD, CPUs): no backend joins them,
     so a pipeline over them passes its tensors through host memory over gloo
-    (:func:`potluck.plans.feasibility.vendors_problem`)."""
+    (:func:`potluck.plans.vendors.vendors_problem`)."""
     return len({d.type.vendor for d in devices}) > 1
 
 

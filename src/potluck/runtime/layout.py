@@ -72,7 +72,7 @@ from potluck import placement
 from potluck.cluster.topology import Cluster, spans_vendors
 from potluck.errors import ConfigError
 from potluck.plans import Plan, check_plan, shards_parameters
-from potluck.plans.feasibility import pipeline_spans_vendors
+from potluck.plans.vendors import pipeline_spans_vendors
 
 HOST_BACKEND = "gloo"
 """The backend of host-staged cross-island groups (islands of another vendor, or of CPUs)."""

@@ -16,7 +16,7 @@ from potluck.cluster.spec import parse_cluster
 from potluck.planner.evaluate import predict
 from potluck.planner.search import search
 from potluck.plans import Transport, check_plan, load_plan
-from potluck.plans.feasibility import vendors_problem
+from potluck.plans.vendors import vendors_problem
 from potluck.runtime.elastic.joins import register
 from potluck.runtime.elastic.pool import on_whole_cluster, plan_for_devices, present_cluster
 from potluck.runtime.elastic.replans import read_replans

@@ -17,7 +17,7 @@ from runtime_helpers import TINY_GPT2, TINY_LLAMA, make_plan, pipe
 from potluck.cluster.spec import parse_cluster
 from potluck.errors import ConfigError
 from potluck.plans import Island, Transport, load_plan, save_plan
-from potluck.plans.feasibility import vendors_problem
+from potluck.plans.vendors import vendors_problem
 from potluck.runtime.launch.gpus import StartMethod, island_backend, start_method, world_backend
 from potluck.runtime.layout import Layout
 

@@ -15,7 +15,7 @@ from runtime_helpers import TINY_LLAMA, make_plan, pipe, run_plan
 
 from potluck.cluster.spec import parse_cluster
 from potluck.plans import CommSchedule, Schedule
-from potluck.plans.feasibility import vendors_problem
+from potluck.plans.vendors import vendors_problem
 from potluck.runtime.launch.gpus import island_backend, world_backend
 from potluck.runtime.layout import Layout
 from potluck.runtime.parallel.pipeline import HostStaged

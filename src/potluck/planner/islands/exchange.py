@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from potluck import placement
 from potluck.cluster.topology import Cluster, Device
 from potluck.model import counts
 from potluck.model.spec import ModelSpec
@@ -104,18 +105,17 @@ STAGED_SUM_BYTES_PER_VALUE = 4.0
 def staging_s(cluster: Cluster, plan: Plan) -> float:
     """The time a host-staged exchange adds: the slowest accelerator rank's copy of its
     pseudo-gradient down to host memory and of the sum back (module docstring); 0 where the
-    islands meet over their backend."""
-    from potluck.planner.cost import CostModel
-    from potluck.planner.evaluate import stage_shape
-
+    islands meet over their backend. A rank holds its stage's units over its tensor-parallel
+    group (:func:`potluck.placement.unit_params`)."""
     if not plan.islands.host_staged:
         return 0.0
-    cost = CostModel.for_plan(plan)
     per_value = plan.islands.compression.bytes_per_value + STAGED_SUM_BYTES_PER_VALUE
+    units = placement.parameter_units(plan.model)
     slowest_s = 0.0
-    for k, pipeline in enumerate(plan.pipelines):
+    for pipeline in plan.pipelines:
         for i, stage in enumerate(pipeline.stages):
-            params = cost.stage_params(stage_shape(plan, k, i), len(stage.devices))
+            params = sum(placement.unit_params(plan.model, u) for u in units
+                         if placement.stage_holds(stage, i, pipeline.pp, u)) / len(stage.devices)
             for device in (cluster.device(d) for d in stage.devices):
                 if not device.type.is_cpu:
                     slowest_s = max(slowest_s, params * per_value

@@ -38,8 +38,8 @@ from potluck.planner.islands.split import candidate_splits, machines, mixes_vend
 from potluck.planner.options import SearchOptions
 from potluck.planner.search import SearchResult, search
 from potluck.plans import Plan, TrainingShape
-from potluck.plans.feasibility import vendors_problem
 from potluck.plans.islands import SyncMethod
+from potluck.plans.vendors import vendors_problem
 
 SyncSearch = Callable[[], SearchResult]
 

@@ -149,7 +149,7 @@ def candidate_splits(cluster: Cluster, *, forced: bool = False) -> list[Split]:
     even ones on any network of two machines or more, for a pinned ``--sync``). On a cluster
     of several vendors, only splits whose islands are one vendor's each, the split by vendor
     always among them (its islands then meet through host memory,
-    :func:`~potluck.plans.feasibility.vendors_problem`)."""
+    :func:`~potluck.plans.vendors.vendors_problem`)."""
     if mixes_vendors(cluster):
         vendors = machine_vendors(cluster)
         found = [s for s in gap_splits(cluster) + even_splits(cluster)

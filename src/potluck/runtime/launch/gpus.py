@@ -8,7 +8,7 @@ checks before launch and every rank decide the same way:
   emulated. Ranks of several vendors (NVIDIA, AMD, CPUs) run where every group that sums
   holds one vendor, vendors meeting only through host memory: host-staged islands and
   pipelines whose stages span vendors (the plan's rule,
-  :func:`~potluck.plans.feasibility.vendors_problem`); then the world's default group is
+  :func:`~potluck.plans.vendors.vendors_problem`); then the world's default group is
   gloo, which spans everything, and the groups of one GPU vendor take ``nccl``
   (:func:`island_backend`, a backend per ``new_group``). torch 2.13's
   ``torch/distributed/distributed_c10d.py`` allows it: ``BackendConfig.__init__`` maps a
@@ -35,7 +35,7 @@ from potluck.cluster.catalog import Vendor
 from potluck.cluster.topology import Cluster
 from potluck.errors import ConfigError
 from potluck.plans import Plan
-from potluck.plans.feasibility import vendors_problem
+from potluck.plans.vendors import vendors_problem
 
 DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's numbering is nvidia-smi's
 _LISTED_BY_NAME = ("GPU-", "MIG-")

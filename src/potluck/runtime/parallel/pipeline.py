@@ -27,7 +27,7 @@ sends posted as soon as their data exists and waited at the end of the step,
 receives waited right before the compute that needs them.
 
 **Pipelines whose stages span vendors** (HETHUB-style; NVIDIA, AMD or CPU stages, each
-of one vendor: :func:`~potluck.plans.feasibility.vendors_problem`): no backend joins the
+of one vendor: :func:`~potluck.plans.vendors.vendors_problem`): no backend joins the
 vendors, so the lanes stay on the gloo world and every transfer is staged through host
 memory: the PipelineStages are built with device ``cpu`` (host receive buffers) and each
 stage module is a :class:`HostStaged` (inputs to the rank's device on entry, outputs to the

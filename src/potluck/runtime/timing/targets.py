@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from potluck.model import counts
 from potluck.ops import OpKind
-from potluck.placement import EMBED, HEAD, TIED
+from potluck.placement import unit_params as placement_unit_params
 from potluck.planner.cost import CostModel, ExplicitTP
 from potluck.plans import Plan, Prediction
 from potluck.runtime.layout import Layout
@@ -194,9 +193,4 @@ def outer_targets(plan: Plan, cost: CostModel) -> dict[str, float]:
 
 def unit_params(cost: CostModel, unit: str) -> float:
     """Parameters of one unit of the model (the whole of it, across TP ranks)."""
-    m = cost.model
-    if unit in (EMBED, TIED):
-        return counts.embedding_params(m)
-    if unit == HEAD:
-        return counts.head_params(m, separate_from_embedding=True)
-    return counts.block_params(m)
+    return placement_unit_params(cost.model, unit)
