@@ -38,12 +38,10 @@ from potluck.planner.islands.convergence import Penalty
 from potluck.planner.islands.exchange import (
     OuterExchange,
     between_islands,
-    exchange_s,
     exposed_per_step_s,
     island_devices,
     outer_exchange,
-    pseudo_gradient_bytes,
-    staging_s,
+    whole_exchange_s,
 )
 from potluck.planner.islands.split import GAP_FACTOR, SLOW_LINK_BYTES_PER_S, Split, mixes_vendors
 from potluck.planner.options import SearchOptions
@@ -256,14 +254,11 @@ def choose_sync(plan: Plan, split: Split, target_tokens: float, sync: SyncMethod
     params = counts.total_params(plan.model)
     tokens_per_step = plan.training.global_batch * plan.training.seq_len
     best: tuple[tuple[float, float], Islands] | None = None
-    staged = {c: staging_s(cluster, replace(plan, islands=replace(plan.islands, sync=sync,
-                                                                  compression=c)))
-              for c in Compression}
+    whole_s = {c: whole_exchange_s(cluster, replace(plan, islands=replace(
+        plan.islands, sync=sync, compression=c)), link) for c in Compression}
     for setting in _settings(sync):
         islands = replace(setting, islands=plan.islands.islands)
-        whole_s = exchange_s(pseudo_gradient_bytes(plan.model, islands.compression),
-                             islands.count, link) + staged[islands.compression]
-        exposed = exposed_per_step_s(islands, whole_s, step_s)
+        exposed = exposed_per_step_s(islands, whole_s[islands.compression], step_s)
         factor = convergence.penalty(islands, params, target_tokens).token_factor
         time_s = time_to_target_s(target_tokens, factor, tokens_per_step / (step_s + exposed))
         key = (time_s, islands.compression.bytes_per_value)  # a tie: the fewer bytes

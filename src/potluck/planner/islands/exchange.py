@@ -123,6 +123,15 @@ def staging_s(cluster: Cluster, plan: Plan) -> float:
     return slowest_s
 
 
+def whole_exchange_s(cluster: Cluster, plan: Plan, link: RingLink) -> float:
+    """One whole exchange of ``plan``'s islands (every fragment) on ``link``: the ring
+    all-reduce of the pseudo-gradient at the compression's width, and its host staging."""
+    islands = plan.islands
+    ring_s = exchange_s(pseudo_gradient_bytes(plan.model, islands.compression), islands.count,
+                        link)
+    return ring_s + staging_s(cluster, plan)
+
+
 def exposed_per_step_s(islands: Islands, whole_exchange_s: float, step_s: float) -> float:
     """The part of the outer exchange that training waits for, per inner step (see the
     module docstring): diloco blocks for each fragment beyond the ``H // F`` steps it overlaps
@@ -145,6 +154,6 @@ def outer_exchange(cluster: Cluster, plan: Plan, step_s: float) -> OuterExchange
     if not islands.split:
         return NO_EXCHANGE
     link = between_islands(cluster, island_devices(cluster, plan))
-    num_bytes = pseudo_gradient_bytes(plan.model, islands.compression)
-    whole_s = exchange_s(num_bytes, islands.count, link) + staging_s(cluster, plan)
-    return OuterExchange(num_bytes, whole_s, exposed_per_step_s(islands, whole_s, step_s), link)
+    whole_s = whole_exchange_s(cluster, plan, link)
+    return OuterExchange(pseudo_gradient_bytes(plan.model, islands.compression), whole_s,
+                         exposed_per_step_s(islands, whole_s, step_s), link)
