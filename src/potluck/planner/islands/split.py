@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from potluck.cluster.topology import Cluster, Device
+from potluck.cluster.topology import Cluster, Device, spans_vendors
 
 GAP_FACTOR = 4.0
 """Links inside an island at least this many times faster than those between islands (an
@@ -129,7 +129,7 @@ def machine_vendors(cluster: Cluster) -> dict[str, str]:
 
 def mixes_vendors(cluster: Cluster) -> bool:
     """Whether the cluster's machines are of several vendors (no backend joins them)."""
-    return len(set(machine_vendors(cluster).values())) > 1
+    return spans_vendors(machines(cluster).values())
 
 
 def vendor_split(cluster: Cluster) -> Split:

@@ -41,13 +41,12 @@ from dataclasses import dataclass, replace
 
 from potluck.cluster.nodes import LinkSpec, NodeGroup, NvlinkTopology
 from potluck.cluster.spec import ClusterSpec
-from potluck.cluster.topology import Cluster, device_id
+from potluck.cluster.topology import Cluster, device_id, spans_vendors
 from potluck.errors import ConfigError, InfeasibleError
 from potluck.planner.evaluate import predict
 from potluck.planner.islands.choose import (
     batch_rows,
     island_layout,
-    islands_transport,
     peak_flops,
     rebalanced_speeds,
     remapped,
@@ -175,13 +174,13 @@ def with_joined_island(plan: Plan, present: Collection[str],
     than it has pipelines."""
     kept = _kept_islands(plan, present)
     used = set(plan.devices)
-    joined = [d.id for d in Cluster(plan.cluster).devices if d.id in present and d.id not in used]
+    cluster = Cluster(plan.cluster)
+    joined = [d.id for d in cluster.devices if d.id in present and d.id not in used]
     if not joined:
         raise InfeasibleError("no device joined")
     cut = present_cluster(plan.cluster, joined)
     pins = replace(options or SearchOptions(), zero=plan.zero, schedule=plan.schedule,
                    virtual_stages=plan.virtual_stages, ep=plan.ep)
-    cluster = Cluster(plan.cluster)
     devices = island_devices(cluster, plan)
     speeds = [peak_flops(devices[i], plan.training.dtype) for i in kept]
     speeds.append(peak_flops((cluster.device(d) for d in joined), plan.training.dtype))
@@ -257,9 +256,9 @@ def _transported(plan: Plan, islands: Islands, pipelines: list[Pipeline]) -> Isl
     """``islands`` (of ``pipelines``), every one's transport host when their devices are of
     several vendors (no backend joins two) or ``plan``'s islands already crossed through host
     memory; else as they are."""
-    used = [d for p in pipelines for d in p.devices]
-    host = plan.islands.host_staged or islands_transport(
-        Cluster(present_cluster(plan.cluster, used).spec)) is Transport.HOST
+    cluster = Cluster(plan.cluster)
+    host = plan.islands.host_staged or spans_vendors(
+        cluster.device(d) for p in pipelines for d in p.devices)
     if not host:
         return islands
     return replace(islands, islands=tuple(replace(i, transport=Transport.HOST)
