@@ -189,15 +189,20 @@ def row(run: Run, sync: Run, steps: int) -> str:
 
 def variants(diloco: Plan) -> list[tuple[str, Plan]]:
     """The planner's diloco and departures from it (module docstring)."""
-    averaging = replace(diloco.islands, outer_lr=1.0, outer_momentum=0.0, fragments=1)
     return [("diloco", diloco),
             ("the same with DiLoCo's published outer step", with_published_outer(diloco)),
-            ("diloco, outer averaging", replace(diloco, islands=averaging)),
-            ("the same at the run's rate", replace(diloco, islands=replace(
-                averaging, inner_lr=InnerLR.SAME))),
-            ("the same at H=1", replace(diloco, islands=replace(averaging, inner_steps=1))),
-            (f"the same at H={NEXT_H}", replace(diloco, islands=replace(
-                averaging, inner_steps=NEXT_H)))]
+            ("diloco, outer averaging", averaging(diloco, fragments=1)),
+            ("the same at the run's rate", averaging(diloco, fragments=1,
+                                                     inner_lr=InnerLR.SAME)),
+            ("the same at H=1", averaging(diloco, fragments=1, inner_steps=1)),
+            (f"the same at H={NEXT_H}", averaging(diloco, fragments=1, inner_steps=NEXT_H))]
+
+
+def averaging(plan: Plan, **changes: object) -> Plan:
+    """``plan`` with its outer step plain periodic averaging (outer SGD at lr 1 without
+    momentum), and its islands' other ``changes``."""
+    return replace(plan, islands=replace(plan.islands, outer_lr=1.0, outer_momentum=0.0,
+                                         **changes))
 
 
 def with_published_outer(plan: Plan) -> Plan:

@@ -25,21 +25,13 @@ import logging
 import math
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-from islands_cpu import MODEL, planned, split_corpus, train
+from islands_cpu import MODEL, averaging, planned, split_corpus, train
 
 from potluck.plans import InnerLR, Plan
 
 STEPS, LR = 300, 3e-3
-
-
-def every_step(diloco: Plan, inner_lr: InnerLR) -> Plan:
-    """``diloco`` made plain averaging after every step, its inner rate by ``inner_lr``."""
-    return replace(diloco, islands=replace(
-        diloco.islands, inner_steps=1, fragments=1, outer_lr=1.0, outer_momentum=0.0,
-        inner_lr=inner_lr))
 
 
 def main() -> None:
@@ -49,11 +41,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     sync, diloco, r = planned("sync"), planned("diloco"), args.lr
-    runs = [("synchronous", sync, r),
-            ("synchronous", sync, r / math.sqrt(2)),
-            ("2 islands averaged every step, inner lr same", every_step(diloco, InnerLR.SAME), r),
-            ("2 islands averaged every step, inner lr sqrt_share",
-             every_step(diloco, InnerLR.SQRT_SHARE), r)]
+    runs = [("synchronous", sync, r), ("synchronous", sync, r / math.sqrt(2)),
+            *((f"2 islands averaged every step, inner lr {inner_lr.value}",
+               averaging(diloco, inner_steps=1, fragments=1, inner_lr=inner_lr), r)
+              for inner_lr in (InnerLR.SAME, InnerLR.SQRT_SHARE))]
     with tempfile.TemporaryDirectory() as folder:
         corpus = split_corpus(Path(folder) / "corpus")
         losses = [train(label, plan, args.steps, lr, 1e-6, corpus, Path(folder) / str(i)).held_out

@@ -21,22 +21,20 @@ import logging
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-from islands_cpu import MODEL, NEXT_H, planned, split_corpus, train, with_published_outer
-
-from potluck.plans import Plan
+from islands_cpu import (
+    MODEL,
+    NEXT_H,
+    averaging,
+    planned,
+    split_corpus,
+    train,
+    with_published_outer,
+)
 
 STEPS, LR, SEEDS = 1000, 6e-3, 3
 SCHEDULES = ("cosine", "constant")
-
-
-def averaging(diloco: Plan, inner_steps: int) -> Plan:
-    """``diloco`` made plain averaging (outer lr 1, no momentum, one fragment) every
-    ``inner_steps`` steps."""
-    return replace(diloco, islands=replace(diloco.islands, outer_lr=1.0, outer_momentum=0.0,
-                                           fragments=1, inner_steps=inner_steps))
 
 
 def main() -> None:
@@ -49,8 +47,9 @@ def main() -> None:
     diloco = planned("diloco")
     plans = {"synchronous": planned("sync"),
              f"averaging, H={diloco.islands.inner_steps}": averaging(
-                 diloco, diloco.islands.inner_steps),
-             f"averaging, H={NEXT_H}": averaging(diloco, NEXT_H),
+                 diloco, fragments=1),
+             f"averaging, H={NEXT_H}": averaging(diloco, fragments=1,
+                                                                inner_steps=NEXT_H),
              "DiLoCo's published outer step": with_published_outer(diloco)}
     losses: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as folder:

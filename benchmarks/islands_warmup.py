@@ -31,12 +31,12 @@ import logging
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from islands_cpu import (
     MODEL,
     Corpus,
+    averaging,
     held_out_loss,
     planned,
     split_corpus,
@@ -49,11 +49,6 @@ from potluck.plans import Plan
 STEPS, SYNC_STEPS, WARMUP_STEPS = 1000, 300, 50
 LR = 6e-3
 log = logging.getLogger("islands_warmup")
-
-
-def averaging(plan: Plan) -> Plan:
-    """``plan`` with its outer step plain averaging (outer lr 1, no momentum)."""
-    return replace(plan, islands=replace(plan.islands, outer_lr=1.0, outer_momentum=0.0))
 
 
 def train(plan: Plan, steps: int, lr: float, corpus: Corpus, out: Path,
