@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from potluck.ops import OpKind
-from potluck.placement import unit_params as placement_unit_params
+from potluck.placement import parameter_units, unit_params
 from potluck.planner.cost import CostModel, ExplicitTP
 from potluck.plans import Plan, Prediction
 from potluck.runtime.layout import Layout
@@ -166,7 +166,6 @@ def own_step_s(plan: Plan, layout: Layout, cost: CostModel) -> float:
 def gather_targets(plan: Plan, layout: Layout, cost: CostModel) -> dict[str, float]:
     """The priority schedule: each parameter unit's share of this rank's parameter
     all-gather, in proportion to its parameters (a bucket takes its units' shares)."""
-    from potluck.placement import parameter_units
     from potluck.planner.evaluate import parameter_gathers_s, stage_shape
 
     ref = (layout.role.pipeline, layout.role.stage)
@@ -174,23 +173,18 @@ def gather_targets(plan: Plan, layout: Layout, cost: CostModel) -> dict[str, flo
     if gather_s <= 0.0:
         return {}
     per_param = gather_s / cost.stage_params(stage_shape(plan, *ref), 1)
-    return {unit: per_param * unit_params(cost, unit) for unit in parameter_units(plan.model)}
+    return {unit: per_param * unit_params(cost.model, unit) for unit in parameter_units(plan.model)}
 
 
 def outer_targets(plan: Plan, cost: CostModel) -> dict[str, float]:
     """Islands that synchronize rarely: each parameter unit's share of one whole exchange
     across islands, in proportion to its parameters (none without such islands)."""
-    from potluck.placement import parameter_units
     from potluck.planner.islands.exchange import outer_exchange
 
     exchange_s = outer_exchange(cost.cluster, plan, predict(plan).iteration_time_s).exchange_s
     if exchange_s <= 0.0:
         return {}
     units = parameter_units(plan.model)
-    total = sum(unit_params(cost, unit) for unit in units)
-    return {unit: exchange_s * unit_params(cost, unit) / total for unit in units}
+    total = sum(unit_params(cost.model, unit) for unit in units)
+    return {unit: exchange_s * unit_params(cost.model, unit) / total for unit in units}
 
-
-def unit_params(cost: CostModel, unit: str) -> float:
-    """Parameters of one unit of the model (the whole of it, across TP ranks)."""
-    return placement_unit_params(cost.model, unit)
