@@ -59,10 +59,7 @@ def main() -> None:
 
 def inner_scale(plan: Plan) -> float:
     """The multiplier of island 0's AdamW rate (1 without islands)."""
-    if not plan.islands.split:
-        return 1.0
-    rows = sum(plan.pipelines[p].batch_share for p in plan.islands.members(0, plan.dp))
-    return plan.islands.inner_lr.factor(rows / plan.training.global_batch)
+    return plan.islands.inner_lr.factor(plan.island_share(0)) if plan.islands.split else 1.0
 
 
 if __name__ == "__main__":

@@ -284,6 +284,12 @@ class Plan:
                 if islands.split else "")
         return f"dp={self.dp} pp={pp} tp={tp}{ep}{sync}"
 
+    def island_share(self, pipeline: int) -> float:
+        """The share of the global batch that ``pipeline``'s island trains on (its pipelines'
+        rows over all rows; 1 without islands that synchronize rarely)."""
+        rows = sum(self.pipelines[p].batch_share for p in self.island_pipelines(pipeline))
+        return rows / self.training.global_batch
+
     def island_pipelines(self, pipeline: int) -> tuple[int, ...]:
         """The pipelines that exchange gradients with ``pipeline`` every step (itself
         included): its island's when the plan's islands synchronize rarely, else all."""

@@ -268,7 +268,7 @@ class _Exchange:
     def _entry(self, name: str, param: nn.Parameter, unit: str) -> _Entry:
         layout = self.layout
         item = SyncedParam(name, param, unit, layout.cross_island_group(unit))
-        share = island_share(layout)
+        share = layout.plan.island_share(layout.role.pipeline)
         holders = len(set(layout.holders(unit)))
         master = self.masters.master_of(param) if self.masters is not None else None
         value = master if master is not None else local(param).data
@@ -601,14 +601,6 @@ class BoundedSync:
         self.pushes = state["counters"]["pushes"]
 
 
-def island_share(layout: Layout) -> float:
-    """This rank's island's share of the global batch (its pipelines' rows over all rows)."""
-    islands = layout.plan.islands
-    members = islands.members(islands.island_of(layout.role.pipeline), layout.plan.dp)
-    rows = sum(layout.plan.pipelines[p].batch_share for p in members)
-    return rows / layout.plan.training.global_batch
-
-
 ADAPTIVE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
                        torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adagrad,
                        torch.optim.RMSprop, torch.optim.Adafactor)
@@ -624,7 +616,7 @@ def inner_lr_scale(layout: Layout, optimizer: torch.optim.Optimizer) -> float:
         optimizer = optimizer.inner
     if not islands.split or not isinstance(optimizer, ADAPTIVE_OPTIMIZERS):
         return 1.0
-    return islands.inner_lr.factor(island_share(layout))
+    return islands.inner_lr.factor(layout.plan.island_share(layout.role.pipeline))
 
 
 def island_sync(layout: Layout, named: list[tuple[str, nn.Parameter, str]],
